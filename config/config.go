@@ -1,0 +1,232 @@
+// Package config holds every setting of valruns, read once from environment
+// variables with working local defaults and validated before anything starts.
+// A bad value is an error that names the variable, so start-up can stop with
+// one readable line.
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the whole configuration. The zero value is not usable: build it
+// with Load, which fills the defaults.
+type Config struct {
+	// DatabaseURL is the PostgreSQL connection string (DATABASE_URL).
+	DatabaseURL string
+	// RedisURL is the Redis connection string used by asynq (REDIS_URL).
+	RedisURL string
+	// HTTPAddr is the listen address of `valruns serve` (HTTP_ADDR).
+	HTTPAddr string
+	// IdempotencyTTL is how long a stored idempotent response is replayed (IDEMPOTENCY_TTL).
+	IdempotencyTTL time.Duration
+	// IdempotencyTxTimeout is the request transaction's own deadline; the
+	// transaction ignores client hang-ups, so this is what bounds it (IDEMPOTENCY_TX_TIMEOUT).
+	IdempotencyTxTimeout time.Duration
+	// IdempotencyKeyRequired makes the Idempotency-Key header mandatory on
+	// idempotent routes (IDEMPOTENCY_KEY_REQUIRED).
+	IdempotencyKeyRequired bool
+	// DefaultMonthlyRunQuota is the number of runs an organisation may start
+	// per calendar month (UTC) unless it has its own quota; 0 means unlimited
+	// (DEFAULT_MONTHLY_RUN_QUOTA).
+	DefaultMonthlyRunQuota int64
+	// CleanupSchedule is the asynq cron spec of the expired-key cleanup (CLEANUP_SCHEDULE).
+	CleanupSchedule string
+	// CleanupBatchSize is how many expired keys one cleanup transaction deletes (CLEANUP_BATCH_SIZE).
+	CleanupBatchSize int
+	// MaxBodyBytes caps request bodies; larger ones answer 413 (MAX_BODY_BYTES).
+	MaxBodyBytes int64
+	// LogLevel is debug, info, warn or error (LOG_LEVEL).
+	LogLevel string
+	// LogFormat is text or json (LOG_FORMAT).
+	LogFormat string
+	// MigrateOnStart makes `serve` apply pending migrations instead of refusing to start (MIGRATE_ON_START).
+	MigrateOnStart bool
+	// AuthCacheTTL is how long a verified API token is trusted without asking
+	// the database again; 0 disables the cache (AUTH_CACHE_TTL).
+	AuthCacheTTL time.Duration
+	// ShutdownTimeout bounds the graceful shutdown of serve and worker (SHUTDOWN_TIMEOUT).
+	ShutdownTimeout time.Duration
+	// WorkerConcurrency is how many tasks one worker process executes at once (WORKER_CONCURRENCY).
+	WorkerConcurrency int
+	// EnqueuePollInterval is the staged-job enqueuer's fallback poll when no
+	// NOTIFY arrives (ENQUEUE_POLL_INTERVAL).
+	EnqueuePollInterval time.Duration
+	// RunLease is how long a worker may hold a run in `running` before another
+	// delivery may take it over (RUN_LEASE).
+	RunLease time.Duration
+}
+
+// Var describes one environment variable: its name, default and meaning.
+// The README's configuration table is this list.
+type Var struct {
+	Name, Default, Doc string
+}
+
+// Vars lists every setting in the order the README shows them.
+var Vars = []Var{
+	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable", "PostgreSQL connection string"},
+	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis connection string (asynq)"},
+	{"HTTP_ADDR", "127.0.0.1:8080", "listen address of `valruns serve`"},
+	{"IDEMPOTENCY_TTL", "24h", "how long a stored response is replayed; an older key is processed as new"},
+	{"IDEMPOTENCY_TX_TIMEOUT", "30s", "deadline of the request transaction (it ignores client hang-ups)"},
+	{"IDEMPOTENCY_KEY_REQUIRED", "false", "`true`: a request without Idempotency-Key on an idempotent route is 400 `idempotency_key_missing`"},
+	{"DEFAULT_MONTHLY_RUN_QUOTA", "0", "runs per organisation per calendar month (UTC); 0 = unlimited; an org's own quota wins"},
+	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
+	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
+	{"MAX_BODY_BYTES", "1048576", "largest accepted request body; larger is 413"},
+	{"LOG_LEVEL", "info", "debug, info, warn, error"},
+	{"LOG_FORMAT", "text", "text or json"},
+	{"MIGRATE_ON_START", "false", "`true`: `serve`/`worker` apply pending migrations instead of refusing to start"},
+	{"AUTH_CACHE_TTL", "30s", "how long a verified API token is trusted without a database read; 0 disables"},
+	{"SHUTDOWN_TIMEOUT", "20s", "graceful shutdown deadline"},
+	{"WORKER_CONCURRENCY", "10", "tasks one worker executes at once"},
+	{"ENQUEUE_POLL_INTERVAL", "1s", "staged-job enqueuer's fallback poll (it wakes on NOTIFY first)"},
+	{"RUN_LEASE", "5m", "how long a run may stay `running` before another delivery may take it over"},
+}
+
+// Error is a configuration error naming the variable at fault.
+type Error struct {
+	Var, Value, Problem string
+}
+
+func (e *Error) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("config: %s: %s", e.Var, e.Problem)
+	}
+	return fmt.Sprintf("config: %s=%q: %s", e.Var, e.Value, e.Problem)
+}
+
+// FromEnv loads the configuration from the process environment.
+func FromEnv() (Config, error) { return Load(os.LookupEnv) }
+
+// Load builds a Config from lookup (os.LookupEnv in production, a map in
+// tests). Unset or empty variables take their default.
+func Load(lookup func(string) (string, bool)) (Config, error) {
+	p := parser{lookup: lookup}
+	c := Config{
+		DatabaseURL:            p.url("DATABASE_URL", "postgres", "postgresql"),
+		RedisURL:               p.url("REDIS_URL", "redis", "rediss"),
+		HTTPAddr:               p.addr("HTTP_ADDR"),
+		IdempotencyTTL:         p.duration("IDEMPOTENCY_TTL", time.Second),
+		IdempotencyTxTimeout:   p.duration("IDEMPOTENCY_TX_TIMEOUT", time.Millisecond),
+		IdempotencyKeyRequired: p.bool("IDEMPOTENCY_KEY_REQUIRED"),
+		DefaultMonthlyRunQuota: p.int("DEFAULT_MONTHLY_RUN_QUOTA", 0),
+		CleanupSchedule:        p.str("CLEANUP_SCHEDULE"),
+		CleanupBatchSize:       int(p.int("CLEANUP_BATCH_SIZE", 1)),
+		MaxBodyBytes:           p.int("MAX_BODY_BYTES", 1),
+		LogLevel:               p.oneOf("LOG_LEVEL", "debug", "info", "warn", "error"),
+		LogFormat:              p.oneOf("LOG_FORMAT", "text", "json"),
+		MigrateOnStart:         p.bool("MIGRATE_ON_START"),
+		AuthCacheTTL:           p.duration("AUTH_CACHE_TTL", 0),
+		ShutdownTimeout:        p.duration("SHUTDOWN_TIMEOUT", time.Millisecond),
+		WorkerConcurrency:      int(p.int("WORKER_CONCURRENCY", 1)),
+		EnqueuePollInterval:    p.duration("ENQUEUE_POLL_INTERVAL", time.Millisecond),
+		RunLease:               p.duration("RUN_LEASE", time.Second),
+	}
+	if p.err != nil {
+		return Config{}, p.err
+	}
+	return c, nil
+}
+
+// parser keeps the first error so Load reads as a list of fields.
+type parser struct {
+	lookup func(string) (string, bool)
+	err    error
+}
+
+func (p *parser) raw(name string) string {
+	if v, ok := p.lookup(name); ok && strings.TrimSpace(v) != "" {
+		return strings.TrimSpace(v)
+	}
+	for _, v := range Vars {
+		if v.Name == name {
+			return v.Default
+		}
+	}
+	panic("config: no default for " + name)
+}
+
+func (p *parser) fail(name, value, problem string) {
+	if p.err == nil {
+		p.err = &Error{Var: name, Value: value, Problem: problem}
+	}
+}
+
+func (p *parser) str(name string) string { return p.raw(name) }
+
+func (p *parser) oneOf(name string, allowed ...string) string {
+	v := strings.ToLower(p.raw(name))
+	for _, a := range allowed {
+		if v == a {
+			return v
+		}
+	}
+	p.fail(name, v, "must be one of "+strings.Join(allowed, ", "))
+	return ""
+}
+
+func (p *parser) bool(name string) bool {
+	v := p.raw(name)
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		p.fail(name, v, "must be true or false")
+	}
+	return b
+}
+
+func (p *parser) int(name string, min int64) int64 {
+	v := p.raw(name)
+	n, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil:
+		p.fail(name, v, "must be a whole number")
+	case n < min:
+		p.fail(name, v, fmt.Sprintf("must be at least %d", min))
+	}
+	return n
+}
+
+func (p *parser) duration(name string, min time.Duration) time.Duration {
+	v := p.raw(name)
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		p.fail(name, v, "must be a duration such as 30s, 5m or 24h")
+	case d < 0:
+		p.fail(name, v, "must not be negative")
+	case d < min:
+		p.fail(name, v, fmt.Sprintf("must be at least %s", min))
+	}
+	return d
+}
+
+func (p *parser) url(name string, schemes ...string) string {
+	v := p.raw(name)
+	u, err := url.Parse(v)
+	if err != nil {
+		p.fail(name, v, "is not a URL")
+		return v
+	}
+	for _, s := range schemes {
+		if u.Scheme == s {
+			return v
+		}
+	}
+	p.fail(name, v, "scheme must be "+strings.Join(schemes, " or "))
+	return v
+}
+
+func (p *parser) addr(name string) string {
+	v := p.raw(name)
+	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+		p.fail(name, v, "must be host:port (such as :8080 or 127.0.0.1:8080)")
+	}
+	return v
+}

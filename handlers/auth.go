@@ -1,0 +1,91 @@
+package handlers
+
+import (
+	"crypto/sha256"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/problem"
+)
+
+const principalKey = "principal"
+
+// principalOf returns who the request acts as (set by authenticate).
+func principalOf(c *gin.Context) *models.Principal {
+	return c.MustGet(principalKey).(*models.Principal)
+}
+
+// authenticate maps `Authorization: Bearer <token>` to an organisation.
+// Verified tokens are cached for ttl (0: no cache), which saves every
+// request a database read; a revoked token stops working within ttl.
+func authenticate(tokens *models.TokenStore, ttl time.Duration) gin.HandlerFunc {
+	cache := &tokenCache{ttl: ttl}
+	return func(c *gin.Context) {
+		h := c.GetHeader("Authorization")
+		scheme, token, ok := strings.Cut(h, " ")
+		if h == "" || !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+			c.Header("WWW-Authenticate", `Bearer realm="valruns"`)
+			problem.Abort(c, http.StatusUnauthorized, "unauthenticated",
+				"Send an API token as `Authorization: Bearer vr_...`.")
+			return
+		}
+		token = strings.TrimSpace(token)
+		p := cache.get(token)
+		if p == nil {
+			var err error
+			p, err = tokens.Authenticate(c.Request.Context(), token)
+			switch {
+			case errors.Is(err, models.ErrNotFound):
+				c.Header("WWW-Authenticate", `Bearer realm="valruns", error="invalid_token"`)
+				problem.Abort(c, http.StatusUnauthorized, "invalid_token", "The API token is unknown or revoked.")
+				return
+			case err != nil:
+				problem.Abort(c, http.StatusServiceUnavailable, "unavailable", "Authentication is unavailable; retry shortly.")
+				return
+			}
+			cache.put(token, p)
+		}
+		c.Set(principalKey, p)
+		c.Next()
+	}
+}
+
+// tokenCache remembers verified tokens by their hash for a short while.
+type tokenCache struct {
+	ttl time.Duration
+	m   sync.Map // [32]byte -> cachedPrincipal
+}
+
+type cachedPrincipal struct {
+	p       *models.Principal
+	expires time.Time
+}
+
+func (tc *tokenCache) get(token string) *models.Principal {
+	if tc.ttl <= 0 {
+		return nil
+	}
+	v, ok := tc.m.Load(sha256.Sum256([]byte(token)))
+	if !ok {
+		return nil
+	}
+	e := v.(cachedPrincipal)
+	if time.Now().After(e.expires) {
+		tc.m.Delete(sha256.Sum256([]byte(token)))
+		return nil
+	}
+	return e.p
+}
+
+func (tc *tokenCache) put(token string, p *models.Principal) {
+	if tc.ttl <= 0 {
+		return
+	}
+	tc.m.Store(sha256.Sum256([]byte(token)), cachedPrincipal{p: p, expires: time.Now().Add(tc.ttl)})
+}

@@ -1,0 +1,58 @@
+package handlers
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/problem"
+)
+
+type healthHandlers struct {
+	db    *gorm.DB
+	ready func(context.Context) error
+}
+
+// Status is the body of /healthz and /readyz.
+type Status struct {
+	Status string `json:"status" example:"ok"`
+}
+
+// live godoc
+//
+//	@Summary		Liveness
+//	@Description	Answers 200 while the process serves HTTP. It checks nothing else.
+//	@Tags			health
+//	@Produce		json
+//	@Success		200	{object}	Status
+//	@Router			/healthz [get]
+func (h *healthHandlers) live(c *gin.Context) { c.JSON(http.StatusOK, Status{Status: "ok"}) }
+
+// readyz godoc
+//
+//	@Summary		Readiness
+//	@Description	Answers 200 when the database answers a ping within 2 s, 503 otherwise.
+//	@Tags			health
+//	@Produce		json
+//	@Success		200	{object}	Status
+//	@Failure		503	{object}	problem.Details
+//	@Router			/readyz [get]
+func (h *healthHandlers) readyz(c *gin.Context) {
+	ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
+	defer cancel()
+	if err := models.SQLDB(h.db).PingContext(ctx); err != nil {
+		problem.Abort(c, http.StatusServiceUnavailable, "database_unavailable", "The database does not answer.")
+		return
+	}
+	if h.ready != nil {
+		if err := h.ready(ctx); err != nil {
+			problem.Abort(c, http.StatusServiceUnavailable, "not_ready", err.Error())
+			return
+		}
+	}
+	c.JSON(http.StatusOK, Status{Status: "ok"})
+}

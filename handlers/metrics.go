@@ -1,0 +1,64 @@
+package handlers
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+type metrics struct {
+	requests    *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	idempotency *prometheus.CounterVec
+}
+
+func newMetrics(reg *prometheus.Registry) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "valruns_http_requests_total", Help: "HTTP requests by route, method and status.",
+		}, []string{"route", "method", "status"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "valruns_http_request_duration_seconds", Help: "HTTP request latency by route and method.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"route", "method"}),
+		idempotency: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "valruns_idempotency_requests_total",
+			Help: "Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).",
+		}, []string{"scope", "outcome"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.idempotency} {
+		reg.MustRegister(c)
+	}
+	// Process and Go runtime metrics, unless main registered them already.
+	_ = reg.Register(collectors.NewGoCollector())
+	_ = reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) middleware() gin.HandlerFunc {
+	return func(c *gin.Context) {
+		start := time.Now()
+		c.Next()
+		route := c.FullPath() // the pattern, so ids do not explode the label set
+		if route == "" {
+			route = "unmatched"
+		}
+		route = strings.TrimSuffix(route, "/*any")
+		m.requests.WithLabelValues(route, c.Request.Method, strconv.Itoa(c.Writer.Status())).Inc()
+		m.latency.WithLabelValues(route, c.Request.Method).Observe(time.Since(start).Seconds())
+	}
+}
+
+func (m *metrics) observeIdempotency(scope, outcome string) {
+	m.idempotency.WithLabelValues(scope, outcome).Inc()
+}
+
+func promhttpHandler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+}

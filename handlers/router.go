@@ -1,0 +1,113 @@
+// Package handlers is the HTTP layer of valruns: the Gin router, its
+// middleware (request id, logging, metrics, body limit, auth) and the
+// handlers with their swag annotations. Handlers translate models errors to
+// problem documents; they never read a PostgreSQL error themselves.
+package handlers
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"gorm.io/gorm"
+
+	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/idempotency"
+	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/problem"
+)
+
+// Scopes of the idempotent endpoints: keys are unique per organisation and scope.
+const (
+	ScopeWorkflowCreate = "workflow_create"
+	ScopeWorkflowStart  = "workflow_start"
+)
+
+// Deps is everything the router needs, built by main.
+type Deps struct {
+	Config   config.Config
+	DB       *gorm.DB
+	Log      *slog.Logger
+	Registry *prometheus.Registry
+	// Ready, when set, is checked by /readyz besides the database.
+	Ready func(context.Context) error
+}
+
+// New builds the HTTP handler of the API: the router behind a trailing-slash
+// normaliser, so /api/workflows and /api/workflows/ are one route, with no
+// redirect.
+func New(d Deps) http.Handler { return StripTrailingSlash(NewRouter(d)) }
+
+// NewRouter builds the Gin engine with every route registered (without
+// trailing slashes; serve it through New).
+func NewRouter(d Deps) *gin.Engine {
+	gin.SetMode(gin.ReleaseMode)
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Registry == nil {
+		d.Registry = prometheus.NewRegistry()
+	}
+	m := newMetrics(d.Registry)
+
+	r := gin.New()
+	r.RedirectTrailingSlash = false
+	r.RedirectFixedPath = false
+	r.HandleMethodNotAllowed = true
+	r.ContextWithFallback = true
+	_ = r.SetTrustedProxies(nil) // ClientIP is the peer address; no spoofable X-Forwarded-For
+	r.Use(requestID(), recovery(d.Log), logRequests(d.Log), m.middleware(), limitBody(d.Config.MaxBodyBytes))
+	r.NoRoute(func(c *gin.Context) {
+		problem.Abort(c, http.StatusNotFound, "not_found", "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
+	})
+	r.NoMethod(func(c *gin.Context) {
+		problem.Abort(c, http.StatusMethodNotAllowed, "method_not_allowed", "Method "+c.Request.Method+" is not allowed on "+c.Request.URL.Path+".")
+	})
+
+	orgs := models.NewTokenStore(d.DB)
+	wf := &workflowHandlers{workflows: models.NewWorkflowStore(d.DB)}
+	runs := &runHandlers{runs: models.NewRunStore(d.DB), workflows: wf.workflows, defaultQuota: d.Config.DefaultMonthlyRunQuota}
+	idem := idempotency.New(d.DB, models.NewKeyStore(d.DB), idempotency.Config{
+		TTL:         d.Config.IdempotencyTTL,
+		TxTimeout:   d.Config.IdempotencyTxTimeout,
+		KeyRequired: d.Config.IdempotencyKeyRequired,
+		Tenant:      func(c *gin.Context) string { return principalOf(c).OrgID },
+		Log:         d.Log,
+		Observe:     m.observeIdempotency,
+	})
+
+	health := &healthHandlers{db: d.DB, ready: d.Ready}
+	r.GET("/healthz", health.live)
+	r.GET("/readyz", health.readyz)
+	r.GET("/metrics", gin.WrapH(promhttpHandler(d.Registry)))
+
+	api := r.Group("/api", authenticate(orgs, d.Config.AuthCacheTTL))
+	api.POST("/workflows", idem.Wrap(ScopeWorkflowCreate, wf.create))
+	api.GET("/workflows", wf.list)
+	api.GET("/workflows/:id", wf.get)
+	api.POST("/workflows/:id/start", idem.Wrap(ScopeWorkflowStart, runs.start))
+	api.GET("/runs", runs.list)
+	api.GET("/runs/:id", runs.get)
+	return r
+}
+
+// StripTrailingSlash serves /a/b/ as /a/b, so every route answers with and
+// without its trailing slash, with no redirect, and an idempotent request's
+// fingerprint does not depend on it.
+func StripTrailingSlash(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.Path; len(p) > 1 && strings.HasSuffix(p, "/") && !strings.HasPrefix(p, "/swagger/") {
+			r.URL.Path = strings.TrimRight(p, "/")
+			if r.URL.Path == "" {
+				r.URL.Path = "/"
+			}
+			if r.URL.RawPath != "" {
+				r.URL.RawPath = strings.TrimRight(r.URL.RawPath, "/")
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}

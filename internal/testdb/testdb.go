@@ -1,0 +1,184 @@
+// Package testdb gives tests real PostgreSQL databases: each call to New
+// returns a fresh database cloned from a migrated template, dropped when the
+// test ends, so tests that commit (concurrency, crashes, several processes)
+// never see each other's rows.
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	"gorm.io/gorm"
+
+	"github.com/valruns/valruns/migrations"
+	"github.com/valruns/valruns/models"
+)
+
+// DefaultURL is used when TEST_DATABASE_URL is not set.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/valruns_test?sslmode=disable"
+
+// BaseURL is TEST_DATABASE_URL or DefaultURL.
+func BaseURL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// Options tunes New.
+type Options struct {
+	// Tracer sees every statement of the returned pool.
+	Tracer pgx.QueryTracer
+	// MaxOpenConns of the returned pool; 0 means 20.
+	MaxOpenConns int
+	// Empty: no migrations applied (for migration tests).
+	Empty bool
+}
+
+// New creates a fresh database (migrated unless opt.Empty), opens a pool on
+// it and drops both at the end of the test. It returns the pool and the
+// database's URL (for child processes).
+func New(t testing.TB, opt ...Options) (*gorm.DB, string) {
+	t.Helper()
+	var o Options
+	if len(opt) > 0 {
+		o = opt[0]
+	}
+	ctx := context.Background()
+	admin := adminDB(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "valruns_t_" + hex.EncodeToString(b[:])
+	template := "template0"
+	if !o.Empty {
+		template = ensureTemplate(t, admin)
+	}
+	withLock(t, admin, func(conn *sql.Conn) {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf(`CREATE DATABASE %s TEMPLATE %s`, name, template)); err != nil {
+			t.Fatalf("testdb: create database: %v", err)
+		}
+	})
+	u := withDBName(t, BaseURL(), name)
+	db, err := models.Open(ctx, u, models.DBOptions{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns})
+	if err != nil {
+		t.Fatalf("testdb: open %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = models.SQLDB(db).Close()
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(dctx, fmt.Sprintf(`DROP DATABASE IF EXISTS %s WITH (FORCE)`, name)); err != nil {
+			t.Logf("testdb: drop %s: %v", name, err)
+		}
+	})
+	return db, u
+}
+
+// adminDB connects to the server's maintenance database.
+func adminDB(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", withDBName(t, BaseURL(), "postgres"))
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		t.Fatalf("testdb: PostgreSQL at %s does not answer (run `make services`): %v", BaseURL(), err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// withLock serialises template builds and clones across test packages,
+// which go test runs in parallel.
+func withLock(t testing.TB, admin *sql.DB, fn func(*sql.Conn)) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := admin.Conn(ctx)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock(7261536001)`); err != nil {
+		t.Fatalf("testdb: lock: %v", err)
+	}
+	defer func() { _, _ = conn.ExecContext(ctx, `SELECT pg_advisory_unlock(7261536001)`) }()
+	fn(conn)
+}
+
+// ensureTemplate builds, once per migration set, a migrated template database.
+func ensureTemplate(t testing.TB, admin *sql.DB) string {
+	t.Helper()
+	name := "valruns_tmpl_" + migrationsHash(t)
+	ctx := context.Background()
+	withLock(t, admin, func(conn *sql.Conn) {
+		var exists bool
+		if err := conn.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+			t.Fatalf("testdb: %v", err)
+		}
+		if exists {
+			return
+		}
+		building := name + "_building"
+		_, _ = conn.ExecContext(ctx, fmt.Sprintf(`DROP DATABASE IF EXISTS %s WITH (FORCE)`, building))
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf(`CREATE DATABASE %s TEMPLATE template0`, building)); err != nil {
+			t.Fatalf("testdb: create template: %v", err)
+		}
+		db, err := sql.Open("pgx", withDBName(t, BaseURL(), building))
+		if err != nil {
+			t.Fatalf("testdb: %v", err)
+		}
+		p, err := migrations.NewProvider(db)
+		if err == nil {
+			_, err = p.Up(ctx)
+		}
+		_ = db.Close()
+		if err != nil {
+			t.Fatalf("testdb: migrate template: %v", err)
+		}
+		// Renamed only once complete: a crash mid-build never leaves a half template.
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf(`ALTER DATABASE %s RENAME TO %s`, building, name)); err != nil {
+			t.Fatalf("testdb: rename template: %v", err)
+		}
+	})
+	return name
+}
+
+func migrationsHash(t testing.TB) string {
+	h := sha256.New()
+	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(migrations.FS, path)
+		h.Write([]byte(path))
+		h.Write(b)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12]
+}
+
+func withDBName(t testing.TB, raw, name string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("testdb: TEST_DATABASE_URL: %v", err)
+	}
+	u.Path = "/" + strings.TrimPrefix(name, "/")
+	return u.String()
+}

@@ -1,0 +1,110 @@
+// Package models is the data layer of valruns: GORM structs, the stores that
+// read and write them, and the sentinel errors every other package matches
+// with errors.Is. It is the one place that reads *pgconn.PgError codes.
+package models
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// Sentinel errors returned by the stores, wrapped with context.
+var (
+	// ErrNotFound: no such row in the caller's organisation.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: a unique constraint refused the write.
+	ErrConflict = errors.New("conflict")
+	// ErrQuotaExceeded: the organisation has used its monthly run quota.
+	ErrQuotaExceeded = errors.New("monthly run quota exceeded")
+)
+
+// DBOptions tunes Open. The zero value is fine for production.
+type DBOptions struct {
+	// Tracer, when set, sees every statement pgx sends (tests count them).
+	Tracer pgx.QueryTracer
+	// MaxOpenConns caps the pool; 0 means 20.
+	MaxOpenConns int
+}
+
+// Open connects to PostgreSQL through pgx and GORM and pings it.
+// GORM's implicit per-statement transactions are off: every transaction in
+// valruns is explicit, so a request costs exactly the statements it makes.
+func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	cfg.Tracer = opt.Tracer
+	sqlDB := stdlib.OpenDB(*cfg)
+	maxOpen := opt.MaxOpenConns
+	if maxOpen == 0 {
+		maxOpen = 20
+	}
+	sqlDB.SetMaxOpenConns(maxOpen)
+	sqlDB.SetMaxIdleConns(maxOpen)
+	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := sqlDB.PingContext(pingCtx); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{
+		SkipDefaultTransaction: true,
+		Logger:                 logger.Discard,
+		TranslateError:         false,
+	})
+	if err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("open gorm: %w", err)
+	}
+	return db, nil
+}
+
+// SQLDB returns the database/sql pool under db (for migrations and Close).
+func SQLDB(db *gorm.DB) *sql.DB {
+	s, err := db.DB()
+	if err != nil { // only when db was not opened by Open
+		panic(err)
+	}
+	return s
+}
+
+// translate maps PostgreSQL errors to the package's sentinels.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, gorm.ErrRecordNotFound) || errors.Is(err, sql.ErrNoRows) {
+		return ErrNotFound
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "23505": // unique_violation
+			return fmt.Errorf("%w: %s", ErrConflict, pgErr.ConstraintName)
+		case "22P02": // invalid_text_representation, e.g. a malformed uuid
+			return ErrNotFound
+		}
+	}
+	return err
+}
+
+// IsTimeout reports whether err comes from a cancelled or timed-out statement.
+func IsTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014" // query_canceled
+}

@@ -1,0 +1,143 @@
+package models
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// KeyStore reads and writes idempotency keys. Every lookup is by the scoped
+// key (org_id, endpoint, key), the table's unique index.
+type KeyStore struct{ db *gorm.DB }
+
+// NewKeyStore returns a KeyStore on db.
+func NewKeyStore(db *gorm.DB) *KeyStore { return &KeyStore{db: db} }
+
+// StoredKey is a key row plus whether it has expired by the database's clock.
+type StoredKey struct {
+	IdempotencyKey
+	Expired bool
+}
+
+// Lookup reads the key row on db (the pool or a transaction): one indexed
+// read. Absent is ErrNotFound.
+func (s *KeyStore) Lookup(db *gorm.DB, orgID, endpoint, key string) (*StoredKey, error) {
+	var k StoredKey
+	res := db.Raw(`SELECT *, expires_at <= now() AS expired FROM idempotency_keys
+		WHERE org_id = ? AND endpoint = ? AND key = ?`, orgID, endpoint, key).Scan(&k)
+	if res.Error != nil {
+		return nil, fmt.Errorf("lookup idempotency key: %w", translate(res.Error))
+	}
+	if res.RowsAffected == 0 {
+		return nil, fmt.Errorf("lookup idempotency key: %w", ErrNotFound)
+	}
+	return &k, nil
+}
+
+// LockID is the advisory lock number of a scoped key: 64 bits of SHA-256, so
+// two keys share a lock (and one sees a spurious 409) with negligible odds.
+func LockID(orgID, endpoint, key string) int64 {
+	h := sha256.New()
+	for _, s := range []string{orgID, endpoint, key} {
+		var n [4]byte
+		binary.BigEndian.PutUint32(n[:], uint32(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
+}
+
+// TryLock takes the transaction-scoped advisory lock on tx without waiting.
+// It is released by the transaction's commit or rollback, or with the
+// connection if the process dies: a crash never leaves a key locked.
+func (s *KeyStore) TryLock(tx *gorm.DB, lockID int64) (bool, error) {
+	var ok bool
+	if err := tx.Raw(`SELECT pg_try_advisory_xact_lock(?)`, lockID).Scan(&ok).Error; err != nil {
+		return false, fmt.Errorf("lock idempotency key: %w", translate(err))
+	}
+	return ok, nil
+}
+
+// Save writes the finished key row on tx, the request's transaction. A row
+// for the same scoped key is replaced only if it has expired (the upsert
+// gives it k.ID, which unlinks its old run); a live one is left alone and
+// Save returns false: someone finished this key first.
+func (s *KeyStore) Save(tx *gorm.DB, k *IdempotencyKey, ttl time.Duration) (bool, error) {
+	res := tx.Exec(`
+INSERT INTO idempotency_keys AS k (id, org_id, endpoint, key, request_hash, request_method, request_path,
+	response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
+	created_at, expires_at)
+VALUES (@id, @org, @endpoint, @key, @hash, @method, @path, @status, @body, CAST(@headers AS jsonb), CAST(@run AS uuid),
+	@request_id, @ip, @ua, now(), now() + @ttl_us * interval '1 microsecond')
+ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
+	id = EXCLUDED.id, request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
+	request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
+	response_body = EXCLUDED.response_body, response_headers = EXCLUDED.response_headers,
+	validation_run_id = EXCLUDED.validation_run_id, request_id = EXCLUDED.request_id,
+	client_ip = EXCLUDED.client_ip, user_agent = EXCLUDED.user_agent,
+	created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+WHERE k.expires_at <= now()`,
+		map[string]any{
+			"id": k.ID, "org": k.OrgID, "endpoint": k.Endpoint, "key": k.Key, "hash": k.RequestHash,
+			"method": k.RequestMethod, "path": k.RequestPath, "status": k.ResponseStatus,
+			"body": k.ResponseBody, "headers": string(k.ResponseHeaders), "run": k.ValidationRunID,
+			"request_id": k.RequestID, "ip": truncate(k.ClientIP, 100), "ua": truncate(k.UserAgent, 1000),
+			"ttl_us": ttl.Microseconds(),
+		})
+	if res.Error != nil {
+		return false, fmt.Errorf("save idempotency key: %w", translate(res.Error))
+	}
+	return res.RowsAffected == 1, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// DeleteExpiredBatch deletes up to n keys past expires_at in one short
+// transaction of its own. SKIP LOCKED: rows a concurrent request is
+// overwriting (or another cleaner is deleting) are left for the next batch,
+// so the cleanup never waits on, or blocks, a request. Runs keep existing:
+// their idempotency_key_id becomes NULL.
+func (s *KeyStore) DeleteExpiredBatch(ctx context.Context, n int) (int64, error) {
+	res := s.db.WithContext(ctx).Exec(`
+DELETE FROM idempotency_keys WHERE id IN (
+	SELECT id FROM idempotency_keys WHERE expires_at <= now()
+	ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)`, n)
+	if res.Error != nil {
+		return 0, fmt.Errorf("delete expired keys: %w", translate(res.Error))
+	}
+	return res.RowsAffected, nil
+}
+
+// CountExpired counts the keys past expires_at.
+func (s *KeyStore) CountExpired(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.db.WithContext(ctx).Raw(`SELECT count(*) FROM idempotency_keys WHERE expires_at <= now()`).Scan(&n).Error; err != nil {
+		return 0, fmt.Errorf("count expired keys: %w", translate(err))
+	}
+	return n, nil
+}
+
+// DeleteExpired deletes every key past expires_at, batch keys per
+// transaction, until none remain, and returns how many it deleted.
+func (s *KeyStore) DeleteExpired(ctx context.Context, batch int) (int64, error) {
+	var total int64
+	for {
+		n, err := s.DeleteExpiredBatch(ctx, batch)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n == 0 { // not n < batch: SKIP LOCKED may return a short batch while more remain
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package models
+
+import (
+	"database/sql/driver"
+	"errors"
+	"time"
+)
+
+// JSON is raw JSON stored in a jsonb column; nil or empty is SQL NULL.
+type JSON []byte
+
+// Value sends the JSON as text, which PostgreSQL parses into jsonb.
+func (j JSON) Value() (driver.Value, error) {
+	if len(j) == 0 {
+		return nil, nil
+	}
+	return string(j), nil
+}
+
+// Scan reads a jsonb (or NULL) column.
+func (j *JSON) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		*j = nil
+	case []byte:
+		*j = append((*j)[:0], v...)
+	case string:
+		*j = JSON(v)
+	default:
+		return errors.New("models.JSON: unsupported type")
+	}
+	return nil
+}
+
+// MarshalJSON writes the raw JSON (null when empty).
+func (j JSON) MarshalJSON() ([]byte, error) {
+	if len(j) == 0 {
+		return []byte("null"), nil
+	}
+	return j, nil
+}
+
+// Organization is a tenant: every other row belongs to one.
+type Organization struct {
+	ID   string `gorm:"primaryKey;type:uuid;default:gen_random_uuid()"`
+	Name string
+	Slug string
+	// MonthlyRunQuota overrides DEFAULT_MONTHLY_RUN_QUOTA; nil means the default, 0 unlimited.
+	MonthlyRunQuota *int64
+	CreatedAt       time.Time `gorm:"default:now()"`
+}
+
+// APIToken authenticates requests for one organisation. Only the SHA-256
+// of the token is stored.
+type APIToken struct {
+	ID        string `gorm:"primaryKey;type:uuid;default:gen_random_uuid()"`
+	OrgID     string
+	TokenHash []byte
+	Display   string
+	CreatedAt time.Time `gorm:"default:now()"`
+	RevokedAt *time.Time
+}
+
+// Workflow is a named set of validation rules.
+type Workflow struct {
+	ID         string `gorm:"primaryKey;type:uuid;default:gen_random_uuid()"`
+	OrgID      string
+	Name       string
+	Schema     JSON `gorm:"type:jsonb"`
+	Assertions JSON `gorm:"type:jsonb"`
+	CreatedAt  time.Time `gorm:"default:now()"`
+}
+
+// Run statuses. A run goes queued -> running -> passed | failed, or error
+// when the worker itself failed after its retries.
+const (
+	RunQueued  = "queued"
+	RunRunning = "running"
+	RunPassed  = "passed"
+	RunFailed  = "failed"
+	RunError   = "error"
+)
+
+// ValidationRun is one execution of a workflow over a submission.
+type ValidationRun struct {
+	ID               string `gorm:"primaryKey;type:uuid;default:gen_random_uuid()"`
+	OrgID            string
+	WorkflowID       string
+	Status           string
+	Submission       JSON `gorm:"type:jsonb"`
+	Metadata         JSON `gorm:"type:jsonb"`
+	IdempotencyKeyID *string
+	Attempts         int
+	LeaseExpiresAt   *time.Time
+	Error            *string
+	CreatedAt        time.Time
+	StartedAt        *time.Time
+	FinishedAt       *time.Time
+	Findings         []Finding `gorm:"foreignKey:RunID"`
+}
+
+// Finding is one problem a run found in its submission.
+type Finding struct {
+	ID       int64 `gorm:"primaryKey"`
+	RunID    string
+	Position int
+	Step     string
+	Severity string
+	Path     string
+	Message  string
+}
+
+// IdempotencyKey is a finished idempotent request: the key, the fingerprint
+// of the request and the exact answer to replay.
+type IdempotencyKey struct {
+	ID              string `gorm:"primaryKey;type:uuid"`
+	OrgID           string
+	Endpoint        string
+	Key             string
+	RequestHash     []byte
+	RequestMethod   string
+	RequestPath     string
+	ResponseStatus  int
+	ResponseBody    []byte
+	ResponseHeaders JSON `gorm:"type:jsonb"`
+	ValidationRunID *string
+	RequestID       string
+	ClientIP        string
+	UserAgent       string
+	CreatedAt       time.Time
+	ExpiresAt       time.Time
+}
+
+// AuditRecord notes who did what, written in the transaction that did it.
+type AuditRecord struct {
+	ID          int64 `gorm:"primaryKey"`
+	OrgID       string
+	Action      string
+	SubjectType string
+	SubjectID   string
+	TokenID     *string
+	RequestID   string
+	Data        JSON `gorm:"type:jsonb"`
+	CreatedAt   time.Time `gorm:"default:now()"`
+}
+
+// StagedJob is a background job written in a request's transaction and
+// moved to the queue after commit (Brandur's transactionally staged jobs).
+type StagedJob struct {
+	ID        int64 `gorm:"primaryKey"`
+	JobName   string
+	JobArgs   JSON `gorm:"type:jsonb"`
+	TaskID    string
+	CreatedAt time.Time `gorm:"default:now()"`
+}

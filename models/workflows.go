@@ -1,0 +1,79 @@
+package models
+
+import (
+	"context"
+	"fmt"
+
+	"gorm.io/gorm"
+)
+
+// WorkflowStore reads and writes workflows, always within one organisation.
+type WorkflowStore struct{ db *gorm.DB }
+
+// NewWorkflowStore returns a WorkflowStore on db.
+func NewWorkflowStore(db *gorm.DB) *WorkflowStore { return &WorkflowStore{db: db} }
+
+// Create inserts w on tx (the request's transaction), filling ID and CreatedAt.
+func (s *WorkflowStore) Create(tx *gorm.DB, w *Workflow) error {
+	if err := tx.Create(w).Error; err != nil {
+		return fmt.Errorf("create workflow: %w", translate(err))
+	}
+	return nil
+}
+
+// Get reads one workflow of the organisation; another organisation's is ErrNotFound.
+func (s *WorkflowStore) Get(ctx context.Context, orgID, id string) (*Workflow, error) {
+	var w Workflow
+	if err := s.db.WithContext(ctx).Where("id = ? AND org_id = ?", id, orgID).Take(&w).Error; err != nil {
+		return nil, fmt.Errorf("workflow %s: %w", id, translate(err))
+	}
+	return &w, nil
+}
+
+// Exists reports on tx whether the workflow is the organisation's, with one
+// indexed read.
+func (s *WorkflowStore) Exists(tx *gorm.DB, orgID, id string) (bool, error) {
+	var n int64
+	res := tx.Raw(`SELECT 1 FROM workflows WHERE id = ? AND org_id = ?`, id, orgID).Scan(&n)
+	if err := translate(res.Error); err != nil {
+		if errorsIsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("workflow %s: %w", id, err)
+	}
+	return res.RowsAffected == 1, nil
+}
+
+// List returns one page of the organisation's workflows, newest first, and
+// the cursor of the next page ("" on the last one).
+func (s *WorkflowStore) List(ctx context.Context, orgID string, p Page) ([]Workflow, string, error) {
+	after, err := p.after()
+	if err != nil {
+		return nil, "", err
+	}
+	q := s.db.WithContext(ctx).Where("org_id = ?", orgID)
+	if after != nil {
+		q = q.Where("(created_at, id) < (?, ?)", after.createdAt, after.id)
+	}
+	var ws []Workflow
+	if err := q.Order("created_at DESC, id DESC").Limit(p.limit() + 1).Find(&ws).Error; err != nil {
+		return nil, "", fmt.Errorf("list workflows: %w", translate(err))
+	}
+	next := ""
+	if len(ws) > p.limit() {
+		ws = ws[:p.limit()]
+		last := ws[len(ws)-1]
+		next = cursorOf(last.CreatedAt, last.ID)
+	}
+	return ws, next, nil
+}
+
+// ByName finds the organisation's newest workflow with that name.
+func (s *WorkflowStore) ByName(ctx context.Context, orgID, name string) (*Workflow, error) {
+	var w Workflow
+	err := s.db.WithContext(ctx).Where("org_id = ? AND name = ?", orgID, name).Order("created_at DESC").Take(&w).Error
+	if err != nil {
+		return nil, fmt.Errorf("workflow %q: %w", name, translate(err))
+	}
+	return &w, nil
+}

@@ -1,0 +1,90 @@
+// Package problem writes RFC 9457 problem documents
+// (Content-Type: application/problem+json). It is the one way every layer of
+// valruns answers an error, so clients can rely on type, title, status,
+// detail and a stable machine-readable code, and never see a stack trace or SQL.
+package problem
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+)
+
+// ContentType is the media type of a problem document.
+const ContentType = "application/problem+json"
+
+// typeBase prefixes the code to form the problem's type URI.
+const typeBase = "https://valruns.dev/problems/"
+
+// Details is an RFC 9457 problem document.
+type Details struct {
+	// Type is a URI naming the kind of problem.
+	Type string `json:"type" example:"https://valruns.dev/problems/idempotency_key_reused"`
+	// Title is a short summary of the kind of problem.
+	Title string `json:"title" example:"Unprocessable Entity"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" example:"422"`
+	// Detail explains this occurrence.
+	Detail string `json:"detail" example:"Idempotency key has already been used with a different request body."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" example:"idempotency_key_reused"`
+	// Instance is the request path.
+	Instance string `json:"instance,omitempty" example:"/api/workflows/7c0e.../start/"`
+	// RequestID is the X-Request-Id of the request, for support.
+	RequestID string `json:"request_id,omitempty" example:"4f1c2b9e8a7d6c5b"`
+	// Errors lists per-field problems of a 400, when there are several.
+	Errors []FieldError `json:"errors,omitempty"`
+}
+
+// FieldError names one invalid field of a request.
+type FieldError struct {
+	// Field is the JSON path of the field, such as assertions[1].expr.
+	Field string `json:"field" example:"assertions[0].expr"`
+	// Message says what is wrong with it.
+	Message string `json:"message" example:"undeclared reference to 'x'"`
+}
+
+// New builds a problem document for status with a stable code and a detail.
+func New(status int, code, detail string) Details {
+	return Details{
+		Type:   typeBase + code,
+		Title:  http.StatusText(status),
+		Status: status,
+		Detail: detail,
+		Code:   code,
+	}
+}
+
+// Body renders d as JSON bytes (used where the answer is stored, such as an
+// idempotent response).
+func (d Details) Body() []byte {
+	b, err := json.Marshal(d)
+	if err != nil { // cannot happen: only strings and ints
+		panic(err)
+	}
+	return b
+}
+
+// RequestIDKey is the gin context key under which the request id middleware
+// stores the request's id.
+const RequestIDKey = "request_id"
+
+// Write answers the request with d, aborting the gin chain.
+func Write(c *gin.Context, d Details) {
+	if d.Instance == "" {
+		d.Instance = c.Request.URL.Path
+	}
+	if d.RequestID == "" {
+		d.RequestID = c.GetString(RequestIDKey)
+	}
+	c.Header("Content-Type", ContentType)
+	c.Writer.WriteHeader(d.Status)
+	_, _ = c.Writer.Write(d.Body())
+	c.Abort()
+}
+
+// Abort is Write(c, New(status, code, detail)).
+func Abort(c *gin.Context, status int, code, detail string) {
+	Write(c, New(status, code, detail))
+}
