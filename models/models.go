@@ -66,8 +66,8 @@ type Workflow struct {
 	ID         string `gorm:"primaryKey;type:uuid;default:gen_random_uuid()"`
 	OrgID      string
 	Name       string
-	Schema     JSON `gorm:"type:jsonb"`
-	Assertions JSON `gorm:"type:jsonb"`
+	Schema     JSON      `gorm:"type:jsonb"`
+	Assertions JSON      `gorm:"type:jsonb"`
 	CreatedAt  time.Time `gorm:"default:now()"`
 }
 
@@ -140,7 +140,7 @@ type AuditRecord struct {
 	SubjectID   string
 	TokenID     *string
 	RequestID   string
-	Data        JSON `gorm:"type:jsonb"`
+	Data        JSON      `gorm:"type:jsonb"`
 	CreatedAt   time.Time `gorm:"default:now()"`
 }
 

@@ -1,0 +1,187 @@
+// Package apitest is the test harness of the HTTP API: a fresh migrated
+// database, the real router on it, organisations with tokens, and helpers
+// to send requests and decode answers. Tests use real PostgreSQL only.
+package apitest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"gorm.io/gorm"
+
+	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/internal/testdb"
+	"github.com/valruns/valruns/models"
+)
+
+// Env is one API under test.
+type Env struct {
+	T        testing.TB
+	DB       *gorm.DB
+	DBURL    string
+	Config   config.Config
+	Registry *prometheus.Registry
+	Handler  http.Handler
+}
+
+// Options tunes New.
+type Options struct {
+	// Config edits the configuration (defaults from config.Load with no env).
+	Config func(*config.Config)
+	// Tracer sees every statement of the database pool.
+	Tracer pgx.QueryTracer
+	// MaxOpenConns of the pool; 0 means 20.
+	MaxOpenConns int
+}
+
+// New builds the API on a fresh database.
+func New(t testing.TB, opts ...Options) *Env {
+	t.Helper()
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	cfg, err := config.Load(func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Config != nil {
+		o.Config(&cfg)
+	}
+	db, u := testdb.New(t, testdb.Options{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns})
+	cfg.DatabaseURL = u
+	reg := prometheus.NewRegistry()
+	h := handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg})
+	return &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, Handler: h}
+}
+
+// Org is an organisation with one API token.
+type Org struct {
+	ID, Slug, Token string
+}
+
+// NewOrg creates an organisation named name and a token for it.
+func (e *Env) NewOrg(name string) Org {
+	e.T.Helper()
+	ctx := context.Background()
+	org, err := models.NewOrgStore(e.DB).Create(ctx, name)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	tok, _, err := models.NewTokenStore(e.DB).Create(ctx, org.ID)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	return Org{ID: org.ID, Slug: org.Slug, Token: tok}
+}
+
+// Response is a recorded answer.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// JSON decodes the body into v, failing the test when it cannot.
+func (r Response) JSON(t testing.TB, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.Body, v); err != nil {
+		t.Fatalf("decode %d body %q: %v", r.Status, r.Body, err)
+	}
+}
+
+// Map decodes the body as a JSON object.
+func (r Response) Map(t testing.TB) map[string]any {
+	t.Helper()
+	var m map[string]any
+	r.JSON(t, &m)
+	return m
+}
+
+// Do sends a request through the router. body is sent as is when it is a
+// string or []byte, JSON-encoded otherwise (nil: no body). headers are
+// name/value pairs; token "" sends no Authorization.
+func (e *Env) Do(method, path, token string, body any, headers ...string) Response {
+	e.T.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			e.T.Fatal(err)
+		}
+		rd = bytes.NewReader(j)
+	}
+	req := httptest.NewRequest(method, path, rd)
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	rec := httptest.NewRecorder()
+	e.Handler.ServeHTTP(rec, req)
+	return Response{Status: rec.Code, Header: rec.Header(), Body: rec.Body.Bytes()}
+}
+
+// Server serves the API on a real loopback listener (for clients that hang
+// up, browsers and load), closed at the end of the test.
+func (e *Env) Server() *httptest.Server {
+	srv := httptest.NewServer(e.Handler)
+	e.T.Cleanup(srv.Close)
+	return srv
+}
+
+// NewWorkflow creates a workflow through the API and returns its id.
+func (e *Env) NewWorkflow(org Org, body any) string {
+	e.T.Helper()
+	r := e.Do(http.MethodPost, "/api/workflows/", org.Token, body)
+	if r.Status != http.StatusCreated {
+		e.T.Fatalf("create workflow: %d %s", r.Status, r.Body)
+	}
+	return r.Map(e.T)["id"].(string)
+}
+
+// Count returns SELECT count(*) FROM table WHERE where (args bound).
+func (e *Env) Count(table, where string, args ...any) int64 {
+	e.T.Helper()
+	var n int64
+	q := "SELECT count(*) FROM " + table
+	if where != "" {
+		q += " WHERE " + where
+	}
+	if err := e.DB.Raw(q, args...).Scan(&n).Error; err != nil {
+		e.T.Fatal(err)
+	}
+	return n
+}
+
+// Eventually polls cond every 20 ms until it holds or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s: %s", timeout, msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
