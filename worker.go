@@ -2,24 +2,98 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/tasks"
 )
 
 // workerProcess is the worker running inside this process.
 type workerProcess struct {
+	w        *tasks.Worker
 	registry *prometheus.Registry
 }
 
-func (w *workerProcess) stop() {}
+func (p *workerProcess) stop() { p.w.Shutdown() }
 
+// startWorker connects to Redis and starts the task server, the scheduler
+// and the staged-job enqueuer.
 func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
-	return nil, &exitError{"the worker is not built yet"}
+	redisOpt, err := asynq.ParseRedisURI(a.cfg.RedisURL)
+	if err != nil {
+		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: oneLine(err)}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	w, err := tasks.NewWorker(tasks.Config{
+		DB: a.db, DBURL: a.cfg.DatabaseURL, Redis: redisOpt,
+		Concurrency: a.cfg.WorkerConcurrency, CleanupSchedule: a.cfg.CleanupSchedule,
+		CleanupBatchSize: a.cfg.CleanupBatchSize, RunLease: a.cfg.RunLease, RunMaxRetry: a.cfg.RunMaxRetry,
+		PollInterval: a.cfg.EnqueuePollInterval, ShutdownTimeout: a.cfg.ShutdownTimeout,
+		Registry: reg, Log: a.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := w.Ping(pctx); err != nil {
+		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: "cannot connect: " + oneLine(err)}
+	}
+	if err := w.Start(ctx); err != nil {
+		return nil, err
+	}
+	return &workerProcess{w: w, registry: reg}, nil
 }
 
 func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
-	return &exitError{"the worker is not built yet"}
+	fs := flags("worker", "worker", out)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	a, err := open(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	ln, err := net.Listen("tcp", a.cfg.WorkerMetricsAddr)
+	if err != nil {
+		return &config.Error{Var: "WORKER_METRICS_ADDR", Value: a.cfg.WorkerMetricsAddr, Problem: oneLine(err)}
+	}
+	p, err := startWorker(ctx, a)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintln(w, `{"status":"ok"}`)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("worker metrics server stopped", "error", err)
+		}
+	}()
+	a.log.InfoContext(ctx, "worker running", "metrics", "http://"+ln.Addr().String()+"/metrics")
+	<-ctx.Done()
+	a.log.Info("shutting down worker", "timeout", a.cfg.ShutdownTimeout)
+	p.stop() // in-flight tasks finish or go back to the queue
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
 }
 
 // newRegistry is the metrics registry /metrics serves: the worker's when it

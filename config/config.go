@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/robfig/cron/v3"
 )
 
 // Config is the whole configuration. The zero value is not usable: build it
@@ -60,6 +62,11 @@ type Config struct {
 	// RunLease is how long a worker may hold a run in `running` before another
 	// delivery may take it over (RUN_LEASE).
 	RunLease time.Duration
+	// RunMaxRetry is how often a failing run task is retried before the run
+	// ends in error (RUN_MAX_RETRY).
+	RunMaxRetry int
+	// WorkerMetricsAddr is where `valruns worker` serves /metrics and /healthz (WORKER_METRICS_ADDR).
+	WorkerMetricsAddr string
 }
 
 // Var describes one environment variable: its name, default and meaning.
@@ -88,6 +95,8 @@ var Vars = []Var{
 	{"WORKER_CONCURRENCY", "10", "tasks one worker executes at once"},
 	{"ENQUEUE_POLL_INTERVAL", "1s", "staged-job enqueuer's fallback poll (it wakes on NOTIFY first)"},
 	{"RUN_LEASE", "5m", "how long a run may stay `running` before another delivery may take it over"},
+	{"RUN_MAX_RETRY", "5", "retries of a failing run task before the run ends in status `error`"},
+	{"WORKER_METRICS_ADDR", "127.0.0.1:9091", "where `valruns worker` serves /metrics and /healthz (`serve --worker` uses the API's /metrics)"},
 }
 
 // Error is a configuration error naming the variable at fault.
@@ -117,7 +126,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		IdempotencyTxTimeout:   p.duration("IDEMPOTENCY_TX_TIMEOUT", time.Millisecond),
 		IdempotencyKeyRequired: p.bool("IDEMPOTENCY_KEY_REQUIRED"),
 		DefaultMonthlyRunQuota: p.int("DEFAULT_MONTHLY_RUN_QUOTA", 0),
-		CleanupSchedule:        p.str("CLEANUP_SCHEDULE"),
+		CleanupSchedule:        p.schedule("CLEANUP_SCHEDULE"),
 		CleanupBatchSize:       int(p.int("CLEANUP_BATCH_SIZE", 1)),
 		MaxBodyBytes:           p.int("MAX_BODY_BYTES", 1),
 		LogLevel:               p.oneOf("LOG_LEVEL", "debug", "info", "warn", "error"),
@@ -128,6 +137,8 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		WorkerConcurrency:      int(p.int("WORKER_CONCURRENCY", 1)),
 		EnqueuePollInterval:    p.duration("ENQUEUE_POLL_INTERVAL", time.Millisecond),
 		RunLease:               p.duration("RUN_LEASE", time.Second),
+		RunMaxRetry:            int(p.int("RUN_MAX_RETRY", 1)),
+		WorkerMetricsAddr:      p.addr("WORKER_METRICS_ADDR"),
 	}
 	if p.err != nil {
 		return Config{}, p.err
@@ -159,7 +170,28 @@ func (p *parser) fail(name, value, problem string) {
 	}
 }
 
-func (p *parser) str(name string) string { return p.raw(name) }
+func (p *parser) schedule(name string) string {
+	v := p.raw(name)
+	if _, err := ParseSchedule(v); err != nil {
+		p.fail(name, v, err.Error())
+	}
+	return v
+}
+
+// ParseSchedule reads a cron spec as asynq's Scheduler does (five fields,
+// or a descriptor such as @hourly or @every 10m) and refuses ticks less
+// than a second apart.
+func ParseSchedule(spec string) (cron.Schedule, error) {
+	s, err := cron.ParseStandard(spec)
+	if err != nil {
+		return nil, fmt.Errorf("not a cron spec (such as @hourly, @every 10m or 0 * * * *): %v", err)
+	}
+	first := s.Next(time.Now())
+	if s.Next(first).Sub(first) < time.Second {
+		return nil, fmt.Errorf("ticks must be at least 1s apart")
+	}
+	return s, nil
+}
 
 func (p *parser) oneOf(name string, allowed ...string) string {
 	v := strings.ToLower(p.raw(name))

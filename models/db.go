@@ -108,3 +108,11 @@ func IsTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "57014" // query_canceled
 }
+
+// Run lifecycle errors of RunStore.Claim.
+var (
+	// ErrRunFinished: the run already ended; executing it again would be a duplicate.
+	ErrRunFinished = errors.New("run already finished")
+	// ErrRunLeased: another worker holds the run and its lease has not expired.
+	ErrRunLeased = errors.New("run is being executed by another worker")
+)

@@ -32,6 +32,13 @@ type StartParams struct {
 	Now time.Time
 }
 
+// The staged job that executes a run: its name is the asynq task type, and
+// its TaskID is the prefix plus the run id, so a run is queued at most once.
+const (
+	RunJobName      = "validation_run:execute"
+	RunTaskIDPrefix = "validation_run:"
+)
+
 // StagedJobsChannel is the LISTEN/NOTIFY channel a start signals after
 // staging a job, so the enqueuer wakes at once instead of at its next poll.
 const StagedJobsChannel = "valruns_staged_jobs"

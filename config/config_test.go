@@ -1,0 +1,279 @@
+package config_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/config"
+)
+
+// env is a lookup over a map, standing in for os.LookupEnv.
+func env(m map[string]string) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		v, ok := m[name]
+		return v, ok
+	}
+}
+
+// documented is the configuration the README (config.Vars) promises with no
+// environment at all.
+var documented = config.Config{
+	DatabaseURL:            "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable",
+	RedisURL:               "redis://127.0.0.1:6379/0",
+	HTTPAddr:               "127.0.0.1:8080",
+	IdempotencyTTL:         24 * time.Hour,
+	IdempotencyTxTimeout:   30 * time.Second,
+	IdempotencyKeyRequired: false,
+	DefaultMonthlyRunQuota: 0,
+	CleanupSchedule:        "@hourly",
+	CleanupBatchSize:       1000,
+	MaxBodyBytes:           1 << 20,
+	LogLevel:               "info",
+	LogFormat:              "text",
+	MigrateOnStart:         false,
+	AuthCacheTTL:           30 * time.Second,
+	ShutdownTimeout:        20 * time.Second,
+	WorkerConcurrency:      10,
+	EnqueuePollInterval:    time.Second,
+	RunLease:               5 * time.Minute,
+}
+
+func TestDefaults(t *testing.T) {
+	t.Parallel()
+
+	t.Run("no environment", func(t *testing.T) {
+		t.Parallel()
+		got, err := config.Load(env(nil))
+		require.NoError(t, err)
+		if d := cmp.Diff(documented, got); d != "" {
+			t.Fatalf("defaults (-documented +loaded):\n%s", d)
+		}
+	})
+
+	t.Run("empty and blank values take the default", func(t *testing.T) {
+		t.Parallel()
+		m := map[string]string{}
+		for i, v := range config.Vars {
+			m[v.Name] = []string{"", "   ", "\t"}[i%3]
+		}
+		got, err := config.Load(env(m))
+		require.NoError(t, err)
+		if d := cmp.Diff(documented, got); d != "" {
+			t.Fatalf("(-documented +loaded):\n%s", d)
+		}
+	})
+
+	t.Run("each documented default, set explicitly, loads the same", func(t *testing.T) {
+		t.Parallel()
+		m := map[string]string{}
+		for _, v := range config.Vars {
+			m[v.Name] = v.Default
+		}
+		got, err := config.Load(env(m))
+		require.NoError(t, err)
+		if d := cmp.Diff(documented, got); d != "" {
+			t.Fatalf("(-documented +loaded):\n%s", d)
+		}
+	})
+}
+
+func TestVarsDocumentEverythingLoadReads(t *testing.T) {
+	t.Parallel()
+	asked := map[string]bool{}
+	_, err := config.Load(func(name string) (string, bool) {
+		asked[name] = true
+		return "", false
+	})
+	require.NoError(t, err)
+
+	listed := map[string]bool{}
+	for _, v := range config.Vars {
+		require.False(t, listed[v.Name], "%s listed twice", v.Name)
+		listed[v.Name] = true
+		require.NotEmpty(t, v.Default, "%s has no default", v.Name)
+		require.NotEmpty(t, v.Doc, "%s has no doc", v.Name)
+	}
+	if d := cmp.Diff(listed, asked); d != "" {
+		t.Fatalf("variables listed in Vars vs read by Load (-listed +read):\n%s", d)
+	}
+	// The contract names these; they must stay configurable.
+	for _, name := range []string{
+		"DATABASE_URL", "REDIS_URL", "HTTP_ADDR", "IDEMPOTENCY_TTL", "IDEMPOTENCY_TX_TIMEOUT",
+		"DEFAULT_MONTHLY_RUN_QUOTA", "IDEMPOTENCY_KEY_REQUIRED", "CLEANUP_SCHEDULE",
+		"CLEANUP_BATCH_SIZE", "MAX_BODY_BYTES", "LOG_LEVEL", "LOG_FORMAT",
+	} {
+		require.True(t, listed[name], "%s missing from config.Vars", name)
+	}
+}
+
+func TestGoodValues(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		env   map[string]string
+		check func(t *testing.T, c config.Config)
+	}{
+		{"postgresql scheme", map[string]string{"DATABASE_URL": "postgresql://u:p@db:5432/x"},
+			func(t *testing.T, c config.Config) { require.Equal(t, "postgresql://u:p@db:5432/x", c.DatabaseURL) }},
+		{"rediss scheme", map[string]string{"REDIS_URL": "rediss://cache:6380/1"},
+			func(t *testing.T, c config.Config) { require.Equal(t, "rediss://cache:6380/1", c.RedisURL) }},
+		{"port-only address", map[string]string{"HTTP_ADDR": ":9090"},
+			func(t *testing.T, c config.Config) { require.Equal(t, ":9090", c.HTTPAddr) }},
+		{"surrounding spaces trimmed", map[string]string{"HTTP_ADDR": "  0.0.0.0:80 "},
+			func(t *testing.T, c config.Config) { require.Equal(t, "0.0.0.0:80", c.HTTPAddr) }},
+		{"durations", map[string]string{"IDEMPOTENCY_TTL": "1h30m", "IDEMPOTENCY_TX_TIMEOUT": "250ms", "RUN_LEASE": "1s"},
+			func(t *testing.T, c config.Config) {
+				require.Equal(t, 90*time.Minute, c.IdempotencyTTL)
+				require.Equal(t, 250*time.Millisecond, c.IdempotencyTxTimeout)
+				require.Equal(t, time.Second, c.RunLease)
+			}},
+		{"auth cache disabled", map[string]string{"AUTH_CACHE_TTL": "0"},
+			func(t *testing.T, c config.Config) { require.Zero(t, c.AuthCacheTTL) }},
+		{"bools", map[string]string{"IDEMPOTENCY_KEY_REQUIRED": "true", "MIGRATE_ON_START": "1"},
+			func(t *testing.T, c config.Config) {
+				require.True(t, c.IdempotencyKeyRequired)
+				require.True(t, c.MigrateOnStart)
+			}},
+		{"quota", map[string]string{"DEFAULT_MONTHLY_RUN_QUOTA": "500"},
+			func(t *testing.T, c config.Config) { require.EqualValues(t, 500, c.DefaultMonthlyRunQuota) }},
+		{"sizes", map[string]string{"CLEANUP_BATCH_SIZE": "1", "MAX_BODY_BYTES": "1", "WORKER_CONCURRENCY": "64"},
+			func(t *testing.T, c config.Config) {
+				require.Equal(t, 1, c.CleanupBatchSize)
+				require.EqualValues(t, 1, c.MaxBodyBytes)
+				require.Equal(t, 64, c.WorkerConcurrency)
+			}},
+		{"log level and format are case-insensitive", map[string]string{"LOG_LEVEL": "DEBUG", "LOG_FORMAT": "Json"},
+			func(t *testing.T, c config.Config) {
+				require.Equal(t, "debug", c.LogLevel)
+				require.Equal(t, "json", c.LogFormat)
+			}},
+		{"cleanup schedule", map[string]string{"CLEANUP_SCHEDULE": "@every 1m"},
+			func(t *testing.T, c config.Config) { require.Equal(t, "@every 1m", c.CleanupSchedule) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := config.Load(env(tt.env))
+			require.NoError(t, err)
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestBadValues(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, value string
+	}{
+		{"DATABASE_URL", "mysql://root@127.0.0.1/valruns"},
+		{"DATABASE_URL", "://no-scheme"},
+		{"DATABASE_URL", "127.0.0.1:5432"},
+		{"REDIS_URL", "http://127.0.0.1:6379"},
+		{"REDIS_URL", "%zz"},
+		{"HTTP_ADDR", "8080"},
+		{"HTTP_ADDR", "localhost:"},
+		{"HTTP_ADDR", "http://127.0.0.1:8080"},
+		{"IDEMPOTENCY_TTL", "abc"},
+		{"IDEMPOTENCY_TTL", "24"},
+		{"IDEMPOTENCY_TTL", "-1h"},
+		{"IDEMPOTENCY_TTL", "0s"},
+		{"IDEMPOTENCY_TTL", "500ms"},
+		{"IDEMPOTENCY_TX_TIMEOUT", "soon"},
+		{"IDEMPOTENCY_TX_TIMEOUT", "0"},
+		{"IDEMPOTENCY_TX_TIMEOUT", "-5s"},
+		{"IDEMPOTENCY_KEY_REQUIRED", "yes"},
+		{"IDEMPOTENCY_KEY_REQUIRED", "2"},
+		{"DEFAULT_MONTHLY_RUN_QUOTA", "-1"},
+		{"DEFAULT_MONTHLY_RUN_QUOTA", "ten"},
+		{"DEFAULT_MONTHLY_RUN_QUOTA", "1.5"},
+		{"CLEANUP_BATCH_SIZE", "0"},
+		{"CLEANUP_BATCH_SIZE", "-10"},
+		{"CLEANUP_BATCH_SIZE", "many"},
+		{"MAX_BODY_BYTES", "0"},
+		{"MAX_BODY_BYTES", "-1"},
+		{"MAX_BODY_BYTES", "1MB"},
+		{"MAX_BODY_BYTES", "99999999999999999999"},
+		{"LOG_LEVEL", "verbose"},
+		{"LOG_LEVEL", "trace"},
+		{"LOG_FORMAT", "xml"},
+		{"MIGRATE_ON_START", "maybe"},
+		{"AUTH_CACHE_TTL", "-1s"},
+		{"AUTH_CACHE_TTL", "forever"},
+		{"SHUTDOWN_TIMEOUT", "0"},
+		{"SHUTDOWN_TIMEOUT", "later"},
+		{"WORKER_CONCURRENCY", "0"},
+		{"WORKER_CONCURRENCY", "-3"},
+		{"ENQUEUE_POLL_INTERVAL", "0s"},
+		{"ENQUEUE_POLL_INTERVAL", "1"},
+		{"RUN_LEASE", "100ms"},
+		{"RUN_LEASE", "-5m"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			t.Parallel()
+			c, err := config.Load(env(map[string]string{tt.name: tt.value}))
+			require.Error(t, err)
+			var ce *config.Error
+			require.True(t, errors.As(err, &ce), "want *config.Error, got %T: %v", err, err)
+			require.Equal(t, tt.name, ce.Var)
+			require.NotEmpty(t, ce.Problem)
+			require.Contains(t, err.Error(), tt.name)
+			require.NotContains(t, err.Error(), "\n", "the message is one line")
+			require.Equal(t, config.Config{}, c, "a failed Load returns the zero Config")
+		})
+	}
+}
+
+func TestFirstErrorWins(t *testing.T) {
+	t.Parallel()
+	_, err := config.Load(env(map[string]string{"LOG_LEVEL": "loud", "IDEMPOTENCY_TTL": "abc"}))
+	var ce *config.Error
+	require.True(t, errors.As(err, &ce), "got %v", err)
+	// Load reads in Vars order: IDEMPOTENCY_TTL comes before LOG_LEVEL.
+	require.Equal(t, "IDEMPOTENCY_TTL", ce.Var)
+	require.Equal(t, "abc", ce.Value)
+}
+
+func TestErrorMessage(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		err  config.Error
+		want string
+	}{
+		{config.Error{Var: "IDEMPOTENCY_TTL", Value: "abc", Problem: "must be a duration"}, `config: IDEMPOTENCY_TTL="abc": must be a duration`},
+		{config.Error{Var: "DATABASE_URL", Problem: "connection refused"}, `config: DATABASE_URL: connection refused`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tt.want, tt.err.Error())
+		})
+	}
+}
+
+// FromEnv reads the process environment, so this test cannot be parallel.
+func TestFromEnv(t *testing.T) {
+	for _, v := range config.Vars {
+		t.Setenv(v.Name, "")
+	}
+	t.Setenv("IDEMPOTENCY_TTL", "2h")
+	c, err := config.FromEnv()
+	require.NoError(t, err)
+	want := documented
+	want.IdempotencyTTL = 2 * time.Hour
+	if d := cmp.Diff(want, c); d != "" {
+		t.Fatalf("(-want +got):\n%s", d)
+	}
+
+	t.Setenv("MAX_BODY_BYTES", "-1")
+	_, err = config.FromEnv()
+	var ce *config.Error
+	require.True(t, errors.As(err, &ce), "got %v", err)
+	require.Equal(t, "MAX_BODY_BYTES", ce.Var)
+	require.True(t, strings.Contains(err.Error(), "MAX_BODY_BYTES"))
+}

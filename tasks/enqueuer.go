@@ -1,0 +1,120 @@
+package tasks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/valruns/valruns/models"
+)
+
+// Enqueuer moves staged jobs from PostgreSQL to asynq: Brandur's
+// transactionally staged job drain. A job is staged in the transaction that
+// needs it, so it exists if and only if that transaction committed; the
+// enqueuer sends it with a TaskID derived from it (a crash between sending
+// and deleting re-sends the same TaskID, which asynq refuses as a
+// duplicate), then deletes it. It wakes on NOTIFY from the start
+// transaction, and polls as a fallback. If Redis is down, jobs stay staged
+// and drain when it returns; requests never wait on Redis.
+type Enqueuer struct {
+	staged *models.StagedJobStore
+	client *asynq.Client
+	dbURL  string
+	batch  int
+	poll   time.Duration
+	opts   func(models.StagedJob) []asynq.Option
+	log    *slog.Logger
+	m      *metrics
+}
+
+// Run drains until ctx is done.
+func (e *Enqueuer) Run(ctx context.Context) {
+	wake := make(chan struct{}, 1)
+	go e.listen(ctx, wake)
+	backoff := e.poll
+	for {
+		err := e.DrainAll(ctx)
+		wait := e.poll
+		if err != nil && ctx.Err() == nil {
+			e.log.WarnContext(ctx, "staged jobs not enqueued; will retry", "error", err, "retry_in", backoff)
+			wait = backoff
+			backoff = min(backoff*2, 30*time.Second)
+		} else {
+			backoff = e.poll
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		case <-time.After(wait):
+		}
+	}
+}
+
+// DrainAll moves every staged job, a batch per transaction.
+func (e *Enqueuer) DrainAll(ctx context.Context) error {
+	for {
+		n, err := e.staged.Drain(ctx, e.batch, func(j models.StagedJob) error { return e.send(ctx, j) })
+		if n > 0 {
+			e.m.enqueued.Add(float64(n))
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+	}
+}
+
+func (e *Enqueuer) send(ctx context.Context, j models.StagedJob) error {
+	opts := append([]asynq.Option{asynq.TaskID(j.TaskID)}, e.opts(j)...)
+	_, err := e.client.EnqueueContext(ctx, asynq.NewTask(j.JobName, j.JobArgs), opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil // sent before a crash kept us from deleting it: already queued
+	}
+	return err
+}
+
+// listen signals wake on every NOTIFY of models.StagedJobsChannel. It holds
+// one connection of its own and reconnects when it drops; meanwhile the poll
+// keeps the backlog moving.
+func (e *Enqueuer) listen(ctx context.Context, wake chan<- struct{}) {
+	for ctx.Err() == nil {
+		err := e.listenOnce(ctx, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		e.log.WarnContext(ctx, "LISTEN connection lost; polling until it is back", "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func (e *Enqueuer) listenOnce(ctx context.Context, wake chan<- struct{}) error {
+	conn, err := pgx.Connect(ctx, e.dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{models.StagedJobsChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		select {
+		case wake <- struct{}{}:
+		default: // a drain is already due
+		}
+	}
+}
