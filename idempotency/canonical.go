@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -39,13 +40,14 @@ var ErrInvalidJSON = errors.New("invalid JSON")
 //     which RFC 8785 uses, applied to the exact digits: plain decimal when
 //     1e-7 <= |v| < 1e21 (100, 0.5, 0.000001, 123000000000000000000), else
 //     one digit, the remaining digits after a point, and a signed exponent
-//     (1e+21, 1.5e-7, -2.25e+400). Output is never much longer than the
-//     literal, whatever its exponent.
+//     (1e+21, 1.5e-7, -2.25e+400). So a number is never written more than
+//     about 20 bytes longer than its literal, whatever its exponent, and any
+//     exponent that fits in an int64 is accepted.
 //
-// Since numbers keep their exact digits, the output equals RFC 8785's only for
-// numbers whose digits survive float64 (at most 15 significant digits, in
-// float64 range); the service fingerprints bodies, it never needs to match
-// another implementation byte for byte.
+// Numbers of at most 15 significant digits within float64's normal range come
+// out exactly as RFC 8785 writes them; beyond that RFC 8785 would round and
+// this does not. The service only compares its own fingerprints, so it never
+// needs to match another implementation byte for byte.
 //
 // An empty or all-whitespace body means "no body": Canonicalize returns
 // (nil, nil). Otherwise the error wraps ErrInvalidJSON when the body is not
@@ -55,7 +57,8 @@ var ErrInvalidJSON = errors.New("invalid JSON")
 // than MaxDepth and a number whose exponent does not fit in an int64 are
 // rejected too.
 func Canonicalize(body []byte) ([]byte, error) {
-	p := parser{data: body}
+	p := getParser(body)
+	defer putParser(p)
 	p.skipSpace()
 	if p.pos == len(p.data) {
 		return nil, nil
@@ -70,6 +73,38 @@ func Canonicalize(body []byte) ([]byte, error) {
 	}
 	out := make([]byte, 0, len(body))
 	return p.emit(out, root), nil
+}
+
+// parsers recycles the parse tree's slices: Canonicalize runs on every
+// idempotent request, and growing them afresh each time cost more than the
+// parsing itself.
+var parsers = sync.Pool{New: func() any { return new(parser) }}
+
+// maxPooledLen caps the length of each slice a pooled parser keeps, so that
+// one huge body does not pin its tree for the life of the process. Bodies
+// of tens of kilobytes stay under it.
+const maxPooledLen = 16 << 10
+
+func getParser(body []byte) *parser {
+	p := parsers.Get().(*parser)
+	p.data = body
+	p.pos = 0
+	return p
+}
+
+func putParser(p *parser) {
+	if max(cap(p.nodes), cap(p.text), cap(p.kids), cap(p.stack), cap(p.sort), cap(p.dig)) > maxPooledLen {
+		return
+	}
+	*p = parser{
+		nodes: p.nodes[:0],
+		text:  p.text[:0],
+		kids:  p.kids[:0],
+		stack: p.stack[:0],
+		sort:  p.sort[:0],
+		dig:   p.dig[:0],
+	}
+	parsers.Put(p)
 }
 
 // Fingerprint identifies a request by its method, path and canonical body
