@@ -41,6 +41,8 @@ var documented = config.Config{
 	WorkerConcurrency:      10,
 	EnqueuePollInterval:    time.Second,
 	RunLease:               5 * time.Minute,
+	RunMaxRetry:            5,
+	WorkerMetricsAddr:      "127.0.0.1:9091",
 }
 
 func TestDefaults(t *testing.T) {
@@ -152,8 +154,14 @@ func TestGoodValues(t *testing.T) {
 				require.Equal(t, "debug", c.LogLevel)
 				require.Equal(t, "json", c.LogFormat)
 			}},
-		{"cleanup schedule", map[string]string{"CLEANUP_SCHEDULE": "@every 1m"},
+		{"cleanup schedule @every", map[string]string{"CLEANUP_SCHEDULE": "@every 1m"},
 			func(t *testing.T, c config.Config) { require.Equal(t, "@every 1m", c.CleanupSchedule) }},
+		{"cleanup schedule in five fields", map[string]string{"CLEANUP_SCHEDULE": "*/15 * * * *"},
+			func(t *testing.T, c config.Config) { require.Equal(t, "*/15 * * * *", c.CleanupSchedule) }},
+		{"cleanup schedule with a time zone", map[string]string{"CLEANUP_SCHEDULE": "CRON_TZ=UTC 0 3 * * *"},
+			func(t *testing.T, c config.Config) { require.Equal(t, "CRON_TZ=UTC 0 3 * * *", c.CleanupSchedule) }},
+		{"cleanup schedule @daily", map[string]string{"CLEANUP_SCHEDULE": "@daily"},
+			func(t *testing.T, c config.Config) { require.Equal(t, "@daily", c.CleanupSchedule) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -191,6 +199,12 @@ func TestBadValues(t *testing.T) {
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "-1"},
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "ten"},
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "1.5"},
+		// The worker's scheduler would refuse these at registration, long after start-up.
+		{"CLEANUP_SCHEDULE", "every hour"},
+		{"CLEANUP_SCHEDULE", "@fortnightly"},
+		{"CLEANUP_SCHEDULE", "@every abc"},
+		{"CLEANUP_SCHEDULE", "61 * * * *"},
+		{"CLEANUP_SCHEDULE", "* * * *"},
 		{"CLEANUP_BATCH_SIZE", "0"},
 		{"CLEANUP_BATCH_SIZE", "-10"},
 		{"CLEANUP_BATCH_SIZE", "many"},
@@ -212,6 +226,10 @@ func TestBadValues(t *testing.T) {
 		{"ENQUEUE_POLL_INTERVAL", "1"},
 		{"RUN_LEASE", "100ms"},
 		{"RUN_LEASE", "-5m"},
+		{"RUN_MAX_RETRY", "0"},
+		{"RUN_MAX_RETRY", "often"},
+		{"WORKER_METRICS_ADDR", "9091"},
+		{"WORKER_METRICS_ADDR", "127.0.0.1:"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

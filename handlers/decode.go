@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 	"github.com/google/uuid"
@@ -21,6 +22,9 @@ import (
 func decodeStrict(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return errors.New("the request body is empty; send a JSON object")
+	}
+	if err := refuseNUL(body); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -38,6 +42,24 @@ func decodeStrict(body []byte, v any) error {
 		return errors.New("unexpected data after the JSON object")
 	}
 	return nil
+}
+
+// refuseNUL refuses a body with U+0000 in any string or key: PostgreSQL text
+// and jsonb cannot store it, so the insert would fail as a 500 on every retry.
+func refuseNUL(body []byte) error {
+	if !bytes.Contains(body, []byte(`\u0000`)) {
+		return nil // a raw NUL is not valid JSON; only the escape can make one
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // io.EOF, or a syntax error that Decode reports
+		}
+		if s, ok := tok.(string); ok && strings.IndexByte(s, 0) >= 0 {
+			return errors.New(`strings must not contain the NUL character (\u0000)`)
+		}
+	}
 }
 
 // badRequest is the problem of a body that does not say what the route needs.

@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gorm.io/gorm"
 )
@@ -83,7 +85,7 @@ ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
 WHERE k.expires_at <= now()`,
 		map[string]any{
 			"id": k.ID, "org": k.OrgID, "endpoint": k.Endpoint, "key": k.Key, "hash": k.RequestHash,
-			"method": k.RequestMethod, "path": k.RequestPath, "status": k.ResponseStatus,
+			"method": k.RequestMethod, "path": truncate(k.RequestPath, 2000), "status": k.ResponseStatus,
 			"body": k.ResponseBody, "headers": string(k.ResponseHeaders), "run": k.ValidationRunID,
 			"request_id": k.RequestID, "ip": truncate(k.ClientIP, 100), "ua": truncate(k.UserAgent, 1000),
 			"ttl_us": ttl.Microseconds(),
@@ -94,11 +96,16 @@ WHERE k.expires_at <= now()`,
 	return res.RowsAffected == 1, nil
 }
 
+// truncate makes s storable in a text column of at most n characters:
+// invalid UTF-8 and NUL become U+FFFD, and s is cut to n characters, never
+// inside one. (Client-supplied values such as User-Agent must never turn a
+// request into a 500.)
 func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
+	if utf8.RuneCountInString(s) <= n {
+		return s
 	}
-	return s
+	return string([]rune(s)[:n])
 }
 
 // DeleteExpiredBatch deletes up to n keys past expires_at in one short
