@@ -25,21 +25,26 @@ type Status struct {
 // live godoc
 //
 //	@Summary		Liveness
-//	@Description	Answers 200 while the process serves HTTP. It checks nothing else.
+//	@ID			liveness
+//	@Description	Answers 200 while the process serves HTTP. It checks nothing else (see /readyz). No authentication.
 //	@Tags			health
 //	@Produce		json
-//	@Success		200	{object}	Status
+//	@Success		200	{object}	Status	"Alive."
+//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/healthz [get]
 func (h *healthHandlers) live(c *gin.Context) { c.JSON(http.StatusOK, Status{Status: "ok"}) }
 
 // readyz godoc
 //
 //	@Summary		Readiness
-//	@Description	Answers 200 when the database answers a ping within 2 s, 503 otherwise.
+//	@ID			readiness
+//	@Description	Answers 200 when the database answers a ping within 2 s (and the process's own readiness check passes), 503 otherwise. No authentication.
 //	@Tags			health
 //	@Produce		json
-//	@Success		200	{object}	Status
-//	@Failure		503	{object}	problem.Details
+//	@Produce		application/problem+json
+//	@Success		200	{object}	Status			"Ready."
+//	@Failure		503	{object}	ProblemNotReady	"database_unavailable (the database does not answer) or not_ready (a dependency is not ready)."
+//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/readyz [get]
 func (h *healthHandlers) readyz(c *gin.Context) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)

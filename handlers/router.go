@@ -83,6 +83,8 @@ func NewRouter(d Deps) *gin.Engine {
 	r.GET("/healthz", health.live)
 	r.GET("/readyz", health.readyz)
 	r.GET("/metrics", gin.WrapH(promhttpHandler(d.Registry)))
+	r.GET("/", index)
+	r.GET("/swagger/*any", swaggerUI())
 
 	api := r.Group("/api", authenticate(orgs, d.Config.AuthCacheTTL))
 	api.POST("/workflows", idem.Wrap(ScopeWorkflowCreate, wf.create))

@@ -15,13 +15,6 @@ import (
 	"github.com/valruns/valruns/problem"
 )
 
-// RunTaskName and RunTaskIDPrefix name the staged job that executes a run;
-// the tasks package handles that task type under the same name.
-const (
-	RunTaskName     = "validation_run:execute"
-	RunTaskIDPrefix = "validation_run:"
-)
-
 type runHandlers struct {
 	runs         *models.RunStore
 	workflows    *models.WorkflowStore
@@ -56,9 +49,9 @@ type Run struct {
 	// Error says why the worker itself failed (status error).
 	Error      *string    `json:"error,omitempty"`
 	Attempts   int        `json:"attempts" example:"0"`
-	CreatedAt  time.Time  `json:"created_at"`
-	StartedAt  *time.Time `json:"started_at,omitempty"`
-	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	CreatedAt  time.Time  `json:"created_at" example:"2026-11-22T10:00:00Z"`
+	StartedAt  *time.Time `json:"started_at,omitempty" example:"2026-11-22T10:00:01Z"`
+	FinishedAt *time.Time `json:"finished_at,omitempty" example:"2026-11-22T10:00:02Z"`
 }
 
 // RunList is one page of runs, newest first.
@@ -90,15 +83,34 @@ func utc(t *time.Time) *time.Time {
 // start godoc
 //
 //	@Summary		Start a validation run
-//	@Description	Creates a queued validation run of the workflow over the submission; a worker executes it. With an Idempotency-Key, retries create exactly one run and bill once.
+//	@ID			startRun
+//	@Description	Creates a `queued` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object); a worker executes it, and the run goes `queued -> running -> passed | failed` (or `error`). Poll it at the `Location`. Each start counts against the organisation's monthly quota: past it the answer is 429 `quota_exceeded`.
+//	@Description
+//	@Description	Idempotent with an `Idempotency-Key` header (scope `workflow_start`): any number of retries create exactly one run, bill once and get the first answer back (4xx such as 404 or 429 included), with `Idempotent-Replayed: true`.
 //	@Tags			runs
 //	@Accept			json
 //	@Produce		json
+//	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			id				path		string			true	"Workflow id (UUID)"
-//	@Param			Idempotency-Key	header		string			false	"Optional idempotency key (scope workflow_start)"
-//	@Param			body			body		StartRunRequest	true	"The submission"
-//	@Success		201				{object}	Run
+//	@Param			id				path		string					true	"Workflow id (UUID)"	format(uuid)
+//	@Param			Idempotency-Key	header		string					false	"Optional, unless the server runs with IDEMPOTENCY_KEY_REQUIRED=true (then a missing key is 400 idempotency_key_missing). 1 to 255 printable ASCII characters, bare (abc) or as a quoted Structured Field string (abc between double quotes): both forms are the same key. Use a new random value, such as a UUID, per operation you mean to do once. A key belongs to your organisation and this endpoint (scope workflow_start) and expires 24 h after first use. A retry with the same key and the same request (path and JSON body; key order and whitespace do not matter) does nothing again: it answers the first response, same status and same body byte for byte, with the headers Idempotent-Replayed: true and Original-Request-Id (the X-Request-Id of the first request). The same key with another body is 422 idempotency_key_reused; while the first request is still being processed, 409 idempotency_key_in_progress with Retry-After. An answer of 5xx stores nothing: retry with the same key."
+//	@Param			body			body		StartRunRequest			true	"The submission to validate, and optional metadata"
+//	@Success		201				{object}	Run						"Created: the queued run (or, with Idempotent-Replayed: true, the replay of the first answer)."
+//	@Failure		400				{object}	ProblemBadRequest		"The body is not what the route needs: codes validation_error (submission missing, metadata not an object, unknown field), invalid_json; or the Idempotency-Key is malformed: idempotency_key_invalid, idempotency_key_too_long, idempotency_key_missing (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key or bad JSON; other 4xx answers are stored and replayed."
+//	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: codes unauthenticated (no Authorization: Bearer header) or invalid_token (unknown or revoked)."
+//	@Failure		404				{object}	ProblemWorkflowNotFound	"not_found: no such workflow in your organisation (stored and replayed like any answer)."
+//	@Failure		409				{object}	ProblemInProgress		"idempotency_key_in_progress: a request with this key is still being processed; retry after Retry-After seconds."
+//	@Failure		413				{object}	ProblemTooLarge			"request_body_too_large: the body exceeds MAX_BODY_BYTES."
+//	@Failure		422				{object}	ProblemKeyReused		"idempotency_key_reused: the key was used for a different request (another body or another workflow) within 24 h; use a new key."
+//	@Failure		429				{object}	ProblemQuotaExceeded	"quota_exceeded: the organisation has used its monthly run quota (stored and replayed like any answer)."
+//	@Failure		500				{object}	ProblemInternal			"internal_error: nothing was done, billed or stored; retry, with the same key."
+//	@Failure		503				{object}	ProblemTimeout			"request_timeout (the request's transaction ran out of time and was rolled back; Retry-After) or unavailable (authentication could not be checked); nothing was done: retry."
+//	@Header			201				{string}	Location				"The run: /api/runs/{run_id}/"
+//	@Header			201				{string}	Idempotent-Replayed		"true when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+//	@Header			201				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
+//	@Header			409,503			{integer}	Retry-After				"Seconds to wait before retrying."
+//	@Header			401				{string}	WWW-Authenticate		"Bearer realm=valruns"
+//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/start/ [post]
 func (h *runHandlers) start(tx *gorm.DB, req idempotency.Request) (idempotency.Response, error) {
 	var in StartRunRequest
@@ -135,7 +147,7 @@ func (h *runHandlers) start(tx *gorm.DB, req idempotency.Request) (idempotency.R
 	run, err := h.runs.Start(tx, models.StartParams{
 		OrgID: p.OrgID, WorkflowID: wfID, Submission: in.Submission, Metadata: in.Metadata,
 		IdempotencyKeyID: req.KeyID, Quota: quota, TokenID: p.TokenID, RequestID: req.RequestID,
-		JobName: RunTaskName, TaskIDPrefix: RunTaskIDPrefix, Now: time.Now(),
+		JobName: models.RunJobName, TaskIDPrefix: models.RunTaskIDPrefix, Now: time.Now(),
 	})
 	if errors.Is(err, models.ErrQuotaExceeded) {
 		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, "quota_exceeded",
@@ -153,12 +165,20 @@ func (h *runHandlers) start(tx *gorm.DB, req idempotency.Request) (idempotency.R
 // get godoc
 //
 //	@Summary		Read a run
-//	@Description	A run with its status and findings; another organisation's is a 404.
+//	@ID			getRun
+//	@Description	A run with its status and, once finished, its findings (`failed` means findings of severity `error`). Another organisation's run, or an id that is not a UUID, is a 404.
 //	@Tags			runs
 //	@Produce		json
+//	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			id	path		string	true	"Run id (UUID)"
-//	@Success		200	{object}	Run
+//	@Param			id	path		string				true	"Run id (UUID)"	format(uuid)
+//	@Success		200	{object}	Run					"The run."
+//	@Failure		401	{object}	ProblemUnauthorized	"No usable API token: codes unauthenticated or invalid_token."
+//	@Failure		404	{object}	ProblemRunNotFound	"not_found: no such run in your organisation."
+//	@Failure		500	{object}	ProblemInternal		"internal_error."
+//	@Failure		503	{object}	ProblemUnavailable	"unavailable: authentication could not be checked; retry shortly."
+//	@Header			401	{string}	WWW-Authenticate	"Bearer realm=valruns"
+//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/{id}/ [get]
 func (h *runHandlers) get(c *gin.Context) {
 	id := c.Param("id")
@@ -180,14 +200,22 @@ func (h *runHandlers) get(c *gin.Context) {
 // list godoc
 //
 //	@Summary		List runs
-//	@Description	The organisation's runs, newest first, optionally of one workflow, a page at a time (findings are not included; read a run for them).
+//	@ID			listRuns
+//	@Description	The organisation's runs, newest first, optionally of one workflow, a page at a time: pass `next_cursor` back as `?cursor=` for the next page. Findings are not included; read a run for them.
 //	@Tags			runs
 //	@Produce		json
+//	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			workflow_id	query		string	false	"Only runs of this workflow"
-//	@Param			limit		query		int		false	"Page size, 1-100 (default 20)"
-//	@Param			cursor		query		string	false	"next_cursor of the previous page"
-//	@Success		200			{object}	RunList
+//	@Param			workflow_id	query		string				false	"Only runs of this workflow (UUID)"	format(uuid)
+//	@Param			limit		query		int					false	"Page size, 1-100 (default 20)"		minimum(1)	maximum(100)
+//	@Param			cursor		query		string				false	"next_cursor of the previous page"
+//	@Success		200			{object}	RunList				"One page of runs."
+//	@Failure		400			{object}	ProblemBadRequest	"validation_error (workflow_id not a UUID, limit not 1 to 100) or invalid_cursor (not a cursor this API returned)."
+//	@Failure		401			{object}	ProblemUnauthorized	"No usable API token: codes unauthenticated or invalid_token."
+//	@Failure		500			{object}	ProblemInternal		"internal_error."
+//	@Failure		503			{object}	ProblemUnavailable	"unavailable: authentication could not be checked; retry shortly."
+//	@Header			401			{string}	WWW-Authenticate	"Bearer realm=valruns"
+//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/ [get]
 func (h *runHandlers) list(c *gin.Context) {
 	page, ok := pageOf(c)

@@ -37,7 +37,7 @@ type Workflow struct {
 	Name       string               `json:"name" example:"invoice"`
 	Schema     json.RawMessage      `json:"schema,omitempty" swaggertype:"object"`
 	Assertions []validate.Assertion `json:"assertions"`
-	CreatedAt  time.Time            `json:"created_at"`
+	CreatedAt  time.Time            `json:"created_at" example:"2026-11-22T10:00:00Z"`
 }
 
 // WorkflowList is one page of workflows, newest first.
@@ -58,14 +58,31 @@ func workflowOf(w *models.Workflow) Workflow {
 // create godoc
 //
 //	@Summary		Create a workflow
-//	@Description	Creates a workflow: a name, an optional JSON Schema and optional CEL assertions, all compiled now, so a schema or an expression that does not compile is a 400 naming it.
+//	@ID			createWorkflow
+//	@Description	Creates a workflow: a name, an optional JSON Schema (draft 2020-12 unless `$schema` says otherwise) the submission must satisfy, and optional CEL assertions over `submission` and `metadata`. Both are compiled now, so a schema or an expression that does not compile is a 400 (`invalid_workflow`) naming it in `errors`.
+//	@Description
+//	@Description	Idempotent with an `Idempotency-Key` header (scope `workflow_create`): retries create one workflow and replay the first answer, 4xx included.
 //	@Tags			workflows
 //	@Accept			json
 //	@Produce		json
+//	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			Idempotency-Key	header		string					false	"Optional idempotency key (scope workflow_create)"
+//	@Param			Idempotency-Key	header		string					false	"Optional, unless the server runs with IDEMPOTENCY_KEY_REQUIRED=true (then a missing key is 400 idempotency_key_missing). 1 to 255 printable ASCII characters, bare (abc) or as a quoted Structured Field string (abc between double quotes): both forms are the same key. Use a new random value, such as a UUID, per operation you mean to do once. A key belongs to your organisation and this endpoint (scope workflow_create) and expires 24 h after first use. A retry with the same key and the same request (path and JSON body; key order and whitespace do not matter) does nothing again: it answers the first response, same status and same body byte for byte, with the headers Idempotent-Replayed: true and Original-Request-Id (the X-Request-Id of the first request). The same key with another body is 422 idempotency_key_reused; while the first request is still being processed, 409 idempotency_key_in_progress with Retry-After. An answer of 5xx stores nothing: retry with the same key."
 //	@Param			body			body		CreateWorkflowRequest	true	"The workflow"
-//	@Success		201				{object}	Workflow
+//	@Success		201				{object}	Workflow				"Created (or, with Idempotent-Replayed: true, the replay of the first answer)."
+//	@Failure		400				{object}	ProblemInvalidWorkflow	"The body is not what the route needs: codes invalid_workflow (a schema or expression does not compile), validation_error (name missing or too long, unknown field), invalid_json; or the Idempotency-Key is malformed: idempotency_key_invalid, idempotency_key_too_long, idempotency_key_missing (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key or bad JSON; other 4xx answers are stored and replayed."
+//	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: codes unauthenticated (no Authorization: Bearer header) or invalid_token (unknown or revoked)."
+//	@Failure		409				{object}	ProblemInProgress		"idempotency_key_in_progress: a request with this key is still being processed; retry after Retry-After seconds."
+//	@Failure		413				{object}	ProblemTooLarge			"request_body_too_large: the body exceeds MAX_BODY_BYTES."
+//	@Failure		422				{object}	ProblemKeyReused		"idempotency_key_reused: the key was used for a different request (another body) within 24 h; use a new key."
+//	@Failure		500				{object}	ProblemInternal			"internal_error: nothing was done and nothing stored; retry, with the same key."
+//	@Failure		503				{object}	ProblemTimeout			"request_timeout (the request's transaction ran out of time and was rolled back; Retry-After) or unavailable (authentication could not be checked); nothing was done: retry."
+//	@Header			201				{string}	Location				"The workflow: /api/workflows/{id}/"
+//	@Header			201				{string}	Idempotent-Replayed		"true when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+//	@Header			201				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
+//	@Header			409,503			{integer}	Retry-After				"Seconds to wait before retrying."
+//	@Header			401				{string}	WWW-Authenticate		"Bearer realm=valruns"
+//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/ [post]
 func (h *workflowHandlers) create(tx *gorm.DB, req idempotency.Request) (idempotency.Response, error) {
 	var in CreateWorkflowRequest
@@ -113,13 +130,21 @@ func (h *workflowHandlers) create(tx *gorm.DB, req idempotency.Request) (idempot
 // list godoc
 //
 //	@Summary		List workflows
-//	@Description	The organisation's workflows, newest first, a page at a time: pass next_cursor back as ?cursor= for the next page.
+//	@ID			listWorkflows
+//	@Description	The organisation's workflows, newest first, a page at a time: pass `next_cursor` back as `?cursor=` for the next page; the last page has no `next_cursor`.
 //	@Tags			workflows
 //	@Produce		json
+//	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			limit	query		int		false	"Page size, 1-100 (default 20)"
-//	@Param			cursor	query		string	false	"next_cursor of the previous page"
-//	@Success		200		{object}	WorkflowList
+//	@Param			limit	query		int					false	"Page size, 1-100 (default 20)"	minimum(1)	maximum(100)
+//	@Param			cursor	query		string				false	"next_cursor of the previous page"
+//	@Success		200		{object}	WorkflowList		"One page of workflows."
+//	@Failure		400		{object}	ProblemBadRequest	"validation_error (limit is not 1 to 100) or invalid_cursor (not a cursor this API returned)."
+//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: codes unauthenticated or invalid_token."
+//	@Failure		500		{object}	ProblemInternal		"internal_error."
+//	@Failure		503		{object}	ProblemUnavailable	"unavailable: authentication could not be checked; retry shortly."
+//	@Header			401		{string}	WWW-Authenticate	"Bearer realm=valruns"
+//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/ [get]
 func (h *workflowHandlers) list(c *gin.Context) {
 	page, ok := pageOf(c)
@@ -141,12 +166,20 @@ func (h *workflowHandlers) list(c *gin.Context) {
 // get godoc
 //
 //	@Summary		Read a workflow
-//	@Description	One workflow of the organisation; another organisation's is a 404.
+//	@ID			getWorkflow
+//	@Description	One workflow of the organisation. Another organisation's workflow, or an id that is not a UUID, is a 404.
 //	@Tags			workflows
 //	@Produce		json
+//	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			id	path		string	true	"Workflow id (UUID)"
-//	@Success		200	{object}	Workflow
+//	@Param			id	path		string					true	"Workflow id (UUID)"	format(uuid)
+//	@Success		200	{object}	Workflow				"The workflow."
+//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: codes unauthenticated or invalid_token."
+//	@Failure		404	{object}	ProblemWorkflowNotFound	"not_found: no such workflow in your organisation."
+//	@Failure		500	{object}	ProblemInternal			"internal_error."
+//	@Failure		503	{object}	ProblemUnavailable		"unavailable: authentication could not be checked; retry shortly."
+//	@Header			401	{string}	WWW-Authenticate		"Bearer realm=valruns"
+//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/ [get]
 func (h *workflowHandlers) get(c *gin.Context) {
 	id := c.Param("id")

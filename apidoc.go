@@ -1,0 +1,31 @@
+package main
+
+// The general information of the OpenAPI (Swagger 2.0) spec that swag
+// generates into docs/ (make docs); the operations are annotated on the
+// handlers. host is deliberately absent, so Swagger UI sends requests to
+// whatever address served the page.
+
+//	@title			valruns API
+//	@version		1.0.0
+//	@description	valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.
+//	@description
+//	@description	**Authentication.** Every `/api/` route needs `Authorization: Bearer vr_...`, an API token of one organisation (`valruns token create --org SLUG`). Everything a token can see belongs to its organisation: another organisation's workflow or run is a 404.
+//	@description
+//	@description	**Idempotency.** `POST /api/workflows/` and `POST /api/workflows/{id}/start/` accept an `Idempotency-Key` header (1 to 255 printable ASCII characters, bare `abc` or quoted `"abc"`), so a client can retry after a network failure without creating, or billing, twice. Keys are scoped per organisation and endpoint and kept 24 h. A retry with the same key and body gets the first answer back, byte for byte, with `Idempotent-Replayed: true` and `Original-Request-Id`; the same key with another body is a 422 (`idempotency_key_reused`); a retry while the first request is still being processed is a 409 (`idempotency_key_in_progress`) with `Retry-After`. A request that failed with a 5xx stored nothing and may be retried with the same key.
+//	@description
+//	@description	**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support.
+//	@BasePath		/
+
+//	@tag.name			workflows
+//	@tag.description	Workflows: what a submission is validated against.
+//	@tag.name			runs
+//	@tag.description	Validation runs: start one (idempotently) and poll it.
+//	@tag.name			health
+//	@tag.description	Liveness, readiness and Prometheus metrics, without authentication.
+//	@tag.name			meta
+//	@tag.description	Where to find the rest of the API.
+
+//	@securityDefinitions.apikey	BearerAuth
+//	@in							header
+//	@name						Authorization
+//	@description				An API token of your organisation, with its scheme: enter `Bearer vr_...` (the word Bearer, a space, then the token). `valruns token create --org SLUG` prints one.

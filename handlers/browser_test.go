@@ -1,0 +1,262 @@
+package handlers_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/internal/apitest"
+)
+
+// chromiumPath finds a Chromium for the browser test with the project's
+// scripts/install-chromium.sh (which installs Debian's chromium when missing
+// and running as root, and prints its path). It skips the test, loudly,
+// when there is none: a skipped browser test must never pass unnoticed.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("CHROMIUM"); p != "" {
+		return p
+	}
+	var stderr strings.Builder
+	var err error
+	if _, statErr := os.Stat("../scripts/install-chromium.sh"); statErr == nil {
+		cmd := exec.Command("bash", "../scripts/install-chromium.sh")
+		cmd.Stderr = &stderr
+		var out []byte
+		out, err = cmd.Output()
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		path := strings.TrimSpace(lines[len(lines)-1])
+		if err == nil && path != "" {
+			if _, statErr := os.Stat(path); statErr == nil {
+				return path
+			}
+			err = fmt.Errorf("it printed %q, which does not exist", path)
+		}
+	} else {
+		err = statErr
+		for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+			if path, lookErr := exec.LookPath(name); lookErr == nil {
+				return path
+			}
+		}
+	}
+	msg := fmt.Sprintf("\n%s\nSKIPPING %s: no Chromium for the Swagger UI browser test.\n"+
+		"scripts/install-chromium.sh failed (%v): %s\n"+
+		"Install it (apt-get install chromium) or set CHROMIUM=/path/to/chromium.\n%s",
+		strings.Repeat("!", 72), t.Name(), err, strings.TrimSpace(stderr.String()), strings.Repeat("!", 72))
+	fmt.Fprintln(os.Stderr, msg)
+	t.Skip(msg)
+	return ""
+}
+
+// TestBrowserSwaggerUI drives the real Swagger UI in headless Chromium
+// against the real API: authorize with a token, start a run with an
+// Idempotency-Key from "Try it out", execute it twice, and see the second
+// answer replayed (201, idempotent-replayed: true) with one run in the
+// database.
+func TestBrowserSwaggerUI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test skipped in -short mode")
+	}
+	chromium := chromiumPath(t)
+
+	e := apitest.New(t)
+	srv := e.Server()
+	org := e.NewOrg("Browser Co")
+	wf := e.NewWorkflow(org, map[string]any{"name": "invoice"})
+
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	key := "browser-" + hex.EncodeToString(rnd[:])
+	const body = `{"submission":{"customer":"ACME","total":42}}`
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 1600),
+		// No internet here: nothing may be fetched but the test server.
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+	)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	tab, cancelTab := chromedp.NewContext(alloc, chromedp.WithLogf(t.Logf))
+	defer cancelTab()
+	// One deadline for the whole flow; a failure then has its own few
+	// seconds (on tab) to dump the page.
+	ctx, cancel := context.WithTimeout(tab, 60*time.Second)
+	defer cancel()
+
+	screenshot := func(name string) {
+		sctx, cancel := context.WithTimeout(tab, 15*time.Second)
+		defer cancel()
+		png, err := chromedp.Run(sctx, chromedp.FullScreenshot(100)) // 100: PNG
+		if err != nil {
+			t.Logf("screenshot %s: %v", name, err)
+			return
+		}
+		dir := os.Getenv("ARTIFACTS")
+		if dir == "" {
+			dir = t.TempDir()
+		} else if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Logf("screenshot %s: %v", name, err)
+			return
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Logf("screenshot %s: %v", name, err)
+			return
+		}
+		t.Logf("screenshot (full page PNG): %s", path)
+	}
+	fail := func(what string, err error) {
+		t.Helper()
+		dctx, cancel := context.WithTimeout(tab, 5*time.Second)
+		defer cancel()
+		html, herr := chromedp.Run(dctx, chromedp.OuterHTML(chromedp.CSS(op), chromedp.AtLeast(0)))
+		if herr != nil || html == "" {
+			html, _ = chromedp.Run(dctx, chromedp.OuterHTML(chromedp.CSS("body"), chromedp.AtLeast(0)))
+		}
+		screenshot("swagger-ui-failure.png")
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (the browser flow has 60 s in all)", err)
+		}
+		t.Fatalf("%s: %v\nDOM:\n%.6000s", what, err, html)
+	}
+	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			fail(what, err)
+		}
+	}
+
+	step("open Swagger UI and wait for the start operation",
+		chromedp.Navigate(srv.URL+"/swagger/index.html"),
+		chromedp.WaitVisible(chromedp.CSS(op)),
+	)
+	path, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(op+" .opblock-summary-path")))
+	if err != nil {
+		fail("read the start operation's path", err)
+	}
+	require.Equal(t, "/api/workflows/{id}/start/", strings.TrimSpace(strings.ReplaceAll(path, "\u200b", "")))
+
+	step("authorize with the token",
+		chromedp.Click(chromedp.CSS(".auth-wrapper .btn.authorize")),
+		chromedp.WaitVisible(chromedp.CSS(".modal-ux .auth-container input")),
+		chromedp.SendKeys(chromedp.CSS(".modal-ux .auth-container input"), "Bearer "+org.Token),
+		chromedp.Click(chromedp.CSS(".modal-ux .auth-btn-wrapper .btn.modal-btn.auth.authorize")),
+		// Authorized: the dialog now offers Logout.
+		chromedp.WaitVisible(chromedp.CSS(".modal-ux .auth-btn-wrapper .btn.modal-btn.auth:not(.authorize)")),
+		chromedp.Click(chromedp.CSS(".modal-ux .btn-done")),
+		chromedp.WaitNotPresent(chromedp.CSS(".modal-ux")),
+	)
+
+	step("expand the operation, try it out and fill it in",
+		chromedp.Click(chromedp.CSS(op+" .opblock-summary")),
+		chromedp.WaitVisible(chromedp.CSS(op+" .try-out__btn")),
+		chromedp.Click(chromedp.CSS(op+" .try-out__btn")),
+		chromedp.WaitVisible(chromedp.CSS(op+` tr[data-param-name="id"] input`)),
+		chromedp.SendKeys(chromedp.CSS(op+` tr[data-param-name="id"] input`), wf),
+		chromedp.SendKeys(chromedp.CSS(op+` input[placeholder="Idempotency-Key"]`), key),
+		// The textarea holds the example body: replace it so React sees it.
+		chromedp.WaitVisible(chromedp.CSS(op+" textarea.body-param__text")),
+		chromedp.Evaluate[chromedp.Void](setReactValue(op+" textarea.body-param__text", body)),
+	)
+
+	type shown struct {
+		Status string `json:"status"`
+		Text   string `json:"text"`
+	}
+	var last shown
+	execute := func(n int) shown {
+		t.Helper()
+		step(fmt.Sprintf("click Execute (#%d)", n), chromedp.Click(chromedp.CSS(op+" .btn.execute")))
+		// The live response is new when its text (which holds the
+		// response's own x-request-id) differs from the last one's.
+		got, err := chromedp.Run(ctx, chromedp.Poll[shown](liveResponseJS(op, last.Text),
+			chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(0)))
+		if err != nil {
+			fail(fmt.Sprintf("read the response of Execute #%d", n), err)
+		}
+		t.Logf("Execute #%d: status %s", n, got.Status)
+		last = got
+		return got
+	}
+
+	first := execute(1)
+	require.Equal(t, "201", first.Status, "first Execute; response section:\n%s", first.Text)
+	require.NotContains(t, strings.ToLower(first.Text), "idempotent-replayed")
+
+	second := execute(2)
+	require.Equal(t, "201", second.Status, "second Execute; response section:\n%s", second.Text)
+	lower := strings.ToLower(second.Text)
+	require.Contains(t, lower, "idempotent-replayed: true", "the second answer is a replay; response section:\n%s", second.Text)
+	require.Contains(t, lower, "original-request-id:")
+
+	// Everything the page loaded came from the server under test (no CDN).
+	loaded, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`[location.href, ...performance.getEntriesByType("resource").map(r => r.name)]`))
+	if err != nil {
+		fail("list the page's resources", err)
+	}
+	for _, u := range loaded {
+		require.True(t, strings.HasPrefix(u, srv.URL+"/"), "the page loaded %s from elsewhere", u)
+	}
+
+	require.EqualValues(t, 1, e.Count("validation_runs", "workflow_id = ?", wf), "two Executes with one key make one run")
+	require.EqualValues(t, 1, e.Count("idempotency_keys", "key = ?", key))
+
+	step("scroll to the response", chromedp.ScrollIntoView(chromedp.CSS(op+" .live-responses-table")))
+	screenshot("swagger-ui-replayed.png")
+}
+
+// op is the Swagger UI block of POST /api/workflows/{id}/start/ (tag runs,
+// operationId startRun).
+const op = "#operations-runs-startRun"
+
+func jsString(s string) string {
+	return "`" + strings.NewReplacer("\\", "\\\\", "`", "\\`", "$", "\\$").Replace(s) + "`"
+}
+
+// liveResponseJS is a poll predicate: the status and text of the
+// operation's live response once it is there and is not prev.
+func liveResponseJS(selector, prev string) string {
+	return `(() => {
+		const table = document.querySelector(` + jsString(selector+" .live-responses-table") + `);
+		if (!table) return false;
+		const text = table.innerText;
+		if (!/x-request-id/i.test(text) || text === ` + jsString(prev) + `) return false;
+		const status = table.querySelector(".response .response-col_status");
+		return { status: status ? status.innerText.trim() : "", text: text };
+	})()`
+}
+
+// setReactValue sets a textarea's value through the native setter and fires
+// input, so React's onChange sees it (assigning .value alone is undone).
+func setReactValue(selector, value string) string {
+	return `(() => {
+		const el = document.querySelector(` + jsString(selector) + `);
+		const set = Object.getOwnPropertyDescriptor(HTMLTextAreaElement.prototype, "value").set;
+		set.call(el, ` + jsString(value) + `);
+		el.dispatchEvent(new Event("input", { bubbles: true }));
+		el.dispatchEvent(new Event("change", { bubbles: true }));
+		return el.value;
+	})()`
+}

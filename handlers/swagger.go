@@ -1,0 +1,332 @@
+package handlers
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"sync"
+
+	"github.com/gin-gonic/gin"
+	swaggerFiles "github.com/swaggo/files"
+	ginSwagger "github.com/swaggo/gin-swagger"
+
+	"github.com/valruns/valruns/docs"
+	"github.com/valruns/valruns/problem"
+)
+
+// swaggerUI serves Swagger UI at /swagger/index.html and the spec swag
+// generated (package docs) at /swagger/doc.json. The UI's assets are
+// embedded in the binary (swaggo/files), so nothing comes from a CDN. Each
+// router gets its own file handler: gin-swagger sets the handler's prefix on
+// first use, which would race on the shared swaggerFiles.Handler.
+func swaggerUI() gin.HandlerFunc {
+	spec := specJSON()
+	ui := ginSwagger.WrapHandler(swaggerFiles.NewHandler(),
+		ginSwagger.URL("doc.json"),
+		ginSwagger.DefaultModelsExpandDepth(1),
+		ginSwagger.DocExpansion("list"),
+	)
+	return func(c *gin.Context) {
+		if c.Param("any") == "/doc.json" {
+			c.Data(http.StatusOK, "application/json; charset=utf-8", spec)
+			return
+		}
+		ui(c)
+	}
+}
+
+// specJSON is the spec of package docs without its "host" member. The spec
+// has no host, so that Swagger UI calls whatever address served it, but
+// swag's template renders that as "host": "", which Swagger 2.0 does not
+// allow (an absent host is how it says "the serving host").
+// Built once: ReadDoc renders a template into package state, which parallel
+// routers (tests) would race on.
+var specJSON = sync.OnceValue(func() []byte {
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(docs.SwaggerInfo.ReadDoc()), &doc); err != nil {
+		panic("handlers: the generated spec in docs/ is not JSON: " + err.Error()) // caught by every test
+	}
+	if string(doc["host"]) == `""` {
+		delete(doc, "host")
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // keep "queued -> running" readable
+	if err := enc.Encode(doc); err != nil {
+		panic(err) // cannot happen: re-encoding decoded JSON
+	}
+	return b.Bytes()
+})
+
+// Index is the body of GET /: where to find the API and its documentation.
+// Links are paths, valid on whatever address the service listens on.
+type Index struct {
+	Name    string     `json:"name" example:"valruns"`
+	Version string     `json:"version" example:"1.0.0"`
+	Links   IndexLinks `json:"links"`
+}
+
+// IndexLinks are the entry points of the service.
+type IndexLinks struct {
+	// SwaggerUI is the interactive documentation.
+	SwaggerUI string `json:"swagger_ui" example:"/swagger/index.html"`
+	// OpenAPI is the Swagger 2.0 spec.
+	OpenAPI string `json:"openapi" example:"/swagger/doc.json"`
+	// Workflows is where the API starts.
+	Workflows string `json:"workflows" example:"/api/workflows/"`
+	// Health is the liveness probe (/readyz is the readiness probe).
+	Health string `json:"health" example:"/healthz"`
+	// Metrics are Prometheus metrics.
+	Metrics string `json:"metrics" example:"/metrics"`
+}
+
+// index godoc
+//
+//	@Summary		API index
+//	@ID			index
+//	@Description	A small JSON index: the service's name and version and links to the Swagger UI, the spec, the API, health and metrics. No authentication.
+//	@Tags			meta
+//	@Produce		json
+//	@Success		200	{object}	Index
+//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when sane, a new one otherwise."
+//	@Router			/ [get]
+func index(c *gin.Context) {
+	c.JSON(http.StatusOK, Index{
+		Name:    "valruns",
+		Version: docs.SwaggerInfo.Version,
+		Links: IndexLinks{
+			SwaggerUI: "/swagger/index.html",
+			OpenAPI:   "/swagger/doc.json",
+			Workflows: "/api/workflows/",
+			Health:    "/healthz",
+			Metrics:   "/metrics",
+		},
+	})
+}
+
+// The types below exist for the OpenAPI spec only: each is the problem
+// document (problem.Details) that a status answers, with an example of its
+// own, since swag cannot attach an example to a response. The API writes
+// problem.Details; TestProblemExamples checks that each example is what
+// problem.New makes of its status, code and detail.
+
+// ProblemBadRequest is a 400 problem: the request is malformed.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 400, Content-Type application/problem+json.
+type ProblemBadRequest struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/validation_error"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Bad Request"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"400"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"limit must be a whole number from 1 to 100."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"validation_error"`
+}
+
+// ProblemInvalidWorkflow is a 400 problem: a schema or assertion of the workflow does not compile.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 400, Content-Type application/problem+json.
+type ProblemInvalidWorkflow struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/invalid_workflow"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Bad Request"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"400"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"assertions[0].expr (positive_total) does not compile: undeclared reference to 'x'"`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"invalid_workflow"`
+}
+
+// ProblemUnauthorized is a 401 problem: no usable API token.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 401, Content-Type application/problem+json.
+type ProblemUnauthorized struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/invalid_token"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Unauthorized"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"401"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"The API token is unknown or revoked."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"invalid_token"`
+}
+
+// ProblemWorkflowNotFound is a 404 problem: no such workflow in the caller's organisation.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
+type ProblemWorkflowNotFound struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/not_found"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Not Found"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"404"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"Workflow not found."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"not_found"`
+}
+
+// ProblemRunNotFound is a 404 problem: no such run in the caller's organisation.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
+type ProblemRunNotFound struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/not_found"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Not Found"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"404"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"Run not found."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"not_found"`
+}
+
+// ProblemInProgress is a 409 problem: the idempotency key's first request is still being processed.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 409, Content-Type application/problem+json.
+type ProblemInProgress struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/idempotency_key_in_progress"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Conflict"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"409"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"A request with this idempotency key is currently being processed."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"idempotency_key_in_progress"`
+}
+
+// ProblemTooLarge is a 413 problem: the body exceeds MAX_BODY_BYTES.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 413, Content-Type application/problem+json.
+type ProblemTooLarge struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/request_body_too_large"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Request Entity Too Large"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"413"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"The request body exceeds the limit of 1048576 bytes."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"request_body_too_large"`
+}
+
+// ProblemKeyReused is a 422 problem: the idempotency key was used with another request.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 422, Content-Type application/problem+json.
+type ProblemKeyReused struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/idempotency_key_reused"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Unprocessable Entity"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"422"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"Idempotency key has already been used with a different request body."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"idempotency_key_reused"`
+}
+
+// ProblemQuotaExceeded is a 429 problem: the organisation's monthly run quota is used up.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.
+type ProblemQuotaExceeded struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/quota_exceeded"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Too Many Requests"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"429"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"The organisation has used its monthly quota of 1000 runs."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"quota_exceeded"`
+}
+
+// ProblemInternal is a 500 problem: something failed inside and nothing was done.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 500, Content-Type application/problem+json.
+type ProblemInternal struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/internal_error"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Internal Server Error"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"500"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"An internal error occurred."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"internal_error"`
+}
+
+// ProblemUnavailable is a 503 problem: authentication could not be checked; retry shortly.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.
+type ProblemUnavailable struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/unavailable"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Service Unavailable"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"503"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"Authentication is unavailable; retry shortly."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"unavailable"`
+}
+
+// ProblemTimeout is a 503 problem: the request's transaction ran out of time and was rolled back.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.
+type ProblemTimeout struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/request_timeout"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Service Unavailable"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"503"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"The request did not finish in time and was rolled back; retry it."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"request_timeout"`
+}
+
+// ProblemNotReady is a 503 problem of /readyz: the database does not answer.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.
+type ProblemNotReady struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/database_unavailable"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Service Unavailable"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"503"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"The database does not answer."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"database_unavailable"`
+}

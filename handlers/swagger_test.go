@@ -1,0 +1,333 @@
+package handlers_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/go-openapi/loads"
+	"github.com/go-openapi/spec"
+	"github.com/go-openapi/strfmt"
+	"github.com/go-openapi/validate"
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/problem"
+)
+
+// specFile is the spec swag generated (make docs).
+const specFile = "../docs/swagger.json"
+
+// get answers a GET through the real router with trailing-slash handling.
+// The routes under test here touch no database, so the router needs none.
+func get(t *testing.T, path string) *httptest.ResponseRecorder {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	handlers.New(handlers.Deps{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec
+}
+
+func loadSpecFile(t *testing.T) *loads.Document {
+	t.Helper()
+	doc, err := loads.Spec(specFile)
+	require.NoError(t, err, "load %s (run make docs)", specFile)
+	return doc
+}
+
+func loadServedSpec(t *testing.T) *loads.Document {
+	t.Helper()
+	rec := get(t, "/swagger/doc.json")
+	require.Equal(t, http.StatusOK, rec.Code, "body %s", rec.Body)
+	require.Contains(t, rec.Header().Get("Content-Type"), "application/json")
+	doc, err := loads.Analyzed(json.RawMessage(rec.Body.Bytes()), "")
+	require.NoError(t, err)
+	return doc
+}
+
+func TestSpecValidSwagger2(t *testing.T) {
+	t.Parallel()
+	for name, load := range map[string]func(*testing.T) *loads.Document{
+		"docs/swagger.json":        loadSpecFile,
+		"served /swagger/doc.json": loadServedSpec,
+	} {
+		t.Run(name, func(t *testing.T) {
+			doc := load(t)
+			require.Equal(t, "2.0", doc.Spec().Swagger)
+			require.NoError(t, validate.Spec(doc, strfmt.Default))
+			// No host: Swagger UI then calls whatever address served the page.
+			require.Empty(t, doc.Spec().Host, "host must stay empty so the spec works on any address")
+			require.Equal(t, "/", doc.Spec().BasePath)
+			require.Equal(t, "valruns API", doc.Spec().Info.Title)
+			require.NotEmpty(t, doc.Spec().Info.Version)
+			require.Contains(t, doc.Spec().Info.Description, "Idempotency-Key")
+		})
+	}
+}
+
+// The served spec is the committed one: same paths and definitions.
+func TestSpecServedIsGenerated(t *testing.T) {
+	t.Parallel()
+	file, served := loadSpecFile(t).Spec(), loadServedSpec(t).Spec()
+	require.Equal(t, file.Paths, served.Paths)
+	require.Equal(t, file.Definitions, served.Definitions)
+	require.Equal(t, file.SecurityDefinitions, served.SecurityDefinitions)
+}
+
+var ginParam = regexp.MustCompile(`:([A-Za-z_][A-Za-z0-9_]*)`)
+
+// routeKey is "METHOD /path" with {param} placeholders and no trailing slash.
+func routeKey(method, path string) string {
+	path = ginParam.ReplaceAllString(path, "{$1}")
+	if len(path) > 1 {
+		path = strings.TrimSuffix(path, "/")
+	}
+	return method + " " + path
+}
+
+func specRoutes(sw *spec.Swagger) map[string]*spec.Operation {
+	out := map[string]*spec.Operation{}
+	for path, item := range sw.Paths.Paths {
+		for method, op := range map[string]*spec.Operation{
+			http.MethodGet: item.Get, http.MethodPost: item.Post, http.MethodPut: item.Put,
+			http.MethodPatch: item.Patch, http.MethodDelete: item.Delete,
+			http.MethodHead: item.Head, http.MethodOptions: item.Options,
+		} {
+			if op != nil {
+				out[routeKey(method, path)] = op
+			}
+		}
+	}
+	return out
+}
+
+// Every route the router serves is in the spec, and every operation of the
+// spec is a route the router serves.
+func TestSpecRouteCoverage(t *testing.T) {
+	t.Parallel()
+	routes := map[string]bool{}
+	for _, r := range handlers.NewRouter(handlers.Deps{}).Routes() {
+		if r.Path == "/swagger/*any" {
+			continue
+		}
+		routes[routeKey(r.Method, r.Path)] = true
+	}
+	documented := specRoutes(loadSpecFile(t).Spec())
+
+	var undocumented, unrouted []string
+	for k := range routes {
+		if documented[k] == nil {
+			undocumented = append(undocumented, k)
+		}
+	}
+	for k := range documented {
+		if !routes[k] {
+			unrouted = append(unrouted, k)
+		}
+	}
+	sort.Strings(undocumented)
+	sort.Strings(unrouted)
+	require.Empty(t, undocumented, "routes missing from docs/swagger.json: annotate them and run make docs")
+	require.Empty(t, unrouted, "spec operations without a route")
+	require.GreaterOrEqual(t, len(routes), 10)
+
+	// Every operation is described, and the API's declare their errors.
+	for k, op := range documented {
+		require.NotEmpty(t, op.Summary, k)
+		require.NotEmpty(t, op.Description, k)
+		require.NotEmpty(t, op.Tags, k)
+		for code, resp := range op.Responses.StatusCodeResponses {
+			require.Contains(t, resp.Headers, "X-Request-Id", "%s %d", k, code)
+			if code >= 400 {
+				require.NotNil(t, resp.Schema, "%s %d has no schema", k, code)
+			}
+		}
+		if strings.Contains(k, " /api/") {
+			require.Len(t, op.Security, 1, k)
+			require.Contains(t, op.Security[0], "BearerAuth", k)
+			for _, code := range []int{401, 500, 503} {
+				require.Contains(t, op.Responses.StatusCodeResponses, code, "%s does not document %d", k, code)
+			}
+		}
+	}
+}
+
+func TestSpecSecurityDefinition(t *testing.T) {
+	t.Parallel()
+	sd := loadSpecFile(t).Spec().SecurityDefinitions["BearerAuth"]
+	require.NotNil(t, sd)
+	require.Equal(t, "apiKey", sd.Type)
+	require.Equal(t, "header", sd.In)
+	require.Equal(t, "Authorization", sd.Name)
+	require.Contains(t, sd.Description, "Bearer vr_")
+}
+
+func TestSpecIdempotentPosts(t *testing.T) {
+	t.Parallel()
+	sw := loadSpecFile(t).Spec()
+	ops := specRoutes(sw)
+	for _, k := range []string{"POST /api/workflows", "POST /api/workflows/{id}/start"} {
+		t.Run(k, func(t *testing.T) {
+			op := ops[k]
+			require.NotNil(t, op, "%s is not in the spec", k)
+			var key *spec.Parameter
+			for i := range op.Parameters {
+				if p := &op.Parameters[i]; p.In == "header" && p.Name == "Idempotency-Key" {
+					key = p
+				}
+			}
+			require.NotNil(t, key, "Idempotency-Key header parameter")
+			require.Equal(t, "string", key.Type)
+			require.False(t, key.Required, "optional unless IDEMPOTENCY_KEY_REQUIRED=true")
+			for _, rule := range []string{"IDEMPOTENCY_KEY_REQUIRED", "255 printable ASCII", "24 h", "Idempotent-Replayed: true", "Original-Request-Id", "422", "409"} {
+				require.Contains(t, key.Description, rule)
+			}
+
+			resps := op.Responses.StatusCodeResponses
+			for _, code := range []int{201, 400, 401, 409, 413, 422, 500, 503} {
+				require.Contains(t, resps, code, "%s does not document %d", k, code)
+			}
+			created := resps[201]
+			for _, h := range []string{"Location", "Idempotent-Replayed", "Original-Request-Id", "X-Request-Id"} {
+				require.Contains(t, created.Headers, h, "201 header %s", h)
+			}
+			require.Contains(t, resps[409].Headers, "Retry-After")
+			require.Contains(t, resps[503].Headers, "Retry-After")
+			require.Equal(t, "#/definitions/handlers.ProblemInProgress", resps[409].Schema.Ref.String())
+			require.Equal(t, "#/definitions/handlers.ProblemKeyReused", resps[422].Schema.Ref.String())
+		})
+	}
+	require.Contains(t, ops["POST /api/workflows/{id}/start"].Responses.StatusCodeResponses, 429)
+	require.Contains(t, ops["POST /api/workflows/{id}/start"].Responses.StatusCodeResponses, 404)
+}
+
+// Request and response bodies are named types, never free-form maps.
+func TestSpecNamedSchemas(t *testing.T) {
+	t.Parallel()
+	for k, op := range specRoutes(loadSpecFile(t).Spec()) {
+		for _, p := range op.Parameters {
+			if p.In == "body" {
+				require.NotEmpty(t, p.Schema.Ref.String(), "%s body is not a named type", k)
+			}
+		}
+		for code, resp := range op.Responses.StatusCodeResponses {
+			if resp.Schema == nil || k == "GET /metrics" {
+				continue
+			}
+			require.NotEmpty(t, resp.Schema.Ref.String(), "%s %d is not a named type", k, code)
+		}
+	}
+}
+
+// Each problem example of the spec is a document problem.New could make:
+// its type, title and status follow from its status and code, and the
+// fields are problem.Details'.
+func TestSpecProblemExamples(t *testing.T) {
+	t.Parallel()
+	detailsFields := jsonFields(reflect.TypeOf(problem.Details{}))
+	defs := loadSpecFile(t).Spec().Definitions
+	for _, v := range []any{
+		handlers.ProblemBadRequest{}, handlers.ProblemInvalidWorkflow{}, handlers.ProblemUnauthorized{},
+		handlers.ProblemWorkflowNotFound{}, handlers.ProblemRunNotFound{}, handlers.ProblemInProgress{},
+		handlers.ProblemTooLarge{}, handlers.ProblemKeyReused{}, handlers.ProblemQuotaExceeded{},
+		handlers.ProblemInternal{}, handlers.ProblemUnavailable{}, handlers.ProblemTimeout{}, handlers.ProblemNotReady{},
+	} {
+		typ := reflect.TypeOf(v)
+		t.Run(typ.Name(), func(t *testing.T) {
+			ex := map[string]string{}
+			for i := 0; i < typ.NumField(); i++ {
+				f := typ.Field(i)
+				if !f.Anonymous {
+					ex[strings.Split(f.Tag.Get("json"), ",")[0]] = f.Tag.Get("example")
+				}
+			}
+			status, err := strconv.Atoi(ex["status"])
+			require.NoError(t, err)
+			want := problem.New(status, ex["code"], ex["detail"])
+			require.Equal(t, want.Type, ex["type"])
+			require.Equal(t, want.Title, ex["title"])
+			require.NotEmpty(t, want.Detail)
+
+			def, ok := defs["handlers."+typ.Name()]
+			require.True(t, ok, "%s is not in the spec", typ.Name())
+			var props []string
+			for name := range def.Properties {
+				props = append(props, name)
+			}
+			sort.Strings(props)
+			require.Equal(t, detailsFields, props, "%s documents exactly problem.Details' fields", typ.Name())
+		})
+	}
+}
+
+func jsonFields(typ reflect.Type) []string {
+	var out []string
+	for i := 0; i < typ.NumField(); i++ {
+		if name := strings.Split(typ.Field(i).Tag.Get("json"), ",")[0]; name != "" && name != "-" {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Swagger UI and its assets come from the binary, never from a CDN.
+func TestSwaggerUIServed(t *testing.T) {
+	t.Parallel()
+	rec := get(t, "/swagger/index.html")
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Contains(t, rec.Header().Get("Content-Type"), "text/html")
+	page := rec.Body.String()
+	require.Contains(t, page, "swagger-ui-bundle.js")
+	for _, m := range regexp.MustCompile(`(?:src|href)="([^"]+)"`).FindAllStringSubmatch(page, -1) {
+		require.False(t, strings.Contains(m[1], "//"), "index.html loads %s from elsewhere", m[1])
+	}
+	for _, asset := range []string{"swagger-ui-bundle.js", "swagger-ui-standalone-preset.js", "swagger-initializer.js", "swagger-ui.css", "index.css"} {
+		rec := get(t, "/swagger/"+asset)
+		require.Equal(t, http.StatusOK, rec.Code, asset)
+		require.NotZero(t, rec.Body.Len(), asset)
+	}
+	init := get(t, "/swagger/swagger-initializer.js").Body.String()
+	require.Contains(t, init, `url: "doc.json"`, "the UI loads the spec from its own directory")
+	require.Contains(t, init, "validatorUrl: null", "no call to an online validator")
+}
+
+func TestSwaggerIndexRoute(t *testing.T) {
+	t.Parallel()
+	rec := get(t, "/")
+	require.Equal(t, http.StatusOK, rec.Code)
+	var idx handlers.Index
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &idx))
+	require.Equal(t, "valruns", idx.Name)
+	require.Equal(t, loadSpecFile(t).Spec().Info.Version, idx.Version)
+	require.Equal(t, handlers.IndexLinks{
+		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/doc.json", Workflows: "/api/workflows/",
+		Health: "/healthz", Metrics: "/metrics",
+	}, idx.Links)
+	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.Health, idx.Links.Metrics} {
+		require.Equal(t, http.StatusOK, get(t, link).Code, link)
+	}
+	require.Equal(t, http.StatusUnauthorized, get(t, idx.Links.Workflows).Code, "the API needs a token")
+}
+
+// docs/ holds exactly what make docs writes.
+func TestSwaggerDocsFiles(t *testing.T) {
+	t.Parallel()
+	for _, f := range []string{"../docs/docs.go", "../docs/swagger.json", "../docs/swagger.yaml"} {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err, "run make docs")
+		require.NotContains(t, string(b), "Code generated by swaggo/swag at", "docs carry no timestamp (no --generatedTime)")
+	}
+	b, err := os.ReadFile("../docs/swagger.json")
+	require.NoError(t, err)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal(b, &raw))
+	_, hasHost := raw["host"]
+	require.False(t, hasHost, "docs/swagger.json has no host")
+}
