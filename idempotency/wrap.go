@@ -238,18 +238,23 @@ func (k *call) serve(h Handler) {
 	}
 
 	// Replay fast path: one indexed read, no transaction. A key row only
-	// exists once its request has finished, so any live row is an answer.
+	// exists once its request has finished, so any live row is an answer;
+	// and with none, a request in flight (seen in pg_locks by the same
+	// statement) is a 409 at once.
 	stored, err := k.w.keys.Lookup(db, k.tenant, k.scope, k.key)
 	switch {
-	case err == nil && !stored.Expired:
+	case err != nil:
+		k.fail(err)
+		return
+	case stored.Found() && !stored.Expired:
 		k.replay(stored)
 		return
-	case err != nil && !errors.Is(err, models.ErrNotFound):
-		k.fail(err)
+	case stored.InFlight:
+		k.inProgress()
 		return
 	}
 	k.outcome = OutcomeNew
-	if stored != nil {
+	if stored.Found() {
 		k.outcome = OutcomeExpiredReused
 	}
 	k.execute(db, h)
@@ -309,9 +314,7 @@ func (k *call) execute(db *gorm.DB, h Handler) {
 	})
 	switch {
 	case inFlight:
-		k.outcome = OutcomeInProgress
-		k.c.Header("Retry-After", strconv.Itoa(k.w.cfg.RetryAfter))
-		k.problem(http.StatusConflict, CodeKeyInProgress, "A request with this idempotency key is currently being processed.")
+		k.inProgress()
 	case finished:
 		stored, err := k.w.keys.Lookup(db, k.tenant, k.scope, k.key)
 		if err != nil {
@@ -416,6 +419,14 @@ func (k *call) write(status int, h http.Header, body []byte) {
 	k.c.Writer.WriteHeader(status)
 	_, _ = k.c.Writer.Write(body)
 	k.c.Abort()
+}
+
+// inProgress answers 409: the first request with this key has not finished,
+// so this one cannot be compared with it yet.
+func (k *call) inProgress() {
+	k.outcome = OutcomeInProgress
+	k.c.Header("Retry-After", strconv.Itoa(k.w.cfg.RetryAfter))
+	k.problem(http.StatusConflict, CodeKeyInProgress, "A request with this idempotency key is currently being processed.")
 }
 
 // reject answers a request refused before any work: nothing is stored.

@@ -19,23 +19,41 @@ type KeyStore struct{ db *gorm.DB }
 // NewKeyStore returns a KeyStore on db.
 func NewKeyStore(db *gorm.DB) *KeyStore { return &KeyStore{db: db} }
 
-// StoredKey is a key row plus whether it has expired by the database's clock.
+// StoredKey is what the replay fast path learns in one statement: the key
+// row if there is one (ID is "" when there is none), whether it has expired
+// by the database's clock, and, when no live row exists, whether a request
+// holding the key's lock is in flight.
 type StoredKey struct {
 	IdempotencyKey
-	Expired bool
+	Expired  bool
+	InFlight bool
 }
 
-// Lookup reads the key row on db (the pool or a transaction): one indexed
-// read. Absent is ErrNotFound.
+// Found reports whether a key row exists (live or expired).
+func (k *StoredKey) Found() bool { return k.ID != "" }
+
+// Lookup reads the key row on db (the pool or a transaction) with one
+// indexed read. When there is no live row it also looks, read-only, at
+// pg_locks for the key's advisory lock, so a retry storm against a request
+// in flight is answered 409 from this one statement, without a transaction
+// and without touching the lock itself. The probe is a hint: only
+// TryLock decides who executes.
 func (s *KeyStore) Lookup(db *gorm.DB, orgID, endpoint, key string) (*StoredKey, error) {
+	lockID := uint64(LockID(orgID, endpoint, key))
 	var k StoredKey
-	res := db.Raw(`SELECT *, expires_at <= now() AS expired FROM idempotency_keys
-		WHERE org_id = ? AND endpoint = ? AND key = ?`, orgID, endpoint, key).Scan(&k)
+	res := db.Raw(`
+SELECT k.*, k.expires_at <= now() AS expired,
+	CASE WHEN k.id IS NULL OR k.expires_at <= now() THEN EXISTS (
+		SELECT 1 FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND l.classid = CAST(CAST(? AS bigint) AS oid) AND l.objid = CAST(CAST(? AS bigint) AS oid))
+	ELSE false END AS in_flight
+FROM (SELECT 1) AS one
+LEFT JOIN idempotency_keys k ON k.org_id = ? AND k.endpoint = ? AND k.key = ?`,
+		int64(lockID>>32), int64(lockID&0xffffffff), orgID, endpoint, key).Scan(&k)
 	if res.Error != nil {
 		return nil, fmt.Errorf("lookup idempotency key: %w", translate(res.Error))
-	}
-	if res.RowsAffected == 0 {
-		return nil, fmt.Errorf("lookup idempotency key: %w", ErrNotFound)
 	}
 	return &k, nil
 }

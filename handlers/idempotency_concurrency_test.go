@@ -1,0 +1,294 @@
+package handlers_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/idempotency"
+	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/problem"
+)
+
+// idemAnswer is one answer of a storm.
+type idemAnswer struct {
+	Status   int
+	Body     string
+	Replayed bool
+	Code     string // problem code, when a problem
+	Retry    string // Retry-After
+	Err      error  // transport error
+}
+
+// idemStorm sends n requests at once (released together by a barrier) over
+// real HTTP; req(i) says what request i sends.
+func idemStorm(t *testing.T, srv *httptest.Server, n int, req func(i int) (path, token, key, body string)) []idemAnswer {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	t.Cleanup(client.CloseIdleConnections)
+	answers := make([]idemAnswer, n)
+	var ready, done sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			path, token, key, body := req(i)
+			hr, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
+			if err != nil {
+				answers[i].Err = err
+				ready.Done()
+				return
+			}
+			hr.Header.Set("Content-Type", "application/json")
+			hr.Header.Set("Authorization", "Bearer "+token)
+			if key != "" {
+				hr.Header.Set(idempotency.HeaderKey, key)
+			}
+			ready.Done()
+			<-start
+			resp, err := client.Do(hr)
+			if err != nil {
+				answers[i].Err = err
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			answers[i] = idemAnswer{Status: resp.StatusCode, Body: string(b), Err: err,
+				Replayed: resp.Header.Get(idempotency.HeaderReplayed) == "true", Retry: resp.Header.Get("Retry-After")}
+			if resp.Header.Get("Content-Type") == problem.ContentType {
+				var d struct {
+					Code string `json:"code"`
+				}
+				_ = json.Unmarshal(b, &d)
+				answers[i].Code = d.Code
+			}
+		}()
+	}
+	ready.Wait()
+	close(start)
+	done.Wait()
+	for i, a := range answers {
+		require.NoError(t, a.Err, "request %d", i)
+		require.Less(t, a.Status, 500, "request %d: no 5xx in a storm: %s", i, a.Body)
+	}
+	return answers
+}
+
+// idemTally counts answers by status.
+func idemTally(answers []idemAnswer) map[int]int {
+	m := map[int]int{}
+	for _, a := range answers {
+		m[a.Status]++
+	}
+	return m
+}
+
+// TestStartStormSameKey: 50 clients send the same new key at once, five
+// times over: each round creates exactly one run, bills once, stages one
+// job, stores one key; every answer is the one 201 (first or replayed, byte
+// for byte) or a 409.
+func TestStartStormSameKey(t *testing.T) {
+	t.Parallel()
+	f := newIdemFixture(t, nil)
+	srv := f.e.Server()
+	const clients, rounds = 50, 5
+	for round := 1; round <= rounds; round++ {
+		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
+			key := fmt.Sprintf("storm-%d", round)
+			answers := idemStorm(t, srv, clients, func(int) (string, string, string, string) {
+				return idemStartPath(f.wf), f.org.Token, key, idemBody
+			})
+			tally := idemTally(answers)
+			t.Logf("answers by status: %v", tally)
+			require.Equal(t, clients, tally[201]+tally[409], "only 201 or 409: %v", tally)
+			var body string
+			fresh := 0
+			for _, a := range answers {
+				switch a.Status {
+				case 201:
+					if body == "" {
+						body = a.Body
+					}
+					require.Equal(t, body, a.Body, "every 201 is the same answer")
+					if !a.Replayed {
+						fresh++
+					}
+				case 409:
+					require.Equal(t, idempotency.CodeKeyInProgress, a.Code)
+					require.Equal(t, "1", a.Retry)
+				}
+			}
+			require.Equal(t, 1, fresh, "exactly one request executed")
+			require.Equal(t, idemCounts{Runs: int64(round), Usage: int64(round), Audits: int64(round), Staged: int64(round), Keys: int64(round)},
+				f.counts(t, f.org.ID))
+			k := idemKeyRow(t, f.e, f.org.ID, handlers.ScopeWorkflowStart, key)
+			require.NotNil(t, k)
+			require.Equal(t, body, string(k.ResponseBody))
+			require.EqualValues(t, 1, idemCount(t, f.e, `SELECT count(*) FROM validation_runs WHERE idempotency_key_id = ?`, k.ID))
+			// Once the storm is over, everyone gets the replay.
+			r := f.start(idemBody, idemKey(key)...)
+			require.Equal(t, http.StatusCreated, r.Status)
+			require.Equal(t, body, string(r.Body))
+			require.Equal(t, "true", r.Header.Get(idempotency.HeaderReplayed))
+		})
+	}
+}
+
+// TestStartStormSameKeyTwoBodies: half the storm sends another body under the
+// same key: still one run; answers are 201 (the winner's body), 409 or 422.
+func TestStartStormSameKeyTwoBodies(t *testing.T) {
+	t.Parallel()
+	f := newIdemFixture(t, nil)
+	answers := idemStorm(t, f.e.Server(), 40, func(i int) (string, string, string, string) {
+		if i%2 == 0 {
+			return idemStartPath(f.wf), f.org.Token, "mixed", idemBody
+		}
+		return idemStartPath(f.wf), f.org.Token, "mixed", idemBodyB
+	})
+	tally := idemTally(answers)
+	t.Logf("answers by status: %v", tally)
+	require.Equal(t, 40, tally[201]+tally[409]+tally[422], "only 201, 409 or 422: %v", tally)
+	fresh := 0
+	for _, a := range answers {
+		if a.Status == 201 && !a.Replayed {
+			fresh++
+		}
+		if a.Status == 422 {
+			require.Equal(t, idempotency.CodeKeyReused, a.Code)
+		}
+	}
+	require.Equal(t, 1, fresh)
+	require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 1}, f.counts(t, f.org.ID))
+}
+
+// TestStartStormDistinctKeys: 50 clients with a key each: 50 runs, billed 50
+// times, none replayed.
+func TestStartStormDistinctKeys(t *testing.T) {
+	t.Parallel()
+	f := newIdemFixture(t, nil)
+	const clients = 50
+	answers := idemStorm(t, f.e.Server(), clients, func(i int) (string, string, string, string) {
+		return idemStartPath(f.wf), f.org.Token, fmt.Sprintf("own-%d", i), idemBody
+	})
+	ids := map[string]bool{}
+	for _, a := range answers {
+		require.Equal(t, http.StatusCreated, a.Status, a.Body)
+		require.False(t, a.Replayed)
+		ids[a.Body] = true
+	}
+	require.Len(t, ids, clients, "50 different runs")
+	require.Equal(t, idemCounts{Runs: clients, Usage: clients, Audits: clients, Staged: clients, Keys: clients}, f.counts(t, f.org.ID))
+}
+
+// TestStartStormQuota: quota 10, 40 keys at once: exactly 10 runs and 30
+// stored 429s; the counter never passes the quota.
+func TestStartStormQuota(t *testing.T) {
+	t.Parallel()
+	f := newIdemFixture(t, func(c *config.Config) { c.DefaultMonthlyRunQuota = 10 })
+	answers := idemStorm(t, f.e.Server(), 40, func(i int) (string, string, string, string) {
+		return idemStartPath(f.wf), f.org.Token, fmt.Sprintf("quota-%d", i), idemBody
+	})
+	tally := idemTally(answers)
+	require.Equal(t, map[int]int{201: 10, 429: 30}, tally)
+	for _, a := range answers {
+		if a.Status == 429 {
+			require.Equal(t, "quota_exceeded", a.Code)
+		}
+	}
+	require.Equal(t, idemCounts{Runs: 10, Usage: 10, Audits: 10, Staged: 10, Keys: 40}, f.counts(t, f.org.ID))
+	require.EqualValues(t, 30, idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys WHERE response_status = 429`))
+}
+
+// idemScenarioTxTimeout: a request whose transaction outlives
+// IDEMPOTENCY_TX_TIMEOUT (blocked on the usage counter row the test holds)
+// answers 503 request_timeout and commits nothing; once the row is free the
+// retry executes, exactly once. Run by TestIdempotencyContract.
+func idemScenarioTxTimeout(t *testing.T) {
+	t.Parallel()
+	f := newIdemFixture(t, func(c *config.Config) { c.IdempotencyTxTimeout = 300 * time.Millisecond })
+	require.Equal(t, http.StatusCreated, f.start(idemBody).Status, "a prior run creates the usage row")
+	release := idemLockUsage(t, f.e, f.org.ID)
+
+	r := f.start(idemBody, idemKey("timeout-1")...)
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "body %s", r.Body)
+	require.Equal(t, idempotency.CodeTimeout, idemProblem(t, r).Code)
+	require.NotEmpty(t, r.Header.Get("Retry-After"))
+	require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 0}, f.counts(t, f.org.ID), "nothing stored, no run")
+
+	release()
+	r = f.start(idemBody, idemKey("timeout-1")...)
+	require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
+	require.Empty(t, r.Header.Get(idempotency.HeaderReplayed), "executed afresh")
+	requireReplay(t, r, f.start(idemBody, idemKey("timeout-1")...), r.Header.Get("X-Request-Id"))
+	require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Staged: 2, Keys: 1}, f.counts(t, f.org.ID))
+}
+
+// idemScenarioClientHangUp: the client hangs up while its request is blocked
+// inside its transaction; the work still commits with its answer, and the
+// retry replays it: one run. Run by TestIdempotencyContract.
+func idemScenarioClientHangUp(t *testing.T) {
+	t.Parallel()
+	f := newIdemFixture(t, nil)
+	require.Equal(t, http.StatusCreated, f.start(idemBody).Status, "a prior run creates the usage row")
+	release := idemLockUsage(t, f.e, f.org.ID)
+
+	// The server tells when the request's context is cancelled.
+	cancelled := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(idempotency.HeaderKey) == "hangup-1" && r.Header.Get("X-Watch") == "1" {
+			go func() { <-r.Context().Done(); close(cancelled) }()
+		}
+		f.e.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+idemStartPath(f.wf), strings.NewReader(idemBody))
+		req.Header.Set("Authorization", "Bearer "+f.org.Token)
+		req.Header.Set(idempotency.HeaderKey, "hangup-1")
+		req.Header.Set("X-Watch", "1")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+
+	idemWaitLockWaiter(t, f.e) // the request is inside its transaction
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	select {
+	case <-cancelled: // the server saw the hang-up while the work was blocked
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server never saw the client hang up")
+	}
+	require.Zero(t, idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys`), "still in flight")
+
+	release()
+	apitest.Eventually(t, 10*time.Second, func() bool {
+		return idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys WHERE key = 'hangup-1'`) == 1
+	}, "the hung-up request's answer is stored")
+
+	r := f.start(idemBody, idemKey("hangup-1")...)
+	require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
+	require.Equal(t, "true", r.Header.Get(idempotency.HeaderReplayed), "the retry gets the stored answer")
+	k := idemKeyRow(t, f.e, f.org.ID, handlers.ScopeWorkflowStart, "hangup-1")
+	require.Equal(t, *k.ValidationRunID, idemRunID(t, r))
+	require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Staged: 2, Keys: 1}, f.counts(t, f.org.ID), "exactly one new run")
+}

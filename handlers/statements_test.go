@@ -1,0 +1,155 @@
+package handlers_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/idempotency"
+	"github.com/valruns/valruns/internal/apitest"
+)
+
+// idemTracer records every statement pgx sends on the API's pool.
+type idemTracer struct {
+	mu   sync.Mutex
+	sqls []string
+}
+
+func (tr *idemTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.sqls = append(tr.sqls, data.SQL)
+	return ctx
+}
+
+func (tr *idemTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (tr *idemTracer) reset() {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.sqls = nil
+}
+
+// idemStmtCount is what one request cost in statements.
+type idemStmtCount struct {
+	Statements, Begins, Commits, Rollbacks int
+	SQL                                    []string
+}
+
+func (tr *idemTracer) take() idemStmtCount {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	c := idemStmtCount{Statements: len(tr.sqls), SQL: tr.sqls}
+	for _, q := range tr.sqls {
+		switch w := strings.ToLower(strings.Fields(q + " x")[0]); {
+		case w == "begin" || strings.HasPrefix(w, "start"):
+			c.Begins++
+		case w == "commit":
+			c.Commits++
+		case w == "rollback":
+			c.Rollbacks++
+		}
+	}
+	tr.sqls = nil
+	return c
+}
+
+var idemSpaces = regexp.MustCompile(`\s+`)
+
+// TestStatementsPerRequest measures what each kind of start costs the
+// database: a replay is one read, a new key adds a few statements to the
+// no-key start but no transaction or commit of its own.
+func TestStatementsPerRequest(t *testing.T) {
+	t.Parallel()
+	tr := &idemTracer{}
+	e := apitest.New(t, apitest.Options{Tracer: tr}) // the auth cache stays on, as in production
+	org := e.NewOrg("acme")
+	wf := e.NewWorkflow(org, idemWorkflowBody)
+	wf2 := e.NewWorkflow(org, `{"name":"other"}`)
+	start := func(body string, headers ...string) apitest.Response {
+		return e.Do(http.MethodPost, idemStartPath(wf), org.Token, body, headers...)
+	}
+	// The in-flight key's advisory lock is held on a connection the tracer does not see.
+	idemHoldKeyLock(t, e, org.ID, handlers.ScopeWorkflowStart, "busy")
+
+	// Warm up: the auth cache and each connection's statement cache.
+	for i := range 3 {
+		require.Equal(t, http.StatusCreated, start(idemBody).Status)
+		require.Equal(t, http.StatusCreated, start(idemBody, idemKey(fmt.Sprintf("warm-%d", i))...).Status)
+		require.Equal(t, http.StatusCreated, start(idemBody, idemKey(fmt.Sprintf("warm-%d", i))...).Status)
+		require.Equal(t, http.StatusConflict, start(idemBody, idemKey("busy")...).Status)
+		require.Equal(t, http.StatusUnprocessableEntity, start(idemBodyB, idemKey(fmt.Sprintf("warm-%d", i))...).Status)
+	}
+
+	cases := []struct {
+		name       string
+		send       func() apitest.Response
+		status     int
+		maxStmts   int // 0: no limit
+		maxBegins  int
+		maxCommits int
+	}{
+		{name: "no-key start", status: 201, maxBegins: 1, maxCommits: 1,
+			send: func() apitest.Response { return start(idemBody) }},
+		{name: "new-key start", status: 201, maxBegins: 1, maxCommits: 1,
+			send: func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
+		{name: "replay", status: 201, maxStmts: 1,
+			send: func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
+		// The fast path sees the holder in pg_locks: one statement, no transaction
+		// (PITFALLS: a hot key is answered from one indexed read).
+		{name: "409 in flight", status: 409, maxStmts: 1,
+			send: func() apitest.Response { return start(idemBody, idemKey("busy")...) }},
+		{name: "422 mismatch", status: 422, maxStmts: 1,
+			send: func() apitest.Response { return start(idemBodyB, idemKey("measured")...) }},
+		{name: "422 other workflow", status: 422, maxStmts: 1,
+			send: func() apitest.Response {
+				return e.Do(http.MethodPost, idemStartPath(wf2), org.Token, idemBody, idemKey("measured")...)
+			}},
+	}
+	results := make([]idemStmtCount, len(cases))
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tr.reset()
+			r := tc.send()
+			c := tr.take()
+			results[i] = c
+			require.Equal(t, tc.status, r.Status, "body %s", r.Body)
+			if tc.status == 201 && tc.name == "replay" {
+				require.Equal(t, "true", r.Header.Get(idempotency.HeaderReplayed))
+			}
+			if tc.maxStmts > 0 {
+				require.LessOrEqual(t, c.Statements, tc.maxStmts, "statements: %q", c.SQL)
+				require.Zero(t, c.Begins, "no transaction")
+			}
+			if tc.maxBegins > 0 {
+				require.LessOrEqual(t, c.Begins, tc.maxBegins, "transactions: %q", c.SQL)
+			}
+			if tc.maxCommits > 0 {
+				require.LessOrEqual(t, c.Commits, tc.maxCommits, "commits: %q", c.SQL)
+			}
+		})
+	}
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-20s %10s %6s %7s %9s\n", "request", "statements", "begins", "commits", "rollbacks")
+	for i, tc := range cases {
+		c := results[i]
+		fmt.Fprintf(&b, "%-20s %10d %6d %7d %9d\n", tc.name, c.Statements, c.Begins, c.Commits, c.Rollbacks)
+	}
+	t.Log(b.String())
+	noKey, newKey := results[0], results[1]
+	t.Logf("a new key costs %d statements more than no key, %d more commits",
+		newKey.Statements-noKey.Statements, newKey.Commits-noKey.Commits)
+	require.Equal(t, noKey.Commits, newKey.Commits, "a key adds no commit")
+	for i, q := range newKey.SQL {
+		t.Logf("new-key start, statement %d: %s", i+1, idemSpaces.ReplaceAllString(strings.TrimSpace(q), " "))
+	}
+}

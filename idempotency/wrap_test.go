@@ -1,0 +1,576 @@
+package idempotency_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/valruns/valruns/idempotency"
+	"github.com/valruns/valruns/internal/testdb"
+	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/problem"
+)
+
+// The wrapper is generic: these tests wrap a tiny handler that writes into a
+// table of its own (items), on a real PostgreSQL database, with no workflow
+// or run in sight.
+
+const (
+	scopeItems = "item_create"
+	scopeOther = "item_other"
+)
+
+// handler modes: what the wrapped handler does after writing its item.
+const (
+	modeOK       = "ok"        // 201
+	modeError    = "error"     // returns an error
+	modePanic    = "panic"     // panics
+	mode503      = "503"       // answers 503
+	modeConflict = "conflict"  // answers 409 after writing
+	modeSleep    = "sleep"     // outlives TxTimeout in the database
+	modeHeaders  = "headers"   // answers 201 with headers that must never be stored
+	modeCheckCtx = "check_ctx" // 201, and records whether its context was cancelled
+)
+
+// wrapEnv is one wrapped engine on a fresh database.
+type wrapEnv struct {
+	t      *testing.T
+	db     *gorm.DB
+	org    string
+	engine *gin.Engine
+	// mode is what the handler does next (modeOK by default).
+	mode atomic.Value
+	// calls counts handler executions.
+	calls atomic.Int64
+	// ctxErr is the handler's ctx.Err() in modeCheckCtx.
+	ctxErr atomic.Value
+
+	mu       sync.Mutex
+	outcomes []string
+}
+
+func newWrapEnv(t *testing.T, cfg idempotency.Config) *wrapEnv {
+	t.Helper()
+	db, _ := testdb.New(t)
+	require.NoError(t, db.Exec(`CREATE TABLE items (
+		id bigserial PRIMARY KEY,
+		org_id uuid NOT NULL REFERENCES organizations (id),
+		name text NOT NULL)`).Error)
+	org, err := models.NewOrgStore(db).Create(context.Background(), "wrap "+t.Name())
+	require.NoError(t, err)
+	e := &wrapEnv{t: t, db: db, org: org.ID}
+	e.mode.Store(modeOK)
+
+	if cfg.Tenant == nil {
+		// X-Tenant picks another organisation; absent, the env's own.
+		cfg.Tenant = func(c *gin.Context) string {
+			if v := c.GetHeader("X-Tenant"); v != "" {
+				return v
+			}
+			return e.org
+		}
+	}
+	cfg.Observe = func(scope, outcome string) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.outcomes = append(e.outcomes, scope+":"+outcome)
+	}
+	w := idempotency.New(db, models.NewKeyStore(db), cfg)
+
+	gin.SetMode(gin.TestMode)
+	r := gin.New() // no gin.Recovery: a panic escaping the wrapper would crash the test
+	r.Use(func(c *gin.Context) {
+		c.Set(problem.RequestIDKey, c.GetHeader(idempotency.HeaderRequestID))
+		c.Next()
+	})
+	h := func(tx *gorm.DB, req idempotency.Request) (idempotency.Response, error) {
+		e.calls.Add(1)
+		var in struct {
+			Name string `json:"name"`
+		}
+		if len(req.Body) > 0 {
+			if err := json.Unmarshal(req.Body, &in); err != nil {
+				return idempotency.Problem(req, problem.New(http.StatusBadRequest, "bad_item", err.Error())), nil
+			}
+		}
+		if err := tx.Exec(`INSERT INTO items (org_id, name) VALUES (?, ?)`, cfg.Tenant(req.Gin), in.Name).Error; err != nil {
+			return idempotency.Response{}, err
+		}
+		switch e.mode.Load().(string) {
+		case modeError:
+			return idempotency.Response{}, errors.New("boom")
+		case modePanic:
+			panic("handler exploded")
+		case mode503:
+			return idempotency.Response{Status: http.StatusServiceUnavailable, Body: []byte(`{"down":true}`),
+				Header: http.Header{"Content-Type": {"application/json"}, "X-Down": {"yes"}}}, nil
+		case modeConflict:
+			return idempotency.Problem(req, problem.New(http.StatusConflict, "item_conflict", "conflict after writing")), nil
+		case modeSleep:
+			if err := tx.Exec(`SELECT pg_sleep(10)`).Error; err != nil {
+				return idempotency.Response{}, err
+			}
+		case modeCheckCtx:
+			e.ctxErr.Store(errString(tx.Statement.Context.Err()))
+		}
+		resp, err := idempotency.JSON(http.StatusCreated, map[string]any{"name": in.Name, "call": e.calls.Load()})
+		if err != nil {
+			return resp, err
+		}
+		resp.Header.Set("Location", "/items/"+in.Name)
+		if e.mode.Load().(string) == modeHeaders {
+			resp.Header.Set("Set-Cookie", "session=secret")
+			resp.Header.Set("WWW-Authenticate", `Bearer realm="x"`)
+			resp.Header.Set("Authorization", "Bearer leaked")
+			resp.Header.Set("X-Internal", "nope")
+		}
+		return resp, nil
+	}
+	r.POST("/items", w.Wrap(scopeItems, h))
+	r.POST("/other", w.Wrap(scopeOther, h))
+	e.engine = r
+	return e
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+type wrapResp struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// do sends POST path with body and the given header pairs.
+func (e *wrapEnv) do(path, body string, headers ...string) wrapResp {
+	return e.doCtx(context.Background(), path, body, headers...)
+}
+
+func (e *wrapEnv) doCtx(ctx context.Context, path, body string, headers ...string) wrapResp {
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	rec := httptest.NewRecorder()
+	e.engine.ServeHTTP(rec, req)
+	return wrapResp{Status: rec.Code, Header: rec.Header(), Body: rec.Body.Bytes()}
+}
+
+func (e *wrapEnv) count(table, where string, args ...any) int64 {
+	e.t.Helper()
+	var n int64
+	require.NoError(e.t, e.db.Raw("SELECT count(*) FROM "+table+" WHERE "+where, args...).Scan(&n).Error)
+	return n
+}
+
+func (e *wrapEnv) items(name string) int64 { return e.count("items", "name = ?", name) }
+
+func (e *wrapEnv) keyRows(key string) int64 { return e.count("idempotency_keys", "key = ?", key) }
+
+// lastOutcome is the outcome Observe was last told.
+func (e *wrapEnv) lastOutcome() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.outcomes) == 0 {
+		return ""
+	}
+	return e.outcomes[len(e.outcomes)-1]
+}
+
+func code(t *testing.T, r wrapResp) string {
+	t.Helper()
+	var d problem.Details
+	require.NoError(t, json.Unmarshal(r.Body, &d), "body %s", r.Body)
+	return d.Code
+}
+
+// TestWrapFailureRollsBack: an error, a panic or a 5xx answer undoes the
+// handler's writes and stores nothing, so the key is free and a retry
+// executes afresh.
+func TestWrapFailureRollsBack(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{})
+	tests := []struct {
+		name       string
+		mode       string
+		withKey    bool
+		wantStatus int
+		wantCode   string // problem code; "" for a passed-through body
+		wantBody   string
+	}{
+		{name: "handler error is 500, rolled back", mode: modeError, withKey: true, wantStatus: 500, wantCode: idempotency.CodeInternal},
+		{name: "handler panic is a 500 problem, no crash, rolled back", mode: modePanic, withKey: true, wantStatus: 500, wantCode: idempotency.CodeInternal},
+		{name: "handler 503 is passed through, not stored, rolled back", mode: mode503, withKey: true, wantStatus: 503, wantBody: `{"down":true}`},
+		{name: "without a key an error still rolls back", mode: modeError, wantStatus: 500, wantCode: idempotency.CodeInternal},
+		{name: "without a key a panic still rolls back", mode: modePanic, wantStatus: 500, wantCode: idempotency.CodeInternal},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			name := strings.NewReplacer(" ", "-", ",", "").Replace(tc.name)
+			key := "key-" + name
+			body := `{"name":"` + name + `"}`
+			var hdr []string
+			if tc.withKey {
+				hdr = []string{idempotency.HeaderKey, key}
+			}
+
+			e.mode.Store(tc.mode)
+			r := e.do("/items", body, hdr...)
+			require.Equal(t, tc.wantStatus, r.Status, "body %s", r.Body)
+			if tc.wantCode != "" {
+				require.Equal(t, problem.ContentType, r.Header.Get("Content-Type"))
+				require.Equal(t, tc.wantCode, code(t, r))
+				require.NotContains(t, string(r.Body), "boom", "the error is not leaked")
+				require.NotContains(t, string(r.Body), "exploded", "the panic is not leaked")
+			} else {
+				require.Equal(t, tc.wantBody, string(r.Body))
+				require.Equal(t, "yes", r.Header.Get("X-Down"))
+			}
+			require.Empty(t, r.Header.Get(idempotency.HeaderReplayed))
+			require.Equal(t, scopeItems+":"+idempotency.OutcomeError, e.lastOutcome())
+			require.Zero(t, e.items(name), "the handler's write was rolled back")
+			require.Zero(t, e.keyRows(key), "nothing stored")
+
+			if !tc.withKey {
+				return
+			}
+			// The key is free: the retry executes and is stored.
+			e.mode.Store(modeOK)
+			r = e.do("/items", body, hdr...)
+			require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
+			require.Empty(t, r.Header.Get(idempotency.HeaderReplayed))
+			require.Equal(t, scopeItems+":"+idempotency.OutcomeNew, e.lastOutcome())
+			require.EqualValues(t, 1, e.items(name))
+			require.EqualValues(t, 1, e.keyRows(key))
+			// And the one after replays without executing.
+			calls := e.calls.Load()
+			r2 := e.do("/items", body, hdr...)
+			require.Equal(t, http.StatusCreated, r2.Status)
+			require.Equal(t, "true", r2.Header.Get(idempotency.HeaderReplayed))
+			require.Equal(t, r.Body, r2.Body)
+			require.Equal(t, calls, e.calls.Load())
+			require.EqualValues(t, 1, e.items(name))
+		})
+	}
+}
+
+// TestWrap4xxAfterWritingCommits documents the wrapper's contract: a 4xx is
+// an answer like a 2xx, so whatever the handler wrote before answering it
+// commits with it and the answer is replayed. Handlers answer 4xx before
+// writing.
+func TestWrap4xxAfterWritingCommits(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{})
+	e.mode.Store(modeConflict)
+	r := e.do("/items", `{"name":"c"}`, idempotency.HeaderKey, "k4xx")
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "item_conflict", code(t, r))
+	require.EqualValues(t, 1, e.items("c"), "the write before the 4xx committed")
+	require.EqualValues(t, 1, e.keyRows("k4xx"), "the 4xx is stored")
+
+	calls := e.calls.Load()
+	r2 := e.do("/items", `{"name":"c"}`, idempotency.HeaderKey, "k4xx")
+	require.Equal(t, http.StatusConflict, r2.Status)
+	require.Equal(t, "true", r2.Header.Get(idempotency.HeaderReplayed))
+	require.Equal(t, r.Body, r2.Body)
+	require.Equal(t, calls, e.calls.Load(), "replayed, not executed")
+	require.EqualValues(t, 1, e.items("c"))
+}
+
+// TestWrapOutcomes: Observe is told the scope and the outcome of each request.
+func TestWrapOutcomes(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{})
+	var tx *gorm.DB // the advisory lock holder of the in_progress step
+	t.Cleanup(func() {
+		if tx != nil {
+			tx.Rollback()
+		}
+	})
+	steps := []struct {
+		name    string
+		before  func(t *testing.T)
+		path    string
+		body    string
+		headers []string
+		status  int
+		outcome string
+	}{
+		{name: "no key", path: "/items", body: `{"name":"a"}`, status: 201, outcome: idempotency.OutcomeNoKey},
+		{name: "bad key rejected", path: "/items", body: `{"name":"a"}`, headers: []string{idempotency.HeaderKey, "\x01"}, status: 400, outcome: idempotency.OutcomeRejected},
+		{name: "too long key rejected", path: "/items", body: `{"name":"a"}`, headers: []string{idempotency.HeaderKey, strings.Repeat("k", 256)}, status: 400, outcome: idempotency.OutcomeRejected},
+		{name: "malformed JSON rejected", path: "/items", body: `{"name":`, headers: []string{idempotency.HeaderKey, "k1"}, status: 400, outcome: idempotency.OutcomeRejected},
+		{name: "two key headers rejected", path: "/items", body: `{"name":"a"}`, headers: []string{idempotency.HeaderKey, "k1", idempotency.HeaderKey, "k2"}, status: 400, outcome: idempotency.OutcomeRejected},
+		{name: "new", path: "/items", body: `{"name":"a"}`, headers: []string{idempotency.HeaderKey, "k1"}, status: 201, outcome: idempotency.OutcomeNew},
+		{name: "replayed", path: "/items", body: `{ "name" : "a" }`, headers: []string{idempotency.HeaderKey, "k1"}, status: 201, outcome: idempotency.OutcomeReplayed},
+		{name: "mismatch", path: "/items", body: `{"name":"b"}`, headers: []string{idempotency.HeaderKey, "k1"}, status: 422, outcome: idempotency.OutcomeMismatch},
+		{
+			name: "in progress",
+			before: func(t *testing.T) {
+				tx = e.db.Begin()
+				require.NoError(t, tx.Error)
+				require.NoError(t, tx.Exec(`SELECT pg_advisory_xact_lock(?)`, models.LockID(e.org, scopeItems, "k2")).Error)
+			},
+			path: "/items", body: `{"name":"a"}`, headers: []string{idempotency.HeaderKey, "k2"}, status: 409, outcome: idempotency.OutcomeInProgress,
+		},
+		{
+			name: "expired reused",
+			before: func(t *testing.T) {
+				require.NoError(t, e.db.Exec(`UPDATE idempotency_keys SET created_at = now() - interval '2 days',
+					expires_at = now() - interval '1 day' WHERE key = 'k1'`).Error)
+			},
+			path: "/items", body: `{"name":"b"}`, headers: []string{idempotency.HeaderKey, "k1"}, status: 201, outcome: idempotency.OutcomeExpiredReused,
+		},
+		{
+			name:   "error",
+			before: func(*testing.T) { e.mode.Store(modeError) },
+			path:   "/other", body: `{"name":"z"}`, headers: []string{idempotency.HeaderKey, "k3"}, status: 500, outcome: idempotency.OutcomeError,
+		},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			if s.before != nil {
+				s.before(t)
+			}
+			r := e.do(s.path, s.body, s.headers...)
+			require.Equal(t, s.status, r.Status, "body %s", r.Body)
+			scope := scopeItems
+			if s.path == "/other" {
+				scope = scopeOther
+			}
+			require.Equal(t, scope+":"+s.outcome, e.lastOutcome())
+		})
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	require.Len(t, e.outcomes, len(steps), "Observe is called once per request")
+}
+
+// TestWrapScopesAndTenantsIndependent: the same key in another scope or for
+// another tenant is another key.
+func TestWrapScopesAndTenantsIndependent(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{})
+	other, err := models.NewOrgStore(e.db).Create(context.Background(), "other tenant")
+	require.NoError(t, err)
+
+	first := e.do("/items", `{"name":"s"}`, idempotency.HeaderKey, "shared")
+	require.Equal(t, http.StatusCreated, first.Status)
+
+	tests := []struct {
+		name    string
+		path    string
+		headers []string
+	}{
+		{name: "other scope", path: "/other"},
+		{name: "other tenant", path: "/items", headers: []string{"X-Tenant", other.ID}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := e.calls.Load()
+			r := e.do(tc.path, `{"name":"s"}`, append([]string{idempotency.HeaderKey, "shared"}, tc.headers...)...)
+			require.Equal(t, http.StatusCreated, r.Status)
+			require.Empty(t, r.Header.Get(idempotency.HeaderReplayed), "not the other scope's or tenant's answer")
+			require.Equal(t, calls+1, e.calls.Load(), "executed")
+			require.NotEqual(t, first.Body, r.Body)
+			// and it replays its own
+			r2 := e.do(tc.path, `{"name":"s"}`, append([]string{idempotency.HeaderKey, "shared"}, tc.headers...)...)
+			require.Equal(t, "true", r2.Header.Get(idempotency.HeaderReplayed))
+			require.Equal(t, r.Body, r2.Body)
+		})
+	}
+	require.EqualValues(t, 3, e.keyRows("shared"))
+	require.EqualValues(t, 3, e.items("s"))
+}
+
+// TestWrapInProgressRetryAfter: while another transaction holds the key's
+// advisory lock the answer is 409 with Retry-After, and nothing runs.
+func TestWrapInProgressRetryAfter(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		retryAfter int
+		want       string
+	}{
+		{name: "default", want: "1"},
+		{name: "configured", retryAfter: 7, want: "7"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newWrapEnv(t, idempotency.Config{RetryAfter: tc.retryAfter})
+			tx := e.db.Begin()
+			require.NoError(t, tx.Error)
+			defer tx.Rollback()
+			require.NoError(t, tx.Exec(`SELECT pg_advisory_xact_lock(?)`, models.LockID(e.org, scopeItems, "busy")).Error)
+
+			r := e.do("/items", `{"name":"busy"}`, idempotency.HeaderKey, `"busy"`)
+			require.Equal(t, http.StatusConflict, r.Status)
+			require.Equal(t, tc.want, r.Header.Get("Retry-After"))
+			require.Equal(t, idempotency.CodeKeyInProgress, code(t, r))
+			require.Zero(t, e.calls.Load(), "the handler did not run")
+			require.Zero(t, e.keyRows("busy"))
+
+			tx.Rollback()
+			r = e.do("/items", `{"name":"busy"}`, idempotency.HeaderKey, "busy")
+			require.Equal(t, http.StatusCreated, r.Status)
+		})
+	}
+}
+
+// TestWrapStoresOnlyAllowlistedHeaders: the handler's own answer carries its
+// headers, but only Content-Type and Location are stored and replayed.
+func TestWrapStoresOnlyAllowlistedHeaders(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{})
+	e.mode.Store(modeHeaders)
+	r := e.do("/items", `{"name":"h"}`, idempotency.HeaderKey, "hdr")
+	require.Equal(t, http.StatusCreated, r.Status)
+
+	var stored models.IdempotencyKey
+	require.NoError(t, e.db.Where("key = ?", "hdr").Take(&stored).Error)
+	var headers map[string]string
+	require.NoError(t, json.Unmarshal(stored.ResponseHeaders, &headers))
+	require.Equal(t, map[string]string{"Content-Type": "application/json; charset=utf-8", "Location": "/items/h"}, headers)
+
+	r2 := e.do("/items", `{"name":"h"}`, idempotency.HeaderKey, "hdr")
+	require.Equal(t, "true", r2.Header.Get(idempotency.HeaderReplayed))
+	for _, h := range []string{"Set-Cookie", "WWW-Authenticate", "Authorization", "X-Internal"} {
+		require.Empty(t, r2.Header.Values(h), h)
+	}
+	require.Equal(t, "/items/h", r2.Header.Get("Location"))
+	require.Equal(t, "application/json; charset=utf-8", r2.Header.Get("Content-Type"))
+}
+
+// TestWrapTTLAndTimeout: TTL sets expires_at; TxTimeout bounds the request
+// transaction, whose timeout is a 503 with nothing stored.
+func TestWrapTTLAndTimeout(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{TTL: time.Hour, TxTimeout: 300 * time.Millisecond})
+
+	r := e.do("/items", `{"name":"ttl"}`, idempotency.HeaderKey, "ttl")
+	require.Equal(t, http.StatusCreated, r.Status)
+	var secs float64
+	require.NoError(t, e.db.Raw(`SELECT extract(epoch FROM expires_at - created_at) FROM idempotency_keys WHERE key = 'ttl'`).Scan(&secs).Error)
+	require.Equal(t, float64(3600), secs)
+
+	e.mode.Store(modeSleep)
+	r = e.do("/items", `{"name":"slow"}`, idempotency.HeaderKey, "slow")
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "body %s", r.Body)
+	require.Equal(t, idempotency.CodeTimeout, code(t, r))
+	require.Equal(t, "1", r.Header.Get("Retry-After"))
+	require.Zero(t, e.keyRows("slow"))
+	require.Zero(t, e.items("slow"))
+	require.Equal(t, scopeItems+":"+idempotency.OutcomeError, e.lastOutcome())
+
+	// The timed-out transaction's backend holds the key's lock until it has
+	// finished dying, so the retry may first be told 409 with Retry-After:
+	// retry as a client should, a bounded number of times.
+	e.mode.Store(modeOK)
+	for i := 0; i < 50; i++ {
+		r = e.do("/items", `{"name":"slow"}`, idempotency.HeaderKey, "slow")
+		if r.Status != http.StatusConflict {
+			break
+		}
+		require.Equal(t, "1", r.Header.Get("Retry-After"))
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Equal(t, http.StatusCreated, r.Status)
+	require.EqualValues(t, 1, e.items("slow"))
+}
+
+// TestWrapIgnoresClientCancellation: a request whose client has already hung
+// up is still executed and stored, so the retry replays it.
+func TestWrapIgnoresClientCancellation(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{})
+	e.mode.Store(modeCheckCtx)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := e.doCtx(ctx, "/items", `{"name":"gone"}`, idempotency.HeaderKey, "gone")
+	require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
+	require.Equal(t, "", e.ctxErr.Load(), "the handler's transaction does not see the client's cancellation")
+	require.EqualValues(t, 1, e.items("gone"))
+	require.EqualValues(t, 1, e.keyRows("gone"))
+
+	r2 := e.do("/items", `{"name":"gone"}`, idempotency.HeaderKey, "gone")
+	require.Equal(t, "true", r2.Header.Get(idempotency.HeaderReplayed))
+	require.Equal(t, r.Body, r2.Body)
+	require.EqualValues(t, 1, e.items("gone"))
+}
+
+// TestWrapLostInsertRaceReplaysWinner: a request that missed the fast path,
+// got the advisory lock and ran its handler, but finds the key committed by
+// another when it saves, undoes its own work and replays the winner's answer
+// (the check-then-insert race of PITFALLS.md, never a 5xx).
+func TestWrapLostInsertRaceReplaysWinner(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{})
+	body := `{"name":"race"}`
+	canonical, err := idempotency.Canonicalize([]byte(body))
+	require.NoError(t, err)
+	hash := idempotency.Fingerprint(http.MethodPost, "/items", canonical)
+
+	// The "winner" saves the key in a transaction left open for now.
+	winner := e.db.Begin()
+	require.NoError(t, winner.Error)
+	defer winner.Rollback()
+	saved, err := models.NewKeyStore(e.db).Save(winner, &models.IdempotencyKey{
+		ID: "8b7c1d9e-0f5a-4b2c-9d3e-6a1b2c3d4e5f", OrgID: e.org, Endpoint: scopeItems, Key: "race",
+		RequestHash: hash[:], RequestMethod: http.MethodPost, RequestPath: "/items",
+		ResponseStatus: http.StatusCreated, ResponseBody: []byte(`{"winner":true}`),
+		ResponseHeaders: []byte(`{"Content-Type":"application/json"}`), RequestID: "winner-request",
+	}, time.Hour)
+	require.NoError(t, err)
+	require.True(t, saved)
+
+	done := make(chan wrapResp, 1)
+	go func() { done <- e.do("/items", body, idempotency.HeaderKey, "race") }()
+
+	// The loser blocks on the unique index while saving its key.
+	waitForLockWaiter(t, e.db)
+	require.EqualValues(t, 1, e.calls.Load(), "the loser ran its handler")
+	require.NoError(t, winner.Commit().Error)
+
+	r := <-done
+	require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
+	require.Equal(t, `{"winner":true}`, string(r.Body))
+	require.Equal(t, "true", r.Header.Get(idempotency.HeaderReplayed))
+	require.Equal(t, "winner-request", r.Header.Get(idempotency.HeaderOriginalRequest))
+	require.Equal(t, scopeItems+":"+idempotency.OutcomeReplayed, e.lastOutcome())
+	require.Zero(t, e.items("race"), "the loser's work was rolled back")
+	require.EqualValues(t, 1, e.keyRows("race"))
+}
+
+// waitForLockWaiter waits until a backend of db's database waits on a lock.
+func waitForLockWaiter(t *testing.T, db *gorm.DB) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int64
+		require.NoError(t, db.Raw(`SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n).Error)
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no backend started waiting on a lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,358 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/testdb"
+	"github.com/valruns/valruns/models"
+)
+
+// These tests run the real binary: `valruns serve` processes on one
+// database, killed with SIGKILL when a test needs a crash. They prove what
+// no in-process test can: two processes share no memory, only PostgreSQL, and
+// a dead process leaves nothing locked.
+
+// TestProcIdempotency builds the binary once and runs the process tests on it.
+func TestProcIdempotency(t *testing.T) {
+	t.Parallel()
+	bin := procBuild(t)
+	t.Run("two processes on one database, same-key storm: one run", func(t *testing.T) {
+		t.Parallel()
+		procTwoProcessStorm(t, bin)
+	})
+	t.Run("process killed mid-transaction: nothing committed, nothing locked, the retry executes at once", func(t *testing.T) {
+		t.Parallel()
+		procCrash(t, bin)
+	})
+}
+
+// procBuild compiles the valruns binary into a temporary directory.
+func procBuild(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "valruns")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
+
+// procLog collects a child's output; safe for the copying goroutines.
+type procLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *procLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *procLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// procServer is a running `valruns serve`.
+type procServer struct {
+	name   string
+	url    string
+	cmd    *exec.Cmd
+	log    *procLog
+	exited chan struct{}
+}
+
+// procStart starts `valruns serve` on dbURL and waits until it answers
+// /healthz. It is killed at the end of the test (before the database is
+// dropped: cleanups run last-registered first).
+func procStart(t *testing.T, bin, name, dbURL string) *procServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	s := &procServer{name: name, url: "http://" + addr, log: &procLog{}, exited: make(chan struct{})}
+	s.cmd = exec.Command(bin, "serve")
+	s.cmd.Env = []string{
+		"DATABASE_URL=" + dbURL,
+		"HTTP_ADDR=" + addr,
+		"LOG_FORMAT=json",
+		"AUTH_CACHE_TTL=0",
+	}
+	s.cmd.Stdout = s.log
+	s.cmd.Stderr = s.log
+	require.NoError(t, s.cmd.Start())
+	go func() {
+		_ = s.cmd.Wait()
+		close(s.exited)
+	}()
+	t.Cleanup(func() {
+		s.kill()
+		if t.Failed() {
+			t.Logf("%s output:\n%s", s.name, s.log.String())
+		}
+	})
+
+	client := &http.Client{Timeout: 2 * time.Second}
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		select {
+		case <-s.exited:
+			t.Fatalf("%s exited before answering /healthz: %s", name, s.log.String())
+		default:
+		}
+		resp, err := client.Get(s.url + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, name+" never answered /healthz")
+	return s
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (s *procServer) kill() {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+}
+
+// procAnswer is one HTTP answer.
+type procAnswer struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// procPost sends POST path to s with a token and an optional key.
+func procPost(ctx context.Context, client *http.Client, s *procServer, path, token, key, body string) (procAnswer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url+path, strings.NewReader(body))
+	if err != nil {
+		return procAnswer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return procAnswer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return procAnswer{Status: resp.StatusCode, Header: resp.Header, Body: b}, err
+}
+
+// procFixture is a database with an organisation, its token and a workflow
+// created through the API of s.
+type procFixture struct {
+	db    *gorm.DB
+	url   string
+	org   string
+	token string
+}
+
+func procNewDB(t *testing.T) *procFixture {
+	t.Helper()
+	db, u := testdb.New(t, testdb.Options{MaxOpenConns: 4})
+	ctx := context.Background()
+	org, err := models.NewOrgStore(db).Create(ctx, "proc")
+	require.NoError(t, err)
+	token, _, err := models.NewTokenStore(db).Create(ctx, org.ID)
+	require.NoError(t, err)
+	return &procFixture{db: db, url: u, org: org.ID, token: token}
+}
+
+func (f *procFixture) workflow(t *testing.T, s *procServer) string {
+	t.Helper()
+	r, err := procPost(context.Background(), http.DefaultClient, s, "/api/workflows/", f.token, "", `{"name":"proc"}`)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, r.Status, "create workflow: %s", r.Body)
+	var w struct{ ID string }
+	require.NoError(t, json.Unmarshal(r.Body, &w))
+	return w.ID
+}
+
+func (f *procFixture) count(t *testing.T, q string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, f.db.Raw(q, args...).Scan(&n).Error)
+	return n
+}
+
+// procCounts is what starts wrote: runs, usage, staged jobs, start keys.
+type procCounts struct{ Runs, Usage, Staged, Keys int64 }
+
+func (f *procFixture) counts(t *testing.T) procCounts {
+	t.Helper()
+	return procCounts{
+		Runs:   f.count(t, `SELECT count(*) FROM validation_runs`),
+		Usage:  f.count(t, `SELECT coalesce(sum(runs), 0) FROM usage_counters`),
+		Staged: f.count(t, `SELECT count(*) FROM staged_jobs`),
+		Keys:   f.count(t, `SELECT count(*) FROM idempotency_keys WHERE endpoint = 'workflow_start'`),
+	}
+}
+
+const procBody = `{"submission":{"total":42},"metadata":{"via":"process test"}}`
+
+// procTwoProcessStorm: 40 clients, alternating between two processes, send
+// the same new key at once, three rounds: each round makes one run; every
+// answer is the one 201 or a 409, never a 5xx.
+func procTwoProcessStorm(t *testing.T, bin string) {
+	f := procNewDB(t)
+	a := procStart(t, bin, "process A", f.url)
+	b := procStart(t, bin, "process B", f.url)
+	wf := f.workflow(t, a)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 40}, Timeout: 30 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+
+	const clients, rounds = 40, 3
+	for round := 1; round <= rounds; round++ {
+		key := fmt.Sprintf("proc-storm-%d", round)
+		answers := make([]procAnswer, clients)
+		errs := make([]error, clients)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s := a
+				if i%2 == 1 {
+					s = b
+				}
+				<-start
+				answers[i], errs[i] = procPost(context.Background(), client, s, "/api/workflows/"+wf+"/start/", f.token, key, procBody)
+			}()
+		}
+		close(start)
+		wg.Wait()
+
+		tally := map[int]int{}
+		fresh := 0
+		var body string
+		for i, r := range answers {
+			require.NoError(t, errs[i], "request %d", i)
+			tally[r.Status]++
+			require.Contains(t, []int{http.StatusCreated, http.StatusConflict}, r.Status, "request %d: %s", i, r.Body)
+			if r.Status == http.StatusCreated {
+				if body == "" {
+					body = string(r.Body)
+				}
+				require.Equal(t, body, string(r.Body), "every 201 is the same answer")
+				if r.Header.Get("Idempotent-Replayed") != "true" {
+					fresh++
+				}
+			}
+		}
+		t.Logf("round %d: answers by status %v", round, tally)
+		require.Equal(t, 1, fresh, "exactly one request executed")
+		n := int64(round)
+		require.Equal(t, procCounts{Runs: n, Usage: n, Staged: n, Keys: n}, f.counts(t))
+		require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = ?`, key))
+	}
+}
+
+// procCrash: process A is killed while its keyed start is blocked inside its
+// transaction (on the usage counter row the test holds). Nothing of it
+// commits and no advisory lock survives it, so process B executes the retry
+// at once, exactly once.
+func procCrash(t *testing.T, bin string) {
+	f := procNewDB(t)
+	a := procStart(t, bin, "process A", f.url)
+	b := procStart(t, bin, "process B", f.url)
+	wf := f.workflow(t, a)
+	path := "/api/workflows/" + wf + "/start/"
+	ctx := context.Background()
+
+	r, err := procPost(ctx, http.DefaultClient, a, path, f.token, "", procBody)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, r.Status, "a prior run creates the usage row: %s", r.Body)
+	before := f.counts(t)
+	require.Equal(t, procCounts{Runs: 1, Usage: 1, Staged: 1, Keys: 0}, before)
+
+	// Hold the usage counter row, so A's start blocks inside its transaction
+	// with the key's advisory lock taken.
+	lockDB, err := sql.Open("pgx", f.url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lockDB.Close() })
+	lockTx, err := lockDB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lockTx.Rollback() })
+	var runs int64
+	require.NoError(t, lockTx.QueryRow(`SELECT runs FROM usage_counters WHERE org_id = $1 FOR UPDATE`, f.org).Scan(&runs))
+
+	errc := make(chan error, 1)
+	go func() {
+		r, err := procPost(ctx, &http.Client{Timeout: 30 * time.Second}, a, path, f.token, "crash-1", procBody)
+		if err == nil {
+			err = fmt.Errorf("process A answered %d %s", r.Status, r.Body)
+		}
+		errc <- err
+	}()
+
+	var waiter int64 // the pid of A's backend, blocked on the row
+	apitest.Eventually(t, 15*time.Second, func() bool {
+		var pids []int64
+		require.NoError(t, f.db.Raw(`SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&pids).Error)
+		if len(pids) == 1 {
+			waiter = pids[0]
+		}
+		return waiter != 0
+	}, "process A's request waiting on the usage row")
+	require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = ?`, waiter),
+		"A holds the key's advisory lock")
+
+	a.kill() // SIGKILL: no shutdown, no rollback sent by the process
+	require.Error(t, <-errc, "A's client gets no answer")
+	require.NoError(t, lockTx.Rollback())
+
+	// A's backend finishes its statement, finds its client gone and aborts.
+	apitest.Eventually(t, 15*time.Second, func() bool {
+		return f.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = ?`, waiter) == 0
+	}, "A's backend ends")
+	require.Equal(t, before, f.counts(t), "A committed nothing: no run, no key, no bill")
+	require.Zero(t, f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`), "no advisory lock left")
+
+	// The retry to B executes at once: no lease to wait out.
+	r, err = procPost(ctx, http.DefaultClient, b, path, f.token, "crash-1", procBody)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
+	require.Empty(t, r.Header.Get("Idempotent-Replayed"), "executed, not replayed")
+	require.Equal(t, procCounts{Runs: 2, Usage: 2, Staged: 2, Keys: 1}, f.counts(t))
+	require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM validation_runs WHERE idempotency_key_id IS NOT NULL`), "exactly one run for the key")
+
+	r2, err := procPost(ctx, http.DefaultClient, b, path, f.token, "crash-1", procBody)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, r2.Status)
+	require.Equal(t, "true", r2.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, string(r.Body), string(r2.Body))
+	require.Equal(t, procCounts{Runs: 2, Usage: 2, Staged: 2, Keys: 1}, f.counts(t))
+}
