@@ -109,10 +109,17 @@ func IsTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "57014" // query_canceled
 }
 
-// Run lifecycle errors of RunStore.Claim.
-var (
-	// ErrRunFinished: the run already ended; executing it again would be a duplicate.
-	ErrRunFinished = errors.New("run already finished")
-	// ErrRunLeased: another worker holds the run and its lease has not expired.
-	ErrRunLeased = errors.New("run is being executed by another worker")
-)
+// ErrRunFinished: the run already ended; executing it again would be a duplicate.
+var ErrRunFinished = errors.New("run already finished")
+
+// RunLeasedError: another delivery holds the run until Until; Attempts is
+// the attempt it is executing.
+type RunLeasedError struct {
+	RunID    string
+	Until    time.Time
+	Attempts int
+}
+
+func (e *RunLeasedError) Error() string {
+	return fmt.Sprintf("run %s is being executed (attempt %d) until %s", e.RunID, e.Attempts, e.Until.UTC().Format(time.RFC3339))
+}

@@ -22,13 +22,17 @@ type ClaimedRun struct {
 // cannot write a result. ErrRunFinished / ErrRunLeased / ErrNotFound say why
 // the run cannot be taken.
 func (s *RunStore) Claim(ctx context.Context, runID string, lease time.Duration) (*ClaimedRun, error) {
+	return s.claim(ctx, runID, lease, 2)
+}
+
+func (s *RunStore) claim(ctx context.Context, runID string, lease time.Duration, tries int) (*ClaimedRun, error) {
 	var r ClaimedRun
 	res := s.db.WithContext(ctx).Raw(`
 UPDATE validation_runs r SET status = 'running', attempts = r.attempts + 1,
 	started_at = coalesce(r.started_at, now()), lease_expires_at = now() + ? * interval '1 microsecond'
 FROM workflows w
 WHERE r.id = ? AND w.id = r.workflow_id
-  AND (r.status = 'queued' OR (r.status = 'running' AND r.lease_expires_at < now()))
+  AND (r.status = 'queued' OR (r.status = 'running' AND coalesce(r.lease_expires_at < now(), true)))
 RETURNING r.*, w.schema, w.assertions`, lease.Microseconds(), runID).Scan(&r)
 	if res.Error != nil {
 		return nil, fmt.Errorf("claim run %s: %w", runID, translate(res.Error))
@@ -36,17 +40,25 @@ RETURNING r.*, w.schema, w.assertions`, lease.Microseconds(), runID).Scan(&r)
 	if res.RowsAffected == 1 {
 		return &r, nil
 	}
-	var status string
-	res = s.db.WithContext(ctx).Raw(`SELECT status FROM validation_runs WHERE id = ?`, runID).Scan(&status)
+	var cur struct {
+		Status         string
+		Attempts       int
+		LeaseExpiresAt *time.Time
+	}
+	res = s.db.WithContext(ctx).Raw(`SELECT status, attempts, lease_expires_at FROM validation_runs WHERE id = ?`, runID).Scan(&cur)
 	switch {
 	case res.Error != nil:
 		return nil, fmt.Errorf("claim run %s: %w", runID, translate(res.Error))
 	case res.RowsAffected == 0:
 		return nil, fmt.Errorf("claim run %s: %w", runID, ErrNotFound)
-	case status == RunRunning:
-		return nil, fmt.Errorf("claim run %s: %w", runID, ErrRunLeased)
+	case cur.Status == RunRunning && cur.LeaseExpiresAt != nil:
+		return nil, &RunLeasedError{RunID: runID, Until: *cur.LeaseExpiresAt, Attempts: cur.Attempts}
+	case (cur.Status == RunQueued || cur.Status == RunRunning) && tries > 1: // the lease expired in between
+		return s.claim(ctx, runID, lease, tries-1)
+	case cur.Status == RunQueued || cur.Status == RunRunning:
+		return nil, fmt.Errorf("claim run %s: state changed twice while claiming", runID)
 	default:
-		return nil, fmt.Errorf("claim run %s (%s): %w", runID, status, ErrRunFinished)
+		return nil, fmt.Errorf("claim run %s (%s): %w", runID, cur.Status, ErrRunFinished)
 	}
 }
 
@@ -69,6 +81,10 @@ func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status
 			findings[i].ID = 0
 			findings[i].RunID = runID
 			findings[i].Position = i
+			// What the columns can hold: a finding about a huge submission
+			// must not make the run impossible to finish.
+			findings[i].Path = truncate(findings[i].Path, 2000)
+			findings[i].Message = truncate(findings[i].Message, 4000)
 		}
 		return tx.Clauses(clause.OnConflict{DoNothing: true}).CreateInBatches(findings, 500).Error
 	})
@@ -82,9 +98,7 @@ func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status
 // exhausted, or it can never succeed) with status error and the reason.
 // A run that already finished is left alone.
 func (s *RunStore) Fail(ctx context.Context, runID, reason string) error {
-	if len(reason) > 2000 {
-		reason = reason[:2000]
-	}
+	reason = truncate(reason, 2000)
 	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET status = 'error', error = ?,
 		finished_at = now(), lease_expires_at = NULL WHERE id = ? AND status IN ('queued', 'running')`, reason, runID)
 	if res.Error != nil {

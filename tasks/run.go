@@ -15,18 +15,17 @@ import (
 	"github.com/valruns/valruns/validate"
 )
 
-// errLeaseHeld: another delivery of the run is executing it; retry after its
-// lease, so a run whose worker died is taken over then.
-var errLeaseHeld = errors.New("run leased by another worker")
-
 // RunExecutor handles TypeRunExecute. It is idempotent by itself: a run that
-// already finished is not executed again, a run held by a live worker is
-// retried later, and a run whose worker died (lease expired) is taken over.
+// already finished is not executed again, and a run another delivery holds
+// is looked at again when that delivery's lease expires (a takeover task),
+// so a run whose worker died is taken over then, and finished once.
 type RunExecutor struct {
 	runs  *models.RunStore
 	lease time.Duration
 	log   *slog.Logger
 	m     *metrics
+	// takeover schedules a new delivery of the run at a time (see leased).
+	takeover func(ctx context.Context, runID string, attempt int, at time.Time) error
 
 	// programs caches compiled workflows: a workflow never changes once created.
 	programs sync.Map // workflow id -> *validate.Program
@@ -39,15 +38,16 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
 	}
 	run, err := e.runs.Claim(ctx, p.RunID, e.lease)
+	var leased *models.RunLeasedError
 	switch {
+	case errors.As(err, &leased):
+		return e.leased(ctx, leased)
 	case errors.Is(err, models.ErrRunFinished):
 		e.log.InfoContext(ctx, "run already finished; not executing it again", "run_id", p.RunID)
 		return nil
 	case errors.Is(err, models.ErrNotFound):
 		e.log.WarnContext(ctx, "run does not exist", "run_id", p.RunID)
 		return nil
-	case errors.Is(err, models.ErrRunLeased):
-		return fmt.Errorf("run %s: %w", p.RunID, errLeaseHeld)
 	case err != nil:
 		return err
 	}
@@ -66,7 +66,7 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	rows := make([]models.Finding, len(findings))
 	for i, f := range findings {
-		rows[i] = models.Finding{Step: f.Step, Severity: f.Severity, Path: f.Path, Message: truncate(f.Message, 4000)}
+		rows[i] = models.Finding{Step: f.Step, Severity: f.Severity, Path: f.Path, Message: f.Message}
 	}
 	owned, err := e.runs.Finish(ctx, run.ID, run.Attempts, status, rows)
 	if err != nil {
@@ -78,6 +78,23 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	e.m.runsEnded.WithLabelValues(status).Inc()
 	e.log.InfoContext(ctx, "run finished", "run_id", run.ID, "status", status, "findings", len(findings), "attempt", run.Attempts)
+	return nil
+}
+
+// leased handles a delivery of a run that another delivery holds (a
+// duplicate, or the recovery of a task whose worker died before its run's
+// lease ran out). Rather than failing, which would spend asynq retries and
+// could archive the task while the run is still running, it schedules a
+// takeover delivery just after the lease expires, with a TaskID of its own
+// per attempt, and is done. If the holder finishes, the takeover finds the
+// run finished and does nothing; if it died, the takeover claims the run.
+func (e *RunExecutor) leased(ctx context.Context, l *models.RunLeasedError) error {
+	at := l.Until.Add(time.Second)
+	if err := e.takeover(ctx, l.RunID, l.Attempts, at); err != nil {
+		return fmt.Errorf("schedule takeover of run %s: %w", l.RunID, err)
+	}
+	e.log.InfoContext(ctx, "run held by another delivery; takeover scheduled at its lease's end",
+		"run_id", l.RunID, "attempt", l.Attempts, "at", at)
 	return nil
 }
 
@@ -120,11 +137,4 @@ func (e *RunExecutor) failed(ctx context.Context, t *asynq.Task, err error) {
 	}
 	e.m.runsEnded.WithLabelValues(models.RunError).Inc()
 	e.log.ErrorContext(ctx, "run ended in error", "run_id", p.RunID, "error", err)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }

@@ -90,14 +90,29 @@ func NewWorker(cfg Config) (*Worker, error) {
 	w.runs = &RunExecutor{runs: models.NewRunStore(cfg.DB), lease: cfg.RunLease, log: log, m: m}
 	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), batch: cfg.CleanupBatchSize, log: log, m: m}
 	w.client = asynq.NewClient(cfg.Redis)
+	runOpts := func() []asynq.Option {
+		// Timeout = lease: a delivery never works past the lease that fences it.
+		return []asynq.Option{asynq.MaxRetry(cfg.RunMaxRetry), asynq.Timeout(cfg.RunLease), asynq.Retention(24 * time.Hour)}
+	}
+	w.runs.takeover = func(ctx context.Context, runID string, attempt int, at time.Time) error {
+		task, _, err := NewRunTask(runID) // not its TaskID: the original delivery holds that one
+		if err != nil {
+			return err
+		}
+		opts := append(runOpts(), asynq.TaskID(fmt.Sprintf("%s%s:takeover:%d", models.RunTaskIDPrefix, runID, attempt)), asynq.ProcessAt(at))
+		_, err = w.client.EnqueueContext(ctx, task, opts...)
+		if errors.Is(err, asynq.ErrTaskIDConflict) {
+			return nil // already scheduled by another delivery
+		}
+		return err
+	}
 	w.enqueuer = &Enqueuer{
 		staged: staged, client: w.client, dbURL: cfg.DBURL, batch: 100, poll: cfg.PollInterval, log: log, m: m,
 		opts: func(j models.StagedJob) []asynq.Option {
 			if j.JobName != TypeRunExecute {
 				return nil
 			}
-			// Timeout = lease: a delivery never works past the lease that fences it.
-			return []asynq.Option{asynq.MaxRetry(cfg.RunMaxRetry), asynq.Timeout(cfg.RunLease), asynq.Retention(24 * time.Hour)}
+			return runOpts()
 		},
 	}
 	w.server = asynq.NewServer(cfg.Redis, asynq.Config{
@@ -110,13 +125,6 @@ func NewWorker(cfg Config) (*Worker, error) {
 		DelayedTaskCheckInterval: time.Second,
 		Logger:                   slogAdapter{log},
 		LogLevel:                 asynq.WarnLevel,
-		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
-			if errors.Is(err, errLeaseHeld) {
-				return cfg.RunLease / 4 // look again well before the lease expires
-			}
-			return asynq.DefaultRetryDelayFunc(n, err, t)
-		},
-		IsFailure: func(err error) bool { return !errors.Is(err, errLeaseHeld) },
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
 			m.failed.WithLabelValues(t.Type()).Inc()
 			log.WarnContext(ctx, "task failed", "type", t.Type(), "error", err)

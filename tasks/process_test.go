@@ -1,0 +1,187 @@
+package tasks_test
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/internal/apitest"
+)
+
+// `valruns cleanup` from the shell: --dry-run counts and deletes nothing;
+// without it, the expired keys are deleted in batches and counted.
+func TestCleanupCommand(t *testing.T) {
+	t.Parallel()
+	bin := valrunsBinary(t)
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	insertKeys(t, env, org.ID, "expired-", 2_345, true)
+	insertKeys(t, env, org.ID, "live-", 10, false)
+
+	run := func(args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = childEnv("DATABASE_URL="+env.DBURL, "CLEANUP_BATCH_SIZE=500", "LOG_LEVEL=error")
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		require.NoError(t, cmd.Run(), "valruns %s\nstdout: %s\nstderr: %s", strings.Join(args, " "), stdout.String(), stderr.String())
+		return stdout.String()
+	}
+
+	out := run("cleanup", "--dry-run")
+	require.Equal(t, "2345 expired idempotency keys would be deleted\n", out)
+	require.EqualValues(t, 2_355, env.Count("idempotency_keys", ""), "a dry run deletes nothing")
+
+	out = run("cleanup")
+	require.Equal(t, "deleted 2345 expired idempotency keys\n", out)
+	require.EqualValues(t, 10, env.Count("idempotency_keys", ""))
+	require.EqualValues(t, 0, env.Count("idempotency_keys", "expires_at <= now()"))
+
+	out = run("cleanup")
+	require.Equal(t, "deleted 0 expired idempotency keys\n", out)
+}
+
+// workerProcess is `valruns worker` running as a child process.
+type workerProcess struct {
+	cmd *exec.Cmd
+	out *syncBuffer
+}
+
+func startWorkerProcess(t *testing.T, bin, dbURL, redisURL string) *workerProcess {
+	t.Helper()
+	p := &workerProcess{out: &syncBuffer{}}
+	p.cmd = exec.Command(bin, "worker")
+	p.cmd.Env = childEnv("DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "RUN_LEASE=3s",
+		"WORKER_METRICS_ADDR=127.0.0.1:"+strconv.Itoa(freePort(t)), "LOG_FORMAT=json", "LOG_LEVEL=info",
+		"ENQUEUE_POLL_INTERVAL=100ms", "SHUTDOWN_TIMEOUT=5s")
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	require.NoError(t, p.cmd.Start())
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("valruns worker (pid %d) output:\n%s", p.cmd.Process.Pid, p.out.String())
+		}
+	})
+	return p
+}
+
+// kill ends the process with SIGKILL: a crash, no shutdown.
+func (p *workerProcess) kill(t *testing.T) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Kill())
+	_ = p.cmd.Wait()
+}
+
+// stop asks the process to shut down (SIGTERM), then kills it if it does
+// not exit in time.
+func (p *workerProcess) stop() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// A worker killed in the middle of a run: the run stays running with its
+// first attempt uncommitted; a second worker takes it over once asynq
+// recovers the task (its lease expires 30 s after the crash and the
+// recoverer looks every minute, so this takes about 1.5 minutes and runs in
+// parallel), and the run finishes exactly once.
+//
+// The run is held mid-execution deterministically: before the worker
+// starts, the test inserts (uncommitted) the finding at position 0 of the
+// run, so the worker's Finish transaction — which has already updated the
+// run's row — blocks on the unique (run_id, position) index until the test
+// rolls back. The worker is killed while blocked there.
+func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
+	t.Parallel()
+	bin := valrunsBinary(t)
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	ctx := context.Background()
+
+	// Staged; no worker runs yet.
+	id := startRun(t, env, org, wf, invalidOrder)
+	other := startRun(t, env, org, wf, validOrder) // an ordinary run the first worker completes
+
+	blocker, err := pgx.Connect(ctx, env.DBURL)
+	require.NoError(t, err)
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var blockerPID int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&blockerPID))
+	_, err = tx.Exec(ctx, `INSERT INTO findings (run_id, position, step, severity, message)
+		VALUES ($1, 0, 'test-blocker', 'info', 'holds the worker''s Finish')`, id)
+	require.NoError(t, err)
+
+	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	// Wait until the worker's Finish waits on the test's transaction.
+	var workerPID int
+	apitest.Eventually(t, 60*time.Second, func() bool {
+		var pids []int
+		err := env.DB.Raw(`SELECT pid FROM pg_stat_activity WHERE ? = ANY (pg_blocking_pids(pid))`, blockerPID).Scan(&pids).Error
+		require.NoError(t, err)
+		if len(pids) == 1 {
+			workerPID = pids[0]
+			return true
+		}
+		return false
+	}, "the worker's Finish blocks on the test's uncommitted finding")
+	var query string
+	require.NoError(t, env.DB.Raw(`SELECT query FROM pg_stat_activity WHERE pid = ?`, workerPID).Scan(&query).Error)
+	require.Contains(t, query, "findings", "blocked in the INSERT of the findings")
+	mid := readRun(t, env, id)
+	require.Equal(t, "running", mid.Status, "the claim committed")
+	require.Equal(t, 1, mid.Attempts)
+
+	require.Contains(t, w1.out.String(), `"msg":"worker running"`, "LOG_FORMAT=json")
+	w1.kill(t)
+	require.NoError(t, tx.Rollback(ctx))
+	// The dead worker's backend sees its client gone and aborts: nothing of
+	// the first attempt is committed.
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		var n int64
+		require.NoError(t, env.DB.Raw(`SELECT count(*) FROM pg_stat_activity WHERE pid = ?`, workerPID).Scan(&n).Error)
+		return n == 0
+	}, "the killed worker's database session ends")
+	mid = readRun(t, env, id)
+	require.Equal(t, "running", mid.Status)
+	require.Equal(t, 1, mid.Attempts)
+	require.Empty(t, dbFindings(t, env, id))
+
+	startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	var run apiRun
+	apitest.Eventually(t, 3*time.Minute, func() bool {
+		run = getRun(t, env, org, id)
+		return finished(run.Status)
+	}, "the second worker finishes the run")
+	require.Equal(t, "failed", run.Status)
+	require.Equal(t, 2, run.Attempts, "taken over once")
+	require.Equal(t, invalidOrderFindings, run.Findings, "findings written once")
+	require.Equal(t, invalidOrderFindings, dbFindings(t, env, id))
+	require.Nil(t, run.Error)
+	require.Equal(t, "passed", waitRun(t, env, org, other, 20*time.Second).Status)
+	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"), "no run left running")
+	require.EqualValues(t, 0, env.Count("staged_jobs", ""))
+}
