@@ -2,7 +2,7 @@ package models
 
 import (
 	"context"
-		"fmt"
+	"fmt"
 	"time"
 
 	"gorm.io/gorm"
