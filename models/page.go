@@ -2,11 +2,12 @@ package models
 
 import (
 	"encoding/base64"
-	"fmt"
+	"errors"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"gorm.io/gorm"
 )
 
 // Page asks for one page of a newest-first listing.
@@ -18,7 +19,7 @@ type Page struct {
 }
 
 // ErrBadCursor: the cursor was not produced by this service.
-var ErrBadCursor = fmt.Errorf("invalid cursor")
+var ErrBadCursor = errors.New("invalid cursor")
 
 // keyset is the position after which the next page starts.
 type keyset struct {
@@ -60,4 +61,26 @@ func (p Page) after() (*keyset, error) {
 
 func cursorOf(createdAt time.Time, id string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(createdAt.UTC().Format(time.RFC3339Nano) + "|" + id))
+}
+
+// listPage runs q (already filtered to what the caller may see) for one page
+// newest first, by (created_at, id), and returns the rows and the next
+// page's cursor ("" on the last page). key gives a row's position.
+func listPage[T any](q *gorm.DB, p Page, key func(*T) (time.Time, string)) ([]T, string, error) {
+	after, err := p.after()
+	if err != nil {
+		return nil, "", err
+	}
+	if after != nil {
+		q = q.Where("(created_at, id) < (?, ?)", after.createdAt, after.id)
+	}
+	var rows []T
+	if err := q.Order("created_at DESC, id DESC").Limit(p.limit() + 1).Find(&rows).Error; err != nil {
+		return nil, "", translate(err)
+	}
+	if len(rows) <= p.limit() {
+		return rows, "", nil
+	}
+	rows = rows[:p.limit()]
+	return rows, cursorOf(key(&rows[len(rows)-1])), nil
 }

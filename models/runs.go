@@ -119,26 +119,13 @@ func (s *RunStore) Get(ctx context.Context, orgID, id string) (*ValidationRun, e
 // List returns one page of the organisation's runs, newest first, optionally
 // of one workflow, and the cursor of the next page.
 func (s *RunStore) List(ctx context.Context, orgID, workflowID string, p Page) ([]ValidationRun, string, error) {
-	after, err := p.after()
-	if err != nil {
-		return nil, "", err
-	}
 	q := s.db.WithContext(ctx).Where("org_id = ?", orgID)
 	if workflowID != "" {
 		q = q.Where("workflow_id = ?", workflowID)
 	}
-	if after != nil {
-		q = q.Where("(created_at, id) < (?, ?)", after.createdAt, after.id)
-	}
-	var rs []ValidationRun
-	if err := q.Order("created_at DESC, id DESC").Limit(p.limit() + 1).Find(&rs).Error; err != nil {
-		return nil, "", fmt.Errorf("list runs: %w", translate(err))
-	}
-	next := ""
-	if len(rs) > p.limit() {
-		rs = rs[:p.limit()]
-		last := rs[len(rs)-1]
-		next = cursorOf(last.CreatedAt, last.ID)
+	rs, next, err := listPage(q, p, func(r *ValidationRun) (time.Time, string) { return r.CreatedAt, r.ID })
+	if err != nil {
+		return nil, "", fmt.Errorf("list runs: %w", err)
 	}
 	return rs, next, nil
 }

@@ -3,6 +3,7 @@ package models
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -47,23 +48,10 @@ func (s *WorkflowStore) Exists(tx *gorm.DB, orgID, id string) (bool, error) {
 // List returns one page of the organisation's workflows, newest first, and
 // the cursor of the next page ("" on the last one).
 func (s *WorkflowStore) List(ctx context.Context, orgID string, p Page) ([]Workflow, string, error) {
-	after, err := p.after()
+	ws, next, err := listPage(s.db.WithContext(ctx).Where("org_id = ?", orgID), p,
+		func(w *Workflow) (time.Time, string) { return w.CreatedAt, w.ID })
 	if err != nil {
-		return nil, "", err
-	}
-	q := s.db.WithContext(ctx).Where("org_id = ?", orgID)
-	if after != nil {
-		q = q.Where("(created_at, id) < (?, ?)", after.createdAt, after.id)
-	}
-	var ws []Workflow
-	if err := q.Order("created_at DESC, id DESC").Limit(p.limit() + 1).Find(&ws).Error; err != nil {
-		return nil, "", fmt.Errorf("list workflows: %w", translate(err))
-	}
-	next := ""
-	if len(ws) > p.limit() {
-		ws = ws[:p.limit()]
-		last := ws[len(ws)-1]
-		next = cursorOf(last.CreatedAt, last.ID)
+		return nil, "", fmt.Errorf("list workflows: %w", err)
 	}
 	return ws, next, nil
 }
