@@ -103,21 +103,38 @@ type app struct {
 	db  *gorm.DB
 }
 
+// purpose says what a command opens the database for.
+type purpose int
+
+const (
+	// forWork: serving requests and tasks. The schema must be migrated (or
+	// is migrated when MIGRATE_ON_START=true), and no statement may outlive
+	// IDEMPOTENCY_TX_TIMEOUT.
+	forWork purpose = iota
+	// forMigration: any schema state, no statement timeout.
+	forMigration
+)
+
 // open loads the configuration, builds the logger and connects to the
-// database. requireMigrated refuses an unmigrated database (or migrates it
-// when MIGRATE_ON_START=true).
-func open(ctx context.Context, requireMigrated bool) (*app, error) {
+// database for the purpose.
+func open(ctx context.Context, p purpose) (*app, error) {
 	cfg, err := config.FromEnv()
 	if err != nil {
 		return nil, err
 	}
 	log := newLogger(cfg, os.Stderr)
-	db, err := models.Open(ctx, cfg.DatabaseURL, models.DBOptions{})
+	// For work, a statement never outlives the request transaction's
+	// deadline (see idempotency.Config.TxTimeout).
+	opt := models.DBOptions{}
+	if p == forWork {
+		opt.StatementTimeout = cfg.IdempotencyTxTimeout
+	}
+	db, err := models.Open(ctx, cfg.DatabaseURL, opt)
 	if err != nil {
 		return nil, &config.Error{Var: "DATABASE_URL", Value: redact(cfg.DatabaseURL), Problem: oneLine(err)}
 	}
 	a := &app{cfg: cfg, log: log, db: db}
-	if requireMigrated {
+	if p == forWork {
 		if err := a.ensureMigrated(ctx); err != nil {
 			a.close()
 			return nil, err
@@ -129,8 +146,7 @@ func open(ctx context.Context, requireMigrated bool) (*app, error) {
 func (a *app) close() { _ = models.SQLDB(a.db).Close() }
 
 func (a *app) ensureMigrated(ctx context.Context) error {
-	sqlDB := models.SQLDB(a.db)
-	n, err := migrations.Pending(ctx, sqlDB)
+	n, err := migrations.Pending(ctx, models.SQLDB(a.db))
 	if err != nil {
 		return err
 	}
@@ -140,7 +156,14 @@ func (a *app) ensureMigrated(ctx context.Context) error {
 	if !a.cfg.MigrateOnStart {
 		return &exitError{fmt.Sprintf("the database has %d pending migration(s): run `valruns migrate up` (or set MIGRATE_ON_START=true)", n)}
 	}
-	p, err := migrations.NewProvider(sqlDB)
+	// Not a.db: its statement_timeout is for requests, and a migration may
+	// rightly take longer.
+	mdb, err := models.Open(ctx, a.cfg.DatabaseURL, models.DBOptions{MaxOpenConns: 2})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = models.SQLDB(mdb).Close() }()
+	p, err := migrations.NewProvider(models.SQLDB(mdb))
 	if err != nil {
 		return err
 	}
@@ -168,7 +191,7 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	a, err := open(ctx, true)
+	a, err := open(ctx, forWork)
 	if err != nil {
 		return err
 	}
@@ -217,7 +240,7 @@ func cmdMigrate(ctx context.Context, args []string, out io.Writer) error {
 		fs.Usage()
 		return &exitError{"want one of up, down, status"}
 	}
-	a, err := open(ctx, false)
+	a, err := open(ctx, forMigration)
 	if err != nil {
 		return err
 	}
@@ -268,7 +291,7 @@ func cmdCleanup(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	a, err := open(ctx, true)
+	a, err := open(ctx, forWork)
 	if err != nil {
 		return err
 	}
@@ -296,7 +319,7 @@ func cmdOrg(ctx context.Context, args []string, out io.Writer) error {
 		fs.Usage()
 		return &exitError{"want: org create NAME"}
 	}
-	a, err := open(ctx, true)
+	a, err := open(ctx, forWork)
 	if err != nil {
 		return err
 	}
@@ -326,7 +349,7 @@ func cmdToken(ctx context.Context, args []string, out io.Writer) error {
 		fs.Usage()
 		return &exitError{"--org SLUG is required"}
 	}
-	a, err := open(ctx, true)
+	a, err := open(ctx, forWork)
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	a, err := open(ctx, true)
+	a, err := open(ctx, forWork)
 	if err != nil {
 		return err
 	}

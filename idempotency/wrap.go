@@ -114,7 +114,12 @@ type Config struct {
 	// TTL is how long a stored answer is replayed; 0 means 24h.
 	TTL time.Duration
 	// TxTimeout bounds the request transaction, which ignores client
-	// hang-ups; 0 means 30s.
+	// hang-ups; 0 means 30s. Open the pool with the same value as
+	// PostgreSQL's statement_timeout (models.DBOptions.StatementTimeout):
+	// the server then cancels a statement that hangs, the connection stays
+	// healthy and the rollback frees the key before the 503 is answered.
+	// The transaction's own context deadline, TxTimeout plus txGrace, is the
+	// backstop for a transaction of many slow statements.
 	TxTimeout time.Duration
 	// KeyRequired: a request without a key is 400 idempotency_key_missing.
 	KeyRequired bool
@@ -227,7 +232,7 @@ func (k *call) serve(h Handler) {
 
 	// The work runs on a context the client cannot cancel, with its own
 	// deadline: a client that hangs up still gets its answer stored.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.c.Request.Context()), k.w.cfg.TxTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.c.Request.Context()), k.w.cfg.TxTimeout+txGrace)
 	defer cancel()
 	db := k.w.db.WithContext(ctx)
 
@@ -331,6 +336,12 @@ func (k *call) execute(db *gorm.DB, h Handler) {
 		k.write(resp.Status, resp.Header, resp.Body)
 	}
 }
+
+// txGrace lets the database's statement_timeout (equal to TxTimeout) fire
+// before the context deadline does: a statement cancelled by the server
+// leaves a connection that can roll back at once, while one cancelled by the
+// client is abandoned and its backend holds the key's lock until it notices.
+const txGrace = 2 * time.Second
 
 // errRollback ends a transaction without it being an error.
 var errRollback = errors.New("rollback")

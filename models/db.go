@@ -34,6 +34,11 @@ type DBOptions struct {
 	Tracer pgx.QueryTracer
 	// MaxOpenConns caps the pool; 0 means 20.
 	MaxOpenConns int
+	// StatementTimeout, when set, is PostgreSQL's statement_timeout on every
+	// connection: the server cancels a statement that runs longer and the
+	// connection stays usable, so a rollback (which releases the request's
+	// advisory lock) completes before the caller answers.
+	StatementTimeout time.Duration
 }
 
 // Open connects to PostgreSQL through pgx and GORM and pings it.
@@ -45,6 +50,9 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
 	cfg.Tracer = opt.Tracer
+	if opt.StatementTimeout > 0 {
+		cfg.RuntimeParams["statement_timeout"] = fmt.Sprint(opt.StatementTimeout.Milliseconds())
+	}
 	sqlDB := stdlib.OpenDB(*cfg)
 	maxOpen := opt.MaxOpenConns
 	if maxOpen == 0 {

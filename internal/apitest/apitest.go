@@ -58,7 +58,7 @@ func New(t testing.TB, opts ...Options) *Env {
 	if o.Config != nil {
 		o.Config(&cfg)
 	}
-	db, u := testdb.New(t, testdb.Options{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns})
+	db, u := testdb.New(t, testdb.Options{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns, StatementTimeout: cfg.IdempotencyTxTimeout})
 	cfg.DatabaseURL = u
 	reg := prometheus.NewRegistry()
 	h := handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg})

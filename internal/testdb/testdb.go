@@ -43,6 +43,8 @@ type Options struct {
 	Tracer pgx.QueryTracer
 	// MaxOpenConns of the returned pool; 0 means 20.
 	MaxOpenConns int
+	// StatementTimeout is PostgreSQL's statement_timeout on the pool's connections.
+	StatementTimeout time.Duration
 	// Empty: no migrations applied (for migration tests).
 	Empty bool
 }
@@ -71,7 +73,7 @@ func New(t testing.TB, opt ...Options) (*gorm.DB, string) {
 		}
 	})
 	u := withDBName(t, BaseURL(), name)
-	db, err := models.Open(ctx, u, models.DBOptions{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns})
+	db, err := models.Open(ctx, u, models.DBOptions{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns, StatementTimeout: o.StatementTimeout})
 	if err != nil {
 		t.Fatalf("testdb: open %s: %v", name, err)
 	}
