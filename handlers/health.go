@@ -32,7 +32,7 @@ type Status struct {
 //	@Success		200	{object}	Status	"Alive."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/healthz [get]
-func (h *healthHandlers) live(c *gin.Context) { c.JSON(http.StatusOK, Status{Status: "ok"}) }
+func (h *healthHandlers) live(c *gin.Context) { c.PureJSON(http.StatusOK, Status{Status: "ok"}) }
 
 // readyz godoc
 //
@@ -59,5 +59,5 @@ func (h *healthHandlers) readyz(c *gin.Context) {
 			return
 		}
 	}
-	c.JSON(http.StatusOK, Status{Status: "ok"})
+	c.PureJSON(http.StatusOK, Status{Status: "ok"})
 }

@@ -193,7 +193,7 @@ func (h *runHandlers) get(c *gin.Context) {
 	case err != nil:
 		internalError(c, err)
 	default:
-		c.JSON(http.StatusOK, runOf(r))
+		c.PureJSON(http.StatusOK, runOf(r))
 	}
 }
 
@@ -236,5 +236,5 @@ func (h *runHandlers) list(c *gin.Context) {
 	for i := range rs {
 		out.Data = append(out.Data, runOf(&rs[i]))
 	}
-	c.JSON(http.StatusOK, out)
+	c.PureJSON(http.StatusOK, out)
 }

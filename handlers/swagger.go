@@ -91,7 +91,7 @@ type IndexLinks struct {
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when sane, a new one otherwise."
 //	@Router			/ [get]
 func index(c *gin.Context) {
-	c.JSON(http.StatusOK, Index{
+	c.PureJSON(http.StatusOK, Index{
 		Name:    "valruns",
 		Version: docs.SwaggerInfo.Version,
 		Links: IndexLinks{

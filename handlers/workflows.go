@@ -160,7 +160,7 @@ func (h *workflowHandlers) list(c *gin.Context) {
 	for i := range ws {
 		out.Data = append(out.Data, workflowOf(&ws[i]))
 	}
-	c.JSON(http.StatusOK, out)
+	c.PureJSON(http.StatusOK, out)
 }
 
 // get godoc
@@ -194,6 +194,6 @@ func (h *workflowHandlers) get(c *gin.Context) {
 	case err != nil:
 		internalError(c, err)
 	default:
-		c.JSON(http.StatusOK, workflowOf(w))
+		c.PureJSON(http.StatusOK, workflowOf(w))
 	}
 }
