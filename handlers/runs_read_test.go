@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -106,22 +107,28 @@ func TestStartAndReadRun(t *testing.T) {
 	})
 }
 
-// listRuns pages through /api/runs/ with query and returns the run ids in
-// the order served and the page sizes.
-func listRuns(t *testing.T, e *apitest.Env, org apitest.Org, q url.Values) (ids []string, pages []int) {
+// listIDs pages through a newest-first listing at path (with query q) and
+// returns the ids in the order served and the size of each page.
+func listIDs(t *testing.T, e *apitest.Env, org apitest.Org, path string, q url.Values) (ids []string, pages []int) {
 	t.Helper()
+	q = maps.Clone(q)
 	for range 100 {
-		r := e.Do(http.MethodGet, "/api/runs/?"+q.Encode(), org.Token, nil)
+		r := e.Do(http.MethodGet, path+"?"+q.Encode(), org.Token, nil)
 		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-		var page handlers.RunList
+		var page struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+			NextCursor string `json:"next_cursor"`
+		}
 		r.JSON(t, &page)
-		require.NotNil(t, page.Data)
+		require.NotNil(t, page.Data, "data is a list, never null")
 		pages = append(pages, len(page.Data))
-		for _, run := range page.Data {
-			ids = append(ids, run.ID)
+		for _, item := range page.Data {
+			ids = append(ids, item.ID)
 		}
 		if page.NextCursor == "" {
-			require.NotContains(t, string(r.Body), "next_cursor")
+			require.NotContains(t, string(r.Body), "next_cursor", "no next_cursor member on the last page")
 			return ids, pages
 		}
 		q.Set("cursor", page.NextCursor)
@@ -177,7 +184,7 @@ func TestListRuns(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			ids, pages := listRuns(t, e, tt.org, tt.query)
+			ids, pages := listIDs(t, e, tt.org, "/api/runs/", tt.query)
 			if d := cmp.Diff(tt.want, ids); d != "" {
 				t.Fatalf("run ids, newest first (-want +got):\n%s", d)
 			}

@@ -198,35 +198,6 @@ func TestGetWorkflow(t *testing.T) {
 	}
 }
 
-// listWorkflows pages through /api/workflows/ with limit and returns the ids
-// in the order served and the size of each page.
-func listWorkflows(t *testing.T, e *apitest.Env, org apitest.Org, limit int) (ids []string, pages []int) {
-	t.Helper()
-	cursor := ""
-	for range 100 {
-		q := url.Values{"limit": {fmt.Sprint(limit)}}
-		if cursor != "" {
-			q.Set("cursor", cursor)
-		}
-		r := e.Do(http.MethodGet, "/api/workflows/?"+q.Encode(), org.Token, nil)
-		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-		var page handlers.WorkflowList
-		r.JSON(t, &page)
-		require.NotNil(t, page.Data)
-		pages = append(pages, len(page.Data))
-		for _, w := range page.Data {
-			ids = append(ids, w.ID)
-		}
-		if page.NextCursor == "" {
-			require.NotContains(t, string(r.Body), "next_cursor", "no next_cursor member on the last page")
-			return ids, pages
-		}
-		cursor = page.NextCursor
-	}
-	t.Fatal("pagination does not end")
-	return nil, nil
-}
-
 func TestListWorkflows(t *testing.T) {
 	t.Parallel()
 	e := apitest.New(t)
@@ -247,7 +218,7 @@ func TestListWorkflows(t *testing.T) {
 
 	t.Run("pages of 10", func(t *testing.T) {
 		t.Parallel()
-		ids, pages := listWorkflows(t, e, acme, 10)
+		ids, pages := listWorkflowIDs(t, e, acme, 10)
 		require.Equal(t, []int{10, 10, 5}, pages)
 		if d := cmp.Diff(newestFirst, ids); d != "" {
 			t.Fatalf("ids, newest first, each once (-want +got):\n%s", d)
@@ -256,14 +227,14 @@ func TestListWorkflows(t *testing.T) {
 
 	t.Run("exact multiple of the page size", func(t *testing.T) {
 		t.Parallel()
-		ids, pages := listWorkflows(t, e, acme, 5)
+		ids, pages := listWorkflowIDs(t, e, acme, 5)
 		require.Equal(t, []int{5, 5, 5, 5, 5}, pages)
 		require.Equal(t, newestFirst, ids)
 	})
 
 	t.Run("one page holds all", func(t *testing.T) {
 		t.Parallel()
-		ids, pages := listWorkflows(t, e, acme, 100)
+		ids, pages := listWorkflowIDs(t, e, acme, 100)
 		require.Equal(t, []int{25}, pages)
 		require.Equal(t, newestFirst, ids)
 	})
@@ -282,7 +253,7 @@ func TestListWorkflows(t *testing.T) {
 
 	t.Run("each organisation sees its own", func(t *testing.T) {
 		t.Parallel()
-		ids, _ := listWorkflows(t, e, globex, 10)
+		ids, _ := listWorkflowIDs(t, e, globex, 10)
 		require.Equal(t, []string{globexWFs[1], globexWFs[0]}, ids)
 
 		r := e.Do(http.MethodGet, "/api/workflows/", empty.Token, nil)
@@ -349,4 +320,10 @@ func TestWorkflowRoutesTrailingSlash(t *testing.T) {
 			require.True(t, strings.HasSuffix(r.Header.Get("Location"), "/"))
 		})
 	}
+}
+
+// listWorkflowIDs pages through /api/workflows/ limit at a time.
+func listWorkflowIDs(t *testing.T, e *apitest.Env, org apitest.Org, limit int) (ids []string, pages []int) {
+	t.Helper()
+	return listIDs(t, e, org, "/api/workflows/", url.Values{"limit": {fmt.Sprint(limit)}})
 }
