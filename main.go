@@ -197,9 +197,9 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer a.close()
 
-	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
+	ln, err := listen("HTTP_ADDR", a.cfg.HTTPAddr)
 	if err != nil {
-		return &config.Error{Var: "HTTP_ADDR", Value: a.cfg.HTTPAddr, Problem: oneLine(err)}
+		return err
 	}
 	var worker *workerProcess
 	if *withWorker {
@@ -367,6 +367,15 @@ func cmdToken(ctx context.Context, args []string, out io.Writer) error {
 	}
 	fmt.Fprintln(out, token)
 	return nil
+}
+
+// listen opens the address a setting names; a failure names the setting.
+func listen(setting, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, &config.Error{Var: setting, Value: addr, Problem: oneLine(err)}
+	}
+	return ln, nil
 }
 
 // redact hides a password in a connection URL for messages.

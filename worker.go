@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"time"
 
@@ -66,9 +65,9 @@ func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer a.close()
-	ln, err := net.Listen("tcp", a.cfg.WorkerMetricsAddr)
+	ln, err := listen("WORKER_METRICS_ADDR", a.cfg.WorkerMetricsAddr)
 	if err != nil {
-		return &config.Error{Var: "WORKER_METRICS_ADDR", Value: a.cfg.WorkerMetricsAddr, Problem: oneLine(err)}
+		return err
 	}
 	p, err := startWorker(ctx, a)
 	if err != nil {
