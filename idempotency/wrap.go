@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -144,18 +145,10 @@ type Wrapper struct {
 
 // New returns a Wrapper running transactions on db.
 func New(db *gorm.DB, keys *models.KeyStore, cfg Config) *Wrapper {
-	if cfg.TTL == 0 {
-		cfg.TTL = 24 * time.Hour
-	}
-	if cfg.TxTimeout == 0 {
-		cfg.TxTimeout = 30 * time.Second
-	}
-	if cfg.RetryAfter == 0 {
-		cfg.RetryAfter = 1
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
+	cfg.TTL = cmp.Or(cfg.TTL, 24*time.Hour)
+	cfg.TxTimeout = cmp.Or(cfg.TxTimeout, 30*time.Second)
+	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, 1)
+	cfg.Log = cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
 	if cfg.Observe == nil {
 		cfg.Observe = func(string, string) {}
 	}
