@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"net"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/proctest"
 	"github.com/valruns/valruns/internal/testdb"
 	"github.com/valruns/valruns/models"
 )
@@ -245,7 +247,7 @@ func TestStartupErrorsNameTheVariable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			setEnv(t, cmpOr(tt.dbURL, unreachableDB))
+			setEnv(t, cmp.Or(tt.dbURL, unreachableDB))
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}
@@ -258,13 +260,6 @@ func TestStartupErrorsNameTheVariable(t *testing.T) {
 			}
 		})
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func TestServeHTTPAddrInUse(t *testing.T) {
@@ -362,10 +357,7 @@ func TestCleanup(t *testing.T) {
 
 func TestServeGracefulShutdown(t *testing.T) {
 	emptyDB(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
+	addr := proctest.FreeAddr(t)
 	t.Setenv("HTTP_ADDR", addr)
 	t.Setenv("MIGRATE_ON_START", "true")
 

@@ -1,16 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +19,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/proctest"
 	"github.com/valruns/valruns/internal/testdb"
 	"github.com/valruns/valruns/models"
 )
@@ -30,10 +29,12 @@ import (
 // no in-process test can: two processes share no memory, only PostgreSQL, and
 // a dead process leaves nothing locked.
 
+func TestMain(m *testing.M) { os.Exit(proctest.Run(m)) }
+
 // TestProcIdempotency builds the binary once and runs the process tests on it.
 func TestProcIdempotency(t *testing.T) {
 	t.Parallel()
-	bin := procBuild(t)
+	bin := proctest.Binary(t)
 	t.Run("two processes on one database, same-key storm: one run", func(t *testing.T) {
 		t.Parallel()
 		procTwoProcessStorm(t, bin)
@@ -44,40 +45,12 @@ func TestProcIdempotency(t *testing.T) {
 	})
 }
 
-// procBuild compiles the valruns binary into a temporary directory.
-func procBuild(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "valruns")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
-}
-
-// procLog collects a child's output; safe for the copying goroutines.
-type procLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *procLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *procLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // procServer is a running `valruns serve`.
 type procServer struct {
 	name   string
 	url    string
 	cmd    *exec.Cmd
-	log    *procLog
+	log    *proctest.Log
 	exited chan struct{}
 }
 
@@ -86,19 +59,10 @@ type procServer struct {
 // dropped: cleanups run last-registered first).
 func procStart(t *testing.T, bin, name, dbURL string) *procServer {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-
-	s := &procServer{name: name, url: "http://" + addr, log: &procLog{}, exited: make(chan struct{})}
+	addr := proctest.FreeAddr(t)
+	s := &procServer{name: name, url: "http://" + addr, log: &proctest.Log{}, exited: make(chan struct{})}
 	s.cmd = exec.Command(bin, "serve")
-	s.cmd.Env = []string{
-		"DATABASE_URL=" + dbURL,
-		"HTTP_ADDR=" + addr,
-		"LOG_FORMAT=json",
-		"AUTH_CACHE_TTL=0",
-	}
+	s.cmd.Env = proctest.Env("DATABASE_URL="+dbURL, "HTTP_ADDR="+addr, "LOG_FORMAT=json", "AUTH_CACHE_TTL=0")
 	s.cmd.Stdout = s.log
 	s.cmd.Stderr = s.log
 	require.NoError(t, s.cmd.Start())

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/proctest"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/tasks"
 )
@@ -92,7 +93,7 @@ func TestEnqueueSameStagedJobTwiceMakesOneTask(t *testing.T) {
 // run completes.
 func TestRedisDownStartsAccumulateThenDrain(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := proctest.FreePort(t)
 	srv := startRedisServer(t, port)
 	env := apitest.New(t)
 	org := env.NewOrg("acme")

@@ -1,7 +1,6 @@
 package tasks_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,9 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/proctest"
 	"github.com/valruns/valruns/tasks"
 )
 
@@ -32,19 +30,7 @@ import (
 // number of its own from redisDBs and flushes it before and after; the
 // Redis-down test runs a private redis-server instead.
 
-var binDir string // where TestMain builds the valruns binary, on first use
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "valruns-tasks-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(proctest.Run(m)) }
 
 // ---- Redis ---------------------------------------------------------------
 
@@ -145,12 +131,12 @@ type redisServer struct {
 	t    testing.TB
 	port int
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *proctest.Log
 }
 
 func startRedisServer(t testing.TB, port int) *redisServer {
 	t.Helper()
-	s := &redisServer{t: t, port: port, out: &syncBuffer{}}
+	s := &redisServer{t: t, port: port, out: &proctest.Log{}}
 	s.start()
 	t.Cleanup(func() {
 		s.stop()
@@ -190,34 +176,7 @@ func (s *redisServer) stop() {
 	s.cmd = nil
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // ---- workers -------------------------------------------------------------
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers (logs, child
-// process output).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // testWorker is a tasks.Worker on an apitest Env's database.
 type testWorker struct {
@@ -234,7 +193,7 @@ func (w *testWorker) Stop() { w.stopOnce.Do(w.Shutdown) }
 // intervals; edit adjusts the configuration. It is not started.
 func newWorker(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt, edit func(*tasks.Config)) *testWorker {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &proctest.Log{}
 	reg := prometheus.NewRegistry()
 	cfg := tasks.Config{
 		DB: env.DB, DBURL: env.DBURL, Redis: opt,
@@ -443,47 +402,6 @@ SELECT ?, 'workflow_start', ? || i, sha256(i::text::bytea), 'POST', '/api/workfl
 FROM generate_series(1, ?) AS i`, orgID, prefix, n)
 	require.NoError(t, res.Error)
 	require.EqualValues(t, n, res.RowsAffected)
-}
-
-// ---- the valruns binary --------------------------------------------------
-
-var build struct {
-	once sync.Once
-	path string
-	err  error
-	out  []byte
-}
-
-// valrunsBinary builds the valruns command once per test binary.
-func valrunsBinary(t testing.TB) string {
-	t.Helper()
-	build.once.Do(func() {
-		build.path = filepath.Join(binDir, "valruns")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", build.path, "github.com/valruns/valruns")
-		cmd.Dir = ".." // the module root
-		build.out, build.err = cmd.CombinedOutput()
-	})
-	require.NoError(t, build.err, "go build valruns:\n%s", build.out)
-	return build.path
-}
-
-// childEnv is the environment of a valruns child process: the test's, with
-// every valruns variable reset, plus kv (NAME=value).
-func childEnv(kv ...string) []string {
-	var env []string
-	for _, e := range os.Environ() {
-		name, _, _ := strings.Cut(e, "=")
-		switch name {
-		case "DATABASE_URL", "REDIS_URL", "HTTP_ADDR", "CLEANUP_SCHEDULE", "CLEANUP_BATCH_SIZE", "LOG_LEVEL",
-			"LOG_FORMAT", "RUN_LEASE", "RUN_MAX_RETRY", "WORKER_METRICS_ADDR", "MIGRATE_ON_START",
-			"ENQUEUE_POLL_INTERVAL", "WORKER_CONCURRENCY", "SHUTDOWN_TIMEOUT":
-			continue
-		}
-		env = append(env, e)
-	}
-	return append(env, kv...)
 }
 
 // eventuallyMetric waits until metricValue(name, labels) == want: a

@@ -14,13 +14,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/proctest"
 )
 
 // `valruns cleanup` from the shell: --dry-run counts and deletes nothing;
 // without it, the expired keys are deleted in batches and counted.
 func TestCleanupCommand(t *testing.T) {
 	t.Parallel()
-	bin := valrunsBinary(t)
+	bin := proctest.Binary(t)
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	insertKeys(t, env, org.ID, "expired-", 2_345, true)
@@ -31,7 +32,7 @@ func TestCleanupCommand(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = childEnv("DATABASE_URL="+env.DBURL, "CLEANUP_BATCH_SIZE=500", "LOG_LEVEL=error")
+		cmd.Env = proctest.Env("DATABASE_URL="+env.DBURL, "CLEANUP_BATCH_SIZE=500", "LOG_LEVEL=error")
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		require.NoError(t, cmd.Run(), "valruns %s\nstdout: %s\nstderr: %s", strings.Join(args, " "), stdout.String(), stderr.String())
@@ -54,15 +55,15 @@ func TestCleanupCommand(t *testing.T) {
 // workerProcess is `valruns worker` running as a child process.
 type workerProcess struct {
 	cmd *exec.Cmd
-	out *syncBuffer
+	out *proctest.Log
 }
 
 func startWorkerProcess(t *testing.T, bin, dbURL, redisURL string) *workerProcess {
 	t.Helper()
-	p := &workerProcess{out: &syncBuffer{}}
+	p := &workerProcess{out: &proctest.Log{}}
 	p.cmd = exec.Command(bin, "worker")
-	p.cmd.Env = childEnv("DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "RUN_LEASE=3s",
-		"WORKER_METRICS_ADDR=127.0.0.1:"+strconv.Itoa(freePort(t)), "LOG_FORMAT=json", "LOG_LEVEL=info",
+	p.cmd.Env = proctest.Env("DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "RUN_LEASE=3s",
+		"WORKER_METRICS_ADDR=127.0.0.1:"+strconv.Itoa(proctest.FreePort(t)), "LOG_FORMAT=json", "LOG_LEVEL=info",
 		"ENQUEUE_POLL_INTERVAL=100ms", "SHUTDOWN_TIMEOUT=5s")
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	require.NoError(t, p.cmd.Start())
@@ -112,7 +113,7 @@ func (p *workerProcess) stop() {
 // rolls back. The worker is killed while blocked there.
 func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	t.Parallel()
-	bin := valrunsBinary(t)
+	bin := proctest.Binary(t)
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)

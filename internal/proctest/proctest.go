@@ -1,0 +1,114 @@
+// Package proctest helps tests that run the real valruns binary as child
+// processes (several servers on one database, workers killed with SIGKILL,
+// the cleanup command): it builds the binary once, gives children a clean
+// configuration, collects their output and finds free ports.
+package proctest
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valruns/valruns/config"
+)
+
+var build struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+	out  []byte
+}
+
+// Run runs a package's tests and removes the binary Binary built. Call it
+// from TestMain: os.Exit(proctest.Run(m)).
+func Run(m *testing.M) int {
+	code := m.Run()
+	if build.dir != "" {
+		_ = os.RemoveAll(build.dir)
+	}
+	return code
+}
+
+// Binary builds the valruns command once per test binary and returns its
+// path. Use Run in TestMain so the build is removed afterwards.
+func Binary(t testing.TB) string {
+	t.Helper()
+	build.once.Do(func() {
+		build.dir, build.err = os.MkdirTemp("", "valruns-bin-")
+		if build.err != nil {
+			return
+		}
+		build.path = filepath.Join(build.dir, "valruns")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		// A package path builds from any directory inside the module.
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", build.path, "github.com/valruns/valruns")
+		build.out, build.err = cmd.CombinedOutput()
+	})
+	if build.err != nil {
+		t.Fatalf("go build valruns: %v\n%s", build.err, build.out)
+	}
+	return build.path
+}
+
+// Env is the environment of a valruns child: the test's own, with every
+// setting of config.Vars removed (so each takes its default), plus kv
+// (NAME=value).
+func Env(kv ...string) []string {
+	settings := make(map[string]bool, len(config.Vars))
+	for _, v := range config.Vars {
+		settings[v.Name] = true
+	}
+	var env []string
+	for _, e := range os.Environ() {
+		if name, _, _ := strings.Cut(e, "="); !settings[name] {
+			env = append(env, e)
+		}
+	}
+	return append(env, kv...)
+}
+
+// Log is a bytes.Buffer safe for concurrent writers, such as a child's
+// stdout and stderr.
+type Log struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *Log) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *Log) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// FreePort returns a loopback port nothing listens on right now.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// FreeAddr is 127.0.0.1:FreePort().
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
+}
