@@ -124,6 +124,13 @@ func idemRunID(t *testing.T, r apitest.Response) string {
 	return id
 }
 
+// requireExecuted checks that r is a 201 that executed the request, not a replay.
+func requireExecuted(t *testing.T, r apitest.Response, msgAndArgs ...any) {
+	t.Helper()
+	require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
+	require.Empty(t, r.Header.Get(idempotency.HeaderReplayed), msgAndArgs...)
+}
+
 // requireReplay checks that r is first replayed byte for byte.
 func requireReplay(t *testing.T, first, r apitest.Response, originalRequestID string) {
 	t.Helper()
@@ -194,8 +201,7 @@ func TestIdempotencyContract(t *testing.T) {
 			run: func(t *testing.T) {
 				f := newIdemFixture(t, nil)
 				r := f.start(idemBody)
-				require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
-				require.Empty(t, r.Header.Get(idempotency.HeaderReplayed))
+				requireExecuted(t, r)
 				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 0}, f.counts(t, f.org.ID))
 				require.Nil(t, idemRun(t, f.e, idemRunID(t, r)).IdempotencyKeyID)
 				// Without a key every request executes.
@@ -286,8 +292,7 @@ func TestIdempotencyContract(t *testing.T) {
 			run: func(t *testing.T) {
 				f := newIdemFixture(t, nil)
 				r := f.start(idemBody, idemKey("first-1", "X-Request-Id", "req-first-1", "User-Agent", "contract-test/1")...)
-				require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
-				require.Empty(t, r.Header.Get(idempotency.HeaderReplayed))
+				requireExecuted(t, r)
 				require.Equal(t, "req-first-1", r.Header.Get("X-Request-Id"))
 				runID := idemRunID(t, r)
 				require.Equal(t, "/api/runs/"+runID+"/", r.Header.Get("Location"))
@@ -513,8 +518,7 @@ func TestIdempotencyContract(t *testing.T) {
 
 				release()
 				r := f.start(idemBody, idemKey("flight-1")...)
-				require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
-				require.Empty(t, r.Header.Get(idempotency.HeaderReplayed))
+				requireExecuted(t, r)
 				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Staged: 2, Keys: 2}, f.counts(t, f.org.ID))
 			},
 		},
@@ -541,8 +545,7 @@ func TestIdempotencyContract(t *testing.T) {
 				expire("exp-1")
 
 				second := f.start(idemBody, idemKey("exp-1")...)
-				require.Equal(t, http.StatusCreated, second.Status, "body %s", second.Body)
-				require.Empty(t, second.Header.Get(idempotency.HeaderReplayed))
+				requireExecuted(t, second)
 				run2 := idemRunID(t, second)
 				require.NotEqual(t, run1, run2, "a second run")
 
@@ -560,8 +563,7 @@ func TestIdempotencyContract(t *testing.T) {
 				// An expired key with another body is new too, not 422.
 				expire("exp-1")
 				third := f.start(idemBodyB, idemKey("exp-1")...)
-				require.Equal(t, http.StatusCreated, third.Status, "body %s", third.Body)
-				require.Empty(t, third.Header.Get(idempotency.HeaderReplayed))
+				requireExecuted(t, third)
 				require.Equal(t, idemCounts{Runs: 3, Usage: 3, Audits: 3, Staged: 3, Keys: 1}, f.counts(t, f.org.ID))
 			},
 		},
@@ -575,8 +577,7 @@ func TestIdempotencyContract(t *testing.T) {
 				a := f.start(idemBody, idemKey("shared")...)
 				require.Equal(t, http.StatusCreated, a.Status, "body %s", a.Body)
 				b := f.e.Do(http.MethodPost, idemStartPath(wfB), orgB.Token, idemBody, idemKey("shared")...)
-				require.Equal(t, http.StatusCreated, b.Status, "body %s", b.Body)
-				require.Empty(t, b.Header.Get(idempotency.HeaderReplayed), "not org A's answer")
+				requireExecuted(t, b, "not org A's answer")
 				require.NotEqual(t, idemRunID(t, a), idemRunID(t, b), "two runs")
 
 				requireReplay(t, a, f.start(idemBody, idemKey("shared")...), a.Header.Get("X-Request-Id"))
@@ -594,8 +595,7 @@ func TestIdempotencyContract(t *testing.T) {
 
 				// The same key on the create endpoint is another scope.
 				c := f.e.Do(http.MethodPost, "/api/workflows/", f.org.Token, `{"name":"made with shared"}`, idemKey("shared")...)
-				require.Equal(t, http.StatusCreated, c.Status, "body %s", c.Body)
-				require.Empty(t, c.Header.Get(idempotency.HeaderReplayed))
+				requireExecuted(t, c)
 				require.Equal(t, "made with shared", c.Map(t)["name"])
 				requireReplay(t, c, f.e.Do(http.MethodPost, "/api/workflows/", f.org.Token, `{"name":"made with shared"}`, idemKey("shared")...), c.Header.Get("X-Request-Id"))
 				require.EqualValues(t, 1, idemCount(t, f.e, `SELECT count(*) FROM workflows WHERE name = 'made with shared'`))
@@ -655,8 +655,7 @@ func TestIdempotencyContract(t *testing.T) {
 				}
 				// The key was never consumed.
 				r := f.start(idemBody, idemKey("pre-1")...)
-				require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
-				require.Empty(t, r.Header.Get(idempotency.HeaderReplayed))
+				requireExecuted(t, r)
 			},
 		},
 		{
