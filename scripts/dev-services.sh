@@ -136,6 +136,17 @@ pg_state() {
 	return 2
 }
 
+# give_up SERVICE ADDR [LOG]: the service did not answer in time; show the
+# end of its log, if any, and stop.
+give_up() {
+	printf '%s: error: %s at %s did not answer within %ss\n' "$PROG" "$1" "$2" "$TIMEOUT" >&2
+	if [ -n "${3:-}" ] && [ -r "$3" ]; then
+		printf '%s: last lines of %s:\n' "$PROG" "$3" >&2
+		tail -n 20 "$3" >&2
+	fi
+	exit 1
+}
+
 # wait_pg HOST PORT [LOGFILE]
 wait_pg() {
 	local deadline=$((SECONDS + TIMEOUT)) rc
@@ -143,14 +154,7 @@ wait_pg() {
 		rc=0
 		pg_state "$1" "$2" || rc=$?
 		[ "$rc" -eq 0 ] && return 0
-		if [ "$SECONDS" -ge "$deadline" ]; then
-			printf '%s: error: PostgreSQL at %s did not answer within %ss\n' "$PROG" "$(hostport "$1" "$2")" "$TIMEOUT" >&2
-			if [ -n "${3:-}" ] && [ -r "$3" ]; then
-				printf '%s: last lines of %s:\n' "$PROG" "$3" >&2
-				tail -n 20 "$3" >&2
-			fi
-			exit 1
-		fi
+		[ "$SECONDS" -ge "$deadline" ] && give_up PostgreSQL "$(hostport "$1" "$2")" "${3:-}"
 		sleep 0.3
 	done
 }
@@ -424,14 +428,7 @@ wait_redis() {
 		"" | LOADING* | *"-LOADING"*) ;;
 		*) die "Redis at $(hostport "$1" "$2") answered '$reply' to PING (check REDIS_URL credentials)" ;;
 		esac
-		if [ "$SECONDS" -ge "$deadline" ]; then
-			printf '%s: error: Redis at %s did not answer within %ss\n' "$PROG" "$(hostport "$1" "$2")" "$TIMEOUT" >&2
-			if [ -n "${5:-}" ] && [ -r "$5" ]; then
-				printf '%s: last lines of %s:\n' "$PROG" "$5" >&2
-				tail -n 20 "$5" >&2
-			fi
-			exit 1
-		fi
+		[ "$SECONDS" -ge "$deadline" ] && give_up Redis "$(hostport "$1" "$2")" "${5:-}"
 		sleep 0.2
 	done
 }
