@@ -589,7 +589,9 @@ main_start() {
 # Serialise concurrent runs (parallel `make test`s) so only one of them starts a server.
 # Daemons started while it is held get "9>&-" so that they do not inherit the lock.
 lock() {
-	if have flock && mkdir -p "$DEV_DIR" 2>/dev/null && exec 9>>"$DEV_DIR/.lock" 2>/dev/null; then
+	# The braces keep 2>/dev/null for the exec alone: on exec itself it would
+	# silence every later error message of the script.
+	if have flock && mkdir -p "$DEV_DIR" 2>/dev/null && { exec 9>>"$DEV_DIR/.lock"; } 2>/dev/null; then
 		flock -w 120 9 || die "another dev-services.sh run holds $DEV_DIR/.lock"
 	fi
 }
