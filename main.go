@@ -53,6 +53,15 @@ type exitError struct{ msg string }
 
 func (e *exitError) Error() string { return e.msg }
 
+// exitCoder is an error that chooses the process's exit code (the default
+// for an error is 1). A command whose outcome is more than success or
+// failure, such as `valruns start` (3: the run failed, 4: it ended in
+// error), returns one.
+type exitCoder interface {
+	error
+	ExitCode() int
+}
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, usage)
@@ -80,6 +89,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		fmt.Fprintf(stderr, "valruns %s: %v\n", args[0], err)
+		if ec, ok := errors.AsType[exitCoder](err); ok {
+			return ec.ExitCode()
+		}
 		return 1
 	}
 	return 0

@@ -41,6 +41,10 @@ var (
 	ErrInvalidSubmission = errors.New("validate: submission is not valid JSON")
 	// ErrInvalidMetadata is returned by Run when metadata is neither empty, null nor a JSON object.
 	ErrInvalidMetadata = errors.New("validate: metadata is not a JSON object")
+	// ErrLimitExceeded is wrapped by the error Run returns when validating one submission
+	// went past a limit of time, work or memory (the error says which). Retrying the same
+	// submission cannot succeed: the worker ends the run in status error with that reason.
+	ErrLimitExceeded = errors.New("validate: limit exceeded")
 )
 
 // Assertion is one CEL rule of a workflow, as the API receives and stores it.
