@@ -5,11 +5,14 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +25,7 @@ import (
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/internal/proctest"
 	"github.com/valruns/valruns/internal/testdb"
+	"github.com/valruns/valruns/migrations"
 	"github.com/valruns/valruns/models"
 )
 
@@ -121,33 +125,44 @@ func TestUsage(t *testing.T) {
 
 func TestMigrateUpStatusDown(t *testing.T) {
 	emptyDB(t)
+	files, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	sort.Strings(files)
+	last := files[len(files)-1]
 
 	r := runCLI(t, "migrate", "status")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `0001_init\.sql\s+pending`, r.stdout)
+	for _, f := range files {
+		require.Regexp(t, regexp.QuoteMeta(f)+`\s+pending`, r.stdout)
+	}
 
 	r = runCLI(t, "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "applied 0001_init.sql")
-	require.Contains(t, r.stdout, "database at version 1")
+	for _, f := range files {
+		require.Contains(t, r.stdout, "applied "+f)
+	}
+	require.Contains(t, r.stdout, fmt.Sprintf("database at version %d", len(files)))
 
 	r = runCLI(t, "migrate", "status")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `0001_init\.sql\s+applied \d{4}-\d\d-\d\dT`, r.stdout)
+	for _, f := range files {
+		require.Regexp(t, regexp.QuoteMeta(f)+`\s+applied \d{4}-\d\d-\d\dT`, r.stdout)
+	}
 	require.NotContains(t, r.stdout, "pending")
 
 	r = runCLI(t, "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.NotContains(t, r.stdout, "applied 0001", "up twice applies nothing the second time")
-	require.Contains(t, r.stdout, "database at version 1")
+	require.NotContains(t, r.stdout, "applied 0", "up twice applies nothing the second time")
+	require.Contains(t, r.stdout, fmt.Sprintf("database at version %d", len(files)))
 
 	r = runCLI(t, "migrate", "down")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "rolled back 0001_init.sql")
+	require.Contains(t, r.stdout, "rolled back "+last)
 
 	r = runCLI(t, "migrate", "status")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `0001_init\.sql\s+pending`, r.stdout)
+	require.Regexp(t, regexp.QuoteMeta(last)+`\s+pending`, r.stdout)
+	require.Regexp(t, regexp.QuoteMeta(files[0])+`\s+applied`, r.stdout)
 
 	r = runCLI(t, "migrate", "sideways")
 	require.Equal(t, 1, r.code)

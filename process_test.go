@@ -176,7 +176,7 @@ func (f *procFixture) counts(t *testing.T) procCounts {
 	t.Helper()
 	return procCounts{
 		Runs:   f.count(t, `SELECT count(*) FROM validation_runs`),
-		Usage:  f.count(t, `SELECT coalesce(sum(runs), 0) FROM usage_counters`),
+		Usage:  f.count(t, `SELECT coalesce(sum(runs), 0) FROM usage_slots`),
 		Staged: f.count(t, `SELECT count(*) FROM staged_jobs`),
 		Keys:   f.count(t, `SELECT count(*) FROM idempotency_keys WHERE endpoint = 'workflow_start'`),
 	}
@@ -256,11 +256,11 @@ func procCrash(t *testing.T, bin string) {
 
 	r, err := procPost(ctx, http.DefaultClient, a, path, f.token, "", procBody)
 	require.NoError(t, err)
-	require.Equal(t, http.StatusCreated, r.Status, "a prior run creates the usage row: %s", r.Body)
+	require.Equal(t, http.StatusCreated, r.Status, "a prior run creates the usage slots: %s", r.Body)
 	before := f.counts(t)
 	require.Equal(t, procCounts{Runs: 1, Usage: 1, Staged: 1, Keys: 0}, before)
 
-	// Hold the usage counter row, so A's start blocks inside its transaction
+	// Hold every usage slot, so A's start blocks inside its transaction
 	// with the key's advisory lock taken.
 	lockDB, err := sql.Open("pgx", f.url)
 	require.NoError(t, err)
@@ -268,8 +268,9 @@ func procCrash(t *testing.T, bin string) {
 	lockTx, err := lockDB.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lockTx.Rollback() })
-	var runs int64
-	require.NoError(t, lockTx.QueryRow(`SELECT runs FROM usage_counters WHERE org_id = $1 FOR UPDATE`, f.org).Scan(&runs))
+	var slots int
+	require.NoError(t, lockTx.QueryRow(`SELECT count(*) FROM (SELECT 1 FROM usage_slots WHERE org_id = $1 FOR UPDATE) s`, f.org).Scan(&slots))
+	require.Equal(t, models.UsageSlots, slots, "the prior start created the usage slots")
 
 	errc := make(chan error, 1)
 	go func() {
@@ -289,8 +290,10 @@ func procCrash(t *testing.T, bin string) {
 			waiter = pids[0]
 		}
 		return waiter != 0
-	}, "process A's request waiting on the usage row")
-	require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = ?`, waiter),
+	}, "process A's request waiting for a usage slot")
+	// objsubid 1: the bigint form, the keys' lock space (the usage slots'
+	// slow path holds a two-int lock besides while it waits).
+	require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND pid = ?`, waiter),
 		"A holds the key's advisory lock")
 
 	a.kill() // SIGKILL: no shutdown, no rollback sent by the process

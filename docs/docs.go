@@ -245,6 +245,79 @@ const docTemplate = `{
                 }
             }
         },
+        "/api/usage": {
+            "get": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "The organisation's runs this calendar month (UTC) and its monthly quota: what it is billed. Every run counts once, however often its start was retried; a start past the quota is answered 429 ` + "`" + `quota_exceeded` + "`" + ` and counts nothing. A quota just changed by an operator applies to starts within ` + "`" + `AUTH_CACHE_TTL` + "`" + `.",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "usage"
+                ],
+                "summary": "Usage this month",
+                "operationId": "getUsage",
+                "responses": {
+                    "200": {
+                        "description": "This month's usage.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.Usage"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: codes unauthenticated or invalid_token.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=valruns"
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "internal_error.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "unavailable: authentication could not be checked; retry shortly.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    }
+                }
+            }
+        },
         "/api/workflows/": {
             "get": {
                 "security": [
@@ -1787,6 +1860,45 @@ const docTemplate = `{
                 "status": {
                     "type": "string",
                     "example": "ok"
+                }
+            }
+        },
+        "handlers.Usage": {
+            "type": "object",
+            "properties": {
+                "period": {
+                    "description": "Period is the calendar month (UTC) counted, as YYYY-MM.",
+                    "type": "string",
+                    "example": "2026-11"
+                },
+                "period_end": {
+                    "type": "string",
+                    "example": "2026-12-01T00:00:00Z"
+                },
+                "period_start": {
+                    "description": "PeriodStart and PeriodEnd bound the period: [start, end).",
+                    "type": "string",
+                    "example": "2026-11-01T00:00:00Z"
+                },
+                "quota": {
+                    "description": "Quota is the monthly run quota; 0 means unlimited.",
+                    "type": "integer",
+                    "example": 1000
+                },
+                "remaining": {
+                    "description": "Remaining is how many runs can still start this period; absent when unlimited.",
+                    "type": "integer",
+                    "example": 958
+                },
+                "runs": {
+                    "description": "Runs started this period: each counted once, however often its start was retried.",
+                    "type": "integer",
+                    "example": 42
+                },
+                "unlimited": {
+                    "description": "Unlimited is true when the organisation has no quota.",
+                    "type": "boolean",
+                    "example": false
                 }
             }
         },

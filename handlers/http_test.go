@@ -169,7 +169,7 @@ func TestBodyTooLarge(t *testing.T) {
 		require.Equal(t, before, e.Count("workflows", ""), "no workflow stored")
 		require.Zero(t, e.Count("validation_runs", ""), "no run stored")
 		require.Zero(t, e.Count("idempotency_keys", ""), "no idempotency key stored")
-		require.Zero(t, e.Count("usage_counters", ""), "nothing billed")
+		require.Zero(t, e.Count("usage_slots", "runs > 0"), "nothing billed")
 	})
 
 	t.Run("exactly the limit is accepted", func(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"github.com/valruns/valruns/handlers"
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
 
@@ -212,6 +213,62 @@ func TestStartStormQuota(t *testing.T) {
 	require.EqualValues(t, 30, idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys WHERE response_status = 429`))
 }
 
+// The quota is exact under concurrency: quota Q and 3Q concurrent starts
+// with distinct keys over 64 database connections give exactly Q answers
+// of 201 and 2Q of 429 quota_exceeded, and usage equals Q. Then the quota
+// is raised (the slots are rebalanced for the new quota) and exactly the
+// difference is admitted; then lowered below what was used, and nothing is.
+func TestQuotaExactUnder64Connections(t *testing.T) {
+	t.Parallel()
+	const q = 100
+	// No token cache: a quota set below applies to the next request.
+	f := &idemFixture{e: apitest.New(t, apitest.Options{MaxOpenConns: 64, Config: func(c *config.Config) { c.AuthCacheTTL = 0 }})}
+	f.org = f.e.NewOrg("acme")
+	f.wf = f.e.NewWorkflow(f.org, idemWorkflowBody)
+	setQuota := func(n int64) {
+		require.NoError(t, models.NewOrgStore(f.e.DB).SetQuota(context.Background(), f.org.ID, &n))
+	}
+	srv := f.e.Server()
+	storm := func(round string, n int) map[int]int {
+		answers := idemStorm(t, srv, n, func(i int) (string, string, string, string) {
+			return idemStartPath(f.wf), f.org.Token, fmt.Sprintf("%s-%d", round, i), idemBody
+		})
+		for _, a := range answers {
+			require.NoError(t, a.Err)
+			if a.Status == http.StatusTooManyRequests {
+				require.Equal(t, "quota_exceeded", a.Code)
+			}
+		}
+		return idemTally(answers)
+	}
+
+	setQuota(q)
+	require.Equal(t, map[int]int{201: q, 429: 2 * q}, storm("first", 3*q))
+	require.Equal(t, idemCounts{Runs: q, Usage: q, Audits: q, Staged: q, Keys: 3 * q}, f.counts(t, f.org.ID))
+
+	setQuota(q + 30)
+	require.Equal(t, map[int]int{201: 30, 429: 90}, storm("raised", 120))
+	require.Equal(t, idemCounts{Runs: q + 30, Usage: q + 30, Audits: q + 30, Staged: q + 30, Keys: 3*q + 120}, f.counts(t, f.org.ID))
+
+	setQuota(q / 2)
+	require.Equal(t, map[int]int{429: 40}, storm("lowered", 40))
+	require.EqualValues(t, q+30, f.counts(t, f.org.ID).Usage, "lowering the quota keeps what was used")
+
+	r := f.e.Do(http.MethodGet, "/api/usage", f.org.Token, nil)
+	require.Equal(t, http.StatusOK, r.Status, "body %s", r.Body)
+	var u struct {
+		Runs, Quota int64
+		Remaining   *int64
+		Unlimited   bool
+	}
+	r.JSON(t, &u)
+	require.EqualValues(t, q+30, u.Runs)
+	require.EqualValues(t, q/2, u.Quota)
+	require.False(t, u.Unlimited)
+	require.NotNil(t, u.Remaining)
+	require.Zero(t, *u.Remaining)
+}
+
 // idemScenarioTxTimeout: a request whose transaction outlives
 // IDEMPOTENCY_TX_TIMEOUT (blocked on the usage counter row the test holds)
 // answers 503 request_timeout and commits nothing; once the row is free the
@@ -219,7 +276,7 @@ func TestStartStormQuota(t *testing.T) {
 func idemScenarioTxTimeout(t *testing.T) {
 	t.Parallel()
 	f := newIdemFixture(t, func(c *config.Config) { c.IdempotencyTxTimeout = 300 * time.Millisecond })
-	require.Equal(t, http.StatusCreated, f.start(idemBody).Status, "a prior run creates the usage row")
+	require.Equal(t, http.StatusCreated, f.start(idemBody).Status, "a prior run creates the usage slots")
 	release := idemLockUsage(t, f.e, f.org.ID)
 
 	r := f.start(idemBody, idemKey("timeout-1")...)
@@ -242,7 +299,7 @@ func idemScenarioTxTimeout(t *testing.T) {
 func idemScenarioClientHangUp(t *testing.T) {
 	t.Parallel()
 	f := newIdemFixture(t, nil)
-	require.Equal(t, http.StatusCreated, f.start(idemBody).Status, "a prior run creates the usage row")
+	require.Equal(t, http.StatusCreated, f.start(idemBody).Status, "a prior run creates the usage slots")
 	release := idemLockUsage(t, f.e, f.org.ID)
 
 	// The server tells when the request's context is cancelled.

@@ -83,7 +83,7 @@ func (f *idemFixture) counts(t *testing.T, orgID string) idemCounts {
 	t.Helper()
 	return idemCounts{
 		Runs:   idemCount(t, f.e, `SELECT count(*) FROM validation_runs WHERE org_id = ?`, orgID),
-		Usage:  idemCount(t, f.e, `SELECT coalesce(sum(runs), 0) FROM usage_counters WHERE org_id = ?`, orgID),
+		Usage:  idemCount(t, f.e, `SELECT coalesce(sum(runs), 0) FROM usage_slots WHERE org_id = ?`, orgID),
 		Audits: idemCount(t, f.e, `SELECT count(*) FROM audit_records WHERE org_id = ? AND action = 'validation_run.start'`, orgID),
 		Staged: idemCount(t, f.e, `SELECT count(*) FROM staged_jobs WHERE job_args->>'run_id' IN
 			(SELECT id::text FROM validation_runs WHERE org_id = ?)`, orgID),
@@ -143,9 +143,10 @@ func requireReplay(t *testing.T, first, r apitest.Response, originalRequestID st
 	require.NotEqual(t, originalRequestID, r.Header.Get("X-Request-Id"), "the replay has its own request id")
 }
 
-// idemLockUsage locks the organisation's usage counter row from a connection
-// of its own, in an open transaction, until release (also at cleanup). A start
-// then blocks inside its transaction on its last statement.
+// idemLockUsage locks every usage slot of the organisation (a prior start
+// created them) from a connection of its own, in an open transaction, until
+// release (also at cleanup). A start then finds no free slot and blocks
+// inside its transaction, waiting for one.
 func idemLockUsage(t *testing.T, e *apitest.Env, orgID string) (release func()) {
 	t.Helper()
 	db, err := sql.Open("pgx", e.DBURL)
@@ -153,8 +154,9 @@ func idemLockUsage(t *testing.T, e *apitest.Env, orgID string) (release func()) 
 	t.Cleanup(func() { _ = db.Close() })
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	var runs int64
-	require.NoError(t, tx.QueryRow(`SELECT runs FROM usage_counters WHERE org_id = $1 FOR UPDATE`, orgID).Scan(&runs))
+	var slots int
+	require.NoError(t, tx.QueryRow(`SELECT count(*) FROM (SELECT 1 FROM usage_slots WHERE org_id = $1 FOR UPDATE) s`, orgID).Scan(&slots))
+	require.Equal(t, models.UsageSlots, slots, "a prior start created the usage slots")
 	var once sync.Once
 	release = func() { once.Do(func() { _ = tx.Rollback() }) }
 	t.Cleanup(release)

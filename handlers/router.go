@@ -34,6 +34,9 @@ type Deps struct {
 	Registry *prometheus.Registry
 	// Ready, when set, is checked by /readyz besides the database.
 	Ready func(context.Context) error
+	// WakeLocal, when set, wakes a staged-job enqueuer running in this
+	// process as soon as a start commits (serve --worker).
+	WakeLocal func()
 }
 
 // New builds the HTTP handler of the API: the router behind a trailing-slash
@@ -69,7 +72,9 @@ func NewRouter(d Deps) *gin.Engine {
 
 	orgs := models.NewTokenStore(d.DB)
 	wf := &workflowHandlers{workflows: models.NewWorkflowStore(d.DB)}
-	runs := &runHandlers{runs: models.NewRunStore(d.DB), workflows: wf.workflows, defaultQuota: d.Config.DefaultMonthlyRunQuota}
+	runs := &runHandlers{runs: models.NewRunStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota,
+		waker: models.NewJobWaker(d.DB, 0, d.WakeLocal, d.Log)}
+	usage := &usageHandlers{usage: models.NewUsageStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota}
 	idem := idempotency.New(d.DB, models.NewKeyStore(d.DB), idempotency.Config{
 		TTL:         d.Config.IdempotencyTTL,
 		TxTimeout:   d.Config.IdempotencyTxTimeout,
@@ -93,6 +98,7 @@ func NewRouter(d Deps) *gin.Engine {
 	api.POST("/workflows/:id/start", idem.Wrap(ScopeWorkflowStart, runs.start))
 	api.GET("/runs", runs.list)
 	api.GET("/runs/:id", runs.get)
+	api.GET("/usage", usage.get)
 	return r
 }
 

@@ -17,8 +17,8 @@ import (
 
 type runHandlers struct {
 	runs         *models.RunStore
-	workflows    *models.WorkflowStore
 	defaultQuota int64
+	waker        *models.JobWaker
 }
 
 // StartRunRequest is the body of POST /api/workflows/{id}/start/.
@@ -133,13 +133,6 @@ func (h *runHandlers) start(tx *gorm.DB, req idempotency.Request) (idempotency.R
 	if !validID(wfID) {
 		return idempotency.Problem(req, notFound("Workflow")), nil
 	}
-	ok, err := h.workflows.Exists(tx, p.OrgID, wfID)
-	if err != nil {
-		return idempotency.Response{}, err
-	}
-	if !ok {
-		return idempotency.Problem(req, notFound("Workflow")), nil
-	}
 	quota := h.defaultQuota
 	if p.MonthlyRunQuota != nil {
 		quota = *p.MonthlyRunQuota
@@ -149,17 +142,23 @@ func (h *runHandlers) start(tx *gorm.DB, req idempotency.Request) (idempotency.R
 		IdempotencyKeyID: req.KeyID, Quota: quota, TokenID: p.TokenID, RequestID: req.RequestID,
 		JobName: models.RunJobName, TaskIDPrefix: models.RunTaskIDPrefix, Now: time.Now(),
 	})
-	if errors.Is(err, models.ErrQuotaExceeded) {
+	switch {
+	case errors.Is(err, models.ErrNotFound):
+		return idempotency.Problem(req, notFound("Workflow")), nil
+	case errors.Is(err, models.ErrQuotaExceeded):
 		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, "quota_exceeded",
 			fmt.Sprintf("The organisation has used its monthly quota of %d runs.", quota))), nil
-	}
-	if err != nil {
+	case err != nil:
 		return idempotency.Response{}, err
 	}
 	resp, err := idempotency.JSON(http.StatusCreated, runOf(run))
+	if err != nil {
+		return idempotency.Response{}, err
+	}
 	resp.Header.Set("Location", "/api/runs/"+run.ID+"/")
 	resp.ValidationRunID = run.ID
-	return resp, err
+	resp.AfterCommit = h.waker.Wake // the enqueuers move the staged job to the queue
+	return resp, nil
 }
 
 // get godoc

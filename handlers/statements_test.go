@@ -17,37 +17,63 @@ import (
 	"github.com/valruns/valruns/internal/apitest"
 )
 
-// idemTracer records every statement pgx sends on the API's pool.
+// idemTracer records every statement pgx sends on the API's pool, and the
+// round trips they take: a statement on its own is one, a batch of
+// statements sent together is one.
 type idemTracer struct {
-	mu   sync.Mutex
-	sqls []string
+	mu         sync.Mutex
+	sqls       []string
+	roundTrips int
 }
 
 func (tr *idemTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "pg_notify") {
+		// The JobWaker's NOTIFY: after a start's commit, outside its
+		// transaction, at most one per models.WakeInterval per process, and
+		// sent asynchronously (it may land in the next request's count).
+		return ctx
+	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	tr.sqls = append(tr.sqls, data.SQL)
+	tr.roundTrips++
 	return ctx
 }
 
 func (tr *idemTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+func (tr *idemTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.roundTrips++
+	return ctx
+}
+
+func (tr *idemTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.sqls = append(tr.sqls, data.SQL)
+}
+
+func (tr *idemTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 func (tr *idemTracer) reset() {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	tr.sqls = nil
+	tr.roundTrips = 0
 }
 
-// idemStmtCount is what one request cost in statements.
+// idemStmtCount is what one request cost in statements and round trips.
 type idemStmtCount struct {
-	Statements, Begins, Commits, Rollbacks int
-	SQL                                    []string
+	Statements, RoundTrips, Begins, Commits, Rollbacks int
+	SQL                                                []string
 }
 
 func (tr *idemTracer) take() idemStmtCount {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	c := idemStmtCount{Statements: len(tr.sqls), SQL: tr.sqls}
+	c := idemStmtCount{Statements: len(tr.sqls), RoundTrips: tr.roundTrips, SQL: tr.sqls}
 	for _, q := range tr.sqls {
 		switch w := strings.ToLower(strings.Fields(q + " x")[0]); {
 		case w == "begin" || strings.HasPrefix(w, "start"):
@@ -59,6 +85,7 @@ func (tr *idemTracer) take() idemStmtCount {
 		}
 	}
 	tr.sqls = nil
+	tr.roundTrips = 0
 	return c
 }
 
@@ -94,12 +121,15 @@ func TestStatementsPerRequest(t *testing.T) {
 		send       func() apitest.Response
 		status     int
 		maxStmts   int // 0: no limit
+		maxTrips   int // 0: no limit
 		maxBegins  int
 		maxCommits int
 	}{
-		{name: "no-key start", status: 201, maxBegins: 1, maxCommits: 1,
+		// BEGIN with the statement timeout; the start; COMMIT.
+		{name: "no-key start", status: 201, maxTrips: 3, maxBegins: 1, maxCommits: 1,
 			send: func() apitest.Response { return start(idemBody) }},
-		{name: "new-key start", status: 201, maxBegins: 1, maxCommits: 1,
+		// The key lookup; BEGIN with the timeout and the lock; the start; the key row with COMMIT.
+		{name: "new-key start", status: 201, maxTrips: 4, maxBegins: 1, maxCommits: 1,
 			send: func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
 		{name: "replay", status: 201, maxStmts: 1,
 			send: func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
@@ -129,6 +159,9 @@ func TestStatementsPerRequest(t *testing.T) {
 				require.LessOrEqual(t, c.Statements, tc.maxStmts, "statements: %q", c.SQL)
 				require.Zero(t, c.Begins, "no transaction")
 			}
+			if tc.maxTrips > 0 {
+				require.LessOrEqual(t, c.RoundTrips, tc.maxTrips, "round trips: %q", c.SQL)
+			}
 			if tc.maxBegins > 0 {
 				require.LessOrEqual(t, c.Begins, tc.maxBegins, "transactions: %q", c.SQL)
 			}
@@ -139,16 +172,17 @@ func TestStatementsPerRequest(t *testing.T) {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-20s %10s %6s %7s %9s\n", "request", "statements", "begins", "commits", "rollbacks")
+	fmt.Fprintf(&b, "\n%-20s %10s %11s %6s %7s %9s\n", "request", "statements", "round trips", "begins", "commits", "rollbacks")
 	for i, tc := range cases {
 		c := results[i]
-		fmt.Fprintf(&b, "%-20s %10d %6d %7d %9d\n", tc.name, c.Statements, c.Begins, c.Commits, c.Rollbacks)
+		fmt.Fprintf(&b, "%-20s %10d %11d %6d %7d %9d\n", tc.name, c.Statements, c.RoundTrips, c.Begins, c.Commits, c.Rollbacks)
 	}
 	t.Log(b.String())
 	noKey, newKey := results[0], results[1]
-	t.Logf("a new key costs %d statements more than no key, %d more commits",
-		newKey.Statements-noKey.Statements, newKey.Commits-noKey.Commits)
+	t.Logf("a new key costs %d statements and %d round trips more than no key, %d more commits",
+		newKey.Statements-noKey.Statements, newKey.RoundTrips-noKey.RoundTrips, newKey.Commits-noKey.Commits)
 	require.Equal(t, noKey.Commits, newKey.Commits, "a key adds no commit")
+	require.LessOrEqual(t, newKey.RoundTrips-noKey.RoundTrips, 1, "a key adds at most one round trip: the lookup")
 	for i, q := range newKey.SQL {
 		t.Logf("new-key start, statement %d: %s", i+1, idemSpaces.ReplaceAllString(strings.TrimSpace(q), " "))
 	}

@@ -123,8 +123,11 @@ func (h *workflowHandlers) create(tx *gorm.DB, req idempotency.Request) (idempot
 		return idempotency.Response{}, err
 	}
 	resp, err := idempotency.JSON(http.StatusCreated, workflowOf(w))
+	if err != nil {
+		return idempotency.Response{}, err
+	}
 	resp.Header.Set("Location", "/api/workflows/"+w.ID+"/")
-	return resp, err
+	return resp, nil
 }
 
 // list godoc

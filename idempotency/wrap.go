@@ -82,6 +82,10 @@ type Response struct {
 	Header http.Header
 	// ValidationRunID, when set, is stored on the key row (validation_run_id).
 	ValidationRunID string
+	// AfterCommit, when set, is called once the answer has committed (never
+	// for a replay, a rollback or a 5xx): work that must not happen inside
+	// the transaction, such as waking a consumer of what it staged.
+	AfterCommit func()
 }
 
 // JSON builds a Response with v encoded as application/json.
@@ -227,11 +231,10 @@ func (k *call) serve(h Handler) {
 	// deadline: a client that hangs up still gets its answer stored.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.c.Request.Context()), k.w.cfg.TxTimeout+txGrace)
 	defer cancel()
-	db := k.w.db.WithContext(ctx)
 
 	if k.key == "" {
 		k.outcome = OutcomeNoKey
-		k.execute(db, h)
+		k.execute(ctx, h)
 		return
 	}
 
@@ -239,7 +242,7 @@ func (k *call) serve(h Handler) {
 	// exists once its request has finished, so any live row is an answer;
 	// and with none, a request in flight (seen in pg_locks by the same
 	// statement) is a 409 at once.
-	stored, err := k.w.keys.Lookup(db, k.tenant, k.scope, k.key)
+	stored, err := k.w.keys.Lookup(k.w.db.WithContext(ctx), k.tenant, k.scope, k.key)
 	switch {
 	case err != nil:
 		k.fail(err)
@@ -255,117 +258,89 @@ func (k *call) serve(h Handler) {
 	if stored.Found() {
 		k.outcome = OutcomeExpiredReused
 	}
-	k.execute(db, h)
+	k.execute(ctx, h)
 }
 
 // execute runs the handler in the request's one transaction. With a key it
 // first takes the key's advisory lock (not granted: 409) and ends by saving
-// the key row with the answer.
-func (k *call) execute(db *gorm.DB, h Handler) {
+// the key row with the answer, in the round trip of the COMMIT.
+func (k *call) execute(ctx context.Context, h Handler) {
 	req := Request{Gin: k.c, Body: k.body, RequestID: k.requestID}
+	var lockID *int64
 	if k.key != "" {
 		req.KeyID = uuid.NewString()
+		id := models.LockID(k.tenant, k.scope, k.key)
+		lockID = &id
 	}
-	var (
-		resp     Response
-		inFlight bool
-		finished bool // someone else finished the key meanwhile: replay theirs
-		failed   bool // the handler answered 5xx: rolled back, passed on, not stored
-	)
-	err := k.transaction(db, func(tx *gorm.DB) error {
-		if k.key != "" {
-			ok, err := k.w.keys.TryLock(tx, models.LockID(k.tenant, k.scope, k.key))
-			if err != nil {
-				return err
-			}
-			if !ok {
-				inFlight = true
-				return errRollback
-			}
-		}
-		var err error
-		resp, err = h(tx, req)
-		if err != nil {
-			return err
-		}
-		if resp.Status >= 500 {
-			failed = true
-			return errRollback
-		}
-		if resp.Status < 200 {
-			return fmt.Errorf("handler answered %d", resp.Status)
-		}
-		if k.key == "" {
-			return nil
-		}
-		saved, err := k.w.keys.Save(tx, k.keyRow(req.KeyID, resp), k.w.cfg.TTL)
-		if err != nil {
-			return err
-		}
-		if !saved {
-			// A request holding the lock before us committed this key after
-			// our fast-path read: undo our work and answer with theirs.
-			finished = true
-			return errRollback
-		}
-		return nil
-	})
+	tx, locked, err := models.BeginRequest(ctx, k.w.db, k.w.cfg.TxTimeout, lockID)
 	switch {
-	case inFlight:
+	case err != nil:
+		k.fail(err)
+		return
+	case !locked:
 		k.inProgress()
-	case finished:
-		stored, err := k.w.keys.Lookup(db, k.tenant, k.scope, k.key)
+		return
+	}
+	defer tx.Rollback() // after a commit, nothing to do
+
+	resp, err := k.handle(tx.DB(), h, req)
+	switch {
+	case err != nil:
+		k.fail(err)
+		return
+	case resp.Status >= 500:
+		// Rolled back, passed on, not stored: a retry executes afresh.
+		tx.Rollback()
+		k.outcome = OutcomeError
+		k.write(resp.Status, resp.Header, resp.Body)
+		return
+	case resp.Status < 200:
+		k.fail(fmt.Errorf("handler answered %d", resp.Status))
+		return
+	}
+	if k.key == "" {
+		err = tx.Commit(ctx)
+	} else {
+		err = tx.CommitWithKey(ctx, k.keyRow(req.KeyID, resp), k.w.cfg.TTL)
+	}
+	if errors.Is(err, models.ErrConflict) {
+		// A request holding the lock before us committed this key after
+		// our fast-path read: our work is rolled back; answer with theirs.
+		stored, err := k.w.keys.Lookup(k.w.db.WithContext(ctx), k.tenant, k.scope, k.key)
 		if err != nil {
 			k.fail(err)
 			return
 		}
 		k.replay(stored)
-	case err != nil:
-		k.fail(err)
-	case failed:
-		k.outcome = OutcomeError
-		k.write(resp.Status, resp.Header, resp.Body)
-	default:
-		k.write(resp.Status, resp.Header, resp.Body)
+		return
 	}
+	if err != nil {
+		k.fail(err)
+		return
+	}
+	if resp.AfterCommit != nil {
+		resp.AfterCommit()
+	}
+	k.write(resp.Status, resp.Header, resp.Body)
 }
 
-// txGrace lets the database's statement_timeout (equal to TxTimeout) fire
-// before the context deadline does: a statement cancelled by the server
-// leaves a connection that can roll back at once, while one cancelled by the
-// client is abandoned and its backend holds the key's lock until it notices.
-const txGrace = 2 * time.Second
-
-// errRollback ends a transaction without it being an error.
-var errRollback = errors.New("rollback")
-
-// transaction runs fn in a transaction on db: commit when fn returns nil,
-// rollback on an error or a panic (the panic is answered as an error).
-func (k *call) transaction(db *gorm.DB, fn func(tx *gorm.DB) error) (err error) {
-	tx := db.Begin()
-	if tx.Error != nil {
-		return fmt.Errorf("begin: %w", tx.Error)
-	}
+// handle runs the handler on tx; a panic is an error (logged with its stack).
+func (k *call) handle(tx *gorm.DB, h Handler, req Request) (resp Response, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			tx.Rollback()
-			k.w.cfg.Log.ErrorContext(db.Statement.Context, "panic in idempotent handler",
+			k.w.cfg.Log.ErrorContext(tx.Statement.Context, "panic in idempotent handler",
 				"scope", k.scope, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = fmt.Errorf("panic: %v", p)
 		}
 	}()
-	if err = fn(tx); err != nil {
-		tx.Rollback()
-		if errors.Is(err, errRollback) {
-			return nil
-		}
-		return err
-	}
-	if err := tx.Commit().Error; err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
+	return h(tx, req)
 }
+
+// txGrace lets the transaction's statement_timeout (equal to TxTimeout) fire
+// before the context deadline does: a statement cancelled by the server
+// leaves a connection that can roll back at once, while one cancelled by the
+// client is abandoned and its backend holds the key's lock until it notices.
+const txGrace = 2 * time.Second
 
 func (k *call) keyRow(id string, resp Response) *models.IdempotencyKey {
 	headers := map[string]string{}

@@ -530,14 +530,11 @@ func TestWrapLostInsertRaceReplaysWinner(t *testing.T) {
 	winner := e.db.Begin()
 	require.NoError(t, winner.Error)
 	defer winner.Rollback()
-	saved, err := models.NewKeyStore(e.db).Save(winner, &models.IdempotencyKey{
-		ID: "8b7c1d9e-0f5a-4b2c-9d3e-6a1b2c3d4e5f", OrgID: e.org, Endpoint: scopeItems, Key: "race",
-		RequestHash: hash[:], RequestMethod: http.MethodPost, RequestPath: "/items",
-		ResponseStatus: http.StatusCreated, ResponseBody: []byte(`{"winner":true}`),
-		ResponseHeaders: []byte(`{"Content-Type":"application/json"}`), RequestID: "winner-request",
-	}, time.Hour)
-	require.NoError(t, err)
-	require.True(t, saved)
+	require.NoError(t, winner.Exec(`INSERT INTO idempotency_keys (id, org_id, endpoint, key, request_hash,
+		request_method, request_path, response_status, response_body, response_headers, request_id, expires_at)
+		VALUES ('8b7c1d9e-0f5a-4b2c-9d3e-6a1b2c3d4e5f', ?, ?, 'race', ?, 'POST', '/items', 201, ?,
+		'{"Content-Type":"application/json"}', 'winner-request', now() + interval '1 hour')`,
+		e.org, scopeItems, hash[:], []byte(`{"winner":true}`)).Error)
 
 	done := make(chan wrapResp, 1)
 	go func() { done <- e.do("/items", body, idempotency.HeaderKey, "race") }()

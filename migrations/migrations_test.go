@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"io/fs"
+	"sort"
 	"strings"
 	"testing"
 
@@ -24,7 +26,7 @@ var contractTables = []string{
 	"idempotency_keys",
 	"organizations",
 	"staged_jobs",
-	"usage_counters",
+	"usage_slots",
 	"validation_runs",
 	"workflows",
 }
@@ -85,25 +87,38 @@ func pending(t *testing.T, db *sql.DB) int {
 	return n
 }
 
+// migrationFiles lists the embedded migrations in order.
+func migrationFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	sort.Strings(files)
+	return files
+}
+
 func TestUpDownUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := emptyDB(t)
 	p, err := migrations.NewProvider(db)
 	require.NoError(t, err)
+	files := migrationFiles(t)
 
-	require.Equal(t, 1, pending(t, db), "an empty database has 0001 pending")
+	require.Equal(t, len(files), pending(t, db), "an empty database has every migration pending")
 	require.Empty(t, tables(t, db))
 
 	for round := 1; round <= 2; round++ {
 		res, err := p.Up(ctx)
 		require.NoError(t, err, "up, round %d", round)
-		require.Len(t, res, 1, "round %d", round)
-		require.Equal(t, "0001_init.sql", res[0].Source.Path)
-		require.NoError(t, res[0].Error)
+		require.Len(t, res, len(files), "round %d", round)
+		for i, r := range res {
+			require.Equal(t, files[i], r.Source.Path)
+			require.NoError(t, r.Error)
+		}
 		v, err := p.GetDBVersion(ctx)
 		require.NoError(t, err)
-		require.EqualValues(t, 1, v)
+		require.EqualValues(t, len(files), v)
 		require.Equal(t, 0, pending(t, db), "round %d", round)
 		if d := cmp.Diff(contractTables, tables(t, db)); d != "" {
 			t.Fatalf("round %d: tables after up (-want +got):\n%s", round, d)
@@ -121,11 +136,55 @@ func TestUpDownUp(t *testing.T) {
 
 		down, err := p.DownTo(ctx, 0)
 		require.NoError(t, err, "down, round %d", round)
-		require.Len(t, down, 1)
+		require.Len(t, down, len(files))
 		require.Empty(t, tables(t, db), "round %d: tables left after DownTo(0)", round)
 		require.Empty(t, indexDef(t, db, "idempotency_keys", "(expires_at)"))
-		require.Equal(t, 1, pending(t, db), "round %d: 0001 pending again after DownTo(0)", round)
+		require.Equal(t, len(files), pending(t, db), "round %d: every migration pending again after DownTo(0)", round)
 	}
+}
+
+// Migration 0002 moves what usage_counters counted into usage_slots (slot 0,
+// not balanced yet, so the next start rebalances it for its quota), and its
+// Down moves it back: nothing billed is lost either way.
+func TestUsageCarriedOverSlots(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := emptyDB(t)
+	p, err := migrations.NewProvider(db)
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 1)
+	require.NoError(t, err)
+	var orgID string
+	require.NoError(t, db.QueryRowContext(ctx,
+		`INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&orgID))
+	_, err = db.ExecContext(ctx, `INSERT INTO usage_counters (org_id, period, runs) VALUES ($1, '2026-10-01', 7), ($1, '2026-11-01', 42)`, orgID)
+	require.NoError(t, err)
+
+	_, err = p.UpTo(ctx, 2)
+	require.NoError(t, err)
+	usage := func(table string) map[string]int64 {
+		rows, err := db.QueryContext(ctx, `SELECT to_char(period, 'YYYY-MM'), sum(runs) FROM `+table+` WHERE org_id = $1 GROUP BY period`, orgID)
+		require.NoError(t, err)
+		defer rows.Close()
+		out := map[string]int64{}
+		for rows.Next() {
+			var period string
+			var runs int64
+			require.NoError(t, rows.Scan(&period, &runs))
+			out[period] = runs
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	want := map[string]int64{"2026-10": 7, "2026-11": 42}
+	require.Equal(t, want, usage("usage_slots"))
+	var unbalanced int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM usage_slots WHERE quota = -1`).Scan(&unbalanced))
+	require.Equal(t, 2, unbalanced, "carried-over slots wait to be balanced")
+
+	_, err = p.DownTo(ctx, 1)
+	require.NoError(t, err)
+	require.Equal(t, want, usage("usage_counters"))
 }
 
 func TestConstraints(t *testing.T) {
@@ -170,7 +229,7 @@ func TestConstraints(t *testing.T) {
 		{name: "run of an unknown workflow", sql: insertRun, args: []any{orgID, "00000000-0000-0000-0000-000000000000", "queued", "{}", nil, nil}, wantCode: "23503"},
 		{name: "bad slug", sql: `INSERT INTO organizations (name, slug) VALUES ('x', 'Not A Slug')`, wantCode: "23514"},
 		{name: "token hash not 32 bytes", sql: `INSERT INTO api_tokens (org_id, token_hash, display) VALUES ($1, '\x00', 'vr_x')`, args: []any{orgID}, wantCode: "23514"},
-		{name: "usage period not the first of a month", sql: `INSERT INTO usage_counters (org_id, period) VALUES ($1, '2026-01-02')`, args: []any{orgID}, wantCode: "23514"},
+		{name: "usage period not the first of a month", sql: `INSERT INTO usage_slots (org_id, period, slot, quota) VALUES ($1, '2026-01-02', 0, 0)`, args: []any{orgID}, wantCode: "23514"},
 	}
 	// Sequential: rows of earlier cases (the 255-character key) are what later ones collide with.
 	for _, tt := range tests {

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 )
 
@@ -82,36 +83,38 @@ func (s *KeyStore) TryLock(tx *gorm.DB, lockID int64) (bool, error) {
 	return ok, nil
 }
 
-// Save writes the finished key row on tx, the request's transaction. A row
-// for the same scoped key is replaced only if it has expired (the upsert
-// gives it k.ID, which unlinks its old run); a live one is left alone and
-// Save returns false: someone finished this key first.
-func (s *KeyStore) Save(tx *gorm.DB, k *IdempotencyKey, ttl time.Duration) (bool, error) {
-	res := tx.Exec(`
-INSERT INTO idempotency_keys AS k (id, org_id, endpoint, key, request_hash, request_method, request_path,
-	response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
-	created_at, expires_at)
-VALUES (@id, @org, @endpoint, @key, @hash, @method, @path, @status, @body, CAST(@headers AS jsonb), CAST(@run AS uuid),
-	@request_id, @ip, @ua, now(), now() + @ttl_us * interval '1 microsecond')
-ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
-	id = EXCLUDED.id, request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
-	request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
-	response_body = EXCLUDED.response_body, response_headers = EXCLUDED.response_headers,
-	validation_run_id = EXCLUDED.validation_run_id, request_id = EXCLUDED.request_id,
-	client_ip = EXCLUDED.client_ip, user_agent = EXCLUDED.user_agent,
-	created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-WHERE k.expires_at <= now()`,
-		map[string]any{
-			"id": k.ID, "org": k.OrgID, "endpoint": k.Endpoint, "key": k.Key, "hash": k.RequestHash,
-			"method": k.RequestMethod, "path": truncate(k.RequestPath, 2000), "status": k.ResponseStatus,
-			"body": k.ResponseBody, "headers": string(k.ResponseHeaders), "run": k.ValidationRunID,
-			"request_id": k.RequestID, "ip": truncate(k.ClientIP, 100), "ua": truncate(k.UserAgent, 1000),
-			"ttl_us": ttl.Microseconds(),
-		})
-	if res.Error != nil {
-		return false, fmt.Errorf("save idempotency key: %w", translate(res.Error))
+// saveKeySQL writes a finished key row (see RequestTx.CommitWithKey). A row
+// of the same scoped key is replaced only if it has expired; a live one is
+// left alone, and then the statement fails with unique_violation (raised by
+// idempotency_key_taken, migration 0002), so that the COMMIT sent with it
+// does not commit the request's work.
+const saveKeySQL = `
+WITH saved AS (
+	INSERT INTO idempotency_keys AS k (id, org_id, endpoint, key, request_hash, request_method, request_path,
+		response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
+		created_at, expires_at)
+	VALUES (@id, @org, @endpoint, @key, @hash, @method, @path, @status, @body, CAST(@headers AS jsonb), CAST(@run AS uuid),
+		@request_id, @ip, @ua, now(), now() + @ttl_us * interval '1 microsecond')
+	ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
+		id = EXCLUDED.id, request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
+		request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
+		response_body = EXCLUDED.response_body, response_headers = EXCLUDED.response_headers,
+		validation_run_id = EXCLUDED.validation_run_id, request_id = EXCLUDED.request_id,
+		client_ip = EXCLUDED.client_ip, user_agent = EXCLUDED.user_agent,
+		created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+	WHERE k.expires_at <= now()
+	RETURNING 1
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM saved) THEN 1 ELSE idempotency_key_taken() END`
+
+func saveKeyArgs(k *IdempotencyKey, ttl time.Duration) pgx.NamedArgs {
+	return pgx.NamedArgs{
+		"id": k.ID, "org": k.OrgID, "endpoint": k.Endpoint, "key": k.Key, "hash": k.RequestHash,
+		"method": k.RequestMethod, "path": truncate(k.RequestPath, 2000), "status": k.ResponseStatus,
+		"body": k.ResponseBody, "headers": string(k.ResponseHeaders), "run": k.ValidationRunID,
+		"request_id": k.RequestID, "ip": truncate(k.ClientIP, 100), "ua": truncate(k.UserAgent, 1000),
+		"ttl_us": ttl.Microseconds(),
 	}
-	return res.RowsAffected == 1, nil
 }
 
 // truncate makes s storable in a text column of at most n characters:

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -152,6 +151,3 @@ func (s *TokenStore) Revoke(ctx context.Context, tokenID string) error {
 	}
 	return nil
 }
-
-// errorsIsNotFound is errors.Is(err, ErrNotFound), for readability in stores.
-func errorsIsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }

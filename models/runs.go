@@ -39,38 +39,18 @@ const (
 	RunTaskIDPrefix = "validation_run:"
 )
 
-// StagedJobsChannel is the LISTEN/NOTIFY channel a start signals after
-// staging a job, so the enqueuer wakes at once instead of at its next poll.
+// StagedJobsChannel is the LISTEN/NOTIFY channel that wakes the enqueuers
+// when jobs were staged. It is signalled after the request's commit, never
+// inside it (see JobWaker): PostgreSQL serialises the commits of every
+// transaction that notified, cluster-wide.
 const StagedJobsChannel = "valruns_staged_jobs"
 
-// Start creates a queued run on tx in one statement: the usage counter is
-// bumped (refused past the quota), then the run, its audit record and its
-// staged job are inserted and the enqueuer is notified. One statement is one
-// round trip, and if the quota refuses, nothing else is written, so the
-// caller can answer 429 on the same transaction. The usage counter row is the
-// hottest lock in the system: it is taken by this last statement of the
-// request's work and held only until the commit that follows.
-// Returns ErrQuotaExceeded past the quota.
-func (s *RunStore) Start(tx *gorm.DB, p StartParams) (*ValidationRun, error) {
-	meta := p.Metadata
-	if len(meta) == 0 {
-		meta = []byte("{}")
-	}
-	var keyID *string
-	if p.IdempotencyKeyID != "" {
-		keyID = &p.IdempotencyKeyID
-	}
-	period := time.Date(p.Now.UTC().Year(), p.Now.UTC().Month(), 1, 0, 0, 0, 0, time.UTC)
-	var run ValidationRun
-	res := tx.Raw(`
-WITH usage AS (
-	INSERT INTO usage_counters AS u (org_id, period, runs) VALUES (@org, @period, 1)
-	ON CONFLICT (org_id, period) DO UPDATE SET runs = u.runs + 1, updated_at = now()
-	WHERE @quota = 0 OR u.runs < @quota
-	RETURNING runs
-), run AS (
+// insertRun is the CTE that writes a run, its audit record and its staged
+// job, once per row of bump (the claimed usage slot): no slot, nothing written.
+const insertRun = `
+run AS (
 	INSERT INTO validation_runs (org_id, workflow_id, status, submission, metadata, idempotency_key_id)
-	SELECT @org, @workflow, 'queued', CAST(@submission AS jsonb), CAST(@metadata AS jsonb), CAST(@key AS uuid) FROM usage
+	SELECT @org, @workflow, 'queued', CAST(@submission AS jsonb), CAST(@metadata AS jsonb), CAST(@key AS uuid) FROM bump
 	RETURNING *
 ), audit AS (
 	INSERT INTO audit_records (org_id, action, subject_type, subject_id, token_id, request_id, data)
@@ -80,19 +60,67 @@ WITH usage AS (
 ), job AS (
 	INSERT INTO staged_jobs (job_name, job_args, task_id)
 	SELECT @job, jsonb_build_object('run_id', run.id), @task_prefix || run.id FROM run
-)
-SELECT run.*, pg_notify(@channel, '') AS notified FROM run`,
-		map[string]any{
-			"org": p.OrgID, "period": period, "quota": p.Quota, "workflow": p.WorkflowID,
-			"submission": string(p.Submission), "metadata": string(meta), "key": keyID,
-			"token": nullable(p.TokenID), "request": p.RequestID,
-			"job": p.JobName, "task_prefix": p.TaskIDPrefix, "channel": StagedJobsChannel,
-		}).Scan(&run)
+)`
+
+// Start creates a queued run of the organisation's workflow on tx, billed
+// to its usage of the period: a usage slot is bumped (refused past the
+// quota), and the run, its audit record and its staged job are inserted.
+//
+// Nearly always this is one statement, one round trip, that takes no lock
+// another start of the organisation needs: it claims a usage slot that no
+// other transaction holds (FOR UPDATE SKIP LOCKED, see migration 0002) and
+// checks the workflow in the same statement. Only when no slot could be
+// claimed that way (an unknown workflow, a new month, a changed quota, the
+// quota's edge, or more starts of one organisation in flight than slots)
+// does it take the slow path, which may wait for other starts and
+// rebalance the slots. If the quota refuses, nothing is written, so the
+// caller can answer 429 on the same transaction.
+//
+// Returns ErrNotFound when the workflow is not the organisation's, and
+// ErrQuotaExceeded past the quota.
+func (s *RunStore) Start(tx *gorm.DB, p StartParams) (*ValidationRun, error) {
+	meta := p.Metadata
+	if len(meta) == 0 {
+		meta = []byte("{}")
+	}
+	var keyID *string
+	if p.IdempotencyKeyID != "" {
+		keyID = &p.IdempotencyKeyID
+	}
+	period := UsagePeriod(p.Now)
+	args := map[string]any{
+		"org": p.OrgID, "period": period, "quota": p.Quota, "workflow": p.WorkflowID,
+		"offset": slotOffset(), "slots": UsageSlots,
+		"submission": string(p.Submission), "metadata": string(meta), "key": keyID,
+		"token": nullable(p.TokenID), "request": p.RequestID,
+		"job": p.JobName, "task_prefix": p.TaskIDPrefix,
+	}
+	var run ValidationRun
+	res := tx.Raw(`WITH `+claimSlotFast+`, `+insertRun+` SELECT * FROM run`, args).Scan(&run)
 	if res.Error != nil {
 		return nil, fmt.Errorf("start run: %w", translate(res.Error))
 	}
-	if res.RowsAffected == 0 {
-		return nil, fmt.Errorf("start run: %w", ErrQuotaExceeded)
+	if res.RowsAffected == 1 {
+		return &run, nil
+	}
+
+	// The slow path.
+	var found int64
+	if err := tx.Raw(`SELECT count(*) FROM workflows WHERE id = ? AND org_id = ?`, p.WorkflowID, p.OrgID).Scan(&found).Error; err != nil {
+		return nil, fmt.Errorf("start run: %w", translate(err))
+	}
+	if found == 0 {
+		return nil, fmt.Errorf("start run: workflow %s: %w", p.WorkflowID, ErrNotFound)
+	}
+	if err := claimSlot(tx, p.OrgID, period, p.Quota); err != nil {
+		return nil, fmt.Errorf("start run: %w", err)
+	}
+	res = tx.Raw(`WITH bump AS (SELECT 1), `+insertRun+` SELECT * FROM run`, args).Scan(&run)
+	if res.Error != nil {
+		return nil, fmt.Errorf("start run: %w", translate(res.Error))
+	}
+	if res.RowsAffected != 1 {
+		return nil, fmt.Errorf("start run: the run was not inserted")
 	}
 	return &run, nil
 }

@@ -31,20 +31,6 @@ func (s *WorkflowStore) Get(ctx context.Context, orgID, id string) (*Workflow, e
 	return &w, nil
 }
 
-// Exists reports on tx whether the workflow is the organisation's, with one
-// indexed read.
-func (s *WorkflowStore) Exists(tx *gorm.DB, orgID, id string) (bool, error) {
-	var n int64
-	res := tx.Raw(`SELECT 1 FROM workflows WHERE id = ? AND org_id = ?`, id, orgID).Scan(&n)
-	if err := translate(res.Error); err != nil {
-		if errorsIsNotFound(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("workflow %s: %w", id, err)
-	}
-	return res.RowsAffected == 1, nil
-}
-
 // List returns one page of the organisation's workflows, newest first, and
 // the cursor of the next page ("" on the last one).
 func (s *WorkflowStore) List(ctx context.Context, orgID string, p Page) ([]Workflow, string, error) {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -61,8 +62,18 @@ func New(t testing.TB, opts ...Options) *Env {
 	db, u := testdb.New(t, testdb.Options{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns, StatementTimeout: cfg.IdempotencyTxTimeout})
 	cfg.DatabaseURL = u
 	reg := prometheus.NewRegistry()
-	h := handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg})
+	// Errors the API logs (the causes behind 5xx answers) show in the test's log.
+	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelError}))
+	h := handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log})
 	return &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, Handler: h}
+}
+
+// testLog writes log lines to the test's log.
+type testLog struct{ t testing.TB }
+
+func (w testLog) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
 
 // Org is an organisation with one API token.
