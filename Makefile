@@ -12,8 +12,11 @@ export HTTP_ADDR ?= 127.0.0.1:8080
 
 .PHONY: run test build services docs docs-check swag bench fmt vet
 
+# The first build on a machine downloads and compiles every module, for
+# minutes and silently: say so before it starts.
 build:
-	$(GO) build -o bin/valruns .
+	@echo "building bin/valruns (the first build on a machine downloads and compiles the Go modules: a few minutes; later builds take seconds)"
+	@$(GO) build -o bin/valruns .
 
 services:
 	@scripts/dev-services.sh

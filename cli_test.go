@@ -5,13 +5,18 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -80,47 +85,225 @@ func emptyDB(t *testing.T) *gorm.DB {
 	return db
 }
 
-func TestUsage(t *testing.T) {
-	setEnv(t, unreachableDB) // usage and --help never touch the database
-	tests := []struct {
-		name     string
-		args     []string
-		wantCode int
-		// wantOut must appear on stdout, wantErr on stderr.
-		wantOut, wantErr string
-	}{
-		{name: "no args", args: nil, wantCode: 2, wantOut: "Usage:"},
-		{name: "help", args: []string{"help"}, wantCode: 0, wantOut: "Usage:"},
-		{name: "-h", args: []string{"-h"}, wantCode: 0, wantOut: "Usage:"},
-		{name: "--help", args: []string{"--help"}, wantCode: 0, wantOut: "Usage:"},
-		{name: "unknown command", args: []string{"frobnicate"}, wantCode: 2, wantErr: `unknown command "frobnicate"`},
-		{name: "serve --help", args: []string{"serve", "--help"}, wantCode: 0, wantOut: "Usage: valruns serve"},
-		{name: "serve --worker --help", args: []string{"serve", "--worker", "--help"}, wantCode: 0, wantOut: "Usage: valruns serve"},
-		{name: "worker --help", args: []string{"worker", "--help"}, wantCode: 0, wantOut: "Usage: valruns worker"},
-		{name: "migrate --help", args: []string{"migrate", "--help"}, wantCode: 0, wantOut: "Usage: valruns migrate"},
-		{name: "cleanup --help", args: []string{"cleanup", "--help"}, wantCode: 0, wantOut: "Usage: valruns cleanup"},
-		{name: "org --help", args: []string{"org", "--help"}, wantCode: 0, wantOut: "Usage: valruns org"},
-		{name: "token --help", args: []string{"token", "--help"}, wantCode: 0, wantOut: "Usage: valruns token create"},
-		{name: "token create --help", args: []string{"token", "create", "--help"}, wantCode: 0, wantOut: "Usage: valruns token create"},
-		{name: "demo --help", args: []string{"demo", "--help"}, wantCode: 0, wantOut: "Usage: valruns demo"},
-		{name: "unknown flag", args: []string{"serve", "--bogus"}, wantCode: 1, wantErr: "bogus"},
-		{name: "migrate without action", args: []string{"migrate"}, wantCode: 1, wantErr: "want one of up, down, status"},
-		{name: "org without create", args: []string{"org", "Acme"}, wantCode: 1, wantErr: "org create NAME"},
-		{name: "token without create", args: []string{"token"}, wantCode: 1, wantErr: "token create --org SLUG"},
-		{name: "token create without --org", args: []string{"token", "create"}, wantCode: 1, wantErr: "--org SLUG is required"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := runCLI(t, tt.args...)
-			require.Equal(t, tt.wantCode, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
-			require.Contains(t, r.stdout, tt.wantOut)
-			require.Contains(t, r.stderr, tt.wantErr)
-			if tt.wantCode == 0 {
-				require.Empty(t, r.stderr)
+// cmdPath is a command of the table with the words that reach it.
+type cmdPath struct {
+	path []string
+	cmd  command
+}
+
+func (c cmdPath) name() string { return strings.Join(c.path, " ") }
+
+// walkCommands returns every group and every runnable command of the
+// table run() dispatches on, so no command escapes the tests below.
+func walkCommands() (groups, leaves []cmdPath) {
+	var walk func(path []string, cmds []command)
+	walk = func(path []string, cmds []command) {
+		for _, c := range cmds {
+			p := append(slices.Clone(path), c.name)
+			if c.subs != nil {
+				groups = append(groups, cmdPath{p, c})
+				walk(p, c.subs)
+				continue
 			}
-			require.NotContains(t, r.stderr, "DATABASE_URL", "help and usage must not connect")
+			leaves = append(leaves, cmdPath{p, c})
+		}
+	}
+	walk(nil, commands)
+	return groups, leaves
+}
+
+// dbState is what any acting command would change.
+type dbState struct {
+	Orgs, Tokens, Revoked, Workflows, Migrations int64
+	Quota                                        *int64
+}
+
+func snapshot(t *testing.T, db *gorm.DB) dbState {
+	t.Helper()
+	var s dbState
+	require.NoError(t, db.Raw(`SELECT
+		(SELECT count(*) FROM organizations) AS orgs,
+		(SELECT count(*) FROM api_tokens) AS tokens,
+		(SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL) AS revoked,
+		(SELECT count(*) FROM workflows) AS workflows,
+		(SELECT count(*) FROM goose_db_version) AS migrations,
+		(SELECT monthly_run_quota FROM organizations WHERE slug = 'acme') AS quota`).Scan(&s).Error)
+	return s
+}
+
+// TestHelpWalk asks every command and group of the table for help, in every
+// spelling and after otherwise valid arguments: each prints its usage on
+// stdout, exits 0, needs no database, and changes nothing.
+func TestHelpWalk(t *testing.T) {
+	db := migratedDB(t)
+	ctx := context.Background()
+	org, err := models.NewOrgStore(db).Create(ctx, "Acme")
+	require.NoError(t, err)
+	_, tok, err := models.NewTokenStore(db).Create(ctx, org.ID)
+	require.NoError(t, err)
+	dbURL := os.Getenv("DATABASE_URL")
+	before := snapshot(t, db)
+
+	// Valid arguments for commands that take some: with them and without
+	// --help, each of these would act.
+	valid := map[string][]string{
+		"org create":   {"Acme Two", "--slug", "acme-two"},
+		"org quota":    {"acme", "5"},
+		"token create": {"--org", "acme"},
+		"token list":   {"--org", "acme"},
+		"token revoke": {tok.ID},
+		"demo":         {"--token-file", filepath.Join(t.TempDir(), "token")},
+	}
+	groups, leaves := walkCommands()
+	require.NotEmpty(t, leaves)
+	for _, database := range []string{"migrated", "unreachable"} {
+		t.Run(database, func(t *testing.T) {
+			url := dbURL
+			if database == "unreachable" {
+				url = unreachableDB
+			}
+			t.Setenv("DATABASE_URL", url)
+			for _, g := range groups {
+				want := "Usage: valruns " + g.name() + " SUBCOMMAND\n"
+				for _, args := range [][]string{
+					append(slices.Clone(g.path), "-h"),
+					append(slices.Clone(g.path), "--help"),
+					append(slices.Clone(g.path), "help"),
+					append([]string{"help"}, g.path...),
+				} {
+					r := runCLI(t, args...)
+					require.Equal(t, 0, r.code, "%q: stderr %s", args, r.stderr)
+					require.Empty(t, r.stderr, "%q", args)
+					require.True(t, strings.HasPrefix(r.stdout, want), "%q: stdout %q", args, r.stdout)
+					for _, sub := range g.cmd.subs {
+						require.Contains(t, r.stdout, "valruns "+synopsis(append(slices.Clone(g.path), sub.name), sub), "%q", args)
+					}
+				}
+			}
+			for _, l := range leaves {
+				want := "Usage: valruns " + synopsis(l.path, l.cmd) + "\n"
+				ex := valid[l.name()]
+				for _, args := range [][]string{
+					append(slices.Clone(l.path), "-h"),
+					append(slices.Clone(l.path), "--help"),
+					append(slices.Clone(l.path), "-help"),
+					append(append(slices.Clone(l.path), ex...), "--help"),
+					append(append(slices.Clone(l.path), "-h"), ex...),
+					append([]string{"help"}, l.path...),
+				} {
+					r := runCLI(t, args...)
+					require.Equal(t, 0, r.code, "%q: stderr %s", args, r.stderr)
+					require.Empty(t, r.stderr, "%q", args)
+					require.True(t, strings.HasPrefix(r.stdout, want), "%q: stdout %q, want it to start with %q", args, r.stdout, want)
+				}
+			}
+			require.Equal(t, before, snapshot(t, db), "a --help acted")
 		})
 	}
+
+	// The issue's case: `org create --help` used to create an organisation named --help.
+	r := runCLI(t, "org", "create", "--help")
+	require.Equal(t, 0, r.code)
+	require.Equal(t, before, snapshot(t, db))
+	// After "--" every word is an operand, so a name that starts with - can still be given.
+	r = runCLI(t, "org", "create", "--slug", "dash-help", "--", "--help")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "slug=dash-help ")
+}
+
+// TestBadUsage: every bad call exits 2 with why and the command's usage on
+// stderr, before any connection to the database.
+func TestBadUsage(t *testing.T) {
+	setEnv(t, unreachableDB)
+	tests := []struct {
+		args []string
+		// wantErr is the first line on stderr; wantUsage must follow it.
+		wantErr, wantUsage string
+	}{
+		{args: []string{"frobnicate"}, wantErr: `valruns: unknown command "frobnicate"`, wantUsage: "valruns: the idempotent job-start API\n\nUsage:\n  valruns serve"},
+		{args: []string{"token"}, wantErr: "valruns token: missing subcommand", wantUsage: "Usage: valruns token SUBCOMMAND"},
+		{args: []string{"token", "--org", "acme"}, wantErr: "valruns token: missing subcommand", wantUsage: "Usage: valruns token SUBCOMMAND"},
+		{args: []string{"token", "make"}, wantErr: `valruns token: unknown subcommand "make"`, wantUsage: "Usage: valruns token SUBCOMMAND"},
+		{args: []string{"org"}, wantErr: "valruns org: missing subcommand", wantUsage: "Usage: valruns org SUBCOMMAND"},
+		{args: []string{"org", "Acme"}, wantErr: `valruns org: unknown subcommand "Acme"`, wantUsage: "Usage: valruns org SUBCOMMAND"},
+		{args: []string{"migrate"}, wantErr: "valruns migrate: missing subcommand", wantUsage: "Usage: valruns migrate SUBCOMMAND"},
+		{args: []string{"migrate", "sideways"}, wantErr: `valruns migrate: unknown subcommand "sideways"`, wantUsage: "Usage: valruns migrate SUBCOMMAND"},
+		{args: []string{"migrate", "up", "now"}, wantErr: `valruns migrate up: unexpected argument "now"`, wantUsage: "Usage: valruns migrate up"},
+		{args: []string{"serve", "now"}, wantErr: `valruns serve: unexpected argument "now"`, wantUsage: "Usage: valruns serve"},
+		{args: []string{"org", "create"}, wantErr: "valruns org create: missing NAME", wantUsage: "Usage: valruns org create"},
+		{args: []string{"org", "create", "Acme", "Corp"}, wantErr: "valruns org create: want one NAME, got 2 words", wantUsage: "Usage: valruns org create"},
+		{args: []string{"org", "create", "  "}, wantErr: "valruns org create: NAME: name must be 1 to 200 characters", wantUsage: "Usage: valruns org create"},
+		{args: []string{"org", "create", strings.Repeat("x", 201)}, wantErr: "valruns org create: NAME: name must be 1 to 200 characters", wantUsage: "Usage: valruns org create"},
+		{args: []string{"org", "create", "Acme", "--slug", "Not A Slug"}, wantErr: `valruns org create: --slug: slug "Not A Slug": a slug is 1 to 63 lowercase`, wantUsage: "Usage: valruns org create"},
+		{args: []string{"org", "create", "Acme", "--slug"}, wantErr: "valruns org create: flag needs an argument: -slug", wantUsage: "Usage: valruns org create"},
+		{args: []string{"org", "list", "all"}, wantErr: `valruns org list: unexpected argument "all"`, wantUsage: "Usage: valruns org list"},
+		{args: []string{"org", "quota", "acme"}, wantErr: "valruns org quota: want SLUG and N|default, got 1 argument(s)", wantUsage: "Usage: valruns org quota"},
+		{args: []string{"org", "quota", "acme", "lots"}, wantErr: `valruns org quota: quota "lots": want a whole number >= 0 (0: unlimited) or default`, wantUsage: "Usage: valruns org quota"},
+		{args: []string{"org", "quota", "acme", "1.5"}, wantErr: `valruns org quota: quota "1.5": want a whole number`, wantUsage: "Usage: valruns org quota"},
+		{args: []string{"org", "quota", "acme", "99999999999999999999"}, wantErr: `valruns org quota: quota "99999999999999999999": want a whole number`, wantUsage: "Usage: valruns org quota"},
+		{args: []string{"token", "create"}, wantErr: "valruns token create: --org SLUG is required", wantUsage: "Usage: valruns token create"},
+		{args: []string{"token", "list"}, wantErr: "valruns token list: --org SLUG is required", wantUsage: "Usage: valruns token list"},
+		{args: []string{"token", "revoke"}, wantErr: "valruns token revoke: want one ID or PREFIX, got 0", wantUsage: "Usage: valruns token revoke"},
+		{args: []string{"token", "revoke", "abc"}, wantErr: `valruns token revoke: token "abc": want a token id`, wantUsage: "Usage: valruns token revoke"},
+		{args: []string{"token", "revoke", "vr_"}, wantErr: `valruns token revoke: token "vr_": want a token id`, wantUsage: "Usage: valruns token revoke"},
+	}
+	// Every command refuses a flag it does not have.
+	_, leaves := walkCommands()
+	for _, l := range leaves {
+		tests = append(tests, struct {
+			args               []string
+			wantErr, wantUsage string
+		}{
+			args:      append(slices.Clone(l.path), "--no-such-flag"),
+			wantErr:   "valruns " + l.name() + ": flag provided but not defined: -no-such-flag",
+			wantUsage: "Usage: valruns " + synopsis(l.path, l.cmd) + "\n",
+		})
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			r := runCLI(t, tt.args...)
+			require.Equal(t, 2, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			require.Empty(t, r.stdout)
+			first, rest, _ := strings.Cut(r.stderr, "\n")
+			require.True(t, strings.HasPrefix(first, tt.wantErr), "first line %q, want %q", first, tt.wantErr)
+			require.True(t, strings.HasPrefix(rest, "\n"+tt.wantUsage), "after a blank line, the usage: %q", rest)
+			require.NotContains(t, r.stderr, "DATABASE_URL", "a bad call is refused before connecting")
+		})
+	}
+}
+
+func TestOverview(t *testing.T) {
+	setEnv(t, unreachableDB)
+	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
+		r := runCLI(t, args...)
+		require.Equal(t, 0, r.code)
+		require.Empty(t, r.stderr)
+		require.Equal(t, overview(), r.stdout)
+	}
+	r := runCLI(t)
+	require.Equal(t, 2, r.code, "no command is bad usage")
+	require.Empty(t, r.stdout)
+	require.Equal(t, overview(), r.stderr)
+
+	_, leaves := walkCommands()
+	for _, l := range leaves {
+		require.Contains(t, overview(), "\n  valruns "+synopsis(l.path, l.cmd)+" ", "the overview lists %s", l.name())
+	}
+}
+
+// TestREADMECommands keeps the README's list of commands equal to the
+// binary's.
+func TestREADMECommands(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	_, section, ok := strings.Cut(string(b), "\n## Commands\n")
+	require.True(t, ok, "README has a ## Commands section")
+	_, block, ok := strings.Cut(section, "```\n")
+	require.True(t, ok)
+	block, _, ok = strings.Cut(block, "```")
+	require.True(t, ok)
+	require.Equal(t, strings.Join(listing(nil, commands), "\n")+"\n", block,
+		"the README's Commands block differs from `valruns help`")
 }
 
 func TestMigrateUpStatusDown(t *testing.T) {
@@ -164,9 +347,6 @@ func TestMigrateUpStatusDown(t *testing.T) {
 	require.Regexp(t, regexp.QuoteMeta(last)+`\s+pending`, r.stdout)
 	require.Regexp(t, regexp.QuoteMeta(files[0])+`\s+applied`, r.stdout)
 
-	r = runCLI(t, "migrate", "sideways")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, `unknown migrate action "sideways"`)
 }
 
 func TestRefusesUnmigratedDatabase(t *testing.T) {
@@ -174,12 +354,16 @@ func TestRefusesUnmigratedDatabase(t *testing.T) {
 		{"serve"},
 		{"worker"},
 		{"org", "create", "Acme"},
+		{"org", "list"},
+		{"org", "quota", "acme", "5"},
 		{"token", "create", "--org", "acme"},
+		{"token", "list", "--org", "acme"},
+		{"token", "revoke", "vr_abc"},
 		{"cleanup"},
 		{"demo", "--token-file", filepath.Join(t.TempDir(), "token")},
 	}
 	for _, args := range tests {
-		t.Run(args[0], func(t *testing.T) {
+		t.Run(strings.Join(args[:min(2, len(args))], " "), func(t *testing.T) {
 			db := emptyDB(t)
 			t.Setenv("HTTP_ADDR", "127.0.0.1:0")
 			r := runCLI(t, args...)
@@ -203,10 +387,6 @@ func TestOrgAndTokenCreate(t *testing.T) {
 	require.Equal(t, "acme-inc", m[1])
 	require.NoError(t, uuid.Validate(m[2]), "id %q", m[2])
 	orgID := m[2]
-
-	r = runCLI(t, "org", "create", "Acme Inc")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "slug=acme-inc-2 ", "a taken slug gets a suffix")
 
 	r = runCLI(t, "token", "create", "--org", "acme-inc")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -238,9 +418,6 @@ func TestOrgAndTokenCreate(t *testing.T) {
 	require.Contains(t, r.stderr, `no organisation with slug "nope"`)
 	require.Contains(t, r.stderr, "valruns org create")
 
-	r = runCLI(t, "org", "create", "  ")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "name must be 1 to 200 characters")
 }
 
 func TestStartupErrorsNameTheVariable(t *testing.T) {
@@ -423,4 +600,383 @@ func TestServeGracefulShutdown(t *testing.T) {
 	}
 	_, err = get("/healthz")
 	require.Error(t, err, "the listener is closed after shutdown")
+}
+
+func TestOrgCreateRefusesTakenSlug(t *testing.T) {
+	db := migratedDB(t)
+	count := func() int64 {
+		t.Helper()
+		var n int64
+		require.NoError(t, db.Raw(`SELECT count(*) FROM organizations`).Scan(&n).Error)
+		return n
+	}
+
+	r := runCLI(t, "org", "create", "Acme Inc")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.True(t, strings.HasPrefix(r.stdout, "slug=acme-inc "), r.stdout)
+
+	// The same name again used to create acme-inc-2 without a word.
+	r = runCLI(t, "org", "create", "Acme Inc")
+	require.Equal(t, 1, r.code, "stdout %q", r.stdout)
+	require.Empty(t, r.stdout)
+	require.Equal(t, `valruns org create: slug "acme-inc", derived from the name, is taken by another organisation `+
+		"(see `valruns org list`): nothing created; choose a slug with --slug SLUG\n", r.stderr)
+	require.EqualValues(t, 1, count())
+
+	// --slug, after or before the name.
+	r = runCLI(t, "org", "create", "Acme Inc", "--slug", "acme-eu")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.True(t, strings.HasPrefix(r.stdout, "slug=acme-eu "), r.stdout)
+	r = runCLI(t, "org", "create", "--slug=acme-us", "Acme Inc")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.True(t, strings.HasPrefix(r.stdout, "slug=acme-us "), r.stdout)
+
+	// A taken --slug is refused too, naming it.
+	r = runCLI(t, "org", "create", "Globex", "--slug", "acme-eu")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, `valruns org create: slug "acme-eu" is taken by another organisation (see `+"`valruns org list`): nothing created\n", r.stderr)
+	require.EqualValues(t, 3, count())
+
+	var names []string
+	require.NoError(t, db.Raw(`SELECT slug || '=' || name FROM organizations ORDER BY slug`).Scan(&names).Error)
+	require.Equal(t, []string{"acme-eu=Acme Inc", "acme-inc=Acme Inc", "acme-us=Acme Inc"}, names)
+}
+
+func TestOrgList(t *testing.T) {
+	db := migratedDB(t)
+
+	r := runCLI(t, "org", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "no organisations yet: create one with `valruns org create NAME`\n", r.stdout)
+	r = runCLI(t, "org", "list", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.JSONEq(t, `[]`, r.stdout)
+
+	ctx := context.Background()
+	orgs := models.NewOrgStore(db)
+	ids := map[string]string{}
+	for _, name := range []string{"Acme", "Globex Corp", "Initech"} {
+		o, err := orgs.Create(ctx, name)
+		require.NoError(t, err)
+		ids[o.Slug] = o.ID
+	}
+	zero, five := int64(0), int64(5)
+	require.NoError(t, orgs.SetQuota(ctx, ids["globex-corp"], &zero))
+	require.NoError(t, orgs.SetQuota(ctx, ids["initech"], &five))
+
+	r = runCLI(t, "org", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	require.Len(t, lines, 4, r.stdout)
+	require.Regexp(t, `^SLUG\s+ID\s+QUOTA\s+CREATED\s+NAME$`, lines[0])
+	ts := `\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`
+	require.Regexp(t, `^acme\s+`+ids["acme"]+`\s+default\s+`+ts+`\s+Acme$`, lines[1])
+	require.Regexp(t, `^globex-corp\s+`+ids["globex-corp"]+`\s+unlimited\s+`+ts+`\s+Globex Corp$`, lines[2])
+	require.Regexp(t, `^initech\s+`+ids["initech"]+`\s+5\s+`+ts+`\s+Initech$`, lines[3])
+	require.Equal(t, strings.Index(lines[0], "QUOTA"), strings.Index(lines[2], "unlimited"), "columns align")
+
+	r = runCLI(t, "org", "list", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var got []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got))
+	require.Len(t, got, 3)
+	quotas := map[string]any{}
+	for _, o := range got {
+		require.Equal(t, ids[o["slug"].(string)], o["id"])
+		_, err := time.Parse(time.RFC3339Nano, o["created_at"].(string))
+		require.NoError(t, err)
+		quotas[o["slug"].(string)] = o["monthly_run_quota"]
+	}
+	require.Equal(t, map[string]any{"acme": nil, "globex-corp": 0.0, "initech": 5.0}, quotas)
+}
+
+// serveInProcess runs `valruns serve` in this process with the test's
+// environment, on a free port, and returns its base URL. It stops when the
+// test ends.
+func serveInProcess(t *testing.T) string {
+	t.Helper()
+	addr := proctest.FreeAddr(t)
+	t.Setenv("HTTP_ADDR", addr)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan result, 1)
+	go func() {
+		var out, errOut bytes.Buffer
+		code := run(ctx, []string{"serve"}, &out, &errOut)
+		done <- result{code: code, stdout: out.String(), stderr: errOut.String()}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case r := <-done:
+			require.Equal(t, 0, r.code, "serve: %s", r.stderr)
+		case <-time.After(60 * time.Second):
+			t.Error("serve did not stop")
+		}
+	})
+	base := "http://" + addr
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		select {
+		case r := <-done:
+			t.Fatalf("serve exited early with %d: %s", r.code, r.stderr)
+		default:
+		}
+		resp, err := http.Get(base + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, "serve never answered /healthz")
+	return base
+}
+
+// call sends a request with a token and returns the status and body.
+func call(t *testing.T, method, url, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+func TestOrgQuota(t *testing.T) {
+	db := migratedDB(t)
+	// Without the token cache, the server reads the quota on every request,
+	// so what the CLI sets is what the next start sees.
+	t.Setenv("AUTH_CACHE_TTL", "0")
+	t.Setenv("DEFAULT_MONTHLY_RUN_QUOTA", "2")
+	base := serveInProcess(t)
+
+	r := runCLI(t, "org", "create", "Acme")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = runCLI(t, "token", "create", "--org", "acme")
+	require.Equal(t, 0, r.code, r.stderr)
+	token := strings.TrimSpace(r.stdout)
+	quota := func() *int64 {
+		t.Helper()
+		var org models.Organization
+		require.NoError(t, db.Where("slug = 'acme'").Take(&org).Error)
+		return org.MonthlyRunQuota
+	}
+
+	code, body := call(t, http.MethodPost, base+"/api/workflows/", token, `{"name":"quota"}`)
+	require.Equal(t, http.StatusCreated, code, body)
+	var wf struct{ ID string }
+	require.NoError(t, json.Unmarshal([]byte(body), &wf))
+	start := func() (int, string) {
+		t.Helper()
+		return call(t, http.MethodPost, base+"/api/workflows/"+wf.ID+"/start/", token, `{"submission":{}}`)
+	}
+
+	r = runCLI(t, "org", "quota", "acme", "1")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "acme: monthly run quota is now 1 runs a month\n"+
+		"Running API processes apply it within AUTH_CACHE_TTL (0s in this environment); new ones at once.\n", r.stdout)
+	require.Equal(t, int64(1), *quota())
+	code, body = start()
+	require.Equal(t, http.StatusCreated, code, body)
+	code, body = start()
+	require.Equal(t, http.StatusTooManyRequests, code, body)
+	require.Contains(t, body, `"code":"quota_exceeded"`)
+	require.Contains(t, body, "quota of 1 runs")
+
+	r = runCLI(t, "org", "quota", "acme", "default")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "acme: monthly run quota is now default: DEFAULT_MONTHLY_RUN_QUOTA of the API processes applies (2 runs a month in this environment)\n")
+	require.Nil(t, quota())
+	code, body = start()
+	require.Equal(t, http.StatusCreated, code, "the default of 2 applies: %s", body)
+	code, body = start()
+	require.Equal(t, http.StatusTooManyRequests, code, body)
+	require.Contains(t, body, "quota of 2 runs")
+
+	for _, unlimited := range []string{"0", "unlimited"} {
+		r = runCLI(t, "org", "quota", "acme", unlimited)
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Contains(t, r.stdout, "acme: monthly run quota is now unlimited\n")
+		require.Equal(t, int64(0), *quota())
+	}
+	code, body = start()
+	require.Equal(t, http.StatusCreated, code, body)
+
+	r = runCLI(t, "org", "quota", "nope", "5")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, `valruns org quota: no organisation with slug "nope" (list them with `+
+		"`valruns org list`, create one with `valruns org create NAME`)\n", r.stderr)
+}
+
+func TestTokenListAndRevoke(t *testing.T) {
+	db := migratedDB(t)
+	t.Setenv("AUTH_CACHE_TTL", "0") // a revocation shows at once
+	base := serveInProcess(t)
+
+	r := runCLI(t, "org", "create", "Acme")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = runCLI(t, "token", "list", "--org", "acme")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "acme has no tokens: create one with `valruns token create --org acme`\n", r.stdout)
+
+	var tokens []string
+	for range 3 {
+		r = runCLI(t, "token", "create", "--org", "acme")
+		require.Equal(t, 0, r.code, r.stderr)
+		tokens = append(tokens, strings.TrimSpace(r.stdout))
+	}
+	var ids []string
+	for _, tok := range tokens {
+		var id string
+		require.NoError(t, db.Raw(`SELECT id FROM api_tokens WHERE token_hash = ?`, models.HashToken(tok)).Scan(&id).Error)
+		ids = append(ids, id)
+	}
+	works := func(tok string) int {
+		t.Helper()
+		code, _ := call(t, http.MethodGet, base+"/api/workflows/", tok, "")
+		return code
+	}
+	for _, tok := range tokens {
+		require.Equal(t, http.StatusOK, works(tok))
+	}
+
+	r = runCLI(t, "token", "list", "--org", "acme")
+	require.Equal(t, 0, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	require.Len(t, lines, 4, r.stdout)
+	require.Regexp(t, `^ID\s+PREFIX\s+CREATED\s+REVOKED$`, lines[0])
+	for i, tok := range tokens {
+		require.Regexp(t, `^`+ids[i]+`\s+`+regexp.QuoteMeta(tok[:10])+`\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\s+-$`, lines[i+1])
+	}
+	require.NotContains(t, r.stdout, tokens[0][10:], "never more of a token than its prefix")
+
+	// By display prefix, as token list shows it.
+	r = runCLI(t, "token", "revoke", tokens[0][:10])
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^revoked token `+ids[0]+` \(`+regexp.QuoteMeta(tokens[0][:10])+` of acme\) at \S+\n`+
+		`API processes started from now on refuse it; running ones within AUTH_CACHE_TTL \(0s in this environment\)\.\n$`, r.stdout)
+	require.Equal(t, http.StatusUnauthorized, works(tokens[0]), "revoked")
+	require.Equal(t, http.StatusOK, works(tokens[1]), "the others still work")
+
+	// Again: said, not an error.
+	r = runCLI(t, "token", "revoke", ids[0])
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^token `+ids[0]+` \(\S+ of acme\) was already revoked at \S+\n$`, r.stdout)
+
+	// By id, and by the whole token (as a leaked one is found).
+	r = runCLI(t, "token", "revoke", ids[1])
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "revoked token "+ids[1])
+	r = runCLI(t, "token", "revoke", tokens[2])
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "revoked token "+ids[2])
+	for _, tok := range tokens {
+		require.Equal(t, http.StatusUnauthorized, works(tok))
+	}
+
+	r = runCLI(t, "token", "list", "--org", "acme", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var list []struct {
+		ID, Prefix string
+		Revoked    *string `json:"revoked_at"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &list))
+	require.Len(t, list, 3)
+	for i, tok := range list {
+		require.Equal(t, ids[i], tok.ID)
+		require.Equal(t, tokens[i][:10], tok.Prefix)
+		require.NotNil(t, tok.Revoked, "revoked_at is set")
+		_, err := time.Parse(time.RFC3339Nano, *tok.Revoked)
+		require.NoError(t, err)
+	}
+
+	r = runCLI(t, "token", "revoke", "vr_nomatch")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, `valruns token revoke: no token matches "vr_nomatch" (list an organisation's tokens with `+
+		"`valruns token list --org SLUG`)\n", r.stderr)
+	r = runCLI(t, "token", "list", "--org", "nope")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, `valruns token list: no organisation with slug "nope"`)
+}
+
+func TestTokenRevokeAmbiguousPrefix(t *testing.T) {
+	db := migratedDB(t)
+	var orgID string
+	require.NoError(t, db.Raw(`INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&orgID).Error)
+	// Two tokens whose display prefixes share their start (7 random
+	// characters make it rare, not impossible).
+	var ids []string
+	for _, display := range []string{"vr_abcd111", "vr_abcd222"} {
+		var id string
+		require.NoError(t, db.Raw(`INSERT INTO api_tokens (org_id, token_hash, display) VALUES (?, sha256(?::bytea), ?) RETURNING id`,
+			orgID, display, display).Scan(&id).Error)
+		ids = append(ids, id)
+	}
+	revoked := func() []string {
+		t.Helper()
+		var d []string
+		require.NoError(t, db.Raw(`SELECT display FROM api_tokens WHERE revoked_at IS NOT NULL ORDER BY display`).Scan(&d).Error)
+		return d
+	}
+
+	r := runCLI(t, "token", "revoke", "vr_abcd")
+	require.Equal(t, 1, r.code, r.stdout)
+	require.Equal(t, `valruns token revoke: "vr_abcd" matches 2 tokens: name one by its id: `+
+		ids[0]+` (vr_abcd111 of acme), `+ids[1]+` (vr_abcd222 of acme); nothing revoked`+"\n", r.stderr)
+	require.Empty(t, revoked())
+
+	// A prefix is literal: the _ of vr_ is no wildcard.
+	r = runCLI(t, "token", "revoke", "vrxabcd1")
+	require.Equal(t, 2, r.code, "not a token reference")
+	r = runCLI(t, "token", "revoke", "vr_abc_111")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "no token matches")
+
+	r = runCLI(t, "token", "revoke", "vr_abcd2")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "revoked token "+ids[1])
+	require.Equal(t, []string{"vr_abcd222"}, revoked())
+}
+
+// TestBinaryExitCodes runs the real binary: the exit codes run() chooses
+// are the process's.
+func TestBinaryExitCodes(t *testing.T) {
+	db, dbURL := testdb.New(t)
+	bin := proctest.Binary(t)
+	tests := []struct {
+		args     []string
+		wantCode int
+		// wantOut starts stdout, wantErr stderr.
+		wantOut, wantErr string
+	}{
+		{args: []string{"org", "create", "--help"}, wantCode: 0, wantOut: "Usage: valruns org create NAME"},
+		{args: []string{"migrate", "status", "--help"}, wantCode: 0, wantOut: "Usage: valruns migrate status\n"},
+		{args: []string{"token"}, wantCode: 2, wantErr: "valruns token: missing subcommand\n\nUsage: valruns token SUBCOMMAND"},
+		{args: []string{"org", "quota", "nope", "5"}, wantCode: 1, wantErr: `valruns org quota: no organisation with slug "nope"`},
+		{args: []string{"org", "list"}, wantCode: 0, wantOut: "no organisations yet"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			cmd := exec.Command(bin, tt.args...)
+			cmd.Env = proctest.Env("DATABASE_URL="+dbURL, "LOG_LEVEL=error")
+			var out, errOut bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &errOut
+			err := cmd.Run()
+			code := 0
+			if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+				code = ee.ExitCode()
+			} else {
+				require.NoError(t, err)
+			}
+			require.Equal(t, tt.wantCode, code, "stdout %q stderr %q", out.String(), errOut.String())
+			require.True(t, strings.HasPrefix(out.String(), tt.wantOut), "stdout %q", out.String())
+			require.True(t, strings.HasPrefix(errOut.String(), tt.wantErr), "stderr %q", errOut.String())
+		})
+	}
+	var n int64
+	require.NoError(t, db.Raw(`SELECT count(*) FROM organizations`).Scan(&n).Error)
+	require.Zero(t, n, "org create --help created nothing")
 }

@@ -30,8 +30,12 @@ var (
 // them as shell assignments. Running it again reuses what exists.
 func cmdDemo(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("demo", "demo [--token-file PATH]", out)
-	tokenFile := fs.String("token-file", ".dev/demo-token", "where the demo token is kept between runs")
-	if err := fs.Parse(args); err != nil {
+	tokenFile := fs.String("token-file", ".dev/demo-token", "`PATH` of the file the demo token is kept in between runs")
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noOperands(operands); err != nil {
 		return err
 	}
 	a, err := open(ctx, forWork)

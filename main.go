@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,8 +16,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"gorm.io/gorm"
@@ -27,19 +31,103 @@ import (
 	"github.com/valruns/valruns/models"
 )
 
-const usage = `valruns: the idempotent job-start API
+// command is one entry of the table run() dispatches on. The usage
+// overview, every --help and the tests walk this one table, so a command
+// added here is listed, answers --help and is tested with no other change.
+type command struct {
+	// name is the word on the command line.
+	name string
+	// args is what follows the name in the synopsis ("NAME [--slug SLUG]").
+	args string
+	// summary is the command's line in the overview.
+	summary string
+	// run executes the command with the arguments after its name. Given
+	// ["-h"] it must print its usage (Usage: valruns NAME ARGS...) on out and
+	// return flag.ErrHelp without acting: run() calls it so for --help and
+	// to show the usage after a bad call. A bad call returns a *usageError.
+	// nil for a group of subcommands.
+	run func(ctx context.Context, args []string, out io.Writer) error
+	// subs are the subcommands of a group.
+	subs []command
+}
 
-Usage:
-  valruns serve [--worker]         run the HTTP API (--worker: also the worker, single-node mode)
-  valruns worker                   run the worker: task server, scheduler, staged-job enqueuer
-  valruns migrate up|down|status   apply, roll back one, or list schema migrations
-  valruns cleanup [--dry-run]      delete expired idempotency keys once, print the count
-  valruns org create NAME          create an organisation, print its slug and id
-  valruns token create --org SLUG  create an API token, print it once
-  valruns demo                     ensure a demo org, token and workflow (used by make run)
+// commands is every command of the binary, in the order the overview lists them.
+var commands = []command{
+	{name: "serve", args: "[--worker]", summary: "run the HTTP API (--worker: also the worker, single-node mode)", run: cmdServe},
+	{name: "worker", summary: "run the worker: task server, scheduler, staged-job enqueuer", run: cmdWorker},
+	{name: "migrate", summary: "schema migrations", subs: []command{
+		{name: "up", summary: "apply every pending migration", run: cmdMigrate("up")},
+		{name: "down", summary: "roll back the last applied migration", run: cmdMigrate("down")},
+		{name: "status", summary: "list the migrations, applied or pending", run: cmdMigrate("status")},
+	}},
+	{name: "cleanup", args: "[--dry-run]", summary: "delete expired idempotency keys once, print the count", run: cmdCleanup},
+	{name: "org", summary: "organisations and their quotas", subs: []command{
+		{name: "create", args: "NAME [--slug SLUG]", summary: "create an organisation, print its slug and id", run: cmdOrgCreate},
+		{name: "list", args: "[--json]", summary: "list the organisations: slug, id, monthly run quota, created", run: cmdOrgList},
+		{name: "quota", args: "SLUG N|default", summary: "set an organisation's monthly run quota (0: unlimited)", run: cmdOrgQuota},
+	}},
+	{name: "token", summary: "API tokens", subs: []command{
+		{name: "create", args: "--org SLUG", summary: "create an API token, print it once (only its SHA-256 is stored)", run: cmdTokenCreate},
+		{name: "list", args: "--org SLUG [--json]", summary: "list an organisation's tokens: id, prefix, created, revoked", run: cmdTokenList},
+		{name: "revoke", args: "ID|PREFIX", summary: "revoke a token, named by its id or its display prefix", run: cmdTokenRevoke},
+	}},
+	{name: "demo", args: "[--token-file PATH]", summary: "ensure a demo org, token and workflow (used by make run)", run: cmdDemo},
+}
 
-Configuration is environment variables; see the README. Run any command with --help.
-`
+// synopsis is how a command is called: "org create NAME [--slug SLUG]".
+func synopsis(path []string, c command) string {
+	return strings.TrimSpace(strings.Join(path, " ") + " " + c.args)
+}
+
+// listing is one line per runnable command under path, aligned:
+// "valruns org create NAME [--slug SLUG]   create an organisation...".
+func listing(path []string, cmds []command) []string {
+	type row struct{ syn, summary string }
+	var rows []row
+	var walk func(path []string, cmds []command)
+	walk = func(path []string, cmds []command) {
+		for _, c := range cmds {
+			p := append(slices.Clone(path), c.name)
+			if c.subs != nil {
+				walk(p, c.subs)
+				continue
+			}
+			rows = append(rows, row{"valruns " + synopsis(p, c), c.summary})
+		}
+	}
+	walk(path, cmds)
+	width := 0
+	for _, r := range rows {
+		width = max(width, len(r.syn))
+	}
+	lines := make([]string, len(rows))
+	for i, r := range rows {
+		lines[i] = fmt.Sprintf("%-*s  %s", width, r.syn, r.summary)
+	}
+	return lines
+}
+
+// overview is the usage of the binary itself.
+func overview() string {
+	return "valruns: the idempotent job-start API\n\nUsage:\n  " +
+		strings.Join(listing(nil, commands), "\n  ") +
+		"\n\nConfiguration is environment variables; see the README.\n" +
+		"Run any command with --help (or `valruns help COMMAND`) for its usage.\n"
+}
+
+// groupUsage is the usage of a group of subcommands such as `valruns org`.
+func groupUsage(path []string, c command) string {
+	name := strings.Join(path, " ")
+	return fmt.Sprintf("Usage: valruns %s SUBCOMMAND\n\n%s, one of:\n  %s\n\nRun `valruns %s SUBCOMMAND --help` for its usage.\n",
+		name, upperFirst(c.summary), strings.Join(listing(path[:len(path)-1], []command{c}), "\n  "), name)
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -62,50 +150,206 @@ type exitCoder interface {
 	ExitCode() int
 }
 
+// usageError is a bad call of a command (a missing or extra argument, a bad
+// flag or value): exit code 2, and run() prints the command's usage after it.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+// ExitCode is 2, the conventional code of bad usage.
+func (e *usageError) ExitCode() int { return 2 }
+
+func badUsage(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
+
+// Exit codes of run.
+const (
+	exitOK    = 0
+	exitFail  = 1 // the command failed
+	exitUsage = 2 // the command was called wrongly
+)
+
+// run executes the command args name and returns the process's exit code:
+// 0 done (or usage asked for), 1 failed (one line on stderr: "valruns CMD:
+// why"), 2 bad usage (why, then the command's usage, on stderr), or the
+// code an exitCoder error chooses.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(stdout, usage)
-		if len(args) == 0 {
-			return 2
+	if len(args) > 0 && args[0] == "help" { // `valruns help org create` = `valruns org create --help`
+		if len(args) == 1 {
+			fmt.Fprint(stdout, overview())
+			return exitOK
 		}
-		return 0
+		args = append(slices.Clone(args[1:]), "--help")
 	}
-	cmds := map[string]func(context.Context, []string, io.Writer) error{
-		"serve":   cmdServe,
-		"worker":  cmdWorker,
-		"migrate": cmdMigrate,
-		"cleanup": cmdCleanup,
-		"org":     cmdOrg,
-		"token":   cmdToken,
-		"demo":    cmdDemo,
+	if len(args) == 0 {
+		fmt.Fprint(stderr, overview())
+		return exitUsage
 	}
-	cmd, ok := cmds[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "valruns: unknown command %q\n\n%s", args[0], usage)
-		return 2
+	if isHelp(args[0]) {
+		fmt.Fprint(stdout, overview())
+		return exitOK
 	}
-	if err := cmd(ctx, args[1:], stdout); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+
+	// Find the command: one word per level of the table.
+	var (
+		cmd   command
+		path  []string
+		table = commands
+		rest  = args
+	)
+	for {
+		i := slices.IndexFunc(table, func(c command) bool { return c.name == rest[0] })
+		if i < 0 {
+			if path == nil {
+				fmt.Fprintf(stderr, "valruns: unknown command %q\n\n%s", rest[0], overview())
+				return exitUsage
+			}
+			name := strings.Join(path, " ")
+			fmt.Fprintf(stderr, "valruns %s: unknown subcommand %q\n\n%s", name, rest[0], groupUsage(path, cmd))
+			return exitUsage
 		}
-		fmt.Fprintf(stderr, "valruns %s: %v\n", args[0], err)
-		if ec, ok := errors.AsType[exitCoder](err); ok {
-			return ec.ExitCode()
+		cmd, path, rest = table[i], append(path, table[i].name), rest[1:]
+		if cmd.subs == nil {
+			break
 		}
-		return 1
+		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") || rest[0] == "help" {
+			if wantsHelp(rest) || (len(rest) > 0 && rest[0] == "help") {
+				fmt.Fprint(stdout, groupUsage(path, cmd))
+				return exitOK
+			}
+			fmt.Fprintf(stderr, "valruns %s: missing subcommand\n\n%s", strings.Join(path, " "), groupUsage(path, cmd))
+			return exitUsage
+		}
+		table = cmd.subs
 	}
-	return 0
+	name := strings.Join(path, " ")
+
+	// --help anywhere (before a "--") shows the usage and nothing else runs:
+	// `org create Acme --help` must not create Acme.
+	if wantsHelp(rest) {
+		rest = []string{"-h"}
+	}
+	err := cmd.run(ctx, rest, stdout)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, new(*usageError)):
+		fmt.Fprintf(stderr, "valruns %s: %s\n\n", name, oneLine(err))
+		_ = cmd.run(ctx, []string{"-h"}, stderr)
+		return exitUsage
+	}
+	fmt.Fprintf(stderr, "valruns %s: %s\n", name, oneLine(err))
+	if ec, ok := errors.AsType[exitCoder](err); ok {
+		return ec.ExitCode()
+	}
+	return exitFail
 }
 
-// flags returns a FlagSet printing its usage to out.
-func flags(name, synopsis string, out io.Writer) *flag.FlagSet {
+// isHelp reports whether a command-line word asks for help.
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--h", "--help":
+		return true
+	}
+	return false
+}
+
+// wantsHelp reports whether args ask for help before a "--" (after which
+// every word is an operand: `org create -- --help` names an organisation).
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if isHelp(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// flags returns the FlagSet of a command: synopsis is its usage line after
+// "valruns ", doc optional paragraphs after it. The usage goes to out when
+// asked for (-h); a bad flag prints nothing here, since parse turns it into
+// a *usageError and run() prints it with the usage on stderr.
+func flags(name, synopsis string, out io.Writer, doc ...string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(out)
+	failed := &flagFailure{}
+	fs.SetOutput(failed)
 	fs.Usage = func() {
+		if failed.seen {
+			return
+		}
 		fmt.Fprintf(out, "Usage: valruns %s\n", synopsis)
-		fs.PrintDefaults()
+		for _, d := range doc {
+			fmt.Fprintf(out, "\n%s\n", d)
+		}
+		printFlags(out, fs)
 	}
 	return fs
+}
+
+// printFlags lists a FlagSet's flags as the synopses spell them (--name),
+// which the flag package accepts as well as -name.
+func printFlags(out io.Writer, fs *flag.FlagSet) {
+	first := true
+	fs.VisitAll(func(f *flag.Flag) {
+		if first {
+			fmt.Fprint(out, "\nFlags:\n")
+			first = false
+		}
+		value, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(out, "  --%s", f.Name)
+		if value != "" {
+			fmt.Fprintf(out, " %s", value)
+		}
+		fmt.Fprintf(out, "\n      %s", strings.ReplaceAll(usage, "\n", "\n      "))
+		if f.DefValue != "" && f.DefValue != "false" {
+			fmt.Fprintf(out, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(out)
+	})
+}
+
+// flagFailure is a FlagSet's output: the flag package writes there only to
+// report a bad flag, just before it calls Usage.
+type flagFailure struct{ seen bool }
+
+func (f *flagFailure) Write(p []byte) (int, error) {
+	f.seen = true
+	return len(p), nil
+}
+
+// parse parses the flags of args wherever they stand among the operands
+// (`org create Acme --slug acme` as well as `org create --slug acme Acme`)
+// and returns the operands; after a "--" every word is an operand. A bad
+// flag is a *usageError; -h is flag.ErrHelp, with the usage printed.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var operands []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, &usageError{err.Error()}
+		}
+		rest := fs.Args()
+		if done := len(args) - len(rest); done > 0 && args[done-1] == "--" {
+			return append(operands, rest...), nil
+		}
+		if len(rest) == 0 {
+			return operands, nil
+		}
+		operands = append(operands, rest[0])
+		args = rest[1:]
+	}
+}
+
+// noOperands is a *usageError when a command that takes none got one.
+func noOperands(operands []string) error {
+	if len(operands) > 0 {
+		return badUsage("unexpected argument %q", operands[0])
+	}
+	return nil
 }
 
 // app is what every command that touches the database needs.
@@ -198,9 +442,14 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 }
 
 func cmdServe(ctx context.Context, args []string, out io.Writer) error {
-	fs := flags("serve", "serve [--worker]", out)
+	fs := flags("serve", "serve [--worker]", out,
+		"Runs the HTTP API on HTTP_ADDR until SIGINT or SIGTERM, then shuts down gracefully.")
 	withWorker := fs.Bool("worker", false, "also run the worker in this process (single-node mode)")
-	if err := fs.Parse(args); err != nil {
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noOperands(operands); err != nil {
 		return err
 	}
 	a, err := open(ctx, forWork)
@@ -243,64 +492,79 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	return err
 }
 
-func cmdMigrate(ctx context.Context, args []string, out io.Writer) error {
-	fs := flags("migrate", "migrate up|down|status", out)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return &exitError{"want one of up, down, status"}
-	}
-	a, err := open(ctx, forMigration)
-	if err != nil {
-		return err
-	}
-	defer a.close()
-	p, err := migrations.NewProvider(models.SQLDB(a.db))
-	if err != nil {
-		return err
-	}
-	switch fs.Arg(0) {
-	case "up":
-		res, err := p.Up(ctx)
+// migrateDoc says what each `migrate` action does, in its usage.
+var migrateDoc = map[string]string{
+	"up":     "Applies every pending migration (embedded in the binary) and prints the database's version.",
+	"down":   "Rolls back the last applied migration.",
+	"status": "Lists the migrations embedded in the binary, each applied (with the time) or pending.",
+}
+
+// cmdMigrate is the command `valruns migrate ACTION`.
+func cmdMigrate(action string) func(context.Context, []string, io.Writer) error {
+	return func(ctx context.Context, args []string, out io.Writer) error {
+		fs := flags("migrate "+action, "migrate "+action, out, migrateDoc[action])
+		operands, err := parse(fs, args)
 		if err != nil {
 			return err
 		}
-		for _, r := range res {
-			fmt.Fprintf(out, "applied %s (%s)\n", r.Source.Path, r.Duration.Round(time.Millisecond))
+		if err := noOperands(operands); err != nil {
+			return err
 		}
-		v, _ := p.GetDBVersion(ctx)
-		fmt.Fprintf(out, "database at version %d\n", v)
-	case "down":
-		r, err := p.Down(ctx)
+		a, err := open(ctx, forMigration)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "rolled back %s\n", r.Source.Path)
-	case "status":
-		st, err := p.Status(ctx)
+		defer a.close()
+		p, err := migrations.NewProvider(models.SQLDB(a.db))
 		if err != nil {
 			return err
 		}
-		for _, s := range st {
-			applied := "pending"
-			if s.State == "applied" {
-				applied = "applied " + s.AppliedAt.UTC().Format(time.RFC3339)
+		switch action {
+		case "up":
+			res, err := p.Up(ctx)
+			if err != nil {
+				return err
 			}
-			fmt.Fprintf(out, "%-30s %s\n", s.Source.Path, applied)
+			for _, r := range res {
+				fmt.Fprintf(out, "applied %s (%s)\n", r.Source.Path, r.Duration.Round(time.Millisecond))
+			}
+			v, _ := p.GetDBVersion(ctx)
+			fmt.Fprintf(out, "database at version %d\n", v)
+		case "down":
+			r, err := p.Down(ctx)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "rolled back %s\n", r.Source.Path)
+		case "status":
+			st, err := p.Status(ctx)
+			if err != nil {
+				return err
+			}
+			for _, s := range st {
+				applied := "pending"
+				if s.State == "applied" {
+					applied = "applied " + s.AppliedAt.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(out, "%-30s %s\n", s.Source.Path, applied)
+			}
+		default:
+			return fmt.Errorf("unknown migrate action %q", action) // the command table names only the above
 		}
-	default:
-		fs.Usage()
-		return &exitError{fmt.Sprintf("unknown migrate action %q: want up, down or status", fs.Arg(0))}
+		return nil
 	}
-	return nil
 }
 
 func cmdCleanup(ctx context.Context, args []string, out io.Writer) error {
-	fs := flags("cleanup", "cleanup [--dry-run]", out)
+	fs := flags("cleanup", "cleanup [--dry-run]", out,
+		"Deletes the idempotency keys past their expiry, in batches of CLEANUP_BATCH_SIZE as the worker's\n"+
+			"scheduled cleanup does, and prints how many.")
 	dry := fs.Bool("dry-run", false, "only count the expired keys")
-	if err := fs.Parse(args); err != nil {
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noOperands(operands); err != nil {
 		return err
 	}
 	a, err := open(ctx, forWork)
@@ -322,21 +586,44 @@ func cmdCleanup(ctx context.Context, args []string, out io.Writer) error {
 	return err
 }
 
-func cmdOrg(ctx context.Context, args []string, out io.Writer) error {
-	fs := flags("org", "org create NAME", out)
-	if err := fs.Parse(args); err != nil {
+func cmdOrgCreate(ctx context.Context, args []string, out io.Writer) error {
+	fs := flags("org create", "org create NAME [--slug SLUG]", out,
+		"Creates an organisation and prints its slug and id. The slug addresses the organisation in the\n"+
+			"other commands; it is derived from NAME (lowercase, runs of other characters become -) unless\n"+
+			"--slug is given. A slug that is taken is refused: nothing is created.")
+	slug := fs.String("slug", "", "the `SLUG` to address the organisation by: 1 to 63 of a-z, 0-9 and -, starting with a letter or digit\n(default: derived from NAME)")
+	operands, err := parse(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 2 || fs.Arg(0) != "create" {
-		fs.Usage()
-		return &exitError{"want: org create NAME"}
+	switch {
+	case len(operands) == 0:
+		return badUsage("missing NAME")
+	case len(operands) > 1:
+		return badUsage("want one NAME, got %d words (quote a name with spaces: \"Acme Corp\")", len(operands))
+	}
+	name := operands[0]
+	if err := models.CheckName(name); err != nil {
+		return badUsage("NAME: %v", err)
+	}
+	if *slug != "" {
+		if err := models.CheckSlug(*slug); err != nil {
+			return badUsage("--slug: %v", err)
+		}
 	}
 	a, err := open(ctx, forWork)
 	if err != nil {
 		return err
 	}
 	defer a.close()
-	org, err := models.NewOrgStore(a.db).Create(ctx, fs.Arg(1))
+	org, err := models.NewOrgStore(a.db).CreateWithSlug(ctx, name, *slug)
+	if taken, ok := errors.AsType[*models.SlugTakenError](err); ok {
+		if *slug == "" {
+			return &exitError{fmt.Sprintf("slug %q, derived from the name, is taken by another organisation (see `valruns org list`): "+
+				"nothing created; choose a slug with --slug SLUG", taken.Slug)}
+		}
+		return &exitError{fmt.Sprintf("slug %q is taken by another organisation (see `valruns org list`): nothing created", taken.Slug)}
+	}
 	if err != nil {
 		return err
 	}
@@ -344,32 +631,166 @@ func cmdOrg(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
-func cmdToken(ctx context.Context, args []string, out io.Writer) error {
-	if len(args) == 0 || args[0] != "create" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(out, "Usage: valruns token create --org SLUG")
-			return flag.ErrHelp
-		}
-		return &exitError{"want: token create --org SLUG"}
-	}
-	fs := flags("token create", "token create --org SLUG", out)
-	slug := fs.String("org", "", "slug of the organisation the token acts for")
-	if err := fs.Parse(args[1:]); err != nil {
+// orgJSON is an organisation in `org list --json`.
+type orgJSON struct {
+	Slug string `json:"slug"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// MonthlyRunQuota: null means DEFAULT_MONTHLY_RUN_QUOTA applies, 0 unlimited.
+	MonthlyRunQuota *int64    `json:"monthly_run_quota"`
+	CreatedAt       time.Time `json:"created_at"`
+}
+
+func cmdOrgList(ctx context.Context, args []string, out io.Writer) error {
+	fs := flags("org list", "org list [--json]", out,
+		"Lists every organisation, oldest first. QUOTA is the organisation's monthly run quota:\n"+
+			"\"default\" when DEFAULT_MONTHLY_RUN_QUOTA applies, \"unlimited\" when it is 0.")
+	asJSON := fs.Bool("json", false, "print a JSON array (monthly_run_quota: null = default, 0 = unlimited)")
+	operands, err := parse(fs, args)
+	if err != nil {
 		return err
 	}
-	if *slug == "" {
-		fs.Usage()
-		return &exitError{"--org SLUG is required"}
+	if err := noOperands(operands); err != nil {
+		return err
 	}
 	a, err := open(ctx, forWork)
 	if err != nil {
 		return err
 	}
 	defer a.close()
-	org, err := models.NewOrgStore(a.db).BySlug(ctx, *slug)
-	if errors.Is(err, models.ErrNotFound) {
-		return &exitError{fmt.Sprintf("no organisation with slug %q (create one with `valruns org create NAME`)", *slug)}
+	orgs, err := models.NewOrgStore(a.db).List(ctx)
+	if err != nil {
+		return err
 	}
+	if *asJSON {
+		list := make([]orgJSON, len(orgs))
+		for i, o := range orgs {
+			list[i] = orgJSON{Slug: o.Slug, ID: o.ID, Name: o.Name, MonthlyRunQuota: o.MonthlyRunQuota, CreatedAt: o.CreatedAt.UTC()}
+		}
+		return writeJSON(out, list)
+	}
+	if len(orgs) == 0 {
+		fmt.Fprintln(out, "no organisations yet: create one with `valruns org create NAME`")
+		return nil
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SLUG\tID\tQUOTA\tCREATED\tNAME")
+	for _, o := range orgs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", o.Slug, o.ID, quotaText(o.MonthlyRunQuota), timeText(o.CreatedAt), o.Name)
+	}
+	return tw.Flush()
+}
+
+// quotaText is an organisation's own quota as `org list` shows it.
+func quotaText(q *int64) string {
+	switch {
+	case q == nil:
+		return "default"
+	case *q == 0:
+		return "unlimited"
+	}
+	return strconv.FormatInt(*q, 10)
+}
+
+func timeText(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func cmdOrgQuota(ctx context.Context, args []string, out io.Writer) error {
+	fs := flags("org quota", "org quota SLUG N|default", out,
+		"Sets how many runs the organisation may start per calendar month (UTC):\n"+
+			"  N        a whole number; 0 (or \"unlimited\") means unlimited\n"+
+			"  default  DEFAULT_MONTHLY_RUN_QUOTA of the API processes applies\n\n"+
+			"An API process trusts what it read with a token for AUTH_CACHE_TTL, so running servers apply\n"+
+			"the change within AUTH_CACHE_TTL.")
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(operands) != 2 {
+		return badUsage("want SLUG and N|default, got %d argument(s)", len(operands))
+	}
+	slug, value := operands[0], operands[1]
+	var quota *int64
+	switch value {
+	case "default":
+	case "unlimited":
+		quota = new(int64)
+	default:
+		n, err := strconv.ParseInt(value, 10, 64)
+		if err != nil || n < 0 {
+			return badUsage("quota %q: want a whole number >= 0 (0: unlimited) or default", value)
+		}
+		quota = &n
+	}
+	a, err := open(ctx, forWork)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	orgs := models.NewOrgStore(a.db)
+	org, err := orgBySlug(ctx, orgs, slug)
+	if err != nil {
+		return err
+	}
+	if err := orgs.SetQuota(ctx, org.ID, quota); err != nil {
+		return err
+	}
+	var effective string
+	switch {
+	case quota == nil:
+		effective = "default: DEFAULT_MONTHLY_RUN_QUOTA of the API processes applies (" +
+			runsPerMonth(a.cfg.DefaultMonthlyRunQuota) + " in this environment)"
+	default:
+		effective = runsPerMonth(*quota)
+	}
+	fmt.Fprintf(out, "%s: monthly run quota is now %s\n", org.Slug, effective)
+	fmt.Fprintf(out, "Running API processes apply it within AUTH_CACHE_TTL (%s in this environment); new ones at once.\n", a.cfg.AuthCacheTTL)
+	return nil
+}
+
+func runsPerMonth(q int64) string {
+	if q == 0 {
+		return "unlimited"
+	}
+	return fmt.Sprintf("%d runs a month", q)
+}
+
+// orgBySlug finds an organisation; an unknown slug is an error that says
+// how to find the right one.
+func orgBySlug(ctx context.Context, orgs *models.OrgStore, slug string) (*models.Organization, error) {
+	org, err := orgs.BySlug(ctx, slug)
+	if errors.Is(err, models.ErrNotFound) {
+		return nil, &exitError{fmt.Sprintf("no organisation with slug %q (list them with `valruns org list`, create one with `valruns org create NAME`)", slug)}
+	}
+	return org, err
+}
+
+func cmdTokenCreate(ctx context.Context, args []string, out io.Writer) error {
+	fs := flags("token create", "token create --org SLUG", out,
+		"Creates an API token for the organisation and prints it. It is shown this once: only its\n"+
+			"SHA-256 and its first characters (the display prefix) are stored.")
+	slug := fs.String("org", "", "`SLUG` of the organisation the token acts for (required)")
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noOperands(operands); err != nil {
+		return err
+	}
+	if *slug == "" {
+		return badUsage("--org SLUG is required")
+	}
+	a, err := open(ctx, forWork)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	org, err := orgBySlug(ctx, models.NewOrgStore(a.db), *slug)
 	if err != nil {
 		return err
 	}
@@ -378,6 +799,111 @@ func cmdToken(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(out, token)
+	return nil
+}
+
+// tokenJSON is a token in `token list --json`: never the token itself.
+type tokenJSON struct {
+	ID        string     `json:"id"`
+	Prefix    string     `json:"prefix"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at"`
+}
+
+func cmdTokenList(ctx context.Context, args []string, out io.Writer) error {
+	fs := flags("token list", "token list --org SLUG [--json]", out,
+		"Lists the organisation's tokens, revoked ones included, oldest first. PREFIX is the start of\n"+
+			"the token, which is all that is kept of it in clear; REVOKED is - while the token works.")
+	slug := fs.String("org", "", "`SLUG` of the organisation (required)")
+	asJSON := fs.Bool("json", false, "print a JSON array (revoked_at: null while the token works)")
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noOperands(operands); err != nil {
+		return err
+	}
+	if *slug == "" {
+		return badUsage("--org SLUG is required")
+	}
+	a, err := open(ctx, forWork)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	org, err := orgBySlug(ctx, models.NewOrgStore(a.db), *slug)
+	if err != nil {
+		return err
+	}
+	tokens, err := models.NewTokenStore(a.db).List(ctx, org.ID)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		list := make([]tokenJSON, len(tokens))
+		for i, t := range tokens {
+			list[i] = tokenJSON{ID: t.ID, Prefix: t.Display, CreatedAt: t.CreatedAt.UTC(), RevokedAt: t.RevokedAt}
+			if t.RevokedAt != nil {
+				r := t.RevokedAt.UTC()
+				list[i].RevokedAt = &r
+			}
+		}
+		return writeJSON(out, list)
+	}
+	if len(tokens) == 0 {
+		fmt.Fprintf(out, "%s has no tokens: create one with `valruns token create --org %s`\n", org.Slug, org.Slug)
+		return nil
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPREFIX\tCREATED\tREVOKED")
+	for _, t := range tokens {
+		revoked := "-"
+		if t.RevokedAt != nil {
+			revoked = timeText(*t.RevokedAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.ID, t.Display, timeText(t.CreatedAt), revoked)
+	}
+	return tw.Flush()
+}
+
+func cmdTokenRevoke(ctx context.Context, args []string, out io.Writer) error {
+	fs := flags("token revoke", "token revoke ID|PREFIX", out,
+		"Revokes one token, named by its id, by its display prefix (or the start of it: vr_ and at least\n"+
+			"one more character) as `valruns token list` shows it, or by the whole token. A prefix that\n"+
+			"matches several tokens revokes none and lists their ids. Revoking a revoked token says so.\n"+
+			"API processes started afterwards refuse the token at once; running ones within AUTH_CACHE_TTL,\n"+
+			"for which they trust a token they have verified.")
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(operands) != 1 {
+		return badUsage("want one ID or PREFIX, got %d", len(operands))
+	}
+	ref := operands[0]
+	if err := models.CheckTokenRef(ref); err != nil {
+		return badUsage("%v", err)
+	}
+	a, err := open(ctx, forWork)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	t, err := models.NewTokenStore(a.db).RevokeRef(ctx, ref)
+	if amb, ok := errors.AsType[*models.AmbiguousTokenError](err); ok {
+		return &exitError{amb.Error() + "; nothing revoked"}
+	}
+	switch {
+	case errors.Is(err, models.ErrNotFound):
+		return &exitError{fmt.Sprintf("no token matches %q (list an organisation's tokens with `valruns token list --org SLUG`)", ref)}
+	case errors.Is(err, models.ErrAlreadyRevoked):
+		fmt.Fprintf(out, "token %s (%s of %s) was already revoked at %s\n", t.ID, t.Display, t.OrgSlug, timeText(*t.RevokedAt))
+		return nil
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(out, "revoked token %s (%s of %s) at %s\n", t.ID, t.Display, t.OrgSlug, timeText(*t.RevokedAt))
+	fmt.Fprintf(out, "API processes started from now on refuse it; running ones within AUTH_CACHE_TTL (%s in this environment).\n", a.cfg.AuthCacheTTL)
 	return nil
 }
 

@@ -56,8 +56,14 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 }
 
 func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
-	fs := flags("worker", "worker", out)
-	if err := fs.Parse(args); err != nil {
+	fs := flags("worker", "worker", out,
+		"Runs the task server, the scheduler and the staged-job enqueuer until SIGINT or SIGTERM, and\n"+
+			"serves /metrics and /healthz on WORKER_METRICS_ADDR.")
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := noOperands(operands); err != nil {
 		return err
 	}
 	a, err := open(ctx, forWork)

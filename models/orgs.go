@@ -5,10 +5,13 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
+	"github.com/google/uuid"
 	"gorm.io/gorm"
 )
 
@@ -16,7 +19,7 @@ import (
 // secret scanners can find it).
 const TokenPrefix = "vr_"
 
-// OrgStore creates and finds organisations.
+// OrgStore creates, lists and finds organisations and sets their quotas.
 type OrgStore struct{ db *gorm.DB }
 
 // NewOrgStore returns an OrgStore on db.
@@ -36,31 +39,87 @@ func Slugify(name string) string {
 	return s
 }
 
-// Create inserts an organisation named name, with a slug derived from it
-// (suffixed -2, -3... when taken).
+// Sentinel errors of organisations and tokens.
+var (
+	// ErrInvalidName: an organisation's name is 1 to 200 characters.
+	ErrInvalidName = errors.New("name must be 1 to 200 characters")
+	// ErrInvalidSlug: a slug is what the organizations table accepts.
+	ErrInvalidSlug = errors.New("a slug is 1 to 63 lowercase letters, digits and hyphens, starting with a letter or digit")
+	// ErrInvalidTokenRef: not a token id, a token, or a prefix of a token's display.
+	ErrInvalidTokenRef = errors.New("want a token id (a UUID), a token, or the start of its display prefix (vr_ and at least one more character)")
+	// ErrAlreadyRevoked: the token was revoked before.
+	ErrAlreadyRevoked = errors.New("token already revoked")
+)
+
+// SlugTakenError: another organisation has the slug. It is an ErrConflict.
+type SlugTakenError struct{ Slug string }
+
+func (e *SlugTakenError) Error() string { return fmt.Sprintf("slug %q is taken", e.Slug) }
+
+// Unwrap makes errors.Is(err, ErrConflict) true.
+func (e *SlugTakenError) Unwrap() error { return ErrConflict }
+
+// slugPattern is the organizations.slug CHECK constraint.
+var slugPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// CheckSlug returns ErrInvalidSlug, naming slug, when the database would refuse it.
+func CheckSlug(slug string) error {
+	if !slugPattern.MatchString(slug) {
+		return fmt.Errorf("slug %q: %w", slug, ErrInvalidSlug)
+	}
+	return nil
+}
+
+// CheckName returns ErrInvalidName when the database would refuse an
+// organisation's name (surrounding spaces do not count).
+func CheckName(name string) error {
+	if n := len([]rune(strings.TrimSpace(name))); n == 0 || n > 200 {
+		return ErrInvalidName
+	}
+	return nil
+}
+
+// Create inserts an organisation named name, with the slug derived from it
+// (Slugify). A taken slug is a *SlugTakenError: never a silent suffix, since
+// the caller would then address another organisation than they think.
 func (s *OrgStore) Create(ctx context.Context, name string) (*Organization, error) {
+	return s.CreateWithSlug(ctx, name, "")
+}
+
+// CreateWithSlug inserts an organisation named name with the given slug (""
+// derives it from the name). A taken slug is a *SlugTakenError.
+func (s *OrgStore) CreateWithSlug(ctx context.Context, name, slug string) (*Organization, error) {
+	if err := CheckName(name); err != nil {
+		return nil, fmt.Errorf("create organization: %w", err)
+	}
 	name = strings.TrimSpace(name)
-	if name == "" || len([]rune(name)) > 200 {
-		return nil, fmt.Errorf("create organization: name must be 1 to 200 characters")
+	if slug == "" {
+		slug = Slugify(name)
 	}
-	base := Slugify(name)
-	for i := 1; i <= 100; i++ {
-		slug := base
-		if i > 1 {
-			slug = fmt.Sprintf("%s-%d", base, i)
-		}
-		var org Organization
-		res := s.db.WithContext(ctx).Raw(
-			`INSERT INTO organizations (name, slug) VALUES (?, ?) ON CONFLICT (slug) DO NOTHING RETURNING *`,
-			name, slug).Scan(&org)
-		if res.Error != nil {
-			return nil, fmt.Errorf("create organization: %w", translate(res.Error))
-		}
-		if res.RowsAffected == 1 {
-			return &org, nil
-		}
+	if err := CheckSlug(slug); err != nil {
+		return nil, fmt.Errorf("create organization: %w", err)
 	}
-	return nil, fmt.Errorf("create organization: no free slug for %q: %w", base, ErrConflict)
+	var org Organization
+	res := s.db.WithContext(ctx).Raw(
+		`INSERT INTO organizations (name, slug) VALUES (?, ?) ON CONFLICT (slug) DO NOTHING RETURNING *`,
+		name, slug).Scan(&org)
+	if res.Error != nil {
+		return nil, fmt.Errorf("create organization: %w", translate(res.Error))
+	}
+	if res.RowsAffected == 0 {
+		return nil, fmt.Errorf("create organization: %w", &SlugTakenError{Slug: slug})
+	}
+	return &org, nil
+}
+
+// List returns every organisation, oldest first. It is for operators: the
+// number of organisations is the operator's own, not a client's input.
+func (s *OrgStore) List(ctx context.Context) ([]Organization, error) {
+	var orgs []Organization
+	if err := s.db.WithContext(ctx).Order("created_at, slug").Find(&orgs).Error; err != nil {
+		return nil, fmt.Errorf("list organizations: %w", translate(err))
+	}
+	return orgs, nil
 }
 
 // BySlug finds an organisation by its slug.
@@ -113,7 +172,7 @@ func (s *TokenStore) Create(ctx context.Context, orgID string) (string, *APIToke
 		return "", nil, fmt.Errorf("create token: %w", err)
 	}
 	token := TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
-	t := APIToken{OrgID: orgID, TokenHash: HashToken(token), Display: token[:10]}
+	t := APIToken{OrgID: orgID, TokenHash: HashToken(token), Display: token[:displayLen]}
 	if err := s.db.WithContext(ctx).Create(&t).Error; err != nil {
 		return "", nil, fmt.Errorf("create token: %w", translate(err))
 	}
@@ -150,4 +209,156 @@ func (s *TokenStore) Revoke(ctx context.Context, tokenID string) error {
 		return fmt.Errorf("revoke token: %w", ErrNotFound)
 	}
 	return nil
+}
+
+// displayLen is how many leading characters of a token are kept in clear
+// (APIToken.Display), so a person can tell tokens apart.
+const displayLen = 10
+
+// TokenInfo is what an operator may see of a token: never the token itself.
+type TokenInfo struct {
+	ID      string
+	OrgID   string
+	OrgSlug string
+	// Display is the token's first characters (vr_ and 7 more).
+	Display   string
+	CreatedAt time.Time
+	// RevokedAt is nil while the token works.
+	RevokedAt *time.Time
+}
+
+// tokenInfoSQL selects TokenInfo columns; a WHERE clause follows.
+const tokenInfoSQL = `
+	SELECT t.id, t.org_id, o.slug AS org_slug, t.display, t.created_at, t.revoked_at
+	FROM api_tokens t JOIN organizations o ON o.id = t.org_id `
+
+// List returns the organisation's tokens, revoked ones included, oldest first.
+func (s *TokenStore) List(ctx context.Context, orgID string) ([]TokenInfo, error) {
+	var ts []TokenInfo
+	if err := s.db.WithContext(ctx).Raw(tokenInfoSQL+`WHERE t.org_id = ? ORDER BY t.created_at, t.id`, orgID).Scan(&ts).Error; err != nil {
+		return nil, fmt.Errorf("list tokens: %w", translate(err))
+	}
+	return ts, nil
+}
+
+// tokenRef is how an operator names a token.
+type tokenRef int
+
+const (
+	refID      tokenRef = iota + 1 // the token's id
+	refToken                       // the whole token, as a leaked one is found
+	refDisplay                     // the start of its display prefix
+)
+
+func parseTokenRef(ref string) (tokenRef, error) {
+	switch {
+	case uuid.Validate(ref) == nil:
+		return refID, nil
+	case !strings.HasPrefix(ref, TokenPrefix) || len(ref) == len(TokenPrefix):
+		return 0, fmt.Errorf("token %q: %w", ref, ErrInvalidTokenRef)
+	case len(ref) > displayLen:
+		return refToken, nil
+	default:
+		return refDisplay, nil
+	}
+}
+
+// CheckTokenRef returns ErrInvalidTokenRef when ref cannot name a token:
+// it must be a token id (a UUID), a whole token, or the start of a token's
+// display prefix (vr_ and at least one more character).
+func CheckTokenRef(ref string) error {
+	_, err := parseTokenRef(ref)
+	return err
+}
+
+// MaxTokenCandidates bounds the tokens an ambiguous reference reports.
+const MaxTokenCandidates = 20
+
+// AmbiguousTokenError: a display prefix matches several tokens.
+type AmbiguousTokenError struct {
+	Ref string
+	// Candidates are the matching tokens, at most MaxTokenCandidates.
+	Candidates []TokenInfo
+	// More: there are more matches than Candidates.
+	More bool
+}
+
+func (e *AmbiguousTokenError) Error() string {
+	ids := make([]string, len(e.Candidates))
+	for i, c := range e.Candidates {
+		ids[i] = fmt.Sprintf("%s (%s of %s)", c.ID, c.Display, c.OrgSlug)
+	}
+	n := fmt.Sprint(len(e.Candidates))
+	if e.More {
+		n = "more than " + n
+	}
+	return fmt.Sprintf("%q matches %s tokens: name one by its id: %s", e.Ref, n, strings.Join(ids, ", "))
+}
+
+// Find returns the tokens ref names (see CheckTokenRef), revoked ones
+// included, at most MaxTokenCandidates+1 of them.
+func (s *TokenStore) Find(ctx context.Context, ref string) ([]TokenInfo, error) {
+	kind, err := parseTokenRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	q := tokenInfoSQL
+	var arg any
+	switch kind {
+	case refID:
+		q, arg = q+`WHERE t.id = ?`, ref
+	case refToken:
+		q, arg = q+`WHERE t.token_hash = ?`, HashToken(ref)
+	default:
+		// starts_with, not LIKE: the _ of vr_ is a LIKE wildcard.
+		q, arg = q+`WHERE starts_with(t.display, ?)`, ref
+	}
+	var ts []TokenInfo
+	err = s.db.WithContext(ctx).Raw(q+fmt.Sprintf(` ORDER BY t.created_at, t.id LIMIT %d`, MaxTokenCandidates+1), arg).Scan(&ts).Error
+	if err != nil {
+		return nil, fmt.Errorf("find token: %w", translate(err))
+	}
+	return ts, nil
+}
+
+// RevokeRef revokes the one token ref names (see CheckTokenRef) and returns
+// it with its revocation time. No match is ErrNotFound, several an
+// *AmbiguousTokenError, and a token revoked before is ErrAlreadyRevoked
+// (with the token, whose RevokedAt is the earlier revocation).
+func (s *TokenStore) RevokeRef(ctx context.Context, ref string) (TokenInfo, error) {
+	ts, err := s.Find(ctx, ref)
+	if err != nil {
+		return TokenInfo{}, fmt.Errorf("revoke token: %w", err)
+	}
+	switch {
+	case len(ts) == 0:
+		return TokenInfo{}, fmt.Errorf("revoke token: no token matches %q: %w", ref, ErrNotFound)
+	case len(ts) > 1:
+		more := len(ts) > MaxTokenCandidates
+		if more {
+			ts = ts[:MaxTokenCandidates]
+		}
+		return TokenInfo{}, fmt.Errorf("revoke token: %w", &AmbiguousTokenError{Ref: ref, Candidates: ts, More: more})
+	}
+	t := ts[0]
+	if t.RevokedAt != nil {
+		return t, fmt.Errorf("revoke token %s: %w", t.ID, ErrAlreadyRevoked)
+	}
+	var revokedAt []time.Time
+	err = s.db.WithContext(ctx).Raw(`UPDATE api_tokens SET revoked_at = now() WHERE id = ? AND revoked_at IS NULL RETURNING revoked_at`, t.ID).Scan(&revokedAt).Error
+	if err != nil {
+		return t, fmt.Errorf("revoke token: %w", translate(err))
+	}
+	if len(revokedAt) == 0 { // revoked (or deleted) since Find read it
+		var again []TokenInfo
+		if err := s.db.WithContext(ctx).Raw(tokenInfoSQL+`WHERE t.id = ?`, t.ID).Scan(&again).Error; err != nil {
+			return t, fmt.Errorf("revoke token: %w", translate(err))
+		}
+		if len(again) == 0 {
+			return t, fmt.Errorf("revoke token %s: %w", t.ID, ErrNotFound)
+		}
+		return again[0], fmt.Errorf("revoke token %s: %w", t.ID, ErrAlreadyRevoked)
+	}
+	t.RevokedAt = &revokedAt[0]
+	return t, nil
 }
