@@ -549,8 +549,9 @@ func TestCleanup(t *testing.T) {
 
 func TestServeGracefulShutdown(t *testing.T) {
 	emptyDB(t)
-	addr := proctest.FreeAddr(t)
+	addr, pprofAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
 	t.Setenv("HTTP_ADDR", addr)
+	t.Setenv("PPROF_ADDR", pprofAddr)
 	t.Setenv("MIGRATE_ON_START", "true")
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -589,6 +590,15 @@ func TestServeGracefulShutdown(t *testing.T) {
 	code, err := get("/api/workflows/")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusUnauthorized, code, "the migrated-on-start API answers")
+
+	// PPROF_ADDR: the profiler on its own address, never on the API's.
+	code, err = get("/debug/pprof/cmdline")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNotFound, code, "no profiler on the API's address")
+	resp, err := client.Get("http://" + pprofAddr + "/debug/pprof/cmdline")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the profiler on PPROF_ADDR")
 
 	cancel()
 	select {

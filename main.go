@@ -462,6 +462,12 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stopPprof, err := startPprof(a)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	defer stopPprof()
 	var worker *workerProcess
 	if *withWorker {
 		if worker, err = startWorker(ctx, a); err != nil {

@@ -75,6 +75,12 @@ func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stopPprof, err := startPprof(a)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	defer stopPprof()
 	p, err := startWorker(ctx, a)
 	if err != nil {
 		_ = ln.Close()

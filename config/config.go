@@ -33,6 +33,12 @@ type Config struct {
 	// IdempotencyKeyRequired makes the Idempotency-Key header mandatory on
 	// idempotent routes (IDEMPOTENCY_KEY_REQUIRED).
 	IdempotencyKeyRequired bool
+	// IdempotencyMaxWait caps how long a request with `Prefer: wait=N` waits
+	// for the in-flight request with its key; 0 disables waiting (IDEMPOTENCY_MAX_WAIT).
+	IdempotencyMaxWait time.Duration
+	// IdempotencyMaxWaiters caps the requests waiting at once per API
+	// process; past it the answer is 409 at once (IDEMPOTENCY_MAX_WAITERS).
+	IdempotencyMaxWaiters int
 	// DefaultMonthlyRunQuota is the number of runs an organisation may start
 	// per calendar month (UTC) unless it has its own quota; 0 means unlimited
 	// (DEFAULT_MONTHLY_RUN_QUOTA).
@@ -67,6 +73,9 @@ type Config struct {
 	RunMaxRetry int
 	// WorkerMetricsAddr is where `valruns worker` serves /metrics and /healthz (WORKER_METRICS_ADDR).
 	WorkerMetricsAddr string
+	// PprofAddr, when set, is where serve and worker serve net/http/pprof;
+	// "" (the default) serves nothing (PPROF_ADDR).
+	PprofAddr string
 }
 
 // Var describes one environment variable: its name, default and meaning.
@@ -83,6 +92,8 @@ var Vars = []Var{
 	{"IDEMPOTENCY_TTL", "24h", "how long a stored response is replayed; an older key is processed as new"},
 	{"IDEMPOTENCY_TX_TIMEOUT", "30s", "deadline of the request transaction (it ignores client hang-ups)"},
 	{"IDEMPOTENCY_KEY_REQUIRED", "false", "`true`: a request without Idempotency-Key on an idempotent route is 400 `idempotency_key_missing`"},
+	{"IDEMPOTENCY_MAX_WAIT", "10s", "longest a request with `Prefer: wait=N` waits for the in-flight request with its key (then 409); 0 disables waiting"},
+	{"IDEMPOTENCY_MAX_WAITERS", "64", "requests that may wait at once per API process (`Prefer: wait`); past it, 409 at once"},
 	{"DEFAULT_MONTHLY_RUN_QUOTA", "0", "runs per organisation per calendar month (UTC); 0 = unlimited; an org's own quota wins"},
 	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
@@ -97,6 +108,7 @@ var Vars = []Var{
 	{"RUN_LEASE", "5m", "how long a run may stay `running` before another delivery may take it over"},
 	{"RUN_MAX_RETRY", "5", "retries of a failing run task before the run ends in status `error`"},
 	{"WORKER_METRICS_ADDR", "127.0.0.1:9091", "where `valruns worker` serves /metrics and /healthz (`serve --worker` uses the API's /metrics)"},
+	{"PPROF_ADDR", "", "`host:port` where `serve` and `worker` serve Go's /debug/pprof/ for profiling; empty (the default) serves nothing. Keep it on loopback"},
 }
 
 // Error is a configuration error naming the variable at fault.
@@ -125,6 +137,8 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		IdempotencyTTL:         p.duration("IDEMPOTENCY_TTL", time.Second),
 		IdempotencyTxTimeout:   p.duration("IDEMPOTENCY_TX_TIMEOUT", time.Millisecond),
 		IdempotencyKeyRequired: p.bool("IDEMPOTENCY_KEY_REQUIRED"),
+		IdempotencyMaxWait:     p.duration("IDEMPOTENCY_MAX_WAIT", 0),
+		IdempotencyMaxWaiters:  int(p.int("IDEMPOTENCY_MAX_WAITERS", 1)),
 		DefaultMonthlyRunQuota: p.int("DEFAULT_MONTHLY_RUN_QUOTA", 0),
 		CleanupSchedule:        p.schedule("CLEANUP_SCHEDULE"),
 		CleanupBatchSize:       int(p.int("CLEANUP_BATCH_SIZE", 1)),
@@ -139,6 +153,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		RunLease:               p.duration("RUN_LEASE", time.Second),
 		RunMaxRetry:            int(p.int("RUN_MAX_RETRY", 1)),
 		WorkerMetricsAddr:      p.addr("WORKER_METRICS_ADDR"),
+		PprofAddr:              p.optionalAddr("PPROF_ADDR"),
 	}
 	if p.err != nil {
 		return Config{}, p.err
@@ -253,6 +268,14 @@ func (p *parser) url(name string, schemes ...string) string {
 	}
 	p.fail(name, v, "scheme must be "+strings.Join(schemes, " or "))
 	return v
+}
+
+// optionalAddr is addr, or "" when the variable is unset or empty.
+func (p *parser) optionalAddr(name string) string {
+	if p.raw(name) == "" {
+		return ""
+	}
+	return p.addr(name)
 }
 
 func (p *parser) addr(name string) string {

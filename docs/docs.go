@@ -42,6 +42,127 @@ const docTemplate = `{
                 }
             }
         },
+        "/api/idempotency-keys/{scope}/{key}": {
+            "get": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "Answers a support ticket's first question, \"did my request go through?\", for one of your organisation's keys: its state (` + "`" + `finished` + "`" + `, ` + "`" + `expired` + "`" + `, or ` + "`" + `in_progress` + "`" + ` while its first request is being processed), when it was used and expires, the first request's id, the status it was answered, and the run it created. Reading a key changes nothing.\n\nPercent-encode the key in the path (a ` + "`" + `/` + "`" + ` as ` + "`" + `%2F` + "`" + `). Another organisation's key, a key never used, and one already deleted by the cleanup are 404.",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "idempotency"
+                ],
+                "summary": "Look up an idempotency key",
+                "operationId": "getIdempotencyKey",
+                "parameters": [
+                    {
+                        "enum": [
+                            "workflow_start",
+                            "workflow_create"
+                        ],
+                        "type": "string",
+                        "description": "The endpoint scope",
+                        "name": "scope",
+                        "in": "path",
+                        "required": true
+                    },
+                    {
+                        "type": "string",
+                        "description": "The Idempotency-Key, percent-encoded (such as order-1042)",
+                        "name": "key",
+                        "in": "path",
+                        "required": true
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The key.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.IdempotencyKey"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "With state in_progress: seconds after which to look again."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    },
+                    "400": {
+                        "description": "idempotency_key_invalid: not 1 to 255 printable ASCII characters.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBadRequest"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: codes unauthenticated or invalid_token.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=valruns"
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    },
+                    "404": {
+                        "description": "not_found: no such key in your organisation and scope.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemKeyNotFound"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "internal_error.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "service_unavailable: the database is unavailable; retry shortly.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    }
+                }
+            }
+        },
         "/api/runs/": {
             "get": {
                 "security": [
@@ -1009,6 +1130,63 @@ const docTemplate = `{
                 }
             }
         },
+        "handlers.IdempotencyKey": {
+            "type": "object",
+            "properties": {
+                "created_at": {
+                    "description": "CreatedAt is when the first request finished; ExpiresAt when the key expires.",
+                    "type": "string",
+                    "example": "2026-11-22T10:00:00Z"
+                },
+                "expires_at": {
+                    "type": "string",
+                    "example": "2026-11-23T10:00:00Z"
+                },
+                "key": {
+                    "type": "string",
+                    "example": "order-1042"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request that did the work.",
+                    "type": "string",
+                    "example": "69c2d1f4ac32164190e26ac5"
+                },
+                "request_method": {
+                    "description": "RequestMethod and RequestPath are what it was sent to.",
+                    "type": "string",
+                    "example": "POST"
+                },
+                "request_path": {
+                    "type": "string",
+                    "example": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start"
+                },
+                "response_status": {
+                    "description": "ResponseStatus is the status it was answered, and every retry is.",
+                    "type": "integer",
+                    "example": 201
+                },
+                "scope": {
+                    "description": "Scope is the endpoint the key belongs to: workflow_start or workflow_create.",
+                    "type": "string",
+                    "example": "workflow_start"
+                },
+                "state": {
+                    "description": "State is finished (a retry gets the stored answer), expired (a request\nwith this key now starts new work) or in_progress (its first request is\nbeing processed right now: nothing else is known yet; look again shortly).",
+                    "type": "string",
+                    "enum": [
+                        "finished",
+                        "expired",
+                        "in_progress"
+                    ],
+                    "example": "finished"
+                },
+                "validation_run_id": {
+                    "description": "ValidationRunID is the run it created (absent for other answers, and\nonce the run is gone).",
+                    "type": "string",
+                    "example": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"
+                }
+            }
+        },
         "handlers.Index": {
             "type": "object",
             "properties": {
@@ -1272,6 +1450,61 @@ const docTemplate = `{
                     "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
                     "type": "string",
                     "example": "https://valruns.dev/problems/invalid_workflow"
+                }
+            }
+        },
+        "handlers.ProblemKeyNotFound": {
+            "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
+            "type": "object",
+            "required": [
+                "code",
+                "detail",
+                "status",
+                "title",
+                "type"
+            ],
+            "properties": {
+                "code": {
+                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
+                    "type": "string",
+                    "example": "not_found"
+                },
+                "detail": {
+                    "description": "Detail explains this occurrence, for people.",
+                    "type": "string",
+                    "example": "Idempotency key not found."
+                },
+                "errors": {
+                    "description": "Errors lists per-field problems of a 400, when there are several.",
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/problem.FieldError"
+                    }
+                },
+                "instance": {
+                    "description": "Instance is the request path.",
+                    "type": "string",
+                    "example": "/api/workflows/7c0e.../start/"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "type": "string",
+                    "example": "4f1c2b9e8a7d6c5b"
+                },
+                "status": {
+                    "description": "Status repeats the HTTP status code.",
+                    "type": "integer",
+                    "example": 404
+                },
+                "title": {
+                    "description": "Title is the HTTP status text.",
+                    "type": "string",
+                    "example": "Not Found"
+                },
+                "type": {
+                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "type": "string",
+                    "example": "https://valruns.dev/problems/not_found"
                 }
             }
         },
@@ -1786,7 +2019,7 @@ const docTemplate = `{
                     "type": "string"
                 },
                 "findings": {
-                    "description": "Findings are present once the run has finished.",
+                    "description": "Findings are what the run found, once it has finished (passed, failed\nor error; [] when it found nothing). Absent while the run is queued or\nrunning, and from the items of a list: read the run for them.",
                     "type": "array",
                     "items": {
                         "$ref": "#/definitions/handlers.Finding"

@@ -46,7 +46,7 @@ func authenticate(tokens *models.TokenStore, ttl time.Duration) gin.HandlerFunc 
 				problem.Abort(c, http.StatusUnauthorized, "invalid_token", "The API token is unknown or revoked.")
 				return
 			case err != nil:
-				problem.Abort(c, http.StatusServiceUnavailable, "unavailable", "Authentication is unavailable; retry shortly.")
+				unavailable(c, err)
 				return
 			}
 			cache.put(token, p)

@@ -7,41 +7,176 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/gin-gonic/gin"
 	"github.com/google/uuid"
 
+	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
 
-// decodeStrict decodes a JSON object body into v, refusing unknown fields
-// (a typo such as "submision" is an error, not a silently empty field).
-func decodeStrict(body []byte, v any) error {
+// decodeStrict decodes a JSON object body into v. Field names match exactly
+// (encoding/json alone would let "SUBMISSION" fill Submission), and an
+// unknown field is refused (a typo such as "submision" is an error, not a
+// silently empty field). The problem names every field at fault in errors[],
+// as the problem of any other bad field does.
+func decodeStrict(body []byte, v any) *problem.Details {
 	if len(bytes.TrimSpace(body)) == 0 {
-		return errors.New("the request body is empty; send a JSON object")
+		return badRequestPtr("The request body is empty; send a JSON object.")
 	}
 	if err := refuseNUL(body); err != nil {
-		return err
+		return badRequestPtr(err.Error())
+	}
+	if fields := fieldErrors(body, reflect.TypeOf(v), ""); len(fields) > 0 {
+		var msgs []string
+		for _, f := range fields {
+			msgs = append(msgs, f.Field+": "+f.Message)
+		}
+		d := badRequest("The body has fields this route does not take: "+strings.Join(msgs, "; ")+".", fields...)
+		return &d
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
+	dec.DisallowUnknownFields() // unknownFields saw them all; a backstop
 	if err := dec.Decode(v); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
 			if typeErr.Field == "" {
-				return errors.New("the request body must be a JSON object")
+				return badRequestPtr("The request body must be a JSON object.")
 			}
-			return fmt.Errorf("field %q must be %s", typeErr.Field, typeErr.Type.Kind())
+			field := fieldPath(typeErr.Field)
+			msg := "must be " + jsonKindOf(typeErr.Type)
+			d := badRequest(fmt.Sprintf("%s %s.", field, msg), problem.FieldError{Field: field, Message: msg})
+			return &d
 		}
-		return err
+		return badRequestPtr("The request body is not what this route takes: " + err.Error())
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("unexpected data after the JSON object")
+		return badRequestPtr("Unexpected data after the JSON object.")
 	}
 	return nil
+}
+
+func badRequestPtr(detail string) *problem.Details {
+	d := badRequest(detail)
+	return &d
+}
+
+// fieldErrors lists, sorted, the members of the JSON in raw that name no
+// field of t exactly (by its json tag), and those whose value does not fit
+// their field's type, looking into struct fields and slices of structs;
+// path prefixes the names. JSON that does not fit t at all is left to the
+// decoder to report.
+func fieldErrors(raw []byte, t reflect.Type, path string) []problem.FieldError {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var out []problem.FieldError
+	switch {
+	case t == rawMessageType:
+	case t.Kind() == reflect.Struct:
+		var members map[string]json.RawMessage
+		if json.Unmarshal(raw, &members) != nil {
+			return nil
+		}
+		fields := jsonFields(t)
+		for name, value := range members {
+			p := path + "." + name
+			if path == "" {
+				p = name
+			}
+			ft, ok := fields[name]
+			if !ok {
+				msg := "unknown field"
+				for known := range fields {
+					if strings.EqualFold(known, name) {
+						msg = fmt.Sprintf("unknown field; did you mean %q? (names are case-sensitive)", known)
+					}
+				}
+				out = append(out, problem.FieldError{Field: p, Message: msg})
+				continue
+			}
+			if nested := fieldErrors(value, ft, p); nested != nil {
+				out = append(out, nested...)
+				continue
+			}
+			if ft.Kind() != reflect.Struct && ft.Kind() != reflect.Slice && ft != rawMessageType &&
+				json.Unmarshal(value, reflect.New(ft).Interface()) != nil {
+				out = append(out, problem.FieldError{Field: p, Message: "must be " + jsonKindOf(ft)})
+			}
+		}
+	case t.Kind() == reflect.Slice:
+		var items []json.RawMessage
+		if json.Unmarshal(raw, &items) != nil {
+			return nil
+		}
+		for i, item := range items {
+			out = append(out, fieldErrors(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i))...)
+		}
+	}
+	slices.SortFunc(out, func(a, b problem.FieldError) int { return strings.Compare(a.Field, b.Field) })
+	return out
+}
+
+var rawMessageType = reflect.TypeFor[json.RawMessage]()
+
+// jsonFields maps the JSON names of t's exported fields to their types.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	fields := map[string]reflect.Type{}
+	for f := range t.Fields() {
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch name {
+		case "-":
+			continue
+		case "":
+			name = f.Name
+		}
+		fields[name] = f.Type
+	}
+	return fields
+}
+
+// fieldPath turns encoding/json's "assertions.0.name" into "assertions[0].name".
+func fieldPath(field string) string {
+	var b strings.Builder
+	for i, part := range strings.Split(field, ".") {
+		if _, err := strconv.Atoi(part); err == nil && i > 0 {
+			b.WriteString("[" + part + "]")
+			continue
+		}
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(part)
+	}
+	return b.String()
+}
+
+// jsonKindOf names the JSON a Go type takes.
+func jsonKindOf(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return "something else"
 }
 
 // refuseNUL refuses a body with U+0000 in any string or key: PostgreSQL text
@@ -57,7 +192,7 @@ func refuseNUL(body []byte) error {
 			return nil // io.EOF, or a syntax error that Decode reports
 		}
 		if s, ok := tok.(string); ok && strings.IndexByte(s, 0) >= 0 {
-			return errors.New(`strings must not contain the NUL character (\u0000)`)
+			return errors.New(`Strings must not contain the NUL character (\u0000).`)
 		}
 	}
 }
@@ -102,7 +237,25 @@ func listFailed(c *gin.Context, err error) {
 	internalError(c, err)
 }
 
+// codeUnavailable is the code of a 503 while the database cannot be reached.
+const codeUnavailable = idempotency.CodeUnavailable
+
+// internalError answers a failure that is not the client's: 503
+// service_unavailable while the database cannot be reached, 500 otherwise.
+// Both can be retried as they are, and say so with Retry-After.
 func internalError(c *gin.Context, err error) {
+	if models.IsUnavailable(err) {
+		unavailable(c, err)
+		return
+	}
 	_ = c.Error(err)
-	problem.Abort(c, http.StatusInternalServerError, "internal_error", "An internal error occurred.")
+	c.Header("Retry-After", "1")
+	problem.Abort(c, http.StatusInternalServerError, "internal_error", "An internal error occurred; retry the request.")
+}
+
+// unavailable answers 503 service_unavailable with Retry-After.
+func unavailable(c *gin.Context, err error) {
+	_ = c.Error(err)
+	c.Header("Retry-After", "1")
+	problem.Abort(c, http.StatusServiceUnavailable, codeUnavailable, "The database is unavailable; retry shortly.")
 }

@@ -50,11 +50,13 @@ func (h *healthHandlers) readyz(c *gin.Context) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
 	defer cancel()
 	if err := models.SQLDB(h.db).PingContext(ctx); err != nil {
-		problem.Abort(c, http.StatusServiceUnavailable, "database_unavailable", "The database does not answer.")
+		c.Header("Retry-After", "1")
+		problem.Abort(c, http.StatusServiceUnavailable, codeUnavailable, "The database does not answer.")
 		return
 	}
 	if h.ready != nil {
 		if err := h.ready(ctx); err != nil {
+			c.Header("Retry-After", "1")
 			problem.Abort(c, http.StatusServiceUnavailable, "not_ready", err.Error())
 			return
 		}

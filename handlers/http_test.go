@@ -2,12 +2,17 @@ package handlers_test
 
 import (
 	"bytes"
+	"database/sql"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/stretchr/testify/require"
 
@@ -74,8 +79,8 @@ func TestProblemDocuments(t *testing.T) {
 		{name: "no token", method: http.MethodGet, path: "/api/workflows/", status: 401, code: "unauthenticated"},
 		{name: "unknown token", method: http.MethodGet, path: "/api/workflows/", headers: []string{"Authorization", "Bearer vr_nope"}, status: 401, code: "invalid_token"},
 		{name: "invalid JSON", method: http.MethodPost, path: "/api/workflows/", token: true, body: `{"name":`, status: 400, code: "invalid_json"},
-		{name: "empty body", method: http.MethodPost, path: "/api/workflows/", token: true, body: "", status: 400, code: "validation_error"},
-		{name: "body not an object", method: http.MethodPost, path: "/api/workflows/", token: true, body: `[1,2]`, status: 400, code: "validation_error"},
+		{name: "empty body", method: http.MethodPost, path: "/api/workflows/", token: true, body: "", status: 400, code: "invalid_json"},
+		{name: "body not an object", method: http.MethodPost, path: "/api/workflows/", token: true, body: `[1,2]`, status: 400, code: "invalid_json"},
 		{name: "unknown field", method: http.MethodPost, path: "/api/workflows/", token: true, body: `{"name":"a","nmae":"b"}`, status: 400, code: "validation_error"},
 		{name: "invalid schema", method: http.MethodPost, path: "/api/workflows/", token: true, body: `{"name":"a","schema":{"type":5}}`, status: 400, code: "invalid_workflow"},
 		{name: "invalid CEL", method: http.MethodPost, path: "/api/workflows/", token: true, body: `{"name":"a","assertions":[{"name":"x","expr":"1 +"}]}`, status: 400, code: "invalid_workflow"},
@@ -309,16 +314,68 @@ func TestClientInputNeverCauses500(t *testing.T) {
 
 func TestDatabaseDown(t *testing.T) {
 	t.Parallel()
-	e := apitest.New(t, apitest.Options{Config: func(c *config.Config) { c.AuthCacheTTL = 0 }})
+	e := apitest.New(t) // the token cache on, as in production: requests get past authentication
 	org := e.NewOrg("Acme")
+	wf := e.NewWorkflow(org, map[string]any{"name": "wf"})
 	require.Equal(t, http.StatusOK, e.Do(http.MethodGet, "/readyz", "", nil).Status)
 
-	sqlDB, err := e.DB.DB()
+	// Take the database away as a restart does: its connections end
+	// (57P01) and new ones are refused, until it is back.
+	admin, err := sql.Open("pgx", withDatabase(t, e.DBURL, "postgres"))
 	require.NoError(t, err)
-	require.NoError(t, sqlDB.Close())
+	t.Cleanup(func() { _ = admin.Close() })
+	var name string
+	require.NoError(t, e.DB.Raw(`SELECT current_database()`).Scan(&name).Error)
+	setAllowed := func(allowed bool) {
+		_, err := admin.Exec(fmt.Sprintf(`ALTER DATABASE %s WITH ALLOW_CONNECTIONS %t`, pgx.Identifier{name}.Sanitize(), allowed))
+		require.NoError(t, err)
+	}
+	setAllowed(false)
+	t.Cleanup(func() { setAllowed(true) })
+	_, err = admin.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, name)
+	require.NoError(t, err)
 
 	r := e.Do(http.MethodGet, "/healthz", "", nil)
 	require.Equal(t, http.StatusOK, r.Status, "liveness does not depend on the database")
-	requireProblem(t, e.Do(http.MethodGet, "/readyz", "", nil), http.StatusServiceUnavailable, "database_unavailable")
-	requireProblem(t, e.Do(http.MethodGet, "/api/workflows/", org.Token, nil), http.StatusServiceUnavailable, "unavailable")
+	for _, tc := range []struct {
+		name   string
+		method string
+		path   string
+		body   any
+		key    string
+	}{
+		{"readiness", http.MethodGet, "/readyz", nil, ""},
+		{"a read", http.MethodGet, "/api/workflows/", nil, ""},
+		{"a start with a key", http.MethodPost, "/api/workflows/" + wf + "/start", `{"submission":1}`, "down-1"},
+		{"a start without a key", http.MethodPost, "/api/workflows/" + wf + "/start", `{"submission":1}`, ""},
+	} {
+		var headers []string
+		if tc.key != "" {
+			headers = []string{"Idempotency-Key", tc.key}
+		}
+		token := org.Token
+		if tc.path == "/readyz" {
+			token = ""
+		}
+		r := e.Do(tc.method, tc.path, token, tc.body, headers...)
+		requireProblem(t, r, http.StatusServiceUnavailable, "service_unavailable")
+		require.Equal(t, "1", r.Header.Get("Retry-After"), "%s: a 503 says when to retry", tc.name)
+	}
+
+	// Back: the retry with the same key executes, once.
+	setAllowed(true)
+	r = e.Do(http.MethodPost, "/api/workflows/"+wf+"/start", org.Token, `{"submission":1}`, "Idempotency-Key", "down-1")
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	require.Empty(t, r.Header.Get("Idempotent-Replayed"), "nothing was stored while the database was down")
+	require.EqualValues(t, 1, e.Count("validation_runs", ""))
+	require.Equal(t, http.StatusOK, e.Do(http.MethodGet, "/readyz", "", nil).Status)
+}
+
+// withDatabase is url with another database name.
+func withDatabase(t *testing.T, raw, name string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	return u.String()
 }

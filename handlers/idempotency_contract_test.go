@@ -607,10 +607,12 @@ func TestIdempotencyContract(t *testing.T) {
 			},
 		},
 		{
-			name: "rejected before the handler ran (401, bad key, malformed JSON, 413): nothing stored",
+			name: "rejected before the handler ran (401, bad key, malformed or empty JSON, a number PostgreSQL cannot store, 413): nothing stored",
 			run: func(t *testing.T) {
 				f := newIdemFixture(t, func(c *config.Config) { c.MaxBodyBytes = 512 })
 				big := `{"submission":"` + strings.Repeat("x", 600) + `"}`
+				// 203 bytes that would be stored as 40 numbers of 201 digits.
+				amplified := `{"submission":[` + strings.TrimSuffix(strings.Repeat("1e200,", 40), ",") + `]}`
 				cases := []struct {
 					name   string
 					send   func() apitest.Response
@@ -631,6 +633,21 @@ func TestIdempotencyContract(t *testing.T) {
 					}},
 					{name: "duplicate JSON key 400", status: 400, code: idempotency.CodeInvalidJSON, send: func() apitest.Response {
 						return f.start(`{"submission":1,"submission":2}`, idemKey("pre-1")...)
+					}},
+					{name: "empty body 400", status: 400, code: idempotency.CodeInvalidJSON, send: func() apitest.Response {
+						return f.start(``, idemKey("pre-1")...)
+					}},
+					{name: "body not an object 400", status: 400, code: idempotency.CodeInvalidJSON, send: func() apitest.Response {
+						return f.start(`[{"submission":1}]`, idemKey("pre-1")...)
+					}},
+					{name: "number too large for PostgreSQL 400", status: 400, code: idempotency.CodeInvalidNumber, send: func() apitest.Response {
+						return f.start(`{"submission":{"total":1e1000000}}`, idemKey("pre-1")...)
+					}},
+					{name: "number too small for PostgreSQL, in metadata 400", status: 400, code: idempotency.CodeInvalidNumber, send: func() apitest.Response {
+						return f.start(`{"submission":1,"metadata":{"x":1e-1000000}}`, idemKey("pre-1")...)
+					}},
+					{name: "numbers that would be stored past MAX_BODY_BYTES 413", status: 413, code: idempotency.CodeBodyTooLarge, send: func() apitest.Response {
+						return f.start(amplified, idemKey("pre-1")...)
 					}},
 					{name: "declared body over MAX_BODY_BYTES 413", status: 413, code: idempotency.CodeBodyTooLarge, send: func() apitest.Response {
 						return f.start(big, idemKey("pre-1")...)

@@ -45,14 +45,29 @@ func (m *metrics) middleware() gin.HandlerFunc {
 	return func(c *gin.Context) {
 		start := time.Now()
 		c.Next()
-		route := c.FullPath() // the pattern, so ids do not explode the label set
+		// Labels take values from closed sets only, so that no client can
+		// grow /metrics: the route's pattern (never a path with ids in it),
+		// a known method, the status code.
+		route := c.FullPath()
 		if route == "" {
 			route = "unmatched"
 		}
 		route = strings.TrimSuffix(route, "/*any")
-		m.requests.WithLabelValues(route, c.Request.Method, strconv.Itoa(c.Writer.Status())).Inc()
-		m.latency.WithLabelValues(route, c.Request.Method).Observe(time.Since(start).Seconds())
+		method := methodLabel(c.Request.Method)
+		m.requests.WithLabelValues(route, method, strconv.Itoa(c.Writer.Status())).Inc()
+		m.latency.WithLabelValues(route, method).Observe(time.Since(start).Seconds())
 	}
+}
+
+// methodLabel is the method as a metric label: one of the methods of RFC
+// 9110 (and PATCH), or "other" for anything a client invents.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return m
+	}
+	return "other"
 }
 
 func (m *metrics) observeIdempotency(scope, outcome string) {

@@ -79,20 +79,16 @@ func logRequests(log *slog.Logger) gin.HandlerFunc {
 	}
 }
 
-// limitBody caps request bodies at n bytes: a declared larger body is 413 at
-// once, an undeclared one fails when read (the reader answers 413 then).
+// limitBody caps request bodies at n bytes: reading past them fails, and
+// whoever reads the body answers 413. A route that does not read its body
+// (a GET) never pays for it. The idempotent routes answer the 413
+// themselves, so that it is counted among their outcomes; the reader stops
+// at n+1 bytes however large the declared or sent body.
 func limitBody(n int64) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		if n <= 0 {
-			c.Next()
-			return
+		if n > 0 {
+			c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, n)
 		}
-		if c.Request.ContentLength > n {
-			problem.Abort(c, http.StatusRequestEntityTooLarge, "request_body_too_large",
-				fmt.Sprintf("The request body exceeds the limit of %d bytes.", n))
-			return
-		}
-		c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, n)
 		c.Next()
 	}
 }

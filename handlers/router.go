@@ -60,6 +60,10 @@ func NewRouter(d Deps) *gin.Engine {
 	r.RedirectTrailingSlash = false
 	r.RedirectFixedPath = false
 	r.HandleMethodNotAllowed = true
+	// Route on the path as sent, and unescape the parameters: an
+	// idempotency key in a path may hold a percent-encoded "/".
+	r.UseRawPath = true
+	r.UnescapePathValues = true
 	r.ContextWithFallback = true
 	_ = r.SetTrustedProxies(nil) // ClientIP is the peer address; no spoofable X-Forwarded-For
 	r.Use(requestID(), recovery(d.Log), logRequests(d.Log), m.middleware(), limitBody(d.Config.MaxBodyBytes))
@@ -75,31 +79,43 @@ func NewRouter(d Deps) *gin.Engine {
 	runs := &runHandlers{runs: models.NewRunStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota,
 		waker: models.NewJobWaker(d.DB, 0, d.WakeLocal, d.Log)}
 	usage := &usageHandlers{usage: models.NewUsageStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota}
+	keys := &keyHandlers{db: d.DB, keys: models.NewKeyStore(d.DB)}
 	idem := idempotency.New(d.DB, models.NewKeyStore(d.DB), idempotency.Config{
-		TTL:         d.Config.IdempotencyTTL,
-		TxTimeout:   d.Config.IdempotencyTxTimeout,
-		KeyRequired: d.Config.IdempotencyKeyRequired,
-		Tenant:      func(c *gin.Context) string { return principalOf(c).OrgID },
-		Log:         d.Log,
-		Observe:     m.observeIdempotency,
+		TTL:          d.Config.IdempotencyTTL,
+		TxTimeout:    d.Config.IdempotencyTxTimeout,
+		KeyRequired:  d.Config.IdempotencyKeyRequired,
+		MaxBodyBytes: d.Config.MaxBodyBytes,
+		MaxWait:      d.Config.IdempotencyMaxWait,
+		MaxWaiters:   d.Config.IdempotencyMaxWaiters,
+		Tenant:       func(c *gin.Context) string { return principalOf(c).OrgID },
+		Log:          d.Log,
+		Observe:      m.observeIdempotency,
 	})
 
 	health := &healthHandlers{db: d.DB, ready: d.Ready}
-	r.GET("/healthz", health.live)
-	r.GET("/readyz", health.readyz)
-	r.GET("/metrics", gin.WrapH(promhttpHandler(d.Registry)))
-	r.GET("/", index)
-	r.GET("/swagger/*any", swaggerUI())
+	get(r, "/healthz", health.live)
+	get(r, "/readyz", health.readyz)
+	get(r, "/metrics", gin.WrapH(promhttpHandler(d.Registry)))
+	get(r, "/", index)
+	get(r, "/swagger/*any", swaggerUI())
 
 	api := r.Group("/api", authenticate(orgs, d.Config.AuthCacheTTL))
 	api.POST("/workflows", idem.Wrap(ScopeWorkflowCreate, wf.create))
-	api.GET("/workflows", wf.list)
-	api.GET("/workflows/:id", wf.get)
+	get(api, "/workflows", wf.list)
+	get(api, "/workflows/:id", wf.get)
 	api.POST("/workflows/:id/start", idem.Wrap(ScopeWorkflowStart, runs.start))
-	api.GET("/runs", runs.list)
-	api.GET("/runs/:id", runs.get)
-	api.GET("/usage", usage.get)
+	get(api, "/runs", runs.list)
+	get(api, "/runs/:id", runs.get)
+	get(api, "/usage", usage.get)
+	get(api, "/idempotency-keys/:scope/:key", keys.get)
 	return r
+}
+
+// get registers a GET route and the same route for HEAD: the answer's
+// status and headers without its body (net/http drops the body of a HEAD).
+func get(r gin.IRoutes, path string, h gin.HandlerFunc) {
+	r.GET(path, h)
+	r.HEAD(path, h)
 }
 
 // StripTrailingSlash serves /a/b/ as /a/b, so every route answers with and

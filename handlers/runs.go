@@ -44,8 +44,10 @@ type Run struct {
 	Status     string          `json:"status" example:"queued" enums:"queued,running,passed,failed,error"`
 	Submission json.RawMessage `json:"submission" swaggertype:"object"`
 	Metadata   json.RawMessage `json:"metadata" swaggertype:"object"`
-	// Findings are present once the run has finished.
-	Findings []Finding `json:"findings"`
+	// Findings are what the run found, once it has finished (passed, failed
+	// or error; [] when it found nothing). Absent while the run is queued or
+	// running, and from the items of a list: read the run for them.
+	Findings *[]Finding `json:"findings,omitempty"`
 	// Error says why the worker itself failed (status error).
 	Error      *string    `json:"error,omitempty"`
 	Attempts   int        `json:"attempts" example:"0"`
@@ -54,20 +56,26 @@ type Run struct {
 	FinishedAt *time.Time `json:"finished_at,omitempty" example:"2026-11-22T10:00:02Z"`
 }
 
-// RunList is one page of runs, newest first.
+// RunList is one page of runs, newest first. Its items have no findings.
 type RunList struct {
 	Data       []Run  `json:"data"`
 	NextCursor string `json:"next_cursor,omitempty"`
 }
 
-func runOf(r *models.ValidationRun) Run {
+// runOf shows a run; withFindings: with its findings when it has finished
+// (r.Findings must then have been read).
+func runOf(r *models.ValidationRun, withFindings bool) Run {
 	out := Run{
 		ID: r.ID, WorkflowID: r.WorkflowID, Status: r.Status, Submission: json.RawMessage(r.Submission),
-		Metadata: json.RawMessage(r.Metadata), Findings: make([]Finding, 0, len(r.Findings)), Error: r.Error,
+		Metadata: json.RawMessage(r.Metadata), Error: r.Error,
 		Attempts: r.Attempts, CreatedAt: r.CreatedAt.UTC(), StartedAt: utc(r.StartedAt), FinishedAt: utc(r.FinishedAt),
 	}
-	for _, f := range r.Findings {
-		out.Findings = append(out.Findings, Finding{Step: f.Step, Severity: f.Severity, Path: f.Path, Message: f.Message})
+	if withFindings && r.FinishedAt != nil {
+		fs := make([]Finding, 0, len(r.Findings))
+		for _, f := range r.Findings {
+			fs = append(fs, Finding{Step: f.Step, Severity: f.Severity, Path: f.Path, Message: f.Message})
+		}
+		out.Findings = &fs
 	}
 	return out
 }
@@ -114,8 +122,8 @@ func utc(t *time.Time) *time.Time {
 //	@Router			/api/workflows/{id}/start/ [post]
 func (h *runHandlers) start(tx *gorm.DB, req idempotency.Request) (idempotency.Response, error) {
 	var in StartRunRequest
-	if err := decodeStrict(req.Body, &in); err != nil {
-		return idempotency.Problem(req, badRequest(err.Error())), nil
+	if d := decodeStrict(req.Body, &in); d != nil {
+		return idempotency.Problem(req, *d), nil
 	}
 	if in.Submission == nil {
 		return idempotency.Problem(req, badRequest("submission is required: the JSON document to validate.",
@@ -151,7 +159,7 @@ func (h *runHandlers) start(tx *gorm.DB, req idempotency.Request) (idempotency.R
 	case err != nil:
 		return idempotency.Response{}, err
 	}
-	resp, err := idempotency.JSON(http.StatusCreated, runOf(run))
+	resp, err := idempotency.JSON(http.StatusCreated, runOf(run, false))
 	if err != nil {
 		return idempotency.Response{}, err
 	}
@@ -192,7 +200,7 @@ func (h *runHandlers) get(c *gin.Context) {
 	case err != nil:
 		internalError(c, err)
 	default:
-		c.PureJSON(http.StatusOK, runOf(r))
+		c.PureJSON(http.StatusOK, runOf(r, true))
 	}
 }
 
@@ -233,7 +241,7 @@ func (h *runHandlers) list(c *gin.Context) {
 	}
 	out := RunList{Data: make([]Run, 0, len(rs)), NextCursor: next}
 	for i := range rs {
-		out.Data = append(out.Data, runOf(&rs[i]))
+		out.Data = append(out.Data, runOf(&rs[i], false))
 	}
 	c.PureJSON(http.StatusOK, out)
 }

@@ -1,6 +1,7 @@
 package handlers_test
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/valruns/valruns/handlers"
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/models"
 )
 
 // startRun starts a run of wf with body and returns the decoded run.
@@ -47,8 +50,8 @@ func TestStartAndReadRun(t *testing.T) {
 	require.Equal(t, "queued", started.Status)
 	require.JSONEq(t, submission, string(started.Submission))
 	require.JSONEq(t, `{"source":"test"}`, string(started.Metadata))
-	require.Empty(t, started.Findings)
-	require.NotNil(t, started.Findings, "findings are [] rather than null")
+	require.Nil(t, started.Findings, "a queued run has no findings yet")
+	require.NotContains(t, r.Map(t), "findings", "absent, not [] (which would read as: found nothing)")
 
 	for _, path := range []string{"/api/runs/" + started.ID + "/", "/api/runs/" + started.ID} {
 		g := e.Do(http.MethodGet, path, acme.Token, nil)
@@ -63,7 +66,7 @@ func TestStartAndReadRun(t *testing.T) {
 		require.Nil(t, read.FinishedAt)
 		require.Nil(t, read.Error)
 		m := g.Map(t)
-		require.Equal(t, []any{}, m["findings"])
+		require.NotContains(t, m, "findings", "not finished: no findings yet")
 		require.NotContains(t, m, "error")
 		if d := cmp.Diff(started, read, cmp.Comparer(func(a, b []byte) bool { return jsonEqual(a, b) })); d != "" {
 			t.Fatalf("read differs from the start answer (-start +read):\n%s", d)
@@ -135,6 +138,48 @@ func listIDs(t *testing.T, e *apitest.Env, org apitest.Org, path string, q url.V
 	}
 	t.Fatal("pagination does not end")
 	return nil, nil
+}
+
+// Findings show on a run once it has finished, [] when it found nothing; a
+// run still queued has none yet, and list items never carry them (a failed
+// run in a list must not read as "no findings").
+func TestFindingsShownOnceFinished(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t)
+	org := e.NewOrg("acme")
+	wf := e.NewWorkflow(org, map[string]any{"name": "wf"})
+	runs := models.NewRunStore(e.DB)
+	ctx := context.Background()
+	finish := func(status string, findings ...models.Finding) string {
+		id := startRun(t, e, org, wf, map[string]any{"submission": 1}).ID
+		claimed, err := runs.Claim(ctx, id, time.Minute)
+		require.NoError(t, err)
+		owned, err := runs.Finish(ctx, id, claimed.Attempts, status, findings)
+		require.NoError(t, err)
+		require.True(t, owned)
+		return id
+	}
+	failed := finish("failed", models.Finding{Step: "schema", Severity: "error", Path: "/x", Message: "bad"})
+	passed := finish("passed")
+	queued := startRun(t, e, org, wf, map[string]any{"submission": 1}).ID
+
+	read := func(id string) map[string]any {
+		r := e.Do(http.MethodGet, "/api/runs/"+id, org.Token, nil)
+		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		return r.Map(t)
+	}
+	require.Equal(t, []any{map[string]any{"step": "schema", "severity": "error", "path": "/x", "message": "bad"}}, read(failed)["findings"])
+	require.Equal(t, []any{}, read(passed)["findings"], "finished, found nothing")
+	require.NotContains(t, read(queued), "findings", "not finished yet")
+
+	r := e.Do(http.MethodGet, "/api/runs/", org.Token, nil)
+	require.Equal(t, http.StatusOK, r.Status)
+	var page struct{ Data []map[string]any }
+	r.JSON(t, &page)
+	require.Len(t, page.Data, 3)
+	for _, item := range page.Data {
+		require.NotContains(t, item, "findings", "list items leave findings out: %v", item)
+	}
 }
 
 func TestListRuns(t *testing.T) {
@@ -245,9 +290,9 @@ func TestStartRunInvalid(t *testing.T) {
 		{name: "metadata a number", body: `{"submission":{},"metadata":5}`, status: 400, code: "validation_error", wantField: "metadata", wantDetail: "metadata"},
 		{name: "metadata true", body: `{"submission":{},"metadata":true}`, status: 400, code: "validation_error", wantField: "metadata", wantDetail: "metadata"},
 		{name: "unknown field", body: `{"submission":{},"submision":{}}`, status: 400, code: "validation_error", wantDetail: "submision"},
-		{name: "body not an object", body: `[{"submission":{}}]`, status: 400, code: "validation_error", wantDetail: "object"},
+		{name: "body not an object", body: `[{"submission":{}}]`, status: 400, code: "invalid_json", wantDetail: "object"},
 		{name: "malformed JSON", body: `{"submission":`, status: 400, code: "invalid_json"},
-		{name: "empty body", body: ``, status: 400, code: "validation_error", wantDetail: "empty"},
+		{name: "empty body", body: ``, status: 400, code: "invalid_json", wantDetail: "empty"},
 		{name: "another organisation's workflow", path: "/api/workflows/" + globexWF + "/start/", body: `{"submission":{}}`, status: 404, code: "not_found"},
 		{name: "unknown workflow", path: "/api/workflows/" + uuid.NewString() + "/start/", body: `{"submission":{}}`, status: 404, code: "not_found"},
 		{name: "malformed workflow id", path: "/api/workflows/not-a-uuid/start/", body: `{"submission":{}}`, status: 404, code: "not_found"},

@@ -195,6 +195,23 @@ type ProblemRunNotFound struct {
 	Code string `json:"code" binding:"required" example:"not_found"`
 }
 
+// ProblemKeyNotFound is a 404 problem: no such idempotency key in the caller's organisation and scope.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
+type ProblemKeyNotFound struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/not_found"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Not Found"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"404"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"Idempotency key not found."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"not_found"`
+}
+
 // ProblemInProgress is a 409 problem: the idempotency key's first request is still being processed.
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 409, Content-Type application/problem+json.

@@ -86,8 +86,8 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@Router			/api/workflows/ [post]
 func (h *workflowHandlers) create(tx *gorm.DB, req idempotency.Request) (idempotency.Response, error) {
 	var in CreateWorkflowRequest
-	if err := decodeStrict(req.Body, &in); err != nil {
-		return idempotency.Problem(req, badRequest(err.Error())), nil
+	if d := decodeStrict(req.Body, &in); d != nil {
+		return idempotency.Problem(req, *d), nil
 	}
 	in.Name = strings.TrimSpace(in.Name)
 	if in.Name == "" || utf8.RuneCountInString(in.Name) > 200 {

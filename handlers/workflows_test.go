@@ -136,7 +136,7 @@ func TestCreateWorkflowInvalid(t *testing.T) {
 		{name: "assertions not a list", body: `{"name":"w","assertions":{"name":"a"}}`, code: "validation_error", wantDetail: []string{"assertions"}},
 		{name: "unknown field", body: `{"name":"w","nmae":"typo"}`, code: "validation_error", wantDetail: []string{"nmae"}},
 		{name: "unknown assertion field", body: `{"name":"w","assertions":[{"name":"a","expr":"true","level":"error"}]}`, code: "validation_error", wantDetail: []string{"level"}},
-		{name: "not an object", body: `"w"`, code: "validation_error", wantDetail: []string{"object"}},
+		{name: "not an object", body: `"w"`, code: "invalid_json", wantDetail: []string{"object"}},
 		{name: "two objects", body: `{"name":"a"} {"name":"b"}`, code: "invalid_json"},
 		{name: "malformed JSON", body: `{"name":"a",}`, code: "invalid_json"},
 	}

@@ -19,9 +19,46 @@ import (
 // body needs).
 const MaxDepth = 1000
 
+// MaxNumberLength is the longest a number may be when written out in plain
+// decimal, as PostgreSQL stores and prints it (numeric and jsonb never use
+// an exponent): 1e300 is 301 characters, 1e-300 is 302. A longer number is
+// refused, however short its literal: 1e1000000 and 1e-1000000 are beyond
+// what PostgreSQL can hold at all, and 1e131071 (9 bytes) would be stored,
+// and answered, as 131072 digits.
+const MaxNumberLength = 256
+
 // ErrInvalidJSON reports a body that Canonicalize rejects. It is wrapped with
 // the reason and the byte offset.
 var ErrInvalidJSON = errors.New("invalid JSON")
+
+// NumberError reports a number of the body that is valid JSON but that the
+// service refuses: written out in plain decimal it would be longer than
+// MaxNumberLength characters.
+type NumberError struct {
+	// Path locates the number in the body, such as submission.items[3].
+	Path string
+	// Length is how many characters it takes in plain decimal (without sign).
+	Length int64
+}
+
+func (e *NumberError) Error() string {
+	return fmt.Sprintf("the number at %s is %d digits long written out in decimal (as it would be stored); at most %d are accepted",
+		e.Path, e.Length, MaxNumberLength)
+}
+
+// SizeError reports a body that would grow past a limit once its numbers are
+// written out in plain decimal, as the database stores them and answers
+// repeat them (see CanonicalizeBounded).
+type SizeError struct {
+	// Size is the body's size in bytes with every number in plain decimal.
+	Size int64
+	// Limit is the most that was allowed.
+	Limit int64
+}
+
+func (e *SizeError) Error() string {
+	return fmt.Sprintf("with its numbers written out in decimal (as they are stored), the body is %d bytes, over the limit of %d", e.Size, e.Limit)
+}
 
 // Canonicalize returns the canonical form of a JSON document, so that bodies
 // that mean the same compare equal byte for byte. It follows RFC 8785 (JCS)
@@ -55,8 +92,17 @@ var ErrInvalidJSON = errors.New("invalid JSON")
 // not I-JSON (RFC 7493), which RFC 8785 requires: invalid UTF-8, an escaped
 // lone surrogate, or a duplicate object key (after unescaping). Nesting deeper
 // than MaxDepth and a number whose exponent does not fit in an int64 are
-// rejected too.
-func Canonicalize(body []byte) ([]byte, error) {
+// rejected too. A number longer than MaxNumberLength in plain decimal is a
+// *NumberError naming its path.
+func Canonicalize(body []byte) ([]byte, error) { return CanonicalizeBounded(body, 0) }
+
+// CanonicalizeBounded is Canonicalize that also refuses, with a *SizeError,
+// a body that would be larger than maxPlain bytes with every number written
+// out in plain decimal, as the database stores it (0: no limit). Numbers
+// may each be up to MaxNumberLength long, so a short body of short literals
+// (1e250) could otherwise grow fifty-fold on its way to the database and
+// back in the answer.
+func CanonicalizeBounded(body []byte, maxPlain int64) ([]byte, error) {
 	p := getParser(body)
 	defer putParser(p)
 	p.skipSpace()
@@ -70,6 +116,9 @@ func Canonicalize(body []byte) ([]byte, error) {
 	p.skipSpace()
 	if p.pos != len(p.data) {
 		return nil, p.errorf("data after the top-level value")
+	}
+	if plain := int64(len(body)) + p.growth; maxPlain > 0 && plain > maxPlain {
+		return nil, &SizeError{Size: plain, Limit: maxPlain}
 	}
 	out := make([]byte, 0, len(body))
 	return p.emit(out, root), nil
@@ -93,7 +142,7 @@ func getParser(body []byte) *parser {
 }
 
 func putParser(p *parser) {
-	if max(cap(p.nodes), cap(p.text), cap(p.kids), cap(p.stack), cap(p.sort), cap(p.dig)) > maxPooledLen {
+	if max(cap(p.nodes), cap(p.text), cap(p.kids), cap(p.stack), cap(p.sort), cap(p.dig), cap(p.path)) > maxPooledLen {
 		return
 	}
 	*p = parser{
@@ -103,6 +152,7 @@ func putParser(p *parser) {
 		stack: p.stack[:0],
 		sort:  p.sort[:0],
 		dig:   p.dig[:0],
+		path:  p.path[:0],
 	}
 	parsers.Put(p)
 }
@@ -167,6 +217,54 @@ type parser struct {
 	stack []int  // children of the containers still open
 	sort  []member
 	dig   []byte // scratch for the digits of a number
+	// path is where the value being parsed sits, for errors that name it.
+	path []step
+	// growth is how many bytes the numbers gain written out in plain decimal.
+	growth int64
+}
+
+// step is one level of parser.path: an object member (key is the key's
+// node) or an array element (key is -1).
+type step struct {
+	key, index int
+}
+
+// pathString renders p.path as submission.items[3] (a key that is not an
+// identifier is written ["a key"]); "" is the root.
+func (p *parser) pathString() string {
+	var b []byte
+	for _, st := range p.path {
+		if st.key < 0 {
+			b = append(b, '[')
+			b = strconv.AppendInt(b, int64(st.index), 10)
+			b = append(b, ']')
+			continue
+		}
+		k := p.str(st.key)
+		if isIdentifier(k) {
+			if len(b) > 0 {
+				b = append(b, '.')
+			}
+			b = append(b, k...)
+			continue
+		}
+		b = append(b, '[')
+		b = appendString(b, k)
+		b = append(b, ']')
+	}
+	if len(b) == 0 {
+		return "the top level"
+	}
+	return string(b)
+}
+
+func isIdentifier(k []byte) bool {
+	for i, c := range k {
+		if c != '_' && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return len(k) > 0
 }
 
 func (p *parser) errorf(format string, args ...any) error {
@@ -236,11 +334,13 @@ func (p *parser) parseArray(depth int) (int, error) {
 	if p.pos < len(p.data) && p.data[p.pos] == ']' {
 		p.pos++
 	} else {
-		for {
+		for i := 0; ; i++ {
+			p.path = append(p.path, step{key: -1, index: i})
 			v, err := p.parseValue(depth)
 			if err != nil {
 				return 0, err
 			}
+			p.path = p.path[:len(p.path)-1]
 			p.stack = append(p.stack, v)
 			p.skipSpace()
 			if p.pos >= len(p.data) {
@@ -287,10 +387,12 @@ func (p *parser) parseObject(depth int) (int, error) {
 				return 0, p.errorf("expected ':' after object key")
 			}
 			p.pos++
+			p.path = append(p.path, step{key: k})
 			v, err := p.parseValue(depth)
 			if err != nil {
 				return 0, err
 			}
+			p.path = p.path[:len(p.path)-1]
 			p.stack = append(p.stack, k, v)
 			p.skipSpace()
 			if p.pos >= len(p.data) {
@@ -618,8 +720,36 @@ func (p *parser) parseNumber() (int, error) {
 	if (adj > 0 && exp > math.MaxInt64-adj) || (adj < 0 && exp < math.MinInt64-adj) {
 		return 0, p.errorf("number exponent out of range")
 	}
+	plain := plainLength(int64(len(m)), exp+adj)
+	if plain > MaxNumberLength {
+		return 0, &NumberError{Path: p.pathString(), Length: plain}
+	}
+	if literal := int64(p.pos - intStart); plain > literal {
+		p.growth += plain - literal
+	}
 	p.text = appendNumber(p.text, neg, m, exp+adj)
 	return p.addNode(node{kind: kindLiteral, start: textStart, end: len(p.text)}), nil
+}
+
+// plainLength is how many characters the non-zero number d1.d2...dn * 10^x
+// takes written out in plain decimal without its sign, as PostgreSQL prints
+// numeric: 1e3 is 1000, 1.5 is 1.5, 1e-3 is 0.001. It saturates instead of
+// overflowing.
+func plainLength(n, x int64) int64 {
+	switch {
+	case x >= n-1: // an integer
+		if x >= math.MaxInt64-1 {
+			return math.MaxInt64
+		}
+		return x + 1
+	case x >= 0: // the point falls inside the digits
+		return n + 1
+	default: // 0.000ddd
+		if x <= math.MinInt64+n+2 {
+			return math.MaxInt64
+		}
+		return n + 1 - x
+	}
 }
 
 func skipDigits(d []byte, i int) int {

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -83,12 +84,9 @@ func TestCanonicalize(t *testing.T) {
 		{name: "small fraction with digits", in: "0.0000012345", want: "0.0000012345"},
 		{name: "negative exponent form", in: "0.0000001", want: "1e-7"},
 		{name: "negative exponent form with digits", in: "-0.00000015", want: "-1.5e-7"},
-		{name: "huge exponent", in: "1e400", want: "1e+400"},
-		{name: "tiny exponent", in: "-25e-401", want: "-2.5e-400"},
+		{name: "largest accepted integer", in: "1e255", want: "1e+255"},
+		{name: "smallest accepted fraction", in: "-25e-254", want: "-2.5e-253"},
 		{name: "leading zeros in exponent", in: "1e0000000000000000000000002", want: "100"},
-		{name: "largest exponent", in: "1e9223372036854775807", want: "1e+9223372036854775807"},
-		{name: "smallest exponent", in: "1e-9223372036854775808", want: "1e-9223372036854775808"},
-		{name: "exponent brought into range", in: "0.01e-9223372036854775806", want: "1e-9223372036854775808"},
 		{name: "zero with out-of-range value exponent", in: "0.0e9223372036854775807", want: "0"},
 		{name: "numbers in containers", in: `{"a":[1.0,2e0,-0],"b":1E3}`, want: `{"a":[1,2,0],"b":1000}`},
 	}
@@ -141,7 +139,7 @@ func TestCanonicalizeDifferentBodies(t *testing.T) {
 	}{
 		{name: "big integers", a: "12345678901234567890", b: "12345678901234567891"},
 		{name: "decimals beyond float64", a: "0.1000000000000000000001", b: "0.1000000000000000000002"},
-		{name: "huge exponents", a: "1e400", b: "1e401"},
+		{name: "large exponents", a: "1e200", b: "1e201"},
 		{name: "sign", a: "1", b: "-1"},
 		{name: "number and string", a: "1", b: `"1"`},
 		{name: "array order", a: "[1,2]", b: "[2,1]"},
@@ -337,4 +335,58 @@ func BenchmarkFingerprint(b *testing.B) {
 	for b.Loop() {
 		Fingerprint("POST", "/api/workflows/8d7e6a64-7c7f-4f8e-9a49-f2f63d1cde8e/start/", canonical)
 	}
+}
+
+// Numbers PostgreSQL cannot store, or that would be stored (and answered)
+// far longer than they were sent, are refused with their path: the
+// limit is on the plain decimal text, the way numeric and jsonb print them.
+func TestCanonicalizeNumberLimits(t *testing.T) {
+	tests := []struct {
+		name, in string
+		path     string // "" : accepted
+		length   int64
+	}{
+		{name: "at the limit, integer", in: "1e255"},
+		{name: "at the limit, fraction", in: "1e-254"},
+		{name: "over the limit, integer", in: "1e256", path: "the top level", length: 257},
+		{name: "over the limit, fraction", in: "[1e-255]", path: "[0]", length: 257},
+		{name: "beyond PostgreSQL", in: `{"submission":{"total":1e1000000}}`, path: "submission.total", length: 1000001},
+		{name: "beyond PostgreSQL, tiny", in: `{"metadata":{"x":[0,1e-1000000]}}`, path: "metadata.x[1]", length: 1000002},
+		{name: "amplifying", in: `[1,[2,1e131071]]`, path: "[1][1]", length: 131072},
+		{name: "long literal", in: "1" + strings.Repeat("0", 300), path: "the top level", length: 301},
+		{name: "odd key", in: `{"a b":{"c.d":1e999}}`, path: `["a b"]["c.d"]`, length: 1000},
+		{name: "largest exponent", in: "1e9223372036854775807", path: "the top level", length: math.MaxInt64},
+		{name: "smallest exponent", in: "1e-9223372036854775808", path: "the top level", length: math.MaxInt64},
+		{name: "in a schema keyword", in: `{"schema":{"minimum":1e-1000000}}`, path: "schema.minimum", length: 1000002},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Canonicalize([]byte(tt.in))
+			if tt.path == "" {
+				require.NoError(t, err)
+				return
+			}
+			var ne *NumberError
+			require.ErrorAs(t, err, &ne)
+			require.Equal(t, tt.path, ne.Path)
+			require.Equal(t, tt.length, ne.Length)
+			require.Contains(t, err.Error(), tt.path)
+		})
+	}
+}
+
+// CanonicalizeBounded measures a body as it would be stored: every number
+// in plain decimal. 9 bytes of "1e250,..." per element stay far under the
+// body limit but would grow 25-fold.
+func TestCanonicalizeBounded(t *testing.T) {
+	body := []byte("[" + strings.TrimSuffix(strings.Repeat("1e250,", 1000), ",") + "]")
+	_, err := CanonicalizeBounded(body, 100_000)
+	var se *SizeError
+	require.ErrorAs(t, err, &se)
+	require.EqualValues(t, len(body)+1000*(251-5), se.Size)
+	require.EqualValues(t, 100_000, se.Limit)
+	_, err = CanonicalizeBounded(body, se.Size)
+	require.NoError(t, err, "exactly at the limit")
+	_, err = CanonicalizeBounded([]byte(`{"a":"`+strings.Repeat("x", 500)+`"}`), 100)
+	require.ErrorAs(t, err, &se, "the body itself counts")
 }

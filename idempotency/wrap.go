@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -28,6 +30,17 @@ const (
 	HeaderReplayed        = "Idempotent-Replayed"
 	HeaderOriginalRequest = "Original-Request-Id"
 	HeaderRequestID       = "X-Request-Id"
+	// HeaderKeyExpires is on every stored and replayed answer (and on a 422):
+	// when the key expires, as an HTTP-date (RFC 9110, like Expires). Until
+	// then a retry is answered from the stored answer; after it, the same key
+	// starts new work. The IETF draft has no such field yet (its open issue
+	// #49 asks for one, as a TTL); a date stays true on every replay.
+	HeaderKeyExpires = "Idempotency-Key-Expires"
+	// HeaderPrefer and HeaderPreferenceApplied carry RFC 7240's wait
+	// preference: a request whose key is in flight waits for the first
+	// instead of being answered 409 at once.
+	HeaderPrefer            = "Prefer"
+	HeaderPreferenceApplied = "Preference-Applied"
 )
 
 // storedHeaders is the allowlist of response headers kept for replay. Never
@@ -37,18 +50,22 @@ var storedHeaders = []string{"Content-Type", "Location"}
 
 // Problem codes the wrapper answers with.
 const (
-	CodeKeyMissing    = "idempotency_key_missing"
-	CodeKeyInvalid    = "idempotency_key_invalid"
-	CodeKeyTooLong    = "idempotency_key_too_long"
-	CodeKeyReused     = "idempotency_key_reused"
-	CodeKeyInProgress = "idempotency_key_in_progress"
-	CodeInvalidJSON   = "invalid_json"
-	CodeBodyTooLarge  = "request_body_too_large"
-	CodeInternal      = "internal_error"
-	CodeTimeout       = "request_timeout"
+	CodeKeyMissing       = "idempotency_key_missing"
+	CodeKeyInvalid       = "idempotency_key_invalid"
+	CodeKeyTooLong       = "idempotency_key_too_long"
+	CodeKeyReused        = "idempotency_key_reused"
+	CodeKeyInProgress    = "idempotency_key_in_progress"
+	CodeInvalidJSON      = "invalid_json"
+	CodeInvalidNumber    = "invalid_number"
+	CodeBodyTooLarge     = "request_body_too_large"
+	CodeResponseTooLarge = "response_too_large"
+	CodeInternal         = "internal_error"
+	CodeTimeout          = "request_timeout"
+	CodeUnavailable      = "service_unavailable"
 )
 
-// Outcomes counted by the idempotency_requests_total metric.
+// Outcomes counted by the idempotency_requests_total metric. Every request
+// through the wrapper is counted under exactly one.
 const (
 	OutcomeNew           = "new"
 	OutcomeReplayed      = "replayed"
@@ -60,12 +77,17 @@ const (
 	OutcomeError         = "error"
 )
 
+// Outcomes lists every outcome, for metrics that start at zero.
+var Outcomes = []string{OutcomeNew, OutcomeReplayed, OutcomeMismatch, OutcomeInProgress,
+	OutcomeRejected, OutcomeExpiredReused, OutcomeNoKey, OutcomeError}
+
 // Request is what a wrapped handler gets besides the transaction.
 type Request struct {
 	// Gin is the request's context, for path parameters and values set by
 	// middleware. The handler must not write to it: it returns its answer.
 	Gin *gin.Context
-	// Body is the raw request body, known to be JSON (or empty).
+	// Body is the raw request body: a JSON object (or empty when the
+	// wrapper allows it), whose numbers each fit models' columns.
 	Body []byte
 	// KeyID is the id the key row will have once the transaction commits
 	// ("" without a key). A handler stores it on what it creates, to link it.
@@ -114,22 +136,40 @@ func Problem(req Request, d problem.Details) Response {
 // everything: nothing happened, nothing is stored, the key is free.
 type Handler func(tx *gorm.DB, req Request) (Response, error)
 
-// Config configures a Wrapper; its zero value takes the defaults.
+// Config configures a Wrapper; its zero value takes the defaults, except
+// where a field says what 0 means.
 type Config struct {
 	// TTL is how long a stored answer is replayed; 0 means 24h.
 	TTL time.Duration
 	// TxTimeout bounds the request transaction, which ignores client
-	// hang-ups; 0 means 30s. Open the pool with the same value as
-	// PostgreSQL's statement_timeout (models.DBOptions.StatementTimeout):
-	// the server then cancels a statement that hangs, the connection stays
-	// healthy and the rollback frees the key before the 503 is answered.
-	// The transaction's own context deadline, TxTimeout plus txGrace, is the
-	// backstop for a transaction of many slow statements.
+	// hang-ups; 0 means 30s. It is the transaction's own statement_timeout
+	// (SET LOCAL): the server cancels a statement that hangs, the connection
+	// stays healthy and the rollback frees the key before the 503 is
+	// answered. The transaction's context deadline, TxTimeout plus txGrace,
+	// is the backstop for a transaction of many slow statements.
 	TxTimeout time.Duration
 	// KeyRequired: a request without a key is 400 idempotency_key_missing.
 	KeyRequired bool
-	// RetryAfter is the Retry-After (seconds) of a 409; 0 means 1.
+	// RetryAfter is the Retry-After (seconds) of a 409 and of a 5xx; 0 means 1.
 	RetryAfter int
+	// MaxBodyBytes is the largest body accepted, the router's limit; 0 means
+	// 1 MiB. A body counts at its stored size, with its numbers written out
+	// in plain decimal (413 past it), and a stored answer may be at most
+	// four times it (413 response_too_large, nothing done, past that).
+	MaxBodyBytes int64
+	// AllowEmptyBody lets a request without a body reach the handler;
+	// otherwise it is 400 invalid_json and nothing is stored. A body that is
+	// not a JSON object is always refused.
+	AllowEmptyBody bool
+	// MaxWait caps how long a request with `Prefer: wait=N` whose key is in
+	// flight waits for the first one to finish; 0 disables waiting (such a
+	// request is 409 at once, as without the preference).
+	MaxWait time.Duration
+	// MaxWaiters caps the requests waiting at once in this process; past it
+	// a request is 409 at once. 0 means 64. A waiter holds no database
+	// connection while it waits: it looks again now and then, and is woken
+	// at once when the first request runs in this same process.
+	MaxWaiters int
 	// Tenant returns the organisation a request belongs to (set by the auth
 	// middleware). Keys are unique per tenant and scope.
 	Tenant func(*gin.Context) string
@@ -142,16 +182,24 @@ type Config struct {
 // Wrapper makes handlers idempotent. Build one with New and wrap routes
 // with Wrap.
 type Wrapper struct {
-	db   *gorm.DB
-	keys *models.KeyStore
-	cfg  Config
+	db      *gorm.DB
+	keys    *models.KeyStore
+	cfg     Config
+	waiters chan struct{} // one token per request waiting on a key in flight
+	flights sync.Map      // lock id -> *flight, for keyed requests executing in this process
 }
+
+// flight is a keyed request executing in this process; done is closed once
+// its transaction has committed or rolled back.
+type flight struct{ done chan struct{} }
 
 // New returns a Wrapper running transactions on db.
 func New(db *gorm.DB, keys *models.KeyStore, cfg Config) *Wrapper {
 	cfg.TTL = cmp.Or(cfg.TTL, 24*time.Hour)
 	cfg.TxTimeout = cmp.Or(cfg.TxTimeout, 30*time.Second)
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, 1)
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, 1<<20)
+	cfg.MaxWaiters = cmp.Or(cfg.MaxWaiters, 64)
 	cfg.Log = cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
 	if cfg.Observe == nil {
 		cfg.Observe = func(string, string) {}
@@ -159,7 +207,7 @@ func New(db *gorm.DB, keys *models.KeyStore, cfg Config) *Wrapper {
 	if cfg.Tenant == nil {
 		panic("idempotency: Config.Tenant is required")
 	}
-	return &Wrapper{db: db, keys: keys, cfg: cfg}
+	return &Wrapper{db: db, keys: keys, cfg: cfg, waiters: make(chan struct{}, cfg.MaxWaiters)}
 }
 
 // call is one request going through the wrapper.
@@ -169,10 +217,17 @@ type call struct {
 	scope     string
 	tenant    string
 	key       string
+	lockID    int64
 	body      []byte
 	hash      [32]byte
+	canonical []byte
 	requestID string
 	outcome   string
+	// waited is the wait this request applied (Prefer: wait) while its
+	// key was in flight, 0 if it did not wait; pollCount how often it
+	// looked again.
+	waited    time.Duration
+	pollCount uint
 }
 
 // Wrap returns a gin handler running h idempotently under scope (such as
@@ -186,47 +241,9 @@ func (w *Wrapper) Wrap(scope string, h Handler) gin.HandlerFunc {
 }
 
 func (k *call) serve(h Handler) {
-	raw, present := k.c.Request.Header[HeaderKey]
-	switch {
-	case present:
-		key, err := ParseKey(raw[0])
-		switch {
-		case len(raw) > 1:
-			k.reject(http.StatusBadRequest, CodeKeyInvalid, "Send exactly one Idempotency-Key header.")
-			return
-		case errors.Is(err, ErrKeyTooLong):
-			k.reject(http.StatusBadRequest, CodeKeyTooLong, "Idempotency key exceeds maximum length of 255 characters.")
-			return
-		case err != nil:
-			k.reject(http.StatusBadRequest, CodeKeyInvalid,
-				"Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").")
-			return
-		}
-		k.key = key
-	case k.w.cfg.KeyRequired:
-		k.reject(http.StatusBadRequest, CodeKeyMissing, "This endpoint requires an Idempotency-Key header.")
+	if !k.readKey() || !k.readBody() {
 		return
 	}
-
-	body, err := io.ReadAll(k.c.Request.Body)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			k.reject(http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
-				fmt.Sprintf("The request body exceeds the limit of %d bytes.", tooBig.Limit))
-			return
-		}
-		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body could not be read.")
-		return
-	}
-	canonical, err := Canonicalize(body)
-	if err != nil {
-		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body is not valid JSON: "+err.Error())
-		return
-	}
-	k.body = body
-	k.hash = Fingerprint(k.c.Request.Method, k.c.Request.URL.Path, canonical)
-
 	// The work runs on a context the client cannot cancel, with its own
 	// deadline: a client that hangs up still gets its answer stored.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.c.Request.Context()), k.w.cfg.TxTimeout+txGrace)
@@ -237,49 +254,227 @@ func (k *call) serve(h Handler) {
 		k.execute(ctx, h)
 		return
 	}
-
-	// Replay fast path: one indexed read, no transaction. A key row only
-	// exists once its request has finished, so any live row is an answer;
-	// and with none, a request in flight (seen in pg_locks by the same
-	// statement) is a 409 at once.
-	stored, err := k.w.keys.Lookup(k.w.db.WithContext(ctx), k.tenant, k.scope, k.key)
-	switch {
-	case err != nil:
-		k.fail(err)
-		return
-	case stored.Found() && !stored.Expired:
-		k.replay(stored)
-		return
-	case stored.InFlight:
-		k.inProgress()
-		return
+	k.lockID = models.LockID(k.tenant, k.scope, k.key)
+	wait := k.preferredWait()
+	var deadline time.Time
+	for {
+		// Replay fast path: one indexed read, no transaction. A key row
+		// only exists once its request has finished, so any live row is an
+		// answer; and with none, a request in flight (seen in pg_locks by
+		// the same statement) is a 409 at once.
+		stored, err := k.w.keys.Lookup(k.w.db.WithContext(ctx), k.tenant, k.scope, k.key)
+		switch {
+		case err != nil:
+			k.fail(err)
+			return
+		case stored.Found() && !stored.Expired:
+			k.replay(stored)
+			return
+		case !stored.InFlight:
+			k.outcome = OutcomeNew
+			if stored.Found() {
+				k.outcome = OutcomeExpiredReused
+			}
+			if k.execute(ctx, h) {
+				return
+			}
+			// Not executed: another request took the key's lock meanwhile.
+		}
+		if wait == 0 {
+			k.inProgress()
+			return
+		}
+		if k.waited == 0 {
+			select {
+			case k.w.waiters <- struct{}{}:
+				defer func() { <-k.w.waiters }()
+			default: // enough requests wait already
+				k.inProgress()
+				return
+			}
+			k.waited = wait
+			deadline = time.Now().Add(wait)
+			k.c.Header(HeaderPreferenceApplied, "wait="+strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+		}
+		if !k.waitForFlight(deadline) {
+			k.inProgress()
+			return
+		}
 	}
-	k.outcome = OutcomeNew
-	if stored.Found() {
-		k.outcome = OutcomeExpiredReused
-	}
-	k.execute(ctx, h)
 }
 
-// execute runs the handler in the request's one transaction. With a key it
-// first takes the key's advisory lock (not granted: 409) and ends by saving
-// the key row with the answer, in the round trip of the COMMIT.
-func (k *call) execute(ctx context.Context, h Handler) {
+// readKey reads the Idempotency-Key header; false when it answered 400.
+func (k *call) readKey() bool {
+	raw, present := k.c.Request.Header[HeaderKey]
+	switch {
+	case present:
+		key, err := ParseKey(raw[0])
+		switch {
+		case len(raw) > 1:
+			k.reject(http.StatusBadRequest, CodeKeyInvalid, "Send exactly one Idempotency-Key header.")
+			return false
+		case errors.Is(err, ErrKeyTooLong):
+			k.reject(http.StatusBadRequest, CodeKeyTooLong, "Idempotency key exceeds maximum length of 255 characters.")
+			return false
+		case err != nil:
+			k.reject(http.StatusBadRequest, CodeKeyInvalid,
+				"Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").")
+			return false
+		}
+		k.key = key
+	case k.w.cfg.KeyRequired:
+		k.reject(http.StatusBadRequest, CodeKeyMissing, "This endpoint requires an Idempotency-Key header.")
+		return false
+	}
+	return true
+}
+
+// readBody reads and canonicalises the body and computes the request's
+// fingerprint; false when it answered (4xx, nothing stored): a body that is
+// too large, not JSON, empty, not an object, or holding a number the
+// database cannot store as sent.
+func (k *call) readBody() bool {
+	body, err := io.ReadAll(k.c.Request.Body)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			k.reject(http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+				fmt.Sprintf("The request body exceeds the limit of %d bytes.", tooBig.Limit))
+			return false
+		}
+		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body could not be read.")
+		return false
+	}
+	canonical, err := CanonicalizeBounded(body, k.w.cfg.MaxBodyBytes)
+	var numErr *NumberError
+	var sizeErr *SizeError
+	switch {
+	case errors.As(err, &numErr):
+		d := problem.New(http.StatusBadRequest, CodeInvalidNumber, "The number at "+numErr.Path+" cannot be stored as sent: "+
+			fmt.Sprintf("written out in decimal it has %d digits, and at most %d are accepted.", numErr.Length, MaxNumberLength))
+		d.Errors = []problem.FieldError{{Field: numErr.Path, Message: fmt.Sprintf("number longer than %d digits in decimal", MaxNumberLength)}}
+		k.outcome = OutcomeRejected
+		problem.Write(k.c, d)
+		return false
+	case errors.As(err, &sizeErr):
+		k.reject(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf(
+			"With its numbers written out in decimal, as they are stored, the request body is %d bytes, over the limit of %d.",
+			sizeErr.Size, sizeErr.Limit))
+		return false
+	case err != nil:
+		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body is not valid JSON: "+err.Error())
+		return false
+	case canonical == nil && !k.w.cfg.AllowEmptyBody:
+		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body is empty; send a JSON object.")
+		return false
+	case canonical != nil && canonical[0] != '{':
+		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body must be a JSON object.")
+		return false
+	}
+	k.body = body
+	k.canonical = canonical
+	k.hash = Fingerprint(k.c.Request.Method, routePath(k.c), canonical)
+	return true
+}
+
+// routePath is the path a fingerprint covers: the route with its
+// parameters, a UUID in its canonical lower-case form, so that the same
+// request reaches the same fingerprint however a client spells the id.
+func routePath(c *gin.Context) string {
+	route := c.FullPath()
+	if route == "" {
+		return c.Request.URL.Path
+	}
+	parts := strings.Split(route, "/")
+	for i, part := range parts {
+		if name, ok := strings.CutPrefix(part, ":"); ok {
+			v := c.Param(name)
+			if id, err := uuid.Parse(v); err == nil {
+				v = id.String()
+			}
+			parts[i] = v
+		}
+	}
+	return strings.Join(parts, "/")
+}
+
+// preferredWait is how long the request may wait for its key's first
+// request: the Prefer header's wait (RFC 7240: whole seconds; other and
+// malformed preferences are ignored) within Config.MaxWait.
+func (k *call) preferredWait() time.Duration {
+	if k.w.cfg.MaxWait <= 0 {
+		return 0
+	}
+	for _, line := range k.c.Request.Header.Values(HeaderPrefer) {
+		for pref := range strings.SplitSeq(line, ",") {
+			token, _, _ := strings.Cut(pref, ";") // parameters of a preference are not ours
+			name, value, ok := strings.Cut(strings.TrimSpace(token), "=")
+			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(value), `"`))
+			if err != nil || n <= 0 {
+				return 0
+			}
+			return min(time.Duration(n)*time.Second, k.w.cfg.MaxWait)
+		}
+	}
+	return 0
+}
+
+// waitForFlight waits for the key's first request to finish, or a while
+// before looking again (it may run in another process), and reports
+// whether there is time left.
+func (k *call) waitForFlight(deadline time.Time) bool {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false
+	}
+	var done chan struct{}
+	if f, ok := k.w.flights.Load(k.lockID); ok {
+		done = f.(*flight).done
+	}
+	// Look again soon, then less often: each look borrows a connection
+	// for one statement and gives it back.
+	k.pollCount++
+	pause := min(20*time.Millisecond<<min(k.pollCount, 4), 250*time.Millisecond, left)
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	return true
+}
+
+// execute runs the handler in the request's one transaction and answers. With
+// a key it first takes the key's advisory lock and ends by saving the key row
+// with the answer, in the round trip of the COMMIT. It returns false, having
+// answered nothing, when another request holds the key's lock.
+func (k *call) execute(ctx context.Context, h Handler) bool {
 	req := Request{Gin: k.c, Body: k.body, RequestID: k.requestID}
 	var lockID *int64
 	if k.key != "" {
 		req.KeyID = uuid.NewString()
-		id := models.LockID(k.tenant, k.scope, k.key)
-		lockID = &id
+		lockID = &k.lockID
 	}
 	tx, locked, err := models.BeginRequest(ctx, k.w.db, k.w.cfg.TxTimeout, lockID)
 	switch {
 	case err != nil:
 		k.fail(err)
-		return
+		return true
 	case !locked:
-		k.inProgress()
-		return
+		return false
+	}
+	if lockID != nil {
+		// Requests of this process waiting on the key are woken once the
+		// transaction has ended (deferred first: it runs after the rollback).
+		f := &flight{done: make(chan struct{})}
+		k.w.flights.Store(k.lockID, f)
+		defer func() {
+			k.w.flights.CompareAndDelete(k.lockID, f)
+			close(f.done)
+		}()
 	}
 	defer tx.Rollback() // after a commit, nothing to do
 
@@ -287,21 +482,31 @@ func (k *call) execute(ctx context.Context, h Handler) {
 	switch {
 	case err != nil:
 		k.fail(err)
-		return
+		return true
 	case resp.Status >= 500:
 		// Rolled back, passed on, not stored: a retry executes afresh.
 		tx.Rollback()
 		k.outcome = OutcomeError
 		k.write(resp.Status, resp.Header, resp.Body)
-		return
+		return true
 	case resp.Status < 200:
 		k.fail(fmt.Errorf("handler answered %d", resp.Status))
-		return
+		return true
+	case int64(len(resp.Body)) > 4*k.w.cfg.MaxBodyBytes:
+		tx.Rollback()
+		k.reject(http.StatusRequestEntityTooLarge, CodeResponseTooLarge, fmt.Sprintf(
+			"The answer to this request would be %d bytes, over the limit of %d; nothing was done. Send a smaller request.",
+			len(resp.Body), 4*k.w.cfg.MaxBodyBytes))
+		return true
 	}
 	if k.key == "" {
 		err = tx.Commit(ctx)
 	} else {
-		err = tx.CommitWithKey(ctx, k.keyRow(req.KeyID, resp), k.w.cfg.TTL)
+		var expires time.Time
+		expires, err = tx.CommitWithKey(ctx, k.keyRow(req.KeyID, resp), k.w.cfg.TTL)
+		if err == nil {
+			resp.Header.Set(HeaderKeyExpires, expires.UTC().Format(http.TimeFormat))
+		}
 	}
 	if errors.Is(err, models.ErrConflict) {
 		// A request holding the lock before us committed this key after
@@ -309,19 +514,20 @@ func (k *call) execute(ctx context.Context, h Handler) {
 		stored, err := k.w.keys.Lookup(k.w.db.WithContext(ctx), k.tenant, k.scope, k.key)
 		if err != nil {
 			k.fail(err)
-			return
+			return true
 		}
 		k.replay(stored)
-		return
+		return true
 	}
 	if err != nil {
 		k.fail(err)
-		return
+		return true
 	}
 	if resp.AfterCommit != nil {
 		resp.AfterCommit()
 	}
 	k.write(resp.Status, resp.Header, resp.Body)
+	return true
 }
 
 // handle runs the handler on tx; a panic is an error (logged with its stack).
@@ -365,10 +571,23 @@ func (k *call) keyRow(id string, resp Response) *models.IdempotencyKey {
 	return row
 }
 
+// sameRequest reports whether the stored fingerprint is this request's.
+// Keys stored before fingerprints covered the route with normalised ids
+// (at most IDEMPOTENCY_TTL ago) were fingerprinted with the path as sent:
+// they match that too, so a retry across the upgrade still replays.
+func (k *call) sameRequest(stored []byte) bool {
+	if bytes.Equal(stored, k.hash[:]) {
+		return true
+	}
+	legacy := Fingerprint(k.c.Request.Method, k.c.Request.URL.Path, k.canonical)
+	return bytes.Equal(stored, legacy[:])
+}
+
 // replay answers with a finished key: the stored answer when the request is
 // the same, 422 when the key was used for another request.
 func (k *call) replay(stored *models.StoredKey) {
-	if string(stored.RequestHash) != string(k.hash[:]) {
+	k.c.Header(HeaderKeyExpires, stored.ExpiresAt.UTC().Format(http.TimeFormat))
+	if !k.sameRequest(stored.RequestHash) {
 		k.outcome = OutcomeMismatch
 		k.problem(http.StatusUnprocessableEntity, CodeKeyReused,
 			"Idempotency key has already been used with a different request body.")
@@ -404,6 +623,7 @@ func (k *call) write(status int, h http.Header, body []byte) {
 // so this one cannot be compared with it yet.
 func (k *call) inProgress() {
 	k.outcome = OutcomeInProgress
+	k.c.Writer.Header().Del(HeaderPreferenceApplied) // if it waited, in vain
 	k.c.Header("Retry-After", strconv.Itoa(k.w.cfg.RetryAfter))
 	k.problem(http.StatusConflict, CodeKeyInProgress, "A request with this idempotency key is currently being processed.")
 }
@@ -419,15 +639,21 @@ func (k *call) problem(status int, code, detail string) {
 }
 
 // fail answers an error that rolled everything back: 5xx, nothing stored,
-// so a retry executes afresh.
+// so a retry executes afresh. Every such answer carries Retry-After.
 func (k *call) fail(err error) {
 	k.outcome = OutcomeError
-	if models.IsTimeout(err) {
-		k.c.Header("Retry-After", strconv.Itoa(k.w.cfg.RetryAfter))
+	k.c.Writer.Header().Del(HeaderPreferenceApplied)
+	k.c.Header("Retry-After", strconv.Itoa(k.w.cfg.RetryAfter))
+	switch {
+	case models.IsUnavailable(err):
+		k.w.cfg.Log.WarnContext(k.c.Request.Context(), "idempotent request: database unavailable",
+			"scope", k.scope, "error", err, "request_id", k.requestID)
+		k.problem(http.StatusServiceUnavailable, CodeUnavailable, "The database is unavailable; nothing was done. Retry the request.")
+	case models.IsTimeout(err):
 		k.problem(http.StatusServiceUnavailable, CodeTimeout, "The request did not finish in time and was rolled back; retry it.")
-		return
+	default:
+		k.w.cfg.Log.ErrorContext(k.c.Request.Context(), "idempotent request failed",
+			"scope", k.scope, "error", err, "request_id", k.requestID)
+		k.problem(http.StatusInternalServerError, CodeInternal, "An internal error occurred; nothing was done. Retry the request.")
 	}
-	k.w.cfg.Log.ErrorContext(k.c.Request.Context(), "idempotent request failed",
-		"scope", k.scope, "error", err, "request_id", k.requestID)
-	k.problem(http.StatusInternalServerError, CodeInternal, "An internal error occurred; nothing was done. Retry the request.")
 }

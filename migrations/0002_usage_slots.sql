@@ -40,7 +40,9 @@ DROP TABLE usage_counters;
 -- idempotency_key_taken raises unique_violation: the request's key insert
 -- calls it when it could not write its row (a live row exists), so the
 -- COMMIT sent with it in one round trip fails instead of committing.
-CREATE FUNCTION idempotency_key_taken() RETURNS integer LANGUAGE plpgsql AS $$
+-- (It returns timestamptz only to fit where the statement expects the
+-- saved row's expires_at.)
+CREATE FUNCTION idempotency_key_taken() RETURNS timestamptz LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'idempotency key already finished by another request'
         USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_keys_org_id_endpoint_key_key';

@@ -6,8 +6,12 @@ package models
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -106,6 +110,36 @@ func translate(err error) error {
 		}
 	}
 	return err
+}
+
+// IsUnavailable reports whether err says the database cannot be reached or
+// is going away: the connection was refused or lost, the server is shutting
+// down, starting up or in recovery. A request that meets it did nothing
+// (its transaction died with the connection) and can be retried shortly.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"): // connection_exception
+			return true
+		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03": // admin/crash shutdown, cannot connect now
+			return true
+		case pgErr.Code == "53300": // too_many_connections
+			return true
+		}
+		return false
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, io.EOF) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, pgconn.ErrConnClosed) ||
+		pgconn.SafeToRetry(err)
 }
 
 // IsTimeout reports whether err comes from a cancelled or timed-out statement.

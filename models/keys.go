@@ -103,9 +103,9 @@ WITH saved AS (
 		client_ip = EXCLUDED.client_ip, user_agent = EXCLUDED.user_agent,
 		created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
 	WHERE k.expires_at <= now()
-	RETURNING 1
+	RETURNING expires_at
 )
-SELECT CASE WHEN EXISTS (SELECT 1 FROM saved) THEN 1 ELSE idempotency_key_taken() END`
+SELECT CASE WHEN EXISTS (SELECT 1 FROM saved) THEN (SELECT expires_at FROM saved) ELSE idempotency_key_taken() END`
 
 func saveKeyArgs(k *IdempotencyKey, ttl time.Duration) pgx.NamedArgs {
 	return pgx.NamedArgs{

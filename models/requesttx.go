@@ -99,17 +99,18 @@ func (t *RequestTx) Commit(ctx context.Context) error {
 }
 
 // CommitWithKey writes the finished key row k, replayed for ttl, and commits,
-// in one round trip. A row of the same scoped key that has expired is taken
-// over (the upsert gives it k.ID, which unlinks its old run). If a live row
-// exists, someone finished this key first: nothing is committed, and the
-// error is ErrConflict.
-func (t *RequestTx) CommitWithKey(ctx context.Context, k *IdempotencyKey, ttl time.Duration) error {
-	err := t.pgx(func(c *pgx.Conn) error {
+// in one round trip, and returns when the key expires (by the database's
+// clock). A row of the same scoped key that has expired is taken over (the
+// upsert gives it k.ID, which unlinks its old run). If a live row exists,
+// someone finished this key first: nothing is committed, and the error is
+// ErrConflict.
+func (t *RequestTx) CommitWithKey(ctx context.Context, k *IdempotencyKey, ttl time.Duration) (expires time.Time, err error) {
+	err = t.pgx(func(c *pgx.Conn) error {
 		var b pgx.Batch
 		b.Queue(saveKeySQL, saveKeyArgs(k, ttl))
 		b.Queue("commit")
 		br := c.SendBatch(ctx, &b)
-		if _, err := br.Exec(); err != nil {
+		if err := br.QueryRow().Scan(&expires); err != nil {
 			_ = br.Close()
 			return err // the COMMIT was skipped: still open, in a failed state
 		}
@@ -127,10 +128,10 @@ func (t *RequestTx) CommitWithKey(ctx context.Context, k *IdempotencyKey, ttl ti
 	})
 	if err != nil {
 		t.Rollback()
-		return fmt.Errorf("save idempotency key: %w", translate(err))
+		return time.Time{}, fmt.Errorf("save idempotency key: %w", translate(err))
 	}
 	t.release()
-	return nil
+	return expires, nil
 }
 
 // Rollback rolls back an open transaction and gives the connection back to

@@ -78,8 +78,7 @@ func (f *usageFixture) usage(t *testing.T, now time.Time) int64 {
 func TestUsageStartsDoNotWaitForEachOther(t *testing.T) {
 	t.Parallel()
 	for _, quota := range []int64{0, 1000} {
-		t.Run(fmt.Sprintf("quota %d", quota), func(t *testing.T) {
-			t.Parallel()
+		t.Run(fmt.Sprintf("quota %d", quota), func(t *testing.T) { // one after the other: 30 connections each
 			f := newUsageFixture(t)
 			// The first start of the period creates and balances the slots.
 			require.NoError(t, f.startCommitted(t, quota, f.now))

@@ -63,7 +63,7 @@ func New(t testing.TB, opts ...Options) *Env {
 	cfg.DatabaseURL = u
 	reg := prometheus.NewRegistry()
 	// Errors the API logs (the causes behind 5xx answers) show in the test's log.
-	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelError}))
+	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	h := handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log})
 	return &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, Handler: h}
 }
