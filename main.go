@@ -78,6 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"org":     cmdOrg,
 		"token":   cmdToken,
 		"demo":    cmdDemo,
+		"start":   cmdStart,
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {
