@@ -217,7 +217,8 @@ func (s startCmd) run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		_, retried := errors.AsType[*client.RetryError](err)
 		if _, answered := errors.AsType[*client.Error](err); retried || !answered {
-			return fmt.Errorf("%w; whether the run started is unknown: run again with --key %s, which never starts it twice", err, key)
+			return fmt.Errorf("%s; whether the run started is unknown: run again with --key %s, which never starts it twice",
+				strings.TrimPrefix(err.Error(), "valruns: "), key)
 		}
 		return err
 	}
