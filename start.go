@@ -143,6 +143,9 @@ func (s startCmd) parse(args []string, out io.Writer) (startArgs, error) {
 	case a.file == "" && !a.stdin:
 		return a, usageError("give the submission with --file PATH or - (stdin)")
 	}
+	if !validKey(a.key) {
+		return a, usageError("--key must be 1 to 255 printable ASCII characters")
+	}
 	if a.metadata != "" {
 		var m map[string]json.RawMessage
 		if err := json.Unmarshal([]byte(a.metadata), &m); err != nil || m == nil {
@@ -162,6 +165,21 @@ func (s startCmd) parse(args []string, out io.Writer) (startArgs, error) {
 		return a, usageError("no API token: pass --token or set VALRUNS_TOKEN")
 	}
 	return a, nil
+}
+
+// validKey reports whether k is "" (no key given) or a key the server
+// accepts: printable ASCII, at most 255 characters unless quoted (the
+// server unquotes "abc" to abc and judges the length then).
+func validKey(k string) bool {
+	if len(k) > 255 && !strings.HasPrefix(k, `"`) {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x20 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // readSubmission reads the submission and checks that it is JSON.

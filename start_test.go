@@ -211,6 +211,8 @@ func TestStartCommand(t *testing.T) {
 		{"submission not JSON", nil, "total=42", []string{"--workflow", wf, "-"}, "the submission in stdin is not valid JSON"},
 		{"unexpected argument", nil, "", []string{"--workflow", wf, "--file", good, "extra"}, `unexpected argument "extra"`},
 		{"unknown flag", nil, "", []string{"--workflow", wf, "--file", good, "--frob"}, "flag provided but not defined: -frob"},
+		{"--key too long", nil, "", []string{"--workflow", wf, "--file", good, "--key", strings.Repeat("k", 256)}, "--key must be 1 to 255 printable ASCII"},
+		{"--key not ASCII", nil, "", []string{"--workflow", wf, "--file", good, "--key", "clé"}, "--key must be 1 to 255 printable ASCII"},
 		{"no token", []string{"VALRUNS_TOKEN="}, "", []string{"--workflow", wf, "--file", good}, "no API token"},
 	}
 	for _, tt := range usage {

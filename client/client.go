@@ -191,6 +191,15 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 	if body != nil {
 		tmpl.Header.Set("Content-Type", "application/json")
 	}
+	// net/http refuses such a header before sending anything, on every
+	// attempt: say so once instead of retrying.
+	for name, vs := range tmpl.Header {
+		for _, v := range vs {
+			if !validHeaderValue(v) {
+				return nil, 0, fmt.Errorf("valruns: the %s header holds a control character", name)
+			}
+		}
+	}
 
 	for attempt := 1; ; attempt++ {
 		resp, err := c.once(tmpl)
@@ -235,6 +244,17 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 		case <-t.C:
 		}
 	}
+}
+
+// validHeaderValue reports whether net/http will send v: no control
+// characters other than tab.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // once sends one attempt of tmpl and reads the whole answer: an answer cut

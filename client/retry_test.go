@@ -272,6 +272,18 @@ func TestGivingUp(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, 1, re.Attempts)
 
+	// What net/http or the server would refuse on every attempt is refused
+	// before the first.
+	s = newScripted(t, created)
+	_, err = client.New(s.url, "t").StartRun(t.Context(), "wf", 1, client.WithKey("line\nbreak"))
+	require.ErrorContains(t, err, "printable ASCII")
+	_, err = client.New(s.url, "t").StartRun(t.Context(), "wf", 1, client.WithKey("clé"))
+	require.ErrorContains(t, err, "printable ASCII")
+	_, err = client.New(s.url, "vr_x\r\n").GetRun(t.Context(), "r")
+	require.ErrorContains(t, err, "Authorization header holds a control character")
+	require.NotContains(t, err.Error(), "vr_x")
+	require.Empty(t, s.hits())
+
 	_, err = client.New("ftp://x", "t").GetRun(t.Context(), "r")
 	require.ErrorContains(t, err, "base URL")
 }

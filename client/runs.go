@@ -142,6 +142,11 @@ type written struct {
 // 2xx answer into v.
 func (c *Client) write(ctx context.Context, path string, body []byte, o writeOptions, v any) (written, error) {
 	w := written{key: cmp.Or(o.key, NewKey())}
+	for i := 0; i < len(w.key); i++ {
+		if c := w.key[i]; c < 0x20 || c > 0x7e {
+			return w, fmt.Errorf("valruns: the idempotency key must be printable ASCII; byte %d is %#x", i, c)
+		}
+	}
 	hdr := http.Header{HeaderKey: {w.key}}
 	if p := preferWait(o.wait); p != "" {
 		hdr.Set(HeaderPrefer, p)
