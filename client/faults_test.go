@@ -53,12 +53,14 @@ type faultTransport struct {
 	// odds[f] is the probability of fault f (faultNone takes the rest).
 	odds [numFaults]float64
 
-	mu      sync.Mutex
-	rng     *rand.Rand
-	bodies  map[string]map[[32]byte]bool // key -> body hashes seen
-	tries   map[string]int               // key -> attempts seen
-	fired   [numFaults]atomic.Int64
-	pending sync.WaitGroup // hang-up requests still running
+	mu     sync.Mutex
+	rng    *rand.Rand
+	bodies map[string]map[[32]byte]bool // key -> body hashes seen
+	tries  map[string]int               // key -> attempts seen
+	fired  [numFaults]atomic.Int64
+	// conflicts counts the 409s the server answered (keys found in flight).
+	conflicts atomic.Int64
+	pending   sync.WaitGroup // hang-up requests still running
 }
 
 func newFaultTransport(next http.RoundTripper, seed uint64, odds [numFaults]float64) *faultTransport {
@@ -154,7 +156,11 @@ func (ft *faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}()
 		return nil, errReset("read")
 	}
-	return ft.next.RoundTrip(req)
+	resp, err := ft.next.RoundTrip(req)
+	if err == nil && resp.StatusCode == http.StatusConflict {
+		ft.conflicts.Add(1)
+	}
+	return resp, err
 }
 
 type errReader struct{ err error }
