@@ -72,6 +72,8 @@ var commands = []command{
 		{name: "revoke", args: "ID|PREFIX", summary: "revoke a token, named by its id or its display prefix", run: cmdTokenRevoke},
 	}},
 	{name: "demo", args: "[--token-file PATH]", summary: "ensure a demo org, token and workflow (used by make run)", run: cmdDemo},
+	{name: "start", args: startSynopsis,
+		summary: "start a run through the Go client: one key per call, safe retries, --wait for the result", run: cmdStart},
 }
 
 // synopsis is how a command is called: "org create NAME [--slug SLUG]".
@@ -96,13 +98,22 @@ func listing(path []string, cmds []command) []string {
 		}
 	}
 	walk(path, cmds)
+	// Summaries line up after the synopses, except that one too long to
+	// leave room for its summary has it on the next line.
+	const maxWidth = 44
 	width := 0
 	for _, r := range rows {
-		width = max(width, len(r.syn))
+		if len(r.syn) <= maxWidth {
+			width = max(width, len(r.syn))
+		}
 	}
-	lines := make([]string, len(rows))
-	for i, r := range rows {
-		lines[i] = fmt.Sprintf("%-*s  %s", width, r.syn, r.summary)
+	var lines []string
+	for _, r := range rows {
+		if len(r.syn) > maxWidth {
+			lines = append(lines, r.syn, fmt.Sprintf("%-*s  %s", width, "", r.summary))
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("%-*s  %s", width, r.syn, r.summary))
 	}
 	return lines
 }

@@ -1,0 +1,289 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/client"
+)
+
+// These tests need answers the real server cannot be made to give on
+// demand (a Retry-After of our choosing, a 403, a proxy's HTML 502), so
+// they use a handler of their own that plays a script of answers and
+// records what each attempt sent. Everything else is tested against the
+// real API in client_test.go.
+
+// answer is one scripted answer.
+type answer struct {
+	status int
+	header map[string]string
+	body   string
+}
+
+// hit is what one attempt sent and when it arrived.
+type hit struct {
+	at     time.Time
+	header http.Header
+	body   []byte
+}
+
+// scripted serves the answers in order (the last one repeats) and records
+// the hits.
+type scripted struct {
+	url string
+	mu  sync.Mutex
+	ans []answer
+	got []hit
+}
+
+const runJSON = `{"id":"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a","workflow_id":"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",` +
+	`"status":"queued","submission":{"total":1},"metadata":{},"findings":[],"attempts":0,"created_at":"2026-11-22T10:00:00Z"}`
+
+var created = answer{status: 201, header: map[string]string{"Content-Type": "application/json"}, body: runJSON}
+
+func problemAnswer(status int, code string, header ...string) answer {
+	h := map[string]string{"Content-Type": "application/problem+json"}
+	for i := 0; i+1 < len(header); i += 2 {
+		h[header[i]] = header[i+1]
+	}
+	return answer{status: status, header: h, body: fmt.Sprintf(
+		`{"type":"https://valruns.dev/problems/%s","title":%q,"status":%d,"detail":"scripted","code":%q,"request_id":"r-%d"}`,
+		code, http.StatusText(status), status, code, status)}
+}
+
+func newScripted(t *testing.T, ans ...answer) *scripted {
+	t.Helper()
+	s := &scripted{ans: ans}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		s.mu.Lock()
+		n := len(s.got)
+		s.got = append(s.got, hit{at: time.Now(), header: r.Header.Clone(), body: b})
+		a := s.ans[min(n, len(s.ans)-1)]
+		s.mu.Unlock()
+		for k, v := range a.header {
+			w.Header().Set(k, v)
+		}
+		w.WriteHeader(a.status)
+		_, _ = io.WriteString(w, a.body)
+	}))
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+	return s
+}
+
+func (s *scripted) hits() []hit {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]hit(nil), s.got...)
+}
+
+// TestRetryAfterHonoured: after a 503 or a 429 (not quota_exceeded) with
+// Retry-After, in seconds or as an HTTP-date, the next attempt comes no
+// sooner than it says. Timing is asserted only as a lower bound.
+func TestRetryAfterHonoured(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		first func() answer
+		least time.Duration
+	}{
+		{"503 Retry-After: 1", func() answer { return problemAnswer(503, "service_unavailable", "Retry-After", "1") }, time.Second},
+		{"429 Retry-After: 1", func() answer { return problemAnswer(429, "rate_limited", "Retry-After", "1") }, time.Second},
+		{"409 in progress Retry-After: 1", func() answer {
+			return problemAnswer(409, "idempotency_key_in_progress", "Retry-After", "1")
+		}, time.Second},
+		// An HTTP-date has whole seconds: now+2s truncated is at least 1 s away.
+		{"503 Retry-After: HTTP-date", func() answer {
+			return problemAnswer(503, "service_unavailable", "Retry-After", time.Now().Add(2*time.Second).UTC().Format(http.TimeFormat))
+		}, 900 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := newScripted(t, tt.first(), created)
+			c := client.New(s.url, "vr_x", client.WithBackoff(time.Millisecond, time.Millisecond))
+			res, err := c.StartRun(t.Context(), "wf", 1)
+			require.NoError(t, err)
+			require.Equal(t, 2, res.Attempts)
+			h := s.hits()
+			require.Len(t, h, 2)
+			gap := h[1].at.Sub(h[0].at)
+			require.GreaterOrEqual(t, gap, tt.least, "the retry came %s after the Retry-After answer", gap)
+		})
+	}
+}
+
+// TestRetryAfterCapped: a Retry-After beyond the cap waits the cap, so the
+// call succeeds long before the server's hour. (With a broken cap the call
+// would fail at once: a wait past the context's deadline is not started.)
+func TestRetryAfterCapped(t *testing.T) {
+	t.Parallel()
+	s := newScripted(t, problemAnswer(503, "service_unavailable", "Retry-After", "3600"), created)
+	c := client.New(s.url, "vr_x", client.WithMaxRetryAfter(50*time.Millisecond))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	res, err := c.StartRun(ctx, "wf", 1)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Attempts)
+
+	// Without the cap, the wait would outlive the deadline: the call says so
+	// without sleeping.
+	s = newScripted(t, problemAnswer(503, "service_unavailable", "Retry-After", "3600"), created)
+	c = client.New(s.url, "vr_x", client.WithMaxRetryAfter(2*time.Hour))
+	_, err = c.StartRun(ctx, "wf", 1)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var re *client.RetryError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 1, re.Attempts)
+	require.Len(t, s.hits(), 1)
+}
+
+// TestRetriesSendTheSameRequest: every attempt of one call carries the same
+// Idempotency-Key and byte-identical body, and the Prefer: wait asked for.
+func TestRetriesSendTheSameRequest(t *testing.T) {
+	t.Parallel()
+	s := newScripted(t, problemAnswer(500, "internal_error"), problemAnswer(502, "bad_gateway"),
+		answer{status: 503, body: "<html>\n<body>upstream down</body></html>"}, problemAnswer(409, "idempotency_key_in_progress"), created)
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	c := client.New(s.url, "vr_secret", client.WithBackoff(time.Millisecond, 2*time.Millisecond),
+		client.WithUserAgent("client-test/1"), client.WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))))
+	res, err := c.StartRun(t.Context(), "wf-1", map[string]any{"b": 1, "a": []int{1, 2}},
+		client.WithMetadata(map[string]string{"source": "test"}), client.WithWait(1500*time.Millisecond))
+	require.NoError(t, err)
+	require.Equal(t, 5, res.Attempts)
+	require.Equal(t, "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a", res.Run.ID)
+	h := s.hits()
+	require.Len(t, h, 5)
+	for i, x := range h {
+		require.Equal(t, res.Key, x.header.Get("Idempotency-Key"), "attempt %d", i+1)
+		require.Equal(t, h[0].body, x.body, "attempt %d sent the same bytes", i+1)
+		require.Equal(t, "wait=2", x.header.Get("Prefer"), "1.5 s rounds up to 2")
+		require.Equal(t, "Bearer vr_secret", x.header.Get("Authorization"))
+		require.Equal(t, "client-test/1", x.header.Get("User-Agent"))
+		require.Equal(t, "application/json", x.header.Get("Content-Type"))
+	}
+	var body map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(h[0].body, &body))
+	require.JSONEq(t, `{"a":[1,2],"b":1}`, string(body["submission"]))
+	require.JSONEq(t, `{"source":"test"}`, string(body["metadata"]))
+	logMu.Lock()
+	require.Equal(t, 4, strings.Count(logs.String(), "valruns: retrying"), logs.String())
+	require.NotContains(t, logs.String(), "vr_secret", "the token is never logged")
+	logMu.Unlock()
+
+	for _, tt := range []struct {
+		wait time.Duration
+		want string
+	}{{time.Second, "wait=1"}, {time.Millisecond, "wait=1"}, {0, ""}} {
+		s := newScripted(t, created)
+		_, err := client.New(s.url, "t").StartRun(t.Context(), "wf", 1, client.WithWait(tt.wait))
+		require.NoError(t, err)
+		require.Equal(t, tt.want, s.hits()[0].header.Get("Prefer"), "WithWait(%s)", tt.wait)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// TestGivingUp: when the attempts are spent the error says how many and
+// wraps the last cause; answers that are final are one attempt.
+func TestGivingUp(t *testing.T) {
+	t.Parallel()
+	fast := []client.Option{client.WithBackoff(time.Millisecond, time.Millisecond), client.WithMaxAttempts(3)}
+
+	s := newScripted(t, problemAnswer(409, "idempotency_key_in_progress", "Retry-After", "0"))
+	_, err := client.New(s.url, "t", fast...).StartRun(t.Context(), "wf", 1)
+	var re *client.RetryError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 3, re.Attempts)
+	require.ErrorIs(t, err, client.ErrKeyInProgress)
+	require.Contains(t, err.Error(), "3 attempts")
+	require.Contains(t, err.Error(), "idempotency_key_in_progress")
+	require.Len(t, s.hits(), 3)
+
+	s = newScripted(t, answer{status: 502, body: "<html>\r\n<h1>Bad Gateway</h1>\n</html>"})
+	_, err = client.New(s.url, "t", fast...).GetRun(t.Context(), "r")
+	require.ErrorAs(t, err, &re)
+	var e *client.Error
+	require.ErrorAs(t, err, &e)
+	require.Equal(t, 502, e.Status)
+	require.Equal(t, "<html> <h1>Bad Gateway</h1> </html>", e.Detail)
+	require.NotContains(t, err.Error(), "\n")
+	require.Len(t, s.hits(), 3, "reads are retried on 5xx too")
+
+	// Nothing listens: network errors are retried, then reported.
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	_, err = client.New(dead.URL, "t", fast...).StartRun(t.Context(), "wf", 1)
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 3, re.Attempts)
+
+	for _, tt := range []struct {
+		a        answer
+		sentinel error
+	}{
+		{problemAnswer(403, "forbidden"), client.ErrForbidden},
+		{problemAnswer(429, "quota_exceeded", "Retry-After", "0"), client.ErrQuotaExceeded},
+		{problemAnswer(422, "idempotency_key_reused"), client.ErrKeyReused},
+		{problemAnswer(404, "not_found"), client.ErrNotFound},
+		{problemAnswer(401, "invalid_token"), client.ErrUnauthorized},
+		{problemAnswer(400, "validation_error"), nil},
+		{problemAnswer(413, "request_body_too_large"), nil},
+	} {
+		s := newScripted(t, tt.a)
+		_, err := client.New(s.url, "t", fast...).StartRun(t.Context(), "wf", 1)
+		require.ErrorAs(t, err, &e, tt.a.body)
+		require.Equal(t, tt.a.status, e.Status)
+		require.Equal(t, fmt.Sprintf("r-%d", tt.a.status), e.RequestID)
+		if tt.sentinel != nil {
+			require.ErrorIs(t, err, tt.sentinel)
+		}
+		require.Len(t, s.hits(), 1, "%d is final", tt.a.status)
+	}
+
+	// A context cancelled while backing off ends the call with its error.
+	s = newScripted(t, problemAnswer(503, "service_unavailable", "Retry-After", "30"))
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	_, err = client.New(s.url, "t").StartRun(ctx, "wf", 1)
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 1, re.Attempts)
+
+	// What net/http or the server would refuse on every attempt is refused
+	// before the first.
+	s = newScripted(t, created)
+	_, err = client.New(s.url, "t").StartRun(t.Context(), "wf", 1, client.WithKey("line\nbreak"))
+	require.ErrorContains(t, err, "printable ASCII")
+	_, err = client.New(s.url, "t").StartRun(t.Context(), "wf", 1, client.WithKey("clé"))
+	require.ErrorContains(t, err, "printable ASCII")
+	_, err = client.New(s.url, "vr_x\r\n").GetRun(t.Context(), "r")
+	require.ErrorContains(t, err, "Authorization header holds a control character")
+	require.NotContains(t, err.Error(), "vr_x")
+	require.Empty(t, s.hits())
+
+	_, err = client.New("ftp://x", "t").GetRun(t.Context(), "r")
+	require.ErrorContains(t, err, "base URL")
+}

@@ -1,0 +1,306 @@
+package client
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// writeOptions are the options of every idempotent call.
+type writeOptions struct {
+	key  string
+	wait time.Duration
+}
+
+// StartOption configures one StartRun call.
+type StartOption interface{ applyStart(*startOptions) }
+
+// CreateOption configures one CreateWorkflow call.
+type CreateOption interface{ applyCreate(*writeOptions) }
+
+// WriteOption configures any idempotent call: StartRun or CreateWorkflow.
+type WriteOption func(*writeOptions)
+
+func (o WriteOption) applyStart(s *startOptions)  { o(&s.writeOptions) }
+func (o WriteOption) applyCreate(w *writeOptions) { o(w) }
+
+// WithKey sets the call's Idempotency-Key. Without it (or with ""), the
+// call generates one key with NewKey and sends it on every one of its
+// retries. Pass your own to make an operation idempotent across calls and
+// processes: the same key and the same request replay the first answer.
+func WithKey(key string) WriteOption { return func(o *writeOptions) { o.key = key } }
+
+// WithWait sends `Prefer: wait=N` (RFC 7240; N is d in whole seconds,
+// rounded up): a server that finds the key in flight may wait up to N
+// seconds for the first request to finish and answer its replay instead of
+// a 409. d <= 0 sends nothing.
+func WithWait(d time.Duration) WriteOption { return func(o *writeOptions) { o.wait = d } }
+
+// preferWait is the Prefer header value for d, or "" for none.
+func preferWait(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	return "wait=" + strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+}
+
+type startOptions struct {
+	writeOptions
+	metadata    json.RawMessage
+	metadataErr error
+}
+
+type startOptionFunc func(*startOptions)
+
+func (f startOptionFunc) applyStart(o *startOptions) { f(o) }
+
+// WithMetadata sets the run's metadata: a value that encodes as a JSON
+// object (a map, a struct, or a json.RawMessage), visible to the workflow's
+// CEL assertions as `metadata`.
+func WithMetadata(m any) StartOption {
+	return startOptionFunc(func(o *startOptions) {
+		o.metadata, o.metadataErr = json.Marshal(m)
+	})
+}
+
+// StartResult is the answer to StartRun.
+type StartResult struct {
+	// Run is the run the call's key started (queued, or further along on a
+	// replay).
+	Run Run
+	// Replayed is true when the answer was the stored answer of an earlier
+	// request with the same key (Idempotent-Replayed: true): the run was
+	// started before, possibly by an attempt whose answer was lost.
+	Replayed bool
+	// Key is the Idempotency-Key the call sent on every attempt.
+	Key string
+	// RequestID is the X-Request-Id of the answer.
+	RequestID string
+	// OriginalRequestID is, on a replay, the X-Request-Id of the request that
+	// started the run.
+	OriginalRequestID string
+	// Attempts is how many requests the call sent.
+	Attempts int
+}
+
+// StartRun starts a validation run of the workflow over submission (any
+// value that encodes as JSON; pass a json.RawMessage to send bytes as they
+// are). It is idempotent: one key per call (see WithKey), retried with the
+// identical body on network errors, 409 in progress, 5xx and 429 other than
+// quota_exceeded. Any other answer is an *Error (errors.Is ErrKeyReused,
+// ErrQuotaExceeded, ErrNotFound, ErrUnauthorized...); spent attempts are a
+// *RetryError wrapping the last cause.
+func (c *Client) StartRun(ctx context.Context, workflowID string, submission any, opts ...StartOption) (*StartResult, error) {
+	var o startOptions
+	for _, opt := range opts {
+		opt.applyStart(&o)
+	}
+	if workflowID == "" {
+		return nil, errors.New("valruns: StartRun: empty workflow id")
+	}
+	if o.metadataErr != nil {
+		return nil, fmt.Errorf("valruns: encode metadata: %w", o.metadataErr)
+	}
+	sub, err := json.Marshal(submission)
+	if err != nil {
+		return nil, fmt.Errorf("valruns: encode submission: %w", err)
+	}
+	body, err := json.Marshal(struct {
+		Submission json.RawMessage `json:"submission"`
+		Metadata   json.RawMessage `json:"metadata,omitempty"`
+	}{sub, o.metadata})
+	if err != nil {
+		return nil, fmt.Errorf("valruns: encode the start request: %w", err)
+	}
+	var res StartResult
+	resp, err := c.write(ctx, "/api/workflows/"+url.PathEscape(workflowID)+"/start/", body, o.writeOptions, &res.Run)
+	if err != nil {
+		return nil, err
+	}
+	res.Replayed, res.Key, res.RequestID, res.OriginalRequestID, res.Attempts = resp.replayed, resp.key, resp.requestID, resp.originalRequestID, resp.attempts
+	return &res, nil
+}
+
+// written is what an idempotent call learnt besides its answer's body.
+type written struct {
+	replayed          bool
+	key               string
+	requestID         string
+	originalRequestID string
+	attempts          int
+}
+
+// write POSTs body to path under one key for all attempts and decodes the
+// 2xx answer into v.
+func (c *Client) write(ctx context.Context, path string, body []byte, o writeOptions, v any) (written, error) {
+	w := written{key: cmp.Or(o.key, NewKey())}
+	for i := 0; i < len(w.key); i++ {
+		if c := w.key[i]; c < 0x20 || c > 0x7e {
+			return w, fmt.Errorf("valruns: the idempotency key must be printable ASCII; byte %d is %#x", i, c)
+		}
+	}
+	hdr := http.Header{HeaderKey: {w.key}}
+	if p := preferWait(o.wait); p != "" {
+		hdr.Set(HeaderPrefer, p)
+	}
+	resp, attempts, err := c.do(ctx, http.MethodPost, path, body, hdr)
+	if err != nil {
+		return w, err
+	}
+	if err := json.Unmarshal(resp.body, v); err != nil {
+		return w, fmt.Errorf("valruns: decode the answer to POST %s: %w", path, err)
+	}
+	w.replayed = resp.header.Get(HeaderReplayed) == "true"
+	w.requestID = resp.header.Get(HeaderRequestID)
+	w.originalRequestID = resp.header.Get(HeaderOriginalRequestID)
+	w.attempts = attempts
+	return w, nil
+}
+
+// GetRun reads a run with its findings.
+func (c *Client) GetRun(ctx context.Context, runID string) (*Run, error) {
+	if runID == "" {
+		return nil, errors.New("valruns: GetRun: empty run id")
+	}
+	var r Run
+	if err := c.get(ctx, "/api/runs/"+url.PathEscape(runID)+"/", &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// WaitOption configures WaitRun.
+type WaitOption func(*waitOptions)
+
+type waitOptions struct {
+	progress func(Run)
+	min, max time.Duration
+}
+
+// WithProgress calls f with the run after every poll (f runs on WaitRun's
+// goroutine; keep it short).
+func WithProgress(f func(Run)) WaitOption { return func(o *waitOptions) { o.progress = f } }
+
+// WithPollInterval sets the bounds of WaitRun's polling: the first wait is
+// about min, doubling up to max. A value <= 0 keeps its default (200 ms, 2 s).
+func WithPollInterval(min, max time.Duration) WaitOption {
+	return func(o *waitOptions) {
+		if min > 0 {
+			o.min = min
+		}
+		if max > 0 {
+			o.max = max
+		}
+	}
+}
+
+// WaitRun polls the run until it is final (passed, failed or error) and
+// returns it. Each poll is a GetRun, retried like any read; a poll that
+// still fails, or the end of ctx, ends the wait with that error (the run
+// itself goes on).
+func (c *Client) WaitRun(ctx context.Context, runID string, opts ...WaitOption) (*Run, error) {
+	o := waitOptions{min: 200 * time.Millisecond, max: 2 * time.Second}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	o.max = max(o.max, o.min)
+	delay := o.min
+	for {
+		r, err := c.GetRun(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		if o.progress != nil {
+			o.progress(*r)
+		}
+		if r.Final() {
+			return r, nil
+		}
+		// Equal jitter: between half the delay and the delay, so polls of
+		// many waiters spread out but never come back at once.
+		t := time.NewTimer(delay/2 + rand.N(delay/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("valruns: waiting for run %s (last status %s): %w", runID, r.Status, ctx.Err())
+		case <-t.C:
+		}
+		delay = min(delay*2, o.max)
+	}
+}
+
+// ListOption configures a list iterator.
+type ListOption func(*listOptions)
+
+type listOptions struct{ pageSize int }
+
+// WithPageSize sets how many items each page request asks for (the API
+// allows 1 to 100; 0 means its default, 20).
+func WithPageSize(n int) ListOption { return func(o *listOptions) { o.pageSize = n } }
+
+// ListRuns iterates over the organisation's runs, newest first, optionally
+// of one workflow (workflowID "" means all), fetching pages as the loop
+// goes. Runs in lists carry no findings: GetRun has them. An error ends the
+// iteration with (zero Run, err).
+func (c *Client) ListRuns(ctx context.Context, workflowID string, opts ...ListOption) iter.Seq2[Run, error] {
+	q := url.Values{}
+	if workflowID != "" {
+		q.Set("workflow_id", workflowID)
+	}
+	return list[Run](ctx, c, "/api/runs/", q, opts)
+}
+
+// list iterates over the items of a paginated listing, following
+// next_cursor until a page has none.
+func list[T any](ctx context.Context, c *Client, path string, q url.Values, opts []ListOption) iter.Seq2[T, error] {
+	var o listOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.pageSize != 0 {
+		q.Set("limit", strconv.Itoa(o.pageSize))
+	}
+	return func(yield func(T, error) bool) {
+		var zero T
+		cursor := ""
+		for {
+			pq := url.Values{}
+			for k, v := range q {
+				pq[k] = v
+			}
+			if cursor != "" {
+				pq.Set("cursor", cursor)
+			}
+			p := path
+			if len(pq) > 0 {
+				p += "?" + pq.Encode()
+			}
+			var pg page[T]
+			if err := c.get(ctx, p, &pg); err != nil {
+				yield(zero, err)
+				return
+			}
+			for _, v := range pg.Data {
+				if !yield(v, nil) {
+					return
+				}
+			}
+			switch pg.NextCursor {
+			case "":
+				return
+			case cursor:
+				yield(zero, fmt.Errorf("valruns: GET %s returned the cursor it was given: stopping", path))
+				return
+			}
+			cursor = pg.NextCursor
+		}
+	}
+}

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/client"
+	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/proctest"
+	"github.com/valruns/valruns/internal/testdb"
+)
+
+// testRedisURL is TEST_REDIS_URL (default redis://127.0.0.1:6379/9).
+func testRedisURL() string {
+	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379/9"
+}
+
+// startBin runs the built binary with args, the environment env (added to
+// a clean one) and stdin, and returns its exit code and output.
+func startBin(t *testing.T, bin string, env []string, stdin string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = proctest.Env(env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return result{code: code, stdout: out.String(), stderr: errOut.String()}
+}
+
+// TestStartCommand runs `valruns start` as a process against the service
+// started the way `make run` starts it: `valruns serve --worker` with
+// MIGRATE_ON_START=true on a fresh empty database, then `valruns demo` for
+// the organisation, token and workflow. The worker really validates the
+// runs (Redis: TEST_REDIS_URL).
+func TestStartCommand(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Binary(t)
+	db, dbURL := testdb.New(t, testdb.Options{Empty: true, MaxOpenConns: 2})
+	addr := proctest.FreeAddr(t)
+	apiURL := "http://" + addr
+	serverEnv := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testRedisURL(), "HTTP_ADDR=" + addr,
+		"MIGRATE_ON_START=true", "ENQUEUE_POLL_INTERVAL=100ms", "LOG_FORMAT=json", "LOG_LEVEL=warn", "WORKER_CONCURRENCY=2"}
+	log := &proctest.Log{}
+	srv := exec.Command(bin, "serve", "--worker")
+	srv.Env = proctest.Env(serverEnv...)
+	srv.Stdout, srv.Stderr = log, log
+	require.NoError(t, srv.Start())
+	exited := make(chan struct{})
+	go func() { _ = srv.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = srv.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			_ = srv.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("valruns serve --worker output:\n%s", log.String())
+		}
+	})
+	hc := &http.Client{Timeout: 2 * time.Second}
+	apitest.Eventually(t, time.Minute, func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("serve --worker exited: %s", log.String())
+		default:
+		}
+		resp, err := hc.Get(apiURL + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, "serve --worker never became ready")
+
+	dir := t.TempDir()
+	demo := startBin(t, bin, []string{"DATABASE_URL=" + dbURL}, "", "demo", "--token-file", filepath.Join(dir, "demo-token"))
+	require.Equal(t, 0, demo.code, demo.stderr)
+	vars := map[string]string{}
+	for _, line := range strings.Fields(demo.stdout) {
+		k, v, _ := strings.Cut(line, "=")
+		vars[k] = v
+	}
+	token, wf := vars["DEMO_TOKEN"], vars["DEMO_WORKFLOW"]
+	require.NotEmpty(t, token)
+	require.NotEmpty(t, wf)
+
+	env := []string{"VALRUNS_URL=" + apiURL, "VALRUNS_TOKEN=" + token}
+	good := filepath.Join(dir, "good.json")
+	require.NoError(t, os.WriteFile(good, []byte(`{"customer": "ACME", "total": 42}`), 0o600))
+	start := func(stdin string, args ...string) result {
+		t.Helper()
+		return startBin(t, bin, env, stdin, append([]string{"start"}, args...)...)
+	}
+	decode := func(r result) client.Run {
+		t.Helper()
+		var run client.Run
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &run), "stdout: %s", r.stdout)
+		return run
+	}
+	oneStderrLine := func(r result) {
+		t.Helper()
+		require.Equal(t, 1, strings.Count(r.stderr, "\n"), "one line on stderr: %q", r.stderr)
+	}
+
+	t.Run("passed: exit 0, the final run on stdout", func(t *testing.T) {
+		r := start("", "--workflow", wf, "--file", good, "--metadata", `{"source":"cli test"}`, "--wait")
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		run := decode(r)
+		require.Equal(t, client.StatusPassed, run.Status)
+		require.JSONEq(t, `{"source":"cli test"}`, string(run.Metadata))
+		require.NotNil(t, run.FinishedAt)
+		require.Empty(t, r.stderr, "no progress line when stdout is not a terminal")
+		require.True(t, strings.HasPrefix(r.stdout, "{\n  \""), "indented JSON: %s", r.stdout)
+	})
+
+	t.Run("failed: exit 3, the findings on stdout", func(t *testing.T) {
+		r := start(`{"customer": "ACME", "total": -5}`, "--wait", "-", "--workflow", wf)
+		require.Equal(t, 3, r.code, "stderr: %s", r.stderr)
+		run := decode(r)
+		require.Equal(t, client.StatusFailed, run.Status)
+		require.Contains(t, run.Findings, client.Finding{Step: "assertion:positive_total", Severity: "error", Message: "total must be positive"})
+		oneStderrLine(r)
+		require.Contains(t, r.stderr, "run "+run.ID+" failed")
+	})
+
+	t.Run("without --wait: exit 0, the queued run; the same --key again is the same run", func(t *testing.T) {
+		r := start("", "--workflow", wf, "--file", good, "--key", "cli-key-1")
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		first := decode(r)
+		require.Equal(t, client.StatusQueued, first.Status)
+		r = start("", "--workflow", wf, "--file", good, "--key", "cli-key-1")
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		require.Equal(t, first.ID, decode(r).ID)
+		var n int64
+		require.NoError(t, db.Raw(`SELECT count(*) FROM validation_runs r JOIN idempotency_keys k ON k.validation_run_id = r.id
+			WHERE k.key = 'cli-key-1'`).Scan(&n).Error)
+		require.EqualValues(t, 1, n)
+
+		r = start(`{"customer": "ACME", "total": 43}`, "--workflow", wf, "--key", "cli-key-1", "-")
+		require.Equal(t, 1, r.code)
+		oneStderrLine(r)
+		require.Contains(t, r.stderr, "idempotency_key_reused")
+		require.Contains(t, r.stderr, "Idempotency key has already been used with a different request body.")
+	})
+
+	t.Run("unknown workflow: exit 1 naming not_found", func(t *testing.T) {
+		r := start("", "--workflow", uuid.NewString(), "--file", good, "--wait")
+		require.Equal(t, 1, r.code, "stdout: %s", r.stdout)
+		require.Empty(t, r.stdout)
+		oneStderrLine(r)
+		require.Contains(t, r.stderr, "valruns start: 404 not_found: Workflow not found.")
+	})
+
+	t.Run("flags win over the environment", func(t *testing.T) {
+		dead := "http://" + proctest.FreeAddr(t)
+		r := startBin(t, bin, []string{"VALRUNS_URL=" + dead, "VALRUNS_TOKEN=" + token}, "", "start", "--url", apiURL, "--workflow", wf, "--file", good)
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		r = start("", "--token", "vr_wrong", "--workflow", wf, "--file", good)
+		require.Equal(t, 1, r.code)
+		require.Contains(t, r.stderr, "invalid_token")
+	})
+
+	t.Run("no server: exit 1 after the retries, naming the key to retry with", func(t *testing.T) {
+		dead := "http://" + proctest.FreeAddr(t)
+		r := start("", "--url", dead, "--workflow", wf, "--file", good, "--key", "cli-unsure")
+		require.Equal(t, 1, r.code)
+		oneStderrLine(r)
+		require.Contains(t, r.stderr, "5 attempts")
+		require.Contains(t, r.stderr, "--key cli-unsure")
+	})
+
+	usage := []struct {
+		name  string
+		env   []string
+		stdin string
+		args  []string
+		want  string
+	}{
+		{"missing --workflow", nil, "", []string{"--file", good}, "--workflow ID is required"},
+		{"neither --file nor -", nil, "", []string{"--workflow", wf}, "--file PATH or - (stdin)"},
+		{"both --file and -", nil, "{}", []string{"--workflow", wf, "--file", good, "-"}, "not both"},
+		{"--file - and -", nil, "{}", []string{"--workflow", wf, "--file", "-", "-"}, "both read stdin"},
+		{"bad --metadata JSON", nil, "", []string{"--workflow", wf, "--file", good, "--metadata", "{nope"}, "--metadata must be a JSON object"},
+		{"--metadata not an object", nil, "", []string{"--workflow", wf, "--file", good, "--metadata", "[1]"}, "--metadata must be a JSON object"},
+		{"submission not JSON", nil, "total=42", []string{"--workflow", wf, "-"}, "the submission in stdin is not valid JSON"},
+		{"unexpected argument", nil, "", []string{"--workflow", wf, "--file", good, "extra"}, `unexpected argument "extra"`},
+		{"unknown flag", nil, "", []string{"--workflow", wf, "--file", good, "--frob"}, "flag provided but not defined: -frob"},
+		{"--key too long", nil, "", []string{"--workflow", wf, "--file", good, "--key", strings.Repeat("k", 256)}, "--key must be 1 to 255 printable ASCII"},
+		{"--key not ASCII", nil, "", []string{"--workflow", wf, "--file", good, "--key", "clé"}, "--key must be 1 to 255 printable ASCII"},
+		{"no token", []string{"VALRUNS_TOKEN="}, "", []string{"--workflow", wf, "--file", good}, "no API token"},
+	}
+	for _, tt := range usage {
+		t.Run("bad usage: exit 2: "+tt.name, func(t *testing.T) {
+			r := startBin(t, bin, append(append([]string{}, env...), tt.env...), tt.stdin, append([]string{"start"}, tt.args...)...)
+			require.Equal(t, 2, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+			require.Empty(t, r.stdout)
+			// Why on the first line, then the usage (as every command does).
+			first, usage, _ := strings.Cut(r.stderr, "\n")
+			require.Contains(t, first, tt.want)
+			require.Contains(t, usage, "Usage: valruns start --workflow ID")
+		})
+	}
+
+	for _, h := range []string{"--help", "-h"} {
+		t.Run(h+": usage on stdout, exit 0, nothing started", func(t *testing.T) {
+			var before int64
+			require.NoError(t, db.Raw(`SELECT count(*) FROM validation_runs`).Scan(&before).Error)
+			r := start("", "--workflow", wf, "--file", good, h)
+			require.Equal(t, 0, r.code)
+			require.Contains(t, r.stdout, "Usage: valruns start --workflow ID")
+			require.Contains(t, r.stdout, "Exit codes:")
+			require.Empty(t, r.stderr)
+			var after int64
+			require.NoError(t, db.Raw(`SELECT count(*) FROM validation_runs`).Scan(&after).Error)
+			require.Equal(t, before, after)
+		})
+	}
+}
+
+// TestStartWaitProgressAndError runs the command in-process against the
+// real API (no worker: the test moves the run through its statuses in the
+// database). A run ending in error exits 4; on a terminal the progress line
+// is rewritten in place on stderr; off a terminal stderr stays empty.
+func TestStartWaitProgressAndError(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("cli")
+	wf := env.NewWorkflow(org, map[string]any{"name": "cli"})
+	srv := env.Server()
+	getenv := func(k string) string {
+		return map[string]string{"VALRUNS_URL": srv.URL, "VALRUNS_TOKEN": org.Token}[k]
+	}
+
+	for _, tc := range []struct {
+		name     string
+		tty      bool
+		final    string
+		wantCode int
+	}{
+		{"terminal, run ends in error: exit 4", true, "error", 4},
+		{"not a terminal, run passes: exit 0", false, "passed", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, stderr bytes.Buffer
+			s := startCmd{stdin: strings.NewReader(`{"n": 1}`), stderr: &stderr, getenv: getenv, tty: tc.tty,
+				pollMin: 5 * time.Millisecond, pollMax: 20 * time.Millisecond}
+			key := uuid.NewString()
+			done := make(chan error, 1)
+			go func() { done <- s.run(t.Context(), []string{"--workflow", wf, "--wait", "--key", key, "-"}, &out) }()
+
+			var id string
+			apitest.Eventually(t, 10*time.Second, func() bool {
+				return env.DB.Raw(`SELECT validation_run_id FROM idempotency_keys WHERE key = ?`, key).Scan(&id).Error == nil && id != ""
+			}, "the run was started")
+			require.NoError(t, env.DB.Exec(`UPDATE validation_runs SET status = 'running', started_at = now(), attempts = 1 WHERE id = ?`, id).Error)
+			time.Sleep(250 * time.Millisecond) // let the progress line show "running" (not asserted if the machine is slow)
+			if tc.final == "error" {
+				require.NoError(t, env.DB.Exec(`UPDATE validation_runs SET status = 'error', finished_at = now(),
+					error = 'validation exceeded its time limit' WHERE id = ?`, id).Error)
+			} else {
+				require.NoError(t, env.DB.Exec(`UPDATE validation_runs SET status = 'passed', finished_at = now() WHERE id = ?`, id).Error)
+			}
+			err := <-done
+
+			var run client.Run
+			require.NoError(t, json.Unmarshal(out.Bytes(), &run), out.String())
+			require.Equal(t, id, run.ID)
+			require.Equal(t, tc.final, run.Status)
+			if tc.wantCode == 0 {
+				require.NoError(t, err)
+			} else {
+				ec, ok := errors.AsType[exitCoder](err)
+				require.True(t, ok, "%v", err)
+				require.Equal(t, tc.wantCode, ec.ExitCode())
+				require.Contains(t, err.Error(), "run "+id+" ended in error: validation exceeded its time limit")
+			}
+			if !tc.tty {
+				require.Empty(t, stderr.String())
+				return
+			}
+			p := stderr.String()
+			require.True(t, strings.HasPrefix(p, "\rrun "+id+": "), "%q", p)
+			require.True(t, strings.HasSuffix(p, "\n"), "the last line ends: %q", p)
+			require.Equal(t, 1, strings.Count(p, "\n"), "one line, rewritten in place: %q", p)
+			require.Greater(t, strings.Count(p, "\r"), 1, "rewritten: %q", p)
+			last := p[strings.LastIndex(p, "\r")+1:]
+			require.Regexp(t, `^run `+id+`: error\s+\d+\.\ds\n$`, last)
+		})
+	}
+}
