@@ -58,13 +58,15 @@ type workerProcess struct {
 	out *proctest.Log
 }
 
-func startWorkerProcess(t *testing.T, bin, dbURL, redisURL string) *workerProcess {
+// startWorkerProcess starts `valruns worker` on dbURL and redisURL with the
+// default settings, except those in env (NAME=value).
+func startWorkerProcess(t *testing.T, bin, dbURL, redisURL string, env ...string) *workerProcess {
 	t.Helper()
 	p := &workerProcess{out: &proctest.Log{}}
 	p.cmd = exec.Command(bin, "worker")
-	p.cmd.Env = proctest.Env("DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "RUN_LEASE=3s",
-		"WORKER_METRICS_ADDR=127.0.0.1:"+strconv.Itoa(proctest.FreePort(t)), "LOG_FORMAT=json", "LOG_LEVEL=info",
-		"ENQUEUE_POLL_INTERVAL=100ms", "SHUTDOWN_TIMEOUT=5s")
+	p.cmd.Env = proctest.Env(append([]string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL,
+		"WORKER_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(proctest.FreePort(t)), "LOG_FORMAT=json", "LOG_LEVEL=info",
+		"SHUTDOWN_TIMEOUT=5s"}, env...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	require.NoError(t, p.cmd.Start())
 	t.Cleanup(func() {
@@ -136,7 +138,7 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 		VALUES ($1, 0, 'test-blocker', 'info', 'holds the worker''s Finish')`, id)
 	require.NoError(t, err)
 
-	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb), fastRecovery...)
 	// Wait until the worker's Finish waits on the test's transaction.
 	var workerPID int
 	apitest.Eventually(t, 60*time.Second, func() bool {
@@ -171,7 +173,7 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	require.Equal(t, 1, mid.Attempts)
 	require.Empty(t, dbFindings(t, env, id))
 
-	startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	startWorkerProcess(t, bin, env.DBURL, redisURL(rdb), fastRecovery...)
 	var run apiRun
 	apitest.Eventually(t, 3*time.Minute, func() bool {
 		run = getRun(t, env, org, id)
@@ -185,4 +187,65 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	require.Equal(t, "passed", waitRun(t, env, org, other, 20*time.Second).Status)
 	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"), "no run left running")
 	require.EqualValues(t, 0, env.Count("staged_jobs", ""))
+}
+
+// fastRecovery are settings under which a dead worker's runs are taken over
+// within seconds, for tests about what happens rather than how fast.
+var fastRecovery = []string{"RUN_LEASE=3s", "ENQUEUE_POLL_INTERVAL=100ms"}
+
+// Finding: a killed worker's runs stayed running for the whole RUN_LEASE
+// (5 min): 10 runs finished about 305 s after the kill. Here, with the
+// default settings, two workers run; the first holds ten runs mid-execution
+// (each run's Finish waits on a finding the test inserted, uncommitted, at
+// its position 0) and is killed with SIGKILL. Every run must be final within
+// 60 s of the kill, taken over once (attempt 2), its findings written once.
+func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Binary(t)
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	ctx := context.Background()
+
+	const n = 10 // WORKER_CONCURRENCY's default: the first worker holds them all
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = startRun(t, env, org, wf, invalidOrder)
+	}
+	blocker, err := pgx.Connect(ctx, env.DBURL)
+	require.NoError(t, err)
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var blockerPID int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&blockerPID))
+	_, err = tx.Exec(ctx, `INSERT INTO findings (run_id, position, step, severity, message)
+		SELECT id, 0, 'test-blocker', 'info', 'holds the worker''s Finish' FROM validation_runs`)
+	require.NoError(t, err)
+
+	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	var workerPIDs []int
+	apitest.Eventually(t, 60*time.Second, func() bool {
+		workerPIDs = nil
+		require.NoError(t, env.DB.Raw(`SELECT pid FROM pg_stat_activity WHERE ? = ANY (pg_blocking_pids(pid))`,
+			blockerPID).Scan(&workerPIDs).Error)
+		return len(workerPIDs) == n
+	}, "the first worker's ten Finish transactions block on the test's findings")
+	require.EqualValues(t, n, env.Count("validation_runs", "status = 'running' AND attempts = 1"))
+	startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+
+	w1.kill(t)
+	killed := time.Now()
+	require.NoError(t, tx.Rollback(ctx))
+	for _, id := range ids {
+		run := waitRun(t, env, org, id, time.Until(killed.Add(60*time.Second)))
+		require.Equal(t, "failed", run.Status)
+		require.Equal(t, 2, run.Attempts, "taken over once")
+		require.Equal(t, invalidOrderFindings, run.Findings)
+		require.Equal(t, invalidOrderFindings, dbFindings(t, env, id), "findings written once")
+	}
+	t.Logf("all %d runs final %s after the kill", n, time.Since(killed).Round(time.Second))
+	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"))
 }
