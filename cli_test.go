@@ -5,11 +5,14 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +25,7 @@ import (
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/internal/proctest"
 	"github.com/valruns/valruns/internal/testdb"
+	"github.com/valruns/valruns/migrations"
 	"github.com/valruns/valruns/models"
 )
 
@@ -121,6 +125,13 @@ func TestUsage(t *testing.T) {
 
 func TestMigrateUpStatusDown(t *testing.T) {
 	emptyDB(t)
+	// The newest migration: `migrate down` rolls back that one.
+	files, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	newest := files[len(files)-1]
+	version, err := strconv.Atoi(strings.SplitN(newest, "_", 2)[0])
+	require.NoError(t, err)
+	atVersion := fmt.Sprintf("database at version %d", version)
 
 	r := runCLI(t, "migrate", "status")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -129,7 +140,8 @@ func TestMigrateUpStatusDown(t *testing.T) {
 	r = runCLI(t, "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "applied 0001_init.sql")
-	require.Contains(t, r.stdout, "database at version 1")
+	require.Contains(t, r.stdout, "applied "+newest)
+	require.Contains(t, r.stdout, atVersion)
 
 	r = runCLI(t, "migrate", "status")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -139,15 +151,15 @@ func TestMigrateUpStatusDown(t *testing.T) {
 	r = runCLI(t, "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.NotContains(t, r.stdout, "applied 0001", "up twice applies nothing the second time")
-	require.Contains(t, r.stdout, "database at version 1")
+	require.Contains(t, r.stdout, atVersion)
 
 	r = runCLI(t, "migrate", "down")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "rolled back 0001_init.sql")
+	require.Contains(t, r.stdout, "rolled back "+newest)
 
 	r = runCLI(t, "migrate", "status")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `0001_init\.sql\s+pending`, r.stdout)
+	require.Regexp(t, regexp.QuoteMeta(newest)+`\s+pending`, r.stdout)
 
 	r = runCLI(t, "migrate", "sideways")
 	require.Equal(t, 1, r.code)

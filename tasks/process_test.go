@@ -3,6 +3,8 @@ package tasks_test
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -56,16 +58,18 @@ func TestCleanupCommand(t *testing.T) {
 type workerProcess struct {
 	cmd *exec.Cmd
 	out *proctest.Log
+	// metricsAddr serves the worker's /metrics.
+	metricsAddr string
 }
 
 // startWorkerProcess starts `valruns worker` on dbURL and redisURL with the
 // default settings, except those in env (NAME=value).
 func startWorkerProcess(t *testing.T, bin, dbURL, redisURL string, env ...string) *workerProcess {
 	t.Helper()
-	p := &workerProcess{out: &proctest.Log{}}
+	p := &workerProcess{out: &proctest.Log{}, metricsAddr: proctest.FreeAddr(t)}
 	p.cmd = exec.Command(bin, "worker")
 	p.cmd.Env = proctest.Env(append([]string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL,
-		"WORKER_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(proctest.FreePort(t)), "LOG_FORMAT=json", "LOG_LEVEL=info",
+		"WORKER_METRICS_ADDR=" + p.metricsAddr, "LOG_FORMAT=json", "LOG_LEVEL=info",
 		"SHUTDOWN_TIMEOUT=5s"}, env...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	require.NoError(t, p.cmd.Start())
@@ -76,6 +80,23 @@ func startWorkerProcess(t *testing.T, bin, dbURL, redisURL string, env ...string
 		}
 	})
 	return p
+}
+
+// metric returns the value of one sample (its name with labels, as
+// /metrics writes it) from the worker's /metrics; "" if absent.
+func (p *workerProcess) metric(t *testing.T, sample string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + p.metricsAddr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // kill ends the process with SIGKILL: a crash, no shutdown.
@@ -103,10 +124,10 @@ func (p *workerProcess) stop() {
 }
 
 // A worker killed in the middle of a run: the run stays running with its
-// first attempt uncommitted; a second worker takes it over once asynq
-// recovers the task (its lease expires 30 s after the crash and the
-// recoverer looks every minute, so this takes about 1.5 minutes and runs in
-// parallel), and the run finishes exactly once.
+// first attempt uncommitted; a second worker takes it over once the run's
+// lease has run out (the sweeper re-enqueues it; with fastRecovery this
+// takes a second or two, where asynq's own recovery of the task takes about
+// 1.5 minutes), and the run finishes exactly once.
 //
 // The run is held mid-execution deterministically: before the worker
 // starts, the test inserts (uncommitted) the finding at position 0 of the
@@ -191,7 +212,8 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 
 // fastRecovery are settings under which a dead worker's runs are taken over
 // within seconds, for tests about what happens rather than how fast.
-var fastRecovery = []string{"RUN_LEASE=3s", "ENQUEUE_POLL_INTERVAL=100ms"}
+var fastRecovery = []string{"RUN_LEASE=1s", "RUN_SWEEP_INTERVAL=100ms", "RUN_REDELIVER_AFTER=500ms",
+	"ENQUEUE_POLL_INTERVAL=100ms"}
 
 // Finding: a killed worker's runs stayed running for the whole RUN_LEASE
 // (5 min): 10 runs finished about 305 s after the kill. Here, with the
@@ -234,7 +256,7 @@ func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
 		return len(workerPIDs) == n
 	}, "the first worker's ten Finish transactions block on the test's findings")
 	require.EqualValues(t, n, env.Count("validation_runs", "status = 'running' AND attempts = 1"))
-	startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	w2 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
 
 	w1.kill(t)
 	killed := time.Now()
@@ -248,4 +270,7 @@ func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
 	}
 	t.Logf("all %d runs final %s after the kill", n, time.Since(killed).Round(time.Second))
 	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"))
+	require.Equal(t, strconv.Itoa(n), w2.metric(t, `valruns_runs_redelivered_total{reason="lease_expired"}`),
+		"the second worker's sweeper re-enqueued each run once")
+	require.Equal(t, strconv.Itoa(n), w2.metric(t, `valruns_runs_finished_total{status="failed"}`))
 }
