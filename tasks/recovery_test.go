@@ -146,7 +146,7 @@ CREATE TRIGGER test_fail_claim BEFORE UPDATE ON validation_runs FOR EACH ROW
 
 // Finding: after Redis came back with no new traffic, the staged backlog
 // waited out the enqueuer's doubled backoff. While Redis is down, runs are
-// started every 250 ms for 8 s: each start's NOTIFY wakes the enqueuer,
+// started every 250 ms for 6 s: each start's NOTIFY wakes the enqueuer,
 // whose drain fails (and, before the fix, doubled its backoff up to 30 s).
 // Then the starts stop, and Redis comes back to no traffic at all: with the
 // default poll interval (1 s), the backlog must drain within a few seconds.
@@ -162,10 +162,11 @@ func TestStagedBacklogDrainsPromptlyAfterRedisReturns(t *testing.T) {
 
 	srv.stop()
 	var ids []string
-	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
 		ids = append(ids, startRun(t, env, org, wf, validOrder))
 	}
-	// The last start's drain (a failing Redis call takes up to about 2 s) is over.
+	// The drains the last starts woke (a failing Redis call takes up to
+	// about 2 s) are over.
 	time.Sleep(4 * time.Second)
 	require.EqualValues(t, len(ids), env.Count("staged_jobs", ""), "nothing moves while Redis is down")
 
@@ -194,9 +195,9 @@ func TestHeartbeatKeepsALongRunLeased(t *testing.T) {
 	wf := env.NewWorkflow(org, orderWorkflow)
 	w := newWorker(t, env, newRedis(t), fastSweep)
 	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, _ string) {
-		select { // a validation that takes four leases
+		select { // a validation that takes three leases
 		case <-ctx.Done():
-		case <-time.After(4 * time.Second):
+		case <-time.After(3 * time.Second):
 		}
 	})
 	require.NoError(t, w.Start(context.Background()))

@@ -86,8 +86,8 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		e.log.WarnContext(ctx, "run does not exist", "run_id", p.RunID)
 		return nil
 	case errors.Is(err, models.ErrAttemptsExhausted):
-		e.endUnheld(ctx, p.RunID, fmt.Sprintf("gave up: the run was started %d times and never finished "+
-			"(its worker stopped or lost its lease each time)", e.maxAttempts))
+		e.endUnheld(ctx, p.RunID, fmt.Sprintf("gave up: the run was started %d times without finishing "+
+			"(its executions failed, or their workers stopped or lost their lease)", e.maxAttempts))
 		return nil
 	case err != nil:
 		e.failedBeforeClaim(ctx, p.RunID, err)
