@@ -37,7 +37,9 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 	w, err := tasks.NewWorker(tasks.Config{
 		DB: a.db, DBURL: a.cfg.DatabaseURL, Redis: redisOpt,
 		Concurrency: a.cfg.WorkerConcurrency, CleanupSchedule: a.cfg.CleanupSchedule,
-		CleanupBatchSize: a.cfg.CleanupBatchSize, RunLease: a.cfg.RunLease, RunMaxRetry: a.cfg.RunMaxRetry,
+		CleanupBatchSize: a.cfg.CleanupBatchSize, RunLease: a.cfg.RunLease, RunHeartbeat: a.cfg.RunHeartbeat,
+		RunMaxRetry: a.cfg.RunMaxRetry, RetryDelay: a.cfg.RunRetryDelay, RunTimeout: a.cfg.RunTimeout,
+		SweepInterval: a.cfg.RunSweepInterval, RedeliverAfter: a.cfg.RunRedeliverAfter,
 		PollInterval: a.cfg.EnqueuePollInterval, ShutdownTimeout: a.cfg.ShutdownTimeout,
 		Registry: reg, Log: a.log,
 	})

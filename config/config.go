@@ -65,12 +65,30 @@ type Config struct {
 	// EnqueuePollInterval is the staged-job enqueuer's fallback poll when no
 	// NOTIFY arrives (ENQUEUE_POLL_INTERVAL).
 	EnqueuePollInterval time.Duration
-	// RunLease is how long a worker may hold a run in `running` before another
-	// delivery may take it over (RUN_LEASE).
+	// RunLease is how long a claim or a heartbeat holds a running run; a run
+	// whose worker died is taken over once its lease runs out (RUN_LEASE).
 	RunLease time.Duration
+	// RunHeartbeat is how often a worker renews the lease of a run it is
+	// executing; shorter than RunLease. RUN_HEARTBEAT=0 means RunLease/3,
+	// which is what Load stores here (RUN_HEARTBEAT).
+	RunHeartbeat time.Duration
 	// RunMaxRetry is how often a failing run task is retried before the run
 	// ends in error (RUN_MAX_RETRY).
 	RunMaxRetry int
+	// RunRetryDelay is the delay before a failing run task's first retry,
+	// doubled per retry up to a minute; a transient database error is retried
+	// after about this long without spending a retry (RUN_RETRY_DELAY).
+	RunRetryDelay time.Duration
+	// RunTimeout bounds one execution of a run, behind the validation
+	// engine's own limits; a run past it ends in error (RUN_TIMEOUT).
+	RunTimeout time.Duration
+	// RunSweepInterval is how often each worker looks for stranded runs
+	// (RUN_SWEEP_INTERVAL).
+	RunSweepInterval time.Duration
+	// RunRedeliverAfter is how long a run may stay queued before the sweeper
+	// checks that its task is still in Redis, and how long before it looks at
+	// the same run again (RUN_REDELIVER_AFTER).
+	RunRedeliverAfter time.Duration
 	// WorkerMetricsAddr is where `valruns worker` serves /metrics and /healthz (WORKER_METRICS_ADDR).
 	WorkerMetricsAddr string
 	// PprofAddr, when set, is where serve and worker serve net/http/pprof;
@@ -105,8 +123,13 @@ var Vars = []Var{
 	{"SHUTDOWN_TIMEOUT", "20s", "graceful shutdown deadline"},
 	{"WORKER_CONCURRENCY", "10", "tasks one worker executes at once"},
 	{"ENQUEUE_POLL_INTERVAL", "1s", "staged-job enqueuer's fallback poll (it wakes on NOTIFY first)"},
-	{"RUN_LEASE", "5m", "how long a run may stay `running` before another delivery may take it over"},
-	{"RUN_MAX_RETRY", "5", "retries of a failing run task before the run ends in status `error`"},
+	{"RUN_LEASE", "15s", "how long a claim or heartbeat holds a running run; a dead worker's run is taken over once it runs out"},
+	{"RUN_HEARTBEAT", "0", "how often a worker renews the lease of a run it executes; 0 = a third of `RUN_LEASE`; must be shorter than `RUN_LEASE`"},
+	{"RUN_MAX_RETRY", "5", "retries of a failing run task before the run ends in status `error`; a run is started at most this + 1 times"},
+	{"RUN_RETRY_DELAY", "1s", "delay before a failing run task's first retry, doubled per retry up to 1m; a database outage is retried at this pace without spending retries"},
+	{"RUN_TIMEOUT", "5m", "longest one execution of a run may take, behind the validation engine's own limits; past it the run ends `error`"},
+	{"RUN_SWEEP_INTERVAL", "5s", "how often each worker looks for stranded runs (queued with their task lost, or running with an expired lease) and re-enqueues them"},
+	{"RUN_REDELIVER_AFTER", "10s", "how long a run may stay queued before the sweeper checks that Redis still has its task; also how long before it looks at the same run again"},
 	{"WORKER_METRICS_ADDR", "127.0.0.1:9091", "where `valruns worker` serves /metrics and /healthz (`serve --worker` uses the API's /metrics)"},
 	{"PPROF_ADDR", "", "`host:port` where `serve` and `worker` serve Go's /debug/pprof/ for profiling; empty (the default) serves nothing. Keep it on loopback"},
 }
@@ -151,9 +174,23 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		WorkerConcurrency:      int(p.int("WORKER_CONCURRENCY", 1)),
 		EnqueuePollInterval:    p.duration("ENQUEUE_POLL_INTERVAL", time.Millisecond),
 		RunLease:               p.duration("RUN_LEASE", time.Second),
+		RunHeartbeat:           p.duration("RUN_HEARTBEAT", 0),
 		RunMaxRetry:            int(p.int("RUN_MAX_RETRY", 1)),
+		RunRetryDelay:          p.duration("RUN_RETRY_DELAY", 10*time.Millisecond),
+		RunTimeout:             p.duration("RUN_TIMEOUT", time.Second),
+		RunSweepInterval:       p.duration("RUN_SWEEP_INTERVAL", 100*time.Millisecond),
+		RunRedeliverAfter:      p.duration("RUN_REDELIVER_AFTER", 100*time.Millisecond),
 		WorkerMetricsAddr:      p.addr("WORKER_METRICS_ADDR"),
 		PprofAddr:              p.optionalAddr("PPROF_ADDR"),
+	}
+	switch {
+	case p.err != nil:
+	case c.RunHeartbeat == 0:
+		c.RunHeartbeat = c.RunLease / 3
+	case c.RunHeartbeat >= c.RunLease:
+		p.fail("RUN_HEARTBEAT", p.raw("RUN_HEARTBEAT"), fmt.Sprintf("must be shorter than RUN_LEASE (%s)", c.RunLease))
+	case c.RunHeartbeat < 10*time.Millisecond:
+		p.fail("RUN_HEARTBEAT", p.raw("RUN_HEARTBEAT"), "must be 0 (a third of RUN_LEASE) or at least 10ms")
 	}
 	if p.err != nil {
 		return Config{}, p.err

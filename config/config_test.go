@@ -29,6 +29,8 @@ var documented = config.Config{
 	IdempotencyTTL:         24 * time.Hour,
 	IdempotencyTxTimeout:   30 * time.Second,
 	IdempotencyKeyRequired: false,
+	IdempotencyMaxWait:     10 * time.Second,
+	IdempotencyMaxWaiters:  64,
 	DefaultMonthlyRunQuota: 0,
 	CleanupSchedule:        "@hourly",
 	CleanupBatchSize:       1000,
@@ -40,8 +42,13 @@ var documented = config.Config{
 	ShutdownTimeout:        20 * time.Second,
 	WorkerConcurrency:      10,
 	EnqueuePollInterval:    time.Second,
-	RunLease:               5 * time.Minute,
+	RunLease:               15 * time.Second,
+	RunHeartbeat:           5 * time.Second, // RUN_HEARTBEAT=0: a third of RUN_LEASE
 	RunMaxRetry:            5,
+	RunRetryDelay:          time.Second,
+	RunTimeout:             5 * time.Minute,
+	RunSweepInterval:       5 * time.Second,
+	RunRedeliverAfter:      10 * time.Second,
 	WorkerMetricsAddr:      "127.0.0.1:9091",
 }
 
@@ -97,7 +104,9 @@ func TestVarsDocumentEverythingLoadReads(t *testing.T) {
 	for _, v := range config.Vars {
 		require.False(t, listed[v.Name], "%s listed twice", v.Name)
 		listed[v.Name] = true
-		require.NotEmpty(t, v.Default, "%s has no default", v.Name)
+		if v.Name != "PPROF_ADDR" { // off unless set
+			require.NotEmpty(t, v.Default, "%s has no default", v.Name)
+		}
 		require.NotEmpty(t, v.Doc, "%s has no doc", v.Name)
 	}
 	if d := cmp.Diff(listed, asked); d != "" {
@@ -133,6 +142,26 @@ func TestGoodValues(t *testing.T) {
 				require.Equal(t, 90*time.Minute, c.IdempotencyTTL)
 				require.Equal(t, 250*time.Millisecond, c.IdempotencyTxTimeout)
 				require.Equal(t, time.Second, c.RunLease)
+			}},
+		{"waiting disabled, pprof on", map[string]string{"IDEMPOTENCY_MAX_WAIT": "0", "PPROF_ADDR": "127.0.0.1:6060"},
+			func(t *testing.T, c config.Config) {
+				require.Zero(t, c.IdempotencyMaxWait)
+				require.Equal(t, "127.0.0.1:6060", c.PprofAddr)
+			}},
+		{"worker timings", map[string]string{"RUN_LEASE": "3s", "RUN_HEARTBEAT": "500ms", "RUN_RETRY_DELAY": "10ms",
+			"RUN_TIMEOUT": "1m", "RUN_SWEEP_INTERVAL": "100ms", "RUN_REDELIVER_AFTER": "2s"},
+			func(t *testing.T, c config.Config) {
+				require.Equal(t, 3*time.Second, c.RunLease)
+				require.Equal(t, 500*time.Millisecond, c.RunHeartbeat)
+				require.Equal(t, 10*time.Millisecond, c.RunRetryDelay)
+				require.Equal(t, time.Minute, c.RunTimeout)
+				require.Equal(t, 100*time.Millisecond, c.RunSweepInterval)
+				require.Equal(t, 2*time.Second, c.RunRedeliverAfter)
+			}},
+		{"the heartbeat follows the lease unless set", map[string]string{"RUN_LEASE": "3s"},
+			func(t *testing.T, c config.Config) {
+				require.Equal(t, 3*time.Second, c.RunLease)
+				require.Equal(t, time.Second, c.RunHeartbeat)
 			}},
 		{"auth cache disabled", map[string]string{"AUTH_CACHE_TTL": "0"},
 			func(t *testing.T, c config.Config) { require.Zero(t, c.AuthCacheTTL) }},
@@ -196,6 +225,12 @@ func TestBadValues(t *testing.T) {
 		{"IDEMPOTENCY_TX_TIMEOUT", "-5s"},
 		{"IDEMPOTENCY_KEY_REQUIRED", "yes"},
 		{"IDEMPOTENCY_KEY_REQUIRED", "2"},
+		{"IDEMPOTENCY_MAX_WAIT", "-1s"},
+		{"IDEMPOTENCY_MAX_WAIT", "long"},
+		{"IDEMPOTENCY_MAX_WAITERS", "0"},
+		{"IDEMPOTENCY_MAX_WAITERS", "many"},
+		{"PPROF_ADDR", "6060"},
+		{"PPROF_ADDR", "http://127.0.0.1:6060"},
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "-1"},
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "ten"},
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "1.5"},
@@ -226,7 +261,24 @@ func TestBadValues(t *testing.T) {
 		{"ENQUEUE_POLL_INTERVAL", "1"},
 		{"RUN_LEASE", "100ms"},
 		{"RUN_LEASE", "-5m"},
+		{"RUN_HEARTBEAT", "15s"}, // not shorter than RUN_LEASE's default
+		{"RUN_HEARTBEAT", "1m"},
+		{"RUN_HEARTBEAT", "1ms"},
+		{"RUN_HEARTBEAT", "-1s"},
+		{"RUN_HEARTBEAT", "often"},
 		{"RUN_MAX_RETRY", "0"},
+		{"RUN_RETRY_DELAY", "0"},
+		{"RUN_RETRY_DELAY", "1ms"},
+		{"RUN_RETRY_DELAY", "soon"},
+		{"RUN_TIMEOUT", "0"},
+		{"RUN_TIMEOUT", "500ms"},
+		{"RUN_TIMEOUT", "forever"},
+		{"RUN_SWEEP_INTERVAL", "0"},
+		{"RUN_SWEEP_INTERVAL", "10ms"},
+		{"RUN_SWEEP_INTERVAL", "-5s"},
+		{"RUN_REDELIVER_AFTER", "0"},
+		{"RUN_REDELIVER_AFTER", "50ms"},
+		{"RUN_REDELIVER_AFTER", "later"},
 		{"RUN_MAX_RETRY", "often"},
 		{"WORKER_METRICS_ADDR", "9091"},
 		{"WORKER_METRICS_ADDR", "127.0.0.1:"},
@@ -245,6 +297,21 @@ func TestBadValues(t *testing.T) {
 			require.Equal(t, config.Config{}, c, "a failed Load returns the zero Config")
 		})
 	}
+}
+
+// RUN_HEARTBEAT is checked against the RUN_LEASE it is given with, and the
+// error names RUN_HEARTBEAT and the lease.
+func TestHeartbeatShorterThanLease(t *testing.T) {
+	t.Parallel()
+	_, err := config.Load(env(map[string]string{"RUN_LEASE": "2s", "RUN_HEARTBEAT": "2s"}))
+	var ce *config.Error
+	require.True(t, errors.As(err, &ce), "got %v", err)
+	require.Equal(t, "RUN_HEARTBEAT", ce.Var)
+	require.Equal(t, `config: RUN_HEARTBEAT="2s": must be shorter than RUN_LEASE (2s)`, err.Error())
+
+	c, err := config.Load(env(map[string]string{"RUN_LEASE": "2s", "RUN_HEARTBEAT": "1999ms"}))
+	require.NoError(t, err)
+	require.Equal(t, 1999*time.Millisecond, c.RunHeartbeat)
 }
 
 func TestFirstErrorWins(t *testing.T) {

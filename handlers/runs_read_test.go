@@ -152,7 +152,7 @@ func TestFindingsShownOnceFinished(t *testing.T) {
 	ctx := context.Background()
 	finish := func(status string, findings ...models.Finding) string {
 		id := startRun(t, e, org, wf, map[string]any{"submission": 1}).ID
-		claimed, err := runs.Claim(ctx, id, time.Minute)
+		claimed, err := runs.Claim(ctx, id, time.Minute, 1)
 		require.NoError(t, err)
 		owned, err := runs.Finish(ctx, id, claimed.Attempts, status, findings)
 		require.NoError(t, err)

@@ -17,23 +17,27 @@ type ClaimedRun struct {
 }
 
 // Claim takes a run for execution: a queued run, or a running one whose
-// lease has expired (its worker died), becomes running with attempts+1 and a
-// new lease. The attempt number fences Finish: a worker that lost its lease
-// cannot write a result. ErrRunFinished / ErrRunLeased / ErrNotFound say why
-// the run cannot be taken.
-func (s *RunStore) Claim(ctx context.Context, runID string, lease time.Duration) (*ClaimedRun, error) {
-	return s.claim(ctx, runID, lease, 2)
+// lease has expired (its worker died or stopped heartbeating), becomes
+// running with attempts+1 and a lease of lease, which the executing worker
+// renews with Heartbeat. The attempt number fences Heartbeat, Finish,
+// FailAttempt and Release: a delivery that lost its lease cannot write.
+// A run that has already been started maxAttempts times is not started
+// again (ErrAttemptsExhausted): a submission that kills its worker every
+// time must end, not be redelivered forever. ErrRunFinished / ErrRunLeased /
+// ErrNotFound say why else the run cannot be taken.
+func (s *RunStore) Claim(ctx context.Context, runID string, lease time.Duration, maxAttempts int) (*ClaimedRun, error) {
+	return s.claim(ctx, runID, lease, maxAttempts, 2)
 }
 
-func (s *RunStore) claim(ctx context.Context, runID string, lease time.Duration, tries int) (*ClaimedRun, error) {
+func (s *RunStore) claim(ctx context.Context, runID string, lease time.Duration, maxAttempts, tries int) (*ClaimedRun, error) {
 	var r ClaimedRun
 	res := s.db.WithContext(ctx).Raw(`
 UPDATE validation_runs r SET status = 'running', attempts = r.attempts + 1,
 	started_at = coalesce(r.started_at, now()), lease_expires_at = now() + ? * interval '1 microsecond'
 FROM workflows w
-WHERE r.id = ? AND w.id = r.workflow_id
+WHERE r.id = ? AND w.id = r.workflow_id AND r.attempts < ?
   AND (r.status = 'queued' OR (r.status = 'running' AND coalesce(r.lease_expires_at < now(), true)))
-RETURNING r.*, w.schema, w.assertions`, lease.Microseconds(), runID).Scan(&r)
+RETURNING r.*, w.schema, w.assertions`, lease.Microseconds(), runID, maxAttempts).Scan(&r)
 	if res.Error != nil {
 		return nil, fmt.Errorf("claim run %s: %w", runID, translate(res.Error))
 	}
@@ -44,18 +48,23 @@ RETURNING r.*, w.schema, w.assertions`, lease.Microseconds(), runID).Scan(&r)
 		Status         string
 		Attempts       int
 		LeaseExpiresAt *time.Time
+		Expired        bool
 	}
-	res = s.db.WithContext(ctx).Raw(`SELECT status, attempts, lease_expires_at FROM validation_runs WHERE id = ?`, runID).Scan(&cur)
+	res = s.db.WithContext(ctx).Raw(`SELECT status, attempts, lease_expires_at,
+		coalesce(lease_expires_at < now(), true) AS expired FROM validation_runs WHERE id = ?`, runID).Scan(&cur)
+	unfinished := cur.Status == RunQueued || cur.Status == RunRunning
 	switch {
 	case res.Error != nil:
 		return nil, fmt.Errorf("claim run %s: %w", runID, translate(res.Error))
 	case res.RowsAffected == 0:
 		return nil, fmt.Errorf("claim run %s: %w", runID, ErrNotFound)
-	case cur.Status == RunRunning && cur.LeaseExpiresAt != nil:
+	case cur.Status == RunRunning && !cur.Expired:
 		return nil, &RunLeasedError{RunID: runID, Until: *cur.LeaseExpiresAt, Attempts: cur.Attempts}
-	case (cur.Status == RunQueued || cur.Status == RunRunning) && tries > 1: // the lease expired in between
-		return s.claim(ctx, runID, lease, tries-1)
-	case cur.Status == RunQueued || cur.Status == RunRunning:
+	case unfinished && cur.Attempts >= maxAttempts:
+		return nil, fmt.Errorf("claim run %s: started %d times: %w", runID, cur.Attempts, ErrAttemptsExhausted)
+	case unfinished && tries > 1: // the lease expired in between
+		return s.claim(ctx, runID, lease, maxAttempts, tries-1)
+	case unfinished:
 		return nil, fmt.Errorf("claim run %s: state changed twice while claiming", runID)
 	default:
 		return nil, fmt.Errorf("claim run %s (%s): %w", runID, cur.Status, ErrRunFinished)
@@ -94,17 +103,20 @@ func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status
 	return owned, nil
 }
 
-// Fail ends a run that the worker could not execute (its retries are
-// exhausted, or it can never succeed) with status error and the reason.
-// A run that already finished is left alone.
-func (s *RunStore) Fail(ctx context.Context, runID, reason string) error {
+// Fail ends a run that no delivery holds (it is queued, or its lease has
+// run out) with status error and the reason: its task failed for good
+// before it could claim the run, or the run was started too many times.
+// A run that finished, or that a live delivery holds, is left alone (that
+// delivery ends it); ended says whether this call ended it.
+func (s *RunStore) Fail(ctx context.Context, runID, reason string) (ended bool, err error) {
 	reason = truncate(reason, 2000)
 	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET status = 'error', error = ?,
-		finished_at = now(), lease_expires_at = NULL WHERE id = ? AND status IN ('queued', 'running')`, reason, runID)
+		finished_at = now(), lease_expires_at = NULL
+		WHERE id = ? AND (status = 'queued' OR (status = 'running' AND coalesce(lease_expires_at <= now(), true)))`, reason, runID)
 	if res.Error != nil {
-		return fmt.Errorf("fail run %s: %w", runID, translate(res.Error))
+		return false, fmt.Errorf("fail run %s: %w", runID, translate(res.Error))
 	}
-	return nil
+	return res.RowsAffected == 1, nil
 }
 
 // CountByStatus counts the runs in each status (for tests and metrics).

@@ -21,31 +21,49 @@ import (
 // duplicate), then deletes it. It wakes on NOTIFY from the start
 // transaction, and polls as a fallback. If Redis is down, jobs stay staged
 // and drain when it returns; requests never wait on Redis.
+//
+// While Redis is down, the enqueuer pings it every failingPoll (no
+// doubling backoff: a backoff grown during a long outage would make the
+// backlog wait long after Redis is back, with no traffic to wake it) and
+// only drains once it answers, so a retry costs one ping and no database
+// transaction.
 type Enqueuer struct {
 	staged *models.StagedJobStore
 	client *asynq.Client
-	dbURL  string
-	batch  int
-	poll   time.Duration
-	opts   func(models.StagedJob) []asynq.Option
-	log    *slog.Logger
-	m      *metrics
+	// ping checks that Redis answers, within ctx's deadline.
+	ping  func(ctx context.Context) error
+	dbURL string
+	batch int
+	poll  time.Duration
+	opts  func(models.StagedJob) []asynq.Option
+	log   *slog.Logger
+	m     *metrics
 }
+
+// failingPoll is the most the enqueuer waits between two looks at Redis
+// while it is unreachable.
+const failingPoll = 250 * time.Millisecond
 
 // Run drains until ctx is done.
 func (e *Enqueuer) Run(ctx context.Context) {
 	wake := make(chan struct{}, 1)
 	go e.listen(ctx, wake)
-	backoff := e.poll
+	failing := false
 	for {
-		err := e.DrainAll(ctx)
+		err := e.attempt(ctx, failing)
 		wait := e.poll
-		if err != nil && ctx.Err() == nil {
-			e.log.WarnContext(ctx, "staged jobs not enqueued; will retry", "error", err, "retry_in", backoff)
-			wait = backoff
-			backoff = min(backoff*2, 30*time.Second)
-		} else {
-			backoff = e.poll
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && !failing:
+			e.log.WarnContext(ctx, "staged jobs not enqueued; retrying until Redis takes them", "error", err)
+			failing = true
+		case err == nil && failing:
+			e.log.InfoContext(ctx, "staged jobs are enqueued again")
+			failing = false
+		}
+		if failing {
+			wait = min(e.poll, failingPoll)
 		}
 		select {
 		case <-ctx.Done():
@@ -54,6 +72,20 @@ func (e *Enqueuer) Run(ctx context.Context) {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// attempt drains the staged jobs. After a failure, it first pings Redis
+// (for at most failingPoll) and drains only if Redis answers.
+func (e *Enqueuer) attempt(ctx context.Context, failing bool) error {
+	if failing {
+		pctx, cancel := context.WithTimeout(ctx, failingPoll)
+		err := e.ping(pctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("redis does not answer: %w", err)
+		}
+	}
+	return e.DrainAll(ctx)
 }
 
 // DrainAll moves every staged job, a batch per transaction.

@@ -189,8 +189,9 @@ type testWorker struct {
 // Stop shuts the worker down (once; also done at cleanup).
 func (w *testWorker) Stop() { w.stopOnce.Do(w.Shutdown) }
 
-// newWorker builds a worker on env's database and Redis opt, with short
-// intervals; edit adjusts the configuration. It is not started.
+// newWorker builds a worker on env's database and Redis opt, with a short
+// poll and retry delay and otherwise the default timings (lease, sweep);
+// edit adjusts the configuration. It is not started.
 func newWorker(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt, edit func(*tasks.Config)) *testWorker {
 	t.Helper()
 	logs := &proctest.Log{}
@@ -199,6 +200,7 @@ func newWorker(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt, edit fu
 		DB: env.DB, DBURL: env.DBURL, Redis: opt,
 		Concurrency:     4,
 		PollInterval:    50 * time.Millisecond,
+		RetryDelay:      100 * time.Millisecond,
 		ShutdownTimeout: 10 * time.Second,
 		Registry:        reg,
 		Log:             slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -223,6 +225,15 @@ func startWorker(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt, edit 
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
 	return w
+}
+
+// fastSweep makes a worker take over stranded runs within about a second:
+// for tests about what happens, not how fast.
+func fastSweep(c *tasks.Config) {
+	c.RunLease = time.Second
+	c.RunHeartbeat = 200 * time.Millisecond
+	c.SweepInterval = 100 * time.Millisecond
+	c.RedeliverAfter = 500 * time.Millisecond
 }
 
 // idleRedis is a connection option for workers that are never started

@@ -16,6 +16,9 @@ type metrics struct {
 	enqueued    prometheus.Counter
 	keysDeleted prometheus.Counter
 	runsEnded   *prometheus.CounterVec
+	redelivered *prometheus.CounterVec
+	leasesLost  prometheus.Counter
+	sweeps      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, staged *models.StagedJobStore) *metrics {
@@ -35,6 +38,17 @@ func newMetrics(reg prometheus.Registerer, staged *models.StagedJobStore) *metri
 		runsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_runs_finished_total", Help: "Runs this worker ended, by final status (passed, failed, error).",
 		}, []string{"status"}),
+		redelivered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "valruns_runs_redelivered_total",
+			Help: "Runs the sweeper re-enqueued because nothing was delivering them, by reason (queued: its task was lost; lease_expired: its worker died or stopped heartbeating).",
+		}, []string{"reason"}),
+		leasesLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "valruns_run_leases_lost_total",
+			Help: "Executions this worker stopped or discarded because another delivery took their run over (their lease ran out).",
+		}),
+		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "valruns_run_sweeps_total", Help: "Sweeps for stranded runs, by result (ok, error).",
+		}, []string{"result"}),
 	}
 	backlog := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "valruns_staged_jobs_backlog", Help: "Staged jobs not yet moved to asynq (read at scrape time).",
@@ -47,7 +61,14 @@ func newMetrics(reg prometheus.Registerer, staged *models.StagedJobStore) *metri
 		}
 		return float64(n)
 	})
-	for _, c := range []prometheus.Collector{m.processed, m.failed, m.enqueued, m.keysDeleted, m.runsEnded, backlog} {
+	// Every label value of a closed set is exported from the start, at 0.
+	for _, r := range []string{"queued", "lease_expired"} {
+		m.redelivered.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.sweeps.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.processed, m.failed, m.enqueued, m.keysDeleted, m.runsEnded, m.redelivered, m.leasesLost, m.sweeps, backlog} {
 		reg.MustRegister(c)
 	}
 	return m

@@ -3,6 +3,8 @@ package tasks_test
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -56,15 +58,19 @@ func TestCleanupCommand(t *testing.T) {
 type workerProcess struct {
 	cmd *exec.Cmd
 	out *proctest.Log
+	// metricsAddr serves the worker's /metrics.
+	metricsAddr string
 }
 
-func startWorkerProcess(t *testing.T, bin, dbURL, redisURL string) *workerProcess {
+// startWorkerProcess starts `valruns worker` on dbURL and redisURL with the
+// default settings, except those in env (NAME=value).
+func startWorkerProcess(t *testing.T, bin, dbURL, redisURL string, env ...string) *workerProcess {
 	t.Helper()
-	p := &workerProcess{out: &proctest.Log{}}
+	p := &workerProcess{out: &proctest.Log{}, metricsAddr: proctest.FreeAddr(t)}
 	p.cmd = exec.Command(bin, "worker")
-	p.cmd.Env = proctest.Env("DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "RUN_LEASE=3s",
-		"WORKER_METRICS_ADDR=127.0.0.1:"+strconv.Itoa(proctest.FreePort(t)), "LOG_FORMAT=json", "LOG_LEVEL=info",
-		"ENQUEUE_POLL_INTERVAL=100ms", "SHUTDOWN_TIMEOUT=5s")
+	p.cmd.Env = proctest.Env(append([]string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL,
+		"WORKER_METRICS_ADDR=" + p.metricsAddr, "LOG_FORMAT=json", "LOG_LEVEL=info",
+		"SHUTDOWN_TIMEOUT=5s"}, env...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	require.NoError(t, p.cmd.Start())
 	t.Cleanup(func() {
@@ -74,6 +80,23 @@ func startWorkerProcess(t *testing.T, bin, dbURL, redisURL string) *workerProces
 		}
 	})
 	return p
+}
+
+// metric returns the value of one sample (its name with labels, as
+// /metrics writes it) from the worker's /metrics; "" if absent.
+func (p *workerProcess) metric(t *testing.T, sample string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + p.metricsAddr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // kill ends the process with SIGKILL: a crash, no shutdown.
@@ -101,10 +124,10 @@ func (p *workerProcess) stop() {
 }
 
 // A worker killed in the middle of a run: the run stays running with its
-// first attempt uncommitted; a second worker takes it over once asynq
-// recovers the task (its lease expires 30 s after the crash and the
-// recoverer looks every minute, so this takes about 1.5 minutes and runs in
-// parallel), and the run finishes exactly once.
+// first attempt uncommitted; a second worker takes it over once the run's
+// lease has run out (the sweeper re-enqueues it; with fastRecovery this
+// takes a second or two, where asynq's own recovery of the task takes about
+// 1.5 minutes), and the run finishes exactly once.
 //
 // The run is held mid-execution deterministically: before the worker
 // starts, the test inserts (uncommitted) the finding at position 0 of the
@@ -136,7 +159,7 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 		VALUES ($1, 0, 'test-blocker', 'info', 'holds the worker''s Finish')`, id)
 	require.NoError(t, err)
 
-	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb), fastRecovery...)
 	// Wait until the worker's Finish waits on the test's transaction.
 	var workerPID int
 	apitest.Eventually(t, 60*time.Second, func() bool {
@@ -171,7 +194,7 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	require.Equal(t, 1, mid.Attempts)
 	require.Empty(t, dbFindings(t, env, id))
 
-	startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	startWorkerProcess(t, bin, env.DBURL, redisURL(rdb), fastRecovery...)
 	var run apiRun
 	apitest.Eventually(t, 3*time.Minute, func() bool {
 		run = getRun(t, env, org, id)
@@ -185,4 +208,69 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	require.Equal(t, "passed", waitRun(t, env, org, other, 20*time.Second).Status)
 	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"), "no run left running")
 	require.EqualValues(t, 0, env.Count("staged_jobs", ""))
+}
+
+// fastRecovery are settings under which a dead worker's runs are taken over
+// within seconds, for tests about what happens rather than how fast.
+var fastRecovery = []string{"RUN_LEASE=1s", "RUN_SWEEP_INTERVAL=100ms", "RUN_REDELIVER_AFTER=500ms",
+	"ENQUEUE_POLL_INTERVAL=100ms"}
+
+// Finding: a killed worker's runs stayed running for the whole RUN_LEASE
+// (5 min): 10 runs finished about 305 s after the kill. Here, with the
+// default settings, two workers run; the first holds ten runs mid-execution
+// (each run's Finish waits on a finding the test inserted, uncommitted, at
+// its position 0) and is killed with SIGKILL. Every run must be final within
+// 60 s of the kill, taken over once (attempt 2), its findings written once.
+func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Binary(t)
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	ctx := context.Background()
+
+	const n = 10 // WORKER_CONCURRENCY's default: the first worker holds them all
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = startRun(t, env, org, wf, invalidOrder)
+	}
+	blocker, err := pgx.Connect(ctx, env.DBURL)
+	require.NoError(t, err)
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var blockerPID int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&blockerPID))
+	_, err = tx.Exec(ctx, `INSERT INTO findings (run_id, position, step, severity, message)
+		SELECT id, 0, 'test-blocker', 'info', 'holds the worker''s Finish' FROM validation_runs`)
+	require.NoError(t, err)
+
+	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	var workerPIDs []int
+	apitest.Eventually(t, 60*time.Second, func() bool {
+		workerPIDs = nil
+		require.NoError(t, env.DB.Raw(`SELECT pid FROM pg_stat_activity WHERE ? = ANY (pg_blocking_pids(pid))`,
+			blockerPID).Scan(&workerPIDs).Error)
+		return len(workerPIDs) == n
+	}, "the first worker's ten Finish transactions block on the test's findings")
+	require.EqualValues(t, n, env.Count("validation_runs", "status = 'running' AND attempts = 1"))
+	w2 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+
+	w1.kill(t)
+	killed := time.Now()
+	require.NoError(t, tx.Rollback(ctx))
+	for _, id := range ids {
+		run := waitRun(t, env, org, id, time.Until(killed.Add(60*time.Second)))
+		require.Equal(t, "failed", run.Status)
+		require.Equal(t, 2, run.Attempts, "taken over once")
+		require.Equal(t, invalidOrderFindings, run.Findings)
+		require.Equal(t, invalidOrderFindings, dbFindings(t, env, id), "findings written once")
+	}
+	t.Logf("all %d runs final %s after the kill", n, time.Since(killed).Round(time.Second))
+	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"))
+	require.Equal(t, strconv.Itoa(n), w2.metric(t, `valruns_runs_redelivered_total{reason="lease_expired"}`),
+		"the second worker's sweeper re-enqueued each run once")
+	require.Equal(t, strconv.Itoa(n), w2.metric(t, `valruns_runs_finished_total{status="failed"}`))
 }

@@ -17,19 +17,52 @@ import (
 
 // RunExecutor handles TypeRunExecute. It is idempotent by itself: a run that
 // already finished is not executed again, and a run another delivery holds
-// is looked at again when that delivery's lease expires (a takeover task),
-// so a run whose worker died is taken over then, and finished once.
+// is left to that delivery. A delivery holds a run by a short lease that it
+// renews (heartbeats) while it executes; if its worker dies, the lease runs
+// out within RunLease and the sweeper re-enqueues the run, whose next
+// delivery takes it over. The attempt number fences every write, so
+// findings are written once, by one attempt.
 type RunExecutor struct {
-	runs  *models.RunStore
-	lease time.Duration
-	log   *slog.Logger
-	m     *metrics
-	// takeover schedules a new delivery of the run at a time (see leased).
-	takeover func(ctx context.Context, runID string, attempt int, at time.Time) error
+	runs *models.RunStore
+	// lease is how long a claim or a heartbeat holds the run; heartbeat is
+	// how often the lease is renewed while the run executes.
+	lease, heartbeat time.Duration
+	// maxAttempts is how often a run may be started (RUN_MAX_RETRY + 1).
+	maxAttempts int
+	// timeout bounds one execution (the task's asynq Timeout).
+	timeout time.Duration
+	log     *slog.Logger
+	m       *metrics
+	// beforeRun, when set (tests), is called with the execution's context
+	// just before the run is validated: it stands in for a long validation.
+	beforeRun func(ctx context.Context, runID string)
 
 	// programs caches compiled workflows: a workflow never changes once created.
 	programs sync.Map // workflow id -> *validate.Program
+
+	// inflight holds the cancel function of each execution under way, so
+	// that a shutdown can hand them back (handBack); stopping is set then.
+	mu       sync.Mutex
+	inflight map[*execution]struct{}
+	stopping bool
 }
+
+// execution is one run being validated by this worker.
+type execution struct{ cancel context.CancelCauseFunc }
+
+var (
+	// errLeaseLost is the cause of an execution's context ending because its
+	// delivery lost the run's lease (or could not renew it in time).
+	errLeaseLost = errors.New("the run's lease was lost")
+	// errHandedBack is returned by an execution the worker stopped because
+	// it is shutting down: its lease is released first, so asynq's retry (or
+	// any delivery) claims the run at once. It is not a failure of the run.
+	errHandedBack = errors.New("the worker is shutting down; run handed back")
+)
+
+// notAFailure reports whether a task's error is no fault of the task:
+// asynq retries it after about RetryDelay without spending a retry.
+func notAFailure(err error) bool { return models.IsTransient(err) || errors.Is(err, errHandedBack) }
 
 // ProcessTask executes one run.
 func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
@@ -37,27 +70,80 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.RunID == "" {
 		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
 	}
-	run, err := e.runs.Claim(ctx, p.RunID, e.lease)
+	run, err := e.runs.Claim(ctx, p.RunID, e.lease, e.maxAttempts)
 	var leased *models.RunLeasedError
 	switch {
 	case errors.As(err, &leased):
-		return e.leased(ctx, leased)
+		// That delivery renews its lease while it works; if it dies, the
+		// sweeper re-enqueues the run when the lease runs out.
+		e.log.InfoContext(ctx, "run held by another delivery; leaving it to that one",
+			"run_id", p.RunID, "attempt", leased.Attempts)
+		return nil
 	case errors.Is(err, models.ErrRunFinished):
 		e.log.InfoContext(ctx, "run already finished; not executing it again", "run_id", p.RunID)
 		return nil
 	case errors.Is(err, models.ErrNotFound):
 		e.log.WarnContext(ctx, "run does not exist", "run_id", p.RunID)
 		return nil
+	case errors.Is(err, models.ErrAttemptsExhausted):
+		e.endUnheld(ctx, p.RunID, fmt.Sprintf("gave up: the run was started %d times without finishing "+
+			"(its executions failed, or their workers stopped or lost their lease)", e.maxAttempts))
+		return nil
 	case err != nil:
+		e.failedBeforeClaim(ctx, p.RunID, err)
 		return err
 	}
+	err = e.safeExecute(ctx, run)
+	if err != nil {
+		e.failed(ctx, run, err)
+	}
+	return err
+}
+
+// safeExecute is execute with a panic turned into an error, so that the
+// run's lease is released (or the run ended) like after any other failure.
+func (e *RunExecutor) safeExecute(ctx context.Context, run *models.ClaimedRun) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("run %s: panic: %v", run.ID, p)
+		}
+	}()
+	return e.execute(ctx, run)
+}
+
+// execute validates a claimed run while heartbeating its lease, and
+// finishes it. A nil error means the run needs nothing more from this
+// delivery: it finished, ended in error, or another delivery owns it.
+func (e *RunExecutor) execute(ctx context.Context, run *models.ClaimedRun) error {
 	prog, err := e.program(run)
 	if err != nil {
 		// The workflow was compiled when created; failing now cannot heal.
 		return fmt.Errorf("compile workflow %s: %v: %w", run.WorkflowID, err, asynq.SkipRetry)
 	}
-	findings, err := prog.Run(ctx, run.Submission, run.Metadata)
-	if err != nil {
+	xctx, stopHeartbeat := e.hold(ctx, run)
+	defer stopHeartbeat() // after a panic; a no-op after the call below
+	if e.beforeRun != nil {
+		e.beforeRun(xctx, run.ID)
+	}
+	findings, err := prog.Run(xctx, run.Submission, run.Metadata)
+	stopped := stopHeartbeat()
+	switch {
+	case errors.Is(stopped, errHandedBack):
+		return fmt.Errorf("run %s: %w", run.ID, errHandedBack)
+	case stopped != nil:
+		e.m.leasesLost.Inc()
+		e.log.WarnContext(ctx, "lease lost while executing; execution stopped, the run is left to the delivery that holds it",
+			"run_id", run.ID, "attempt", run.Attempts)
+		return nil
+	case errors.Is(err, validate.ErrLimitExceeded):
+		e.end(ctx, run, err.Error())
+		return nil
+	case errors.Is(err, validate.ErrInvalidSubmission), errors.Is(err, validate.ErrInvalidMetadata):
+		return fmt.Errorf("run %s: %w: %w", run.ID, err, asynq.SkipRetry)
+	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		e.end(ctx, run, fmt.Sprintf("the run took longer than its time limit (%s)", e.timeout))
+		return nil
+	case err != nil:
 		return fmt.Errorf("run %s: %w", run.ID, err)
 	}
 	status := models.RunPassed
@@ -73,6 +159,7 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return err
 	}
 	if !owned {
+		e.m.leasesLost.Inc()
 		e.log.WarnContext(ctx, "run was taken over by another delivery; result discarded", "run_id", run.ID, "attempt", run.Attempts)
 		return nil
 	}
@@ -81,21 +168,179 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	return nil
 }
 
-// leased handles a delivery of a run that another delivery holds (a
-// duplicate, or the recovery of a task whose worker died before its run's
-// lease ran out). Rather than failing, which would spend asynq retries and
-// could archive the task while the run is still running, it schedules a
-// takeover delivery just after the lease expires, with a TaskID of its own
-// per attempt, and is done. If the holder finishes, the takeover finds the
-// run finished and does nothing; if it died, the takeover claims the run.
-func (e *RunExecutor) leased(ctx context.Context, l *models.RunLeasedError) error {
-	at := l.Until.Add(time.Second)
-	if err := e.takeover(ctx, l.RunID, l.Attempts, at); err != nil {
-		return fmt.Errorf("schedule takeover of run %s: %w", l.RunID, err)
+// hold renews the run's lease every heartbeat while the run executes. The
+// returned context ends when the lease is lost: another delivery took the
+// run over, or no renewal succeeded for a whole lease (the run may be taken
+// over at any moment, so the work stops); or when the worker hands the run
+// back at shutdown. stop ends the heartbeat and returns errLeaseLost or
+// errHandedBack if either ended the execution, else nil.
+func (e *RunExecutor) hold(ctx context.Context, run *models.ClaimedRun) (context.Context, func() error) {
+	xctx, cancel := context.WithCancelCause(ctx)
+	x := &execution{cancel: cancel}
+	e.mu.Lock()
+	if e.inflight == nil {
+		e.inflight = map[*execution]struct{}{}
 	}
-	e.log.InfoContext(ctx, "run held by another delivery; takeover scheduled at its lease's end",
-		"run_id", l.RunID, "attempt", l.Attempts, "at", at)
-	return nil
+	e.inflight[x] = struct{}{}
+	if e.stopping {
+		cancel(errHandedBack)
+	}
+	e.mu.Unlock()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(e.heartbeat)
+		defer tick.Stop()
+		renewed := time.Now() // the claim
+		for {
+			select {
+			case <-done:
+				return
+			case <-xctx.Done():
+				return
+			case <-tick.C:
+			}
+			hctx, hcancel := context.WithTimeout(xctx, e.heartbeat)
+			owned, err := e.runs.Heartbeat(hctx, run.ID, run.Attempts, e.lease)
+			hcancel()
+			switch {
+			case xctx.Err() != nil: // the execution ended meanwhile
+				return
+			case err == nil && owned:
+				renewed = time.Now()
+			case err == nil:
+				cancel(errLeaseLost)
+				return
+			case time.Since(renewed) >= e.lease:
+				e.log.WarnContext(ctx, "lease not renewed in time", "run_id", run.ID, "attempt", run.Attempts, "error", err)
+				cancel(errLeaseLost)
+				return
+			default:
+				e.log.WarnContext(ctx, "heartbeat failed; retrying", "run_id", run.ID, "attempt", run.Attempts, "error", err)
+			}
+		}
+	}()
+	return xctx, sync.OnceValue(func() error {
+		close(done)
+		wg.Wait()
+		e.mu.Lock()
+		delete(e.inflight, x)
+		e.mu.Unlock()
+		var why error
+		if cause := context.Cause(xctx); errors.Is(cause, errLeaseLost) || errors.Is(cause, errHandedBack) {
+			why = cause
+		}
+		cancel(nil)
+		return why
+	})
+}
+
+// handBack is the executor's part of a shutdown, once asynq takes no new
+// tasks: it lets the executions under way finish for up to timeout, then
+// stops the rest (their context ends with errHandedBack, and each releases
+// its run's lease before its task goes back to asynq) and waits for them.
+func (e *RunExecutor) handBack(timeout time.Duration) {
+	e.waitIdle(timeout)
+	e.mu.Lock()
+	e.stopping = true
+	for x := range e.inflight {
+		x.cancel(errHandedBack)
+	}
+	e.mu.Unlock()
+	e.waitIdle(10 * time.Second)
+}
+
+// waitIdle waits until no execution is under way, for up to timeout.
+func (e *RunExecutor) waitIdle(timeout time.Duration) {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		e.mu.Lock()
+		n := len(e.inflight)
+		e.mu.Unlock()
+		if n == 0 {
+			return
+		}
+	}
+}
+
+// end ends the run this delivery holds in status error with the reason.
+func (e *RunExecutor) end(ctx context.Context, run *models.ClaimedRun, reason string) {
+	fctx, cancel := detached(ctx)
+	defer cancel()
+	ended, err := e.runs.FailAttempt(fctx, run.ID, run.Attempts, reason)
+	switch {
+	case err != nil:
+		// Its lease runs out and the sweeper re-enqueues it: nothing is lost.
+		e.log.ErrorContext(ctx, "could not end run in error", "run_id", run.ID, "error", err)
+	case ended:
+		e.m.runsEnded.WithLabelValues(models.RunError).Inc()
+		e.log.WarnContext(ctx, "run ended in error", "run_id", run.ID, "attempt", run.Attempts, "reason", reason)
+	}
+}
+
+// endUnheld ends a run that no delivery holds in status error.
+func (e *RunExecutor) endUnheld(ctx context.Context, runID, reason string) {
+	fctx, cancel := detached(ctx)
+	defer cancel()
+	ended, err := e.runs.Fail(fctx, runID, reason)
+	switch {
+	case err != nil:
+		e.log.ErrorContext(ctx, "could not end run in error", "run_id", runID, "error", err)
+	case ended:
+		e.m.runsEnded.WithLabelValues(models.RunError).Inc()
+		e.log.WarnContext(ctx, "run ended in error", "run_id", runID, "reason", reason)
+	}
+}
+
+// failed is told about a failed execution of a claimed run. When no retry
+// will follow (the failure cannot heal, or it was the last retry), the run
+// ends in status error with the reason; otherwise its lease is released, so
+// the next delivery claims it at once.
+func (e *RunExecutor) failed(ctx context.Context, run *models.ClaimedRun, err error) {
+	switch {
+	case errors.Is(err, asynq.SkipRetry):
+		e.end(ctx, run, err.Error())
+	case lastTry(ctx, err):
+		e.end(ctx, run, fmt.Sprintf("gave up after %d attempts: %v", run.Attempts, err))
+	default:
+		rctx, cancel := detached(ctx)
+		defer cancel()
+		if rerr := e.runs.Release(rctx, run.ID, run.Attempts); rerr != nil {
+			// The lease runs out by itself; the retry or the sweeper takes over then.
+			e.log.WarnContext(ctx, "could not release the run's lease", "run_id", run.ID, "error", rerr)
+		}
+	}
+}
+
+// failedBeforeClaim is told about a task that failed before it could claim
+// its run; after the last retry, the run ends in error if nobody holds it.
+func (e *RunExecutor) failedBeforeClaim(ctx context.Context, runID string, err error) {
+	if lastTry(ctx, err) {
+		e.endUnheld(ctx, runID, fmt.Sprintf("gave up: its task failed before it could start: %v", err))
+	}
+}
+
+// lastTry reports whether asynq will not retry the task after err. A
+// transient database error never ends a run: asynq does not count it as a
+// failure, and if the task is archived anyway, the sweeper re-enqueues the
+// run. Nor does a run handed back at shutdown, or a task whose context
+// asynq cancelled (it gave up waiting at shutdown, or lost the task's own
+// lease in Redis). Outside an asynq server (a direct call) nothing is the
+// last try.
+func lastTry(ctx context.Context, err error) bool {
+	if notAFailure(err) || ctx.Err() != nil {
+		return false
+	}
+	retried, ok := asynq.GetRetryCount(ctx)
+	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
+	return ok && ok2 && retried >= maxRetry
+}
+
+// detached is a short context for writes that must happen even when the
+// task's context is cancelled (shutdown) or past its deadline.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 }
 
 func (e *RunExecutor) program(run *models.ClaimedRun) (*validate.Program, error) {
@@ -114,27 +359,4 @@ func (e *RunExecutor) program(run *models.ClaimedRun) (*validate.Program, error)
 	}
 	e.programs.Store(run.WorkflowID, p)
 	return p, nil
-}
-
-// failed is told about every failed execution; when asynq will not retry
-// again, the run ends in status error with the reason.
-func (e *RunExecutor) failed(ctx context.Context, t *asynq.Task, err error) {
-	retried, _ := asynq.GetRetryCount(ctx)
-	maxRetry, _ := asynq.GetMaxRetry(ctx)
-	if retried < maxRetry && !errors.Is(err, asynq.SkipRetry) {
-		return
-	}
-	var p RunPayload
-	if json.Unmarshal(t.Payload(), &p) != nil || p.RunID == "" {
-		return
-	}
-	// Not the task's context: it may be cancelled or past its deadline.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if ferr := e.runs.Fail(fctx, p.RunID, fmt.Sprintf("gave up after %d attempts: %v", retried+1, err)); ferr != nil {
-		e.log.ErrorContext(ctx, "could not mark run as error", "run_id", p.RunID, "error", ferr)
-		return
-	}
-	e.m.runsEnded.WithLabelValues(models.RunError).Inc()
-	e.log.ErrorContext(ctx, "run ended in error", "run_id", p.RunID, "error", err)
 }

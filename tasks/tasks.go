@@ -1,8 +1,10 @@
 // Package tasks is the background side of valruns, on asynq: the task types
 // and their handlers (executing a validation run, deleting expired
-// idempotency keys), the mux, the periodic cleanup registration, and the
+// idempotency keys), the mux, the periodic cleanup registration, the
 // staged-job enqueuer that moves jobs written by request transactions into
-// Redis after they commit.
+// Redis after they commit, and the sweeper that re-enqueues the runs Redis
+// lost or whose worker died: PostgreSQL, not Redis, is what says a run still
+// has to be executed.
 package tasks
 
 import (
@@ -28,7 +30,8 @@ type RunPayload struct {
 }
 
 // NewRunTask builds the task executing a run, with the TaskID the enqueuer
-// uses, so enqueuing it twice yields one task.
+// uses, so enqueuing it twice yields one task (the sweeper gives its
+// redeliveries TaskIDs of their own).
 func NewRunTask(runID string) (*asynq.Task, asynq.Option, error) {
 	b, err := json.Marshal(RunPayload{RunID: runID})
 	if err != nil {

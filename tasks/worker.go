@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -32,11 +33,29 @@ type Config struct {
 	CleanupSchedule string
 	// CleanupBatchSize is the keys deleted per transaction; 0 means 1000.
 	CleanupBatchSize int
-	// RunLease is how long a delivery owns a running run; 0 means 5m.
+	// RunLease is how long a claim or a heartbeat holds a running run: a run
+	// whose worker died is taken over once it runs out; 0 means 15s.
 	RunLease time.Duration
+	// RunHeartbeat is how often an executing run's lease is renewed; 0 means
+	// a third of RunLease. It must be shorter than RunLease.
+	RunHeartbeat time.Duration
 	// RunMaxRetry is how often a failing run task is retried before the run
-	// ends in error; 0 means 5.
+	// ends in error; 0 means 5. A run is started at most RunMaxRetry+1 times.
 	RunMaxRetry int
+	// RetryDelay is the delay before a failed run task's first retry,
+	// doubled for each further retry up to a minute; a transient database
+	// error is retried after about RetryDelay without counting as a retry.
+	// 0 means 1s.
+	RetryDelay time.Duration
+	// RunTimeout bounds one execution of a run, behind the validation
+	// engine's own limits; a run past it ends in error. 0 means 5m.
+	RunTimeout time.Duration
+	// SweepInterval is how often the sweeper looks for stranded runs; 0
+	// means 5s.
+	SweepInterval time.Duration
+	// RedeliverAfter is how long a run may stay queued, and how long the
+	// sweeper waits before looking at the same run again; 0 means 10s.
+	RedeliverAfter time.Duration
 	// PollInterval is the enqueuer's fallback poll; 0 means 1s.
 	PollInterval time.Duration
 	// ShutdownTimeout is how long in-flight tasks may finish at shutdown
@@ -57,7 +76,10 @@ type Worker struct {
 	server    *asynq.Server
 	scheduler *asynq.Scheduler
 	client    *asynq.Client
+	inspector *asynq.Inspector
+	redis     redis.UniversalClient // the enqueuer's and Ping's
 	enqueuer  *Enqueuer
+	sweeper   *Sweeper
 	runs      *RunExecutor
 	cleanup   *Cleanup
 	cancel    context.CancelFunc
@@ -69,8 +91,13 @@ func NewWorker(cfg Config) (*Worker, error) {
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 10)
 	cfg.CleanupSchedule = cmp.Or(cfg.CleanupSchedule, "@hourly")
 	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, 1000)
-	cfg.RunLease = cmp.Or(cfg.RunLease, 5*time.Minute)
+	cfg.RunLease = cmp.Or(cfg.RunLease, 15*time.Second)
+	cfg.RunHeartbeat = cmp.Or(cfg.RunHeartbeat, cfg.RunLease/3)
 	cfg.RunMaxRetry = cmp.Or(cfg.RunMaxRetry, 5)
+	cfg.RetryDelay = cmp.Or(cfg.RetryDelay, time.Second)
+	cfg.RunTimeout = cmp.Or(cfg.RunTimeout, 5*time.Minute)
+	cfg.SweepInterval = cmp.Or(cfg.SweepInterval, 5*time.Second)
+	cfg.RedeliverAfter = cmp.Or(cfg.RedeliverAfter, 10*time.Second)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, time.Second)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 20*time.Second)
 	if cfg.Registry == nil {
@@ -80,6 +107,9 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.RunHeartbeat >= cfg.RunLease {
+		return nil, fmt.Errorf("run heartbeat %s must be shorter than the run lease %s", cfg.RunHeartbeat, cfg.RunLease)
+	}
 	sched, err := config.ParseSchedule(cfg.CleanupSchedule)
 	if err != nil {
 		return nil, err
@@ -87,27 +117,22 @@ func NewWorker(cfg Config) (*Worker, error) {
 	staged := models.NewStagedJobStore(cfg.DB)
 	m := newMetrics(cfg.Registry, staged)
 	w := &Worker{cfg: cfg, log: log}
-	w.runs = &RunExecutor{runs: models.NewRunStore(cfg.DB), lease: cfg.RunLease, log: log, m: m}
+	runs := models.NewRunStore(cfg.DB)
+	w.runs = &RunExecutor{runs: runs, lease: cfg.RunLease, heartbeat: cfg.RunHeartbeat,
+		maxAttempts: cfg.RunMaxRetry + 1, timeout: cfg.RunTimeout, log: log, m: m}
 	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), batch: cfg.CleanupBatchSize, log: log, m: m}
 	w.client = asynq.NewClient(cfg.Redis)
+	w.inspector = asynq.NewInspector(cfg.Redis)
 	runOpts := func() []asynq.Option {
-		// Timeout = lease: a delivery never works past the lease that fences it.
-		return []asynq.Option{asynq.MaxRetry(cfg.RunMaxRetry), asynq.Timeout(cfg.RunLease), asynq.Retention(24 * time.Hour)}
+		return []asynq.Option{asynq.MaxRetry(cfg.RunMaxRetry), asynq.Timeout(cfg.RunTimeout), asynq.Retention(24 * time.Hour)}
 	}
-	w.runs.takeover = func(ctx context.Context, runID string, attempt int, at time.Time) error {
-		task, _, err := NewRunTask(runID) // not its TaskID: the original delivery holds that one
-		if err != nil {
-			return err
-		}
-		opts := append(runOpts(), asynq.TaskID(fmt.Sprintf("%s%s:takeover:%d", models.RunTaskIDPrefix, runID, attempt)), asynq.ProcessAt(at))
-		_, err = w.client.EnqueueContext(ctx, task, opts...)
-		if errors.Is(err, asynq.ErrTaskIDConflict) {
-			return nil // already scheduled by another delivery
-		}
-		return err
+	rc, ok := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
+	if !ok {
+		return nil, errors.New("redis: unsupported connection option")
 	}
+	w.redis = rc
 	w.enqueuer = &Enqueuer{
-		staged: staged, client: w.client, dbURL: cfg.DBURL, batch: 100, poll: cfg.PollInterval, log: log, m: m,
+		staged: staged, client: w.client, ping: func(ctx context.Context) error { return rc.Ping(ctx).Err() }, dbURL: cfg.DBURL, batch: 100, poll: cfg.PollInterval, log: log, m: m,
 		opts: func(j models.StagedJob) []asynq.Option {
 			if j.JobName != TypeRunExecute {
 				return nil
@@ -115,6 +140,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 			return runOpts()
 		},
 	}
+	w.sweeper = &Sweeper{runs: runs, insp: w.inspector, client: w.client, opts: runOpts,
+		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, batch: 100, log: log, m: m}
 	w.server = asynq.NewServer(cfg.Redis, asynq.Config{
 		Concurrency:     cfg.Concurrency,
 		ShutdownTimeout: cfg.ShutdownTimeout,
@@ -125,12 +152,13 @@ func NewWorker(cfg Config) (*Worker, error) {
 		DelayedTaskCheckInterval: time.Second,
 		Logger:                   slogAdapter{log},
 		LogLevel:                 asynq.WarnLevel,
+		// A database that is restarting or unreachable is not the task's
+		// fault: asynq retries it soon and does not spend a retry on it.
+		IsFailure:      func(err error) bool { return !notAFailure(err) },
+		RetryDelayFunc: retryDelay(cfg.RetryDelay),
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
 			m.failed.WithLabelValues(t.Type()).Inc()
-			log.WarnContext(ctx, "task failed", "type", t.Type(), "error", err)
-			if t.Type() == TypeRunExecute {
-				w.runs.failed(ctx, t, err)
-			}
+			log.WarnContext(ctx, "task failed", "type", t.Type(), "error", err, "counts_as_retry", !notAFailure(err))
 		}),
 	})
 	w.scheduler = asynq.NewScheduler(cfg.Redis, &asynq.SchedulerOpts{
@@ -186,14 +214,7 @@ func (w *Worker) Mux() *asynq.ServeMux {
 }
 
 // Ping checks Redis.
-func (w *Worker) Ping(ctx context.Context) error {
-	rc, ok := w.cfg.Redis.MakeRedisClient().(redis.UniversalClient)
-	if !ok {
-		return errors.New("redis: unsupported connection option")
-	}
-	defer rc.Close()
-	return rc.Ping(ctx).Err()
-}
+func (w *Worker) Ping(ctx context.Context) error { return w.redis.Ping(ctx).Err() }
 
 // Start runs the server, the scheduler and the enqueuer in the background.
 func (w *Worker) Start(ctx context.Context) error {
@@ -205,35 +226,66 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("start scheduler: %w", err)
 	}
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	w.wg.Add(1)
+	w.wg.Add(2)
 	go func() {
 		defer w.wg.Done()
 		w.enqueuer.Run(ctx)
 	}()
-	w.log.InfoContext(ctx, "worker started", "concurrency", w.cfg.Concurrency, "cleanup_schedule", w.cfg.CleanupSchedule)
+	go func() {
+		defer w.wg.Done()
+		w.sweeper.Run(ctx)
+	}()
+	w.log.InfoContext(ctx, "worker started", "concurrency", w.cfg.Concurrency, "cleanup_schedule", w.cfg.CleanupSchedule,
+		"run_lease", w.cfg.RunLease, "run_heartbeat", w.cfg.RunHeartbeat, "sweep_interval", w.cfg.SweepInterval)
 	return nil
 }
 
 // Shutdown stops taking work, lets in-flight tasks finish for up to
-// ShutdownTimeout and hands the rest back to the queue.
+// ShutdownTimeout and hands the rest back to the queue. A run handed back
+// releases its lease first, so another worker takes it at once.
 func (w *Worker) Shutdown() {
 	w.cancel()
 	w.wg.Wait()
 	w.scheduler.Shutdown()
+	w.server.Stop()
+	w.runs.handBack(w.cfg.ShutdownTimeout)
 	w.server.Shutdown()
+	_ = w.inspector.Close()
 	_ = w.client.Close()
+	_ = w.redis.Close()
 	w.log.Info("worker stopped")
 }
 
 // Enqueuer returns the staged-job enqueuer (tests drain it by hand).
 func (w *Worker) Enqueuer() *Enqueuer { return w.enqueuer }
 
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
+// Sweeper returns the stranded-run sweeper (tests sweep by hand).
+func (w *Worker) Sweeper() *Sweeper { return w.sweeper }
+
+// maxRetryDelay caps the doubling retry delay of a failing task.
+const maxRetryDelay = time.Minute
+
+// retryDelay is the asynq RetryDelayFunc: base after a transient database
+// error or a run handed back at shutdown (which asynq does not count, so n
+// stays put), base doubled per
+// retry for a run task's failures, asynq's default (15 s and more) for
+// other tasks' failures. Each delay is jittered down by up to a half, so
+// tasks that failed together do not retry together.
+func retryDelay(base time.Duration) asynq.RetryDelayFunc {
+	return func(n int, err error, t *asynq.Task) time.Duration {
+		d := base
+		switch {
+		case notAFailure(err):
+		case t.Type() == TypeRunExecute:
+			for i := 0; i < n && d < maxRetryDelay; i++ {
+				d *= 2
+			}
+			d = min(d, max(base, maxRetryDelay))
+		default:
+			return asynq.DefaultRetryDelayFunc(n, err, t)
+		}
+		return d/2 + rand.N(d/2+1)
 	}
-	return v
 }
 
 // slogAdapter lets asynq log through slog.

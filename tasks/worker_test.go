@@ -89,8 +89,8 @@ func TestDuplicateDeliveryExecutesOnce(t *testing.T) {
 	insp := asynq.NewInspector(rdb)
 	defer insp.Close()
 	taskIDs := []string{models.RunTaskIDPrefix + id, models.RunTaskIDPrefix + id + ":duplicate"}
-	// Both deliveries complete (one of them may first be retried while the
-	// other holds the run's lease).
+	// Both deliveries complete: the second finds the run held by the first
+	// (and leaves it to that one) or finished.
 	apitest.Eventually(t, 30*time.Second, func() bool {
 		for _, tid := range taskIDs {
 			info, err := insp.GetTaskInfo("default", tid)
@@ -146,16 +146,13 @@ func TestProcessTaskOfFinishedRunIsANoop(t *testing.T) {
 }
 
 // Two deliveries of the same queued run at the same moment: exactly one
-// executes it; the other finds it finished, or finds it leased and schedules
-// a takeover for the lease's end (which will find it finished).
+// executes it; the other finds it finished, or finds it held and leaves it
+// to the holder.
 func TestConcurrentDeliveriesExecuteOnce(t *testing.T) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	rdb := newRedis(t)
-	w := newWorker(t, env, rdb, nil)
-	insp := asynq.NewInspector(rdb)
-	t.Cleanup(func() { _ = insp.Close() })
+	w := newWorker(t, env, idleRedis(), nil)
 	const rounds = 10
 	for i := range rounds {
 		id := startRun(t, env, org, wf, invalidOrder)
@@ -176,9 +173,6 @@ func TestConcurrentDeliveriesExecuteOnce(t *testing.T) {
 		wg.Wait()
 		for _, err := range errs {
 			require.NoError(t, err, "round %d", i)
-		}
-		if info, err := insp.GetTaskInfo("default", "validation_run:"+id+":takeover:1"); err == nil {
-			require.Equal(t, asynq.TaskStateScheduled, info.State, "round %d: takeover waits for the lease", i)
 		}
 		run := readRun(t, env, id)
 		require.Equal(t, "failed", run.Status, "round %d", i)
@@ -250,7 +244,8 @@ func TestRunThatCannotExecuteEndsInError(t *testing.T) {
 
 // A run whose task keeps failing (here: the database refuses to finish it)
 // is retried, and ends in status error with the reason once the retries are
-// exhausted. asynq's first retry waits 15-45 s, so this test runs in parallel.
+// exhausted. The failed attempt releases its lease, so the retry (after
+// RUN_RETRY_DELAY, here 100 ms) claims the run at once.
 func TestRunFailingUntilRetriesExhaustedEndsInError(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
@@ -261,13 +256,10 @@ CREATE FUNCTION test_refuse_finish() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'test: finishing runs is refused'; END $$;
 CREATE TRIGGER test_refuse_finish BEFORE UPDATE ON validation_runs FOR EACH ROW
 	WHEN (NEW.status IN ('passed', 'failed')) EXECUTE FUNCTION test_refuse_finish();`).Error)
-	w := startWorker(t, env, newRedis(t), func(c *tasks.Config) {
-		c.RunMaxRetry = 1
-		c.RunLease = 2 * time.Second // the retry may take the run over at once
-	})
+	w := startWorker(t, env, newRedis(t), func(c *tasks.Config) { c.RunMaxRetry = 1 })
 
 	id := startRun(t, env, org, wf, validOrder)
-	run := waitRun(t, env, org, id, 150*time.Second)
+	run := waitRun(t, env, org, id, 20*time.Second)
 	require.Equal(t, "error", run.Status)
 	require.NotNil(t, run.Error)
 	require.Contains(t, *run.Error, "gave up after 2 attempts")
@@ -333,32 +325,37 @@ func TestLongFindingsAreTruncatedAndStored(t *testing.T) {
 	}
 }
 
-// A delivery that finds its run held by another delivery (here: a worker that
-// claimed it and died) schedules a takeover at the lease's end; the takeover
-// claims the run and finishes it once, as attempt 2.
-func TestLeasedRunIsTakenOverWhenTheLeaseEnds(t *testing.T) {
+// A run claimed by a worker that then died (its lease is never renewed):
+// the next delivery finds it held and leaves it to the holder; once the
+// lease has run out, the sweeper re-enqueues it (TaskID :redeliver:1), and
+// that delivery claims it and finishes it once, as attempt 2.
+func TestDeadWorkersRunIsRedeliveredWhenItsLeaseRunsOut(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
 	id := startRun(t, env, org, wf, invalidOrder)
 	// A worker that claimed the run with a 2 s lease and died.
-	_, err := models.NewRunStore(env.DB).Claim(context.Background(), id, 2*time.Second)
+	_, err := models.NewRunStore(env.DB).Claim(context.Background(), id, 2*time.Second, 6)
 	require.NoError(t, err)
 
 	rdb := newRedis(t)
-	w := startWorker(t, env, rdb, nil)
-	task, _, err := tasks.NewRunTask(id)
-	require.NoError(t, err)
-	require.NoError(t, w.Mux().ProcessTask(context.Background(), task), "a leased run is not an error")
+	w := startWorker(t, env, rdb, fastSweep)
 	insp := asynq.NewInspector(rdb)
 	t.Cleanup(func() { _ = insp.Close() })
-	info, err := insp.GetTaskInfo("default", "validation_run:"+id+":takeover:1")
-	require.NoError(t, err, "takeover scheduled")
-	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	apitest.Eventually(t, 20*time.Second, func() bool {
+		info, err := insp.GetTaskInfo("default", models.RunTaskIDPrefix+id)
+		return err == nil && info.State == asynq.TaskStateCompleted
+	}, "the enqueued task completes, leaving the run to its holder")
+	require.Equal(t, 1, readRun(t, env, id).Attempts)
 
 	run := waitRun(t, env, org, id, 30*time.Second)
 	require.Equal(t, "failed", run.Status)
 	require.Equal(t, 2, readRun(t, env, id).Attempts, "taken over as attempt 2")
 	require.Equal(t, invalidOrderFindings, dbFindings(t, env, id), "findings written once")
+	info, err := insp.GetTaskInfo("default", models.RunTaskIDPrefix+id+":redeliver:1")
+	require.NoError(t, err, "the sweeper's task")
+	require.Equal(t, asynq.TaskStateCompleted, info.State)
+	eventuallyMetric(t, w.Registry, 1, "valruns_runs_redelivered_total", "reason", "lease_expired")
+	require.EqualValues(t, 0, metricValue(t, w.Registry, "valruns_runs_redelivered_total", "reason", "queued"))
 }
