@@ -19,6 +19,21 @@ type machine struct {
 	MaxConns, SharedBuffers     string
 	Go, Node, Pgbench, Redis    string
 	Commit                      string
+	// LoadStart and LoadEnd are /proc/loadavg's 1-minute figure at the start
+	// and the end: well above 0 means something else shared the CPU.
+	LoadStart, LoadEnd string
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }
 
 func firstLine(name string, args ...string) string {
@@ -34,7 +49,7 @@ func firstLine(name string, args ...string) string {
 }
 
 func (e *env) machine(ctx context.Context, root string) machine {
-	m := machine{Cores: runtime.NumCPU(), Go: runtime.Version()}
+	m := machine{Cores: runtime.NumCPU(), Go: runtime.Version(), LoadStart: loadavg()}
 	if f, err := os.Open("/proc/cpuinfo"); err == nil {
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {

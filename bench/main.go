@@ -209,6 +209,7 @@ func run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	res.Elapsed = time.Since(began)
+	res.Machine.LoadEnd = loadavg()
 
 	md := res.markdown()
 	if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {

@@ -233,6 +233,7 @@ func (r *results) markdown() string {
 	}
 	b.WriteString("\n## Machine\n\n| | |\n|---|---|\n")
 	fmt.Fprintf(&b, "| CPU | %s, %d cores |\n| RAM | %s |\n| kernel | %s |\n", m.CPU, m.Cores, m.RAM, m.Kernel)
+	fmt.Fprintf(&b, "| load average (1 min) | %s before the run, %s after (anything well above 0 before means other work shared the CPU) |\n", m.LoadStart, m.LoadEnd)
 	fmt.Fprintf(&b, "| PostgreSQL | %s, fsync=%s, synchronous_commit=%s, max_connections=%s, shared_buffers=%s |\n", m.Postgres, m.Fsync, m.SyncCommit, m.MaxConns, m.SharedBuffers)
 	fmt.Fprintf(&b, "| Go | %s |\n| Node | %s |\n| pgbench | %s |\n| Redis | %s (%s) |\n", m.Go, m.Node, m.Pgbench, m.Redis, r.Redis)
 	b.WriteString("\nThe load generator, the servers, PostgreSQL and Redis share these cores: a client's CPU is the server's loss.\n")
@@ -332,11 +333,16 @@ func (r *results) markdown() string {
 	if sc := cp.Script; sc != nil {
 		fmt.Fprintf(&b, "\nThe pgbench script made from it (written to %s; per-organisation arrays shortened here). "+
 			"Values were classified by comparing captures: two starts of one organisation and one of each of %d organisations.\n\n", "`bench/results/pgbench-start.sql`", sc.MaxOrgs)
+		b.WriteString("Values not listed are the same in every capture and written as captured.\n\n")
 		b.WriteString("| variable | what | captured value |\n|---|---|---|\n")
 		for _, v := range sc.Vars {
 			name := v.Name
-			if name == "" {
-				name = "(none)"
+			switch {
+			case name != "":
+			case strings.HasPrefix(v.Kind, "per-organisation"):
+				name = "`[:org]`"
+			default:
+				name = "(as captured)"
 			}
 			fmt.Fprintf(&b, "| %s | %s | `%s` |\n", name, v.Kind, cell(v.Example))
 		}
