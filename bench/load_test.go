@@ -139,10 +139,21 @@ func TestParseProc(t *testing.T) {
 	require.Equal(t, int64(81234), hwm)
 	require.Equal(t, int64(70000), rss)
 
-	// This very process, read from /proc.
-	cpu, err := cpuTime(os.Getpid())
+	// This very process, read from /proc: its CPU time grows while it works.
+	before, err := cpuTime(os.Getpid())
 	require.NoError(t, err)
-	require.Positive(t, cpu)
+	x := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		for i := range 1_000_000 {
+			x += i
+		}
+		if after, err := cpuTime(os.Getpid()); err == nil && after > before {
+			break
+		}
+	}
+	after, err := cpuTime(os.Getpid())
+	require.NoError(t, err)
+	require.Greater(t, after, before, "busy for a while (%d)", x)
 	hwm, rss, err = memKB(os.Getpid())
 	require.NoError(t, err)
 	require.Positive(t, hwm)
