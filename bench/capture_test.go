@@ -153,7 +153,7 @@ func TestCaptureRecordsServerErrors(t *testing.T) {
 }
 
 // miniApp is a request shaped like a start: a lock on a random number, an
-// insert whose id the database makes (RETURNING), a row that links it
+// insert whose id and sequence number the database makes (RETURNING), a row that links it
 // under an id the client makes, with texts and bytes that embed both, a
 // pipelined pair, in one transaction.
 func miniApp(ctx context.Context, conn *pgx.Conn, org string) error {
@@ -167,13 +167,14 @@ func miniApp(ctx context.Context, conn *pgx.Conn, org string) error {
 		return err
 	}
 	var item string
-	if err := tx.QueryRow(ctx, `INSERT INTO items (org_id, key) VALUES ($1, $2) RETURNING id`, org, uuid.NewString()).Scan(&item); err != nil {
+	var seq int64
+	if err := tx.QueryRow(ctx, `INSERT INTO items (org_id, key) VALUES ($1, $2) RETURNING id, seq`, org, uuid.NewString()).Scan(&item, &seq); err != nil {
 		return err
 	}
 	link := uuid.NewString()
 	body := fmt.Sprintf(`{"item":"%s","link":"%s","org":"%s"}`, item, link, org)
-	if _, err := tx.Exec(ctx, `INSERT INTO links (id, item_id, org_id, note, body) VALUES ($1, $2, $3, $4, $5)`,
-		link, item, org, "item:"+item, []byte(body)); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO links (id, item_id, org_id, note, body, item_seq) VALUES ($1, $2, $3, $4, $5, $6)`,
+		link, item, org, "item:"+item, []byte(body), seq); err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
@@ -201,10 +202,10 @@ func TestScriptFromCaptureRunsInPgbench(t *testing.T) {
 	defer admin.Close(ctx)
 	_, err = admin.Exec(ctx, `
 CREATE TABLE orgs (id uuid PRIMARY KEY);
-CREATE TABLE items (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), org_id uuid NOT NULL REFERENCES orgs,
+CREATE TABLE items (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), seq bigserial, org_id uuid NOT NULL REFERENCES orgs,
 	key text NOT NULL, n bigint NOT NULL DEFAULT 0, UNIQUE (org_id, key));
 CREATE TABLE links (id uuid PRIMARY KEY, item_id uuid NOT NULL REFERENCES items, org_id uuid NOT NULL REFERENCES orgs,
-	note text NOT NULL, body bytea NOT NULL);`)
+	note text NOT NULL, body bytea NOT NULL, item_seq bigint NOT NULL);`)
 	require.NoError(t, err)
 	orgs := []string{uuid.NewString(), uuid.NewString(), uuid.NewString()}
 	for _, o := range orgs {
@@ -264,6 +265,8 @@ CREATE TABLE links (id uuid PRIMARY KEY, item_id uuid NOT NULL REFERENCES items,
 	// its texts embed that item's id.
 	require.Zero(t, count(`SELECT count(*) FROM links l JOIN items i ON i.id = l.item_id
 		WHERE l.note <> 'item:' || i.id OR convert_from(l.body, 'UTF8')::jsonb->>'item' <> i.id::text`))
+	require.Zero(t, count(`SELECT count(*) FROM links l JOIN items i ON i.id = l.item_id WHERE l.item_seq <> i.seq`),
+		"an integer the database made is read back too")
 	require.Equal(t, 1, count(`SELECT count(DISTINCT org_id) FROM links`), "norgs=1: one organisation")
 
 	res = e.pgbench(ctx, dbName, path, 3, 2, "-t", "20")

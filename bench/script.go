@@ -66,7 +66,8 @@ func buildScript(a, b requestCapture, others []requestCapture, typeName map[uint
 	}
 	sc.MaxOrgs = len(orgs)
 
-	g := &scriptGen{typeName: typeName, atoms: map[string]string{}, ints: map[string]string{}, orgUUID: map[string]string{}, fromResult: map[string]string{}}
+	g := &scriptGen{typeName: typeName, atoms: map[string]string{}, ints: map[string]string{}, orgUUID: map[string]string{}, fromResult: map[string]string{},
+		paramFromResult: map[[2]int]string{}, listed: map[string]bool{}}
 	// UUIDs seen in b: anything of a's not among them is per-request.
 	inB := map[string]bool{}
 	for _, s := range b.Stmts {
@@ -125,6 +126,8 @@ func buildScript(a, b requestCapture, others []requestCapture, typeName map[uint
 			case sameParam(p, q):
 				exprs[pi] = g.orgArray(orgColumn(orgs, si, pi), g.typ(p.OID))
 				g.note("per-organisation constant", p.Text)
+			case g.paramFromResult[[2]int{si, pi}] != "":
+				exprs[pi] = g.cast(":"+g.paramFromResult[[2]int{si, pi}], p.OID)
 			default:
 				exprs[pi] = g.perRequest(p, q)
 			}
@@ -219,13 +222,66 @@ func (g *scriptGen) resultVars(a, b requestCapture) map[int]string {
 			prefix := fmt.Sprintf("s%d_", si+1)
 			gset[si] = prefix
 			g.fromResult[u] = prefix + s.Columns[ci]
+			g.listed[prefix+s.Columns[ci]] = true
 			g.vars = append(g.vars, scriptVar{Name: ":" + prefix + s.Columns[ci],
 				Kind:    fmt.Sprintf("per-request UUID made by the database: column %s of statement %d's result (\\gset)", s.Columns[ci], si+1),
 				Example: u})
 			seen[u] = true
 		}
 	}
+	// Any other per-request value a statement sends that an earlier
+	// single-row result held, in both captures (an integer the database
+	// counted or claimed, say), is read back the same way.
+	for si, s := range a.Stmts {
+		for pi, p := range s.Params {
+			q := b.Stmts[si].Params[pi]
+			if p.Null || q.Null || sameParam(p, q) || g.fromResult[strings.ToLower(p.Text)] != "" {
+				continue
+			}
+			for j := si - 1; j >= 0; j-- {
+				col := sameColumn(a.Stmts[j], b.Stmts[j], p.Text, q.Text)
+				if col == "" {
+					continue
+				}
+				prefix := fmt.Sprintf("s%d_", j+1)
+				if gset[j] == "" {
+					gset[j] = prefix
+				}
+				name := prefix + col
+				if !g.listed[name] {
+					g.listed[name] = true
+					g.vars = append(g.vars, scriptVar{Name: ":" + name,
+						Kind:    fmt.Sprintf("per-request value made by the database: column %s of statement %d's result (\\gset)", col, j+1),
+						Example: p.Text})
+				}
+				g.paramFromResult[[2]int{si, pi}] = name
+				break
+			}
+		}
+	}
 	return gset
+}
+
+// sameColumn is the column of a's and b's single-row results that holds
+// va in a and vb in b ("" when none does, or when pgbench could not
+// \gset that result).
+func sameColumn(a, b wireStmt, va, vb string) string {
+	if a.RowCount != 1 || b.RowCount != 1 || len(a.Rows) == 0 || len(b.Rows) == 0 ||
+		len(a.Columns) != len(a.Rows[0]) || len(b.Rows[0]) != len(a.Rows[0]) {
+		return ""
+	}
+	for _, c := range a.Columns {
+		if !identRe.MatchString(c) {
+			return ""
+		}
+	}
+	for ci := range a.Rows[0] {
+		x, y := a.Rows[0][ci], b.Rows[0][ci]
+		if !x.Null && !y.Null && x.Text == va && y.Text == vb {
+			return a.Columns[ci]
+		}
+	}
+	return ""
 }
 
 // usedLater reports whether a statement after si sends u.
@@ -293,10 +349,13 @@ type scriptGen struct {
 	orgUUID  map[string]string // per-organisation UUID -> expression
 	// per-request UUID made by the database -> the pgbench variable \gset fills
 	fromResult map[string]string
-	vars       []scriptVar
-	setLine    map[string]string
-	n          int
-	noted      map[string]bool
+	// statement and parameter -> the \gset variable that holds its value
+	paramFromResult map[[2]int]string
+	listed          map[string]bool
+	vars            []scriptVar
+	setLine         map[string]string
+	n               int
+	noted           map[string]bool
 }
 
 func (g *scriptGen) typ(oid uint32) string {
