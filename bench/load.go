@@ -185,6 +185,11 @@ func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next req
 	return res
 }
 
+// ms3 is d in milliseconds with three decimals (CPU time per request).
+func ms3(d time.Duration) string {
+	return fmt.Sprintf("%.3f", float64(d.Microseconds())/1000)
+}
+
 func ms(d time.Duration) string {
 	return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000)
 }

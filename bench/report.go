@@ -202,7 +202,7 @@ func tableRow(b *strings.Builder, x row) {
 	}
 	cpu := "-"
 	if x.CPUPerReq > 0 {
-		cpu = fmt.Sprintf("%.3f", float64(x.CPUPerReq.Microseconds())/1000)
+		cpu = ms3(x.CPUPerReq)
 	}
 	fmt.Fprintf(b, "| %s | %s | %d | %.0f | %s | %s | %s | %d | %d | %d | %s | %s | %s | %s |\n",
 		x.Section, x.Scenario, x.Clients, x.RPS, msOrDash(x.P50), msOrDash(x.P99), msOrDash(x.P999),

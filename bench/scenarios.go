@@ -139,6 +139,7 @@ func (e *env) runHTTP(ctx context.Context, sc scenario, clients int, t timing) r
 		return fail(err)
 	}
 	sm := &usageMeter{pid: srv.Pid()}
+	self := &usageMeter{pid: os.Getpid()} // the load generator's own cost
 	var wm *usageMeter
 	if worker != nil {
 		wm = &usageMeter{pid: worker.Pid()}
@@ -147,6 +148,7 @@ func (e *env) runHTTP(ctx context.Context, sc scenario, clients int, t timing) r
 	res := runLoad(ctx, clients, t.Warm, t.Dur, next, check, nil, func(open bool) {
 		if open {
 			sm.open()
+			self.open()
 			if wm != nil {
 				wm.open()
 			}
@@ -154,6 +156,7 @@ func (e *env) runHTTP(ctx context.Context, sc scenario, clients int, t timing) r
 			return
 		}
 		sm.close()
+		self.close()
 		if wm != nil {
 			wm.close()
 		}
@@ -171,11 +174,14 @@ func (e *env) runHTTP(ctx context.Context, sc scenario, clients int, t timing) r
 	}
 	r.PeakRSSKB = sm.usage.PeakRSS
 	r.DBConns, r.DBBusy = conns.max, conns.busy
+	if res.Requests > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("load generator %s ms CPU/req", ms3(self.usage.CPU/time.Duration(res.Requests))))
+	}
 	if wm != nil {
 		if n, err := e.finishedRuns(ctx, db); err == nil {
 			r.Notes = append(r.Notes, fmt.Sprintf("worker finished %d runs by the end (%.0f/s)", n, float64(n)/(t.Warm+t.Dur).Seconds()))
 		}
-		r.Notes = append(r.Notes, fmt.Sprintf("worker %s ms CPU/req, peak RSS %d MB", ms(r.WorkerCPUPerReq), wm.usage.PeakRSS/1024))
+		r.Notes = append(r.Notes, fmt.Sprintf("worker %s ms CPU/req, peak RSS %d MB", ms3(r.WorkerCPUPerReq), wm.usage.PeakRSS/1024))
 	}
 	return r
 }
