@@ -168,7 +168,9 @@ func (e *env) close() {
 	defer cancel()
 	if e.admin != nil {
 		for name := range e.created {
-			_ = e.dropDB(ctx, name)
+			if err := e.dropDB(ctx, name); err != nil {
+				fmt.Fprintf(os.Stderr, "bench: could not drop database %s: %v\n", name, err)
+			}
 		}
 		_ = e.admin.Close(ctx)
 	}

@@ -49,6 +49,9 @@ func makePlan(quick bool) plan {
 }
 
 func main() {
+	// Output piped into a reader that quits (| head) must not kill the
+	// harness before it drops its databases and stops its processes.
+	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx)
 	stop()
