@@ -66,7 +66,7 @@ func (r *results) checks() []check {
 			c.Measured = "no data"
 		} else {
 			v := x.RPS / y.RPS
-			c.Measured = fmt.Sprintf("%.2fx (%.0f / %.0f %s)%s", v, x.RPS, y.RPS, unit, errorsNote(x, y))
+			c.Measured = fmt.Sprintf("%sx (%.0f / %.0f %s)%s", ratioText(v, target), x.RPS, y.RPS, unit, errorsNote(x, y))
 			c.Pass = v >= target
 		}
 		out = append(out, c)
@@ -126,6 +126,15 @@ func (r *results) checks() []check {
 	}
 	out = append(out, c)
 	return out
+}
+
+// ratioText writes v with two decimals, or three when two would round it
+// onto its target (0.696 is not 0.70).
+func ratioText(v, target float64) string {
+	if s := fmt.Sprintf("%.2f", v); s != fmt.Sprintf("%.2f", target) || v == target {
+		return s
+	}
+	return fmt.Sprintf("%.3f", v)
 }
 
 // totalErrors counts the answers that were not as expected, over every run.

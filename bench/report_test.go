@@ -79,3 +79,10 @@ func TestMarkdownShowsErrors(t *testing.T) {
 	require.Contains(t, md, "**3 answers were errors")
 	require.Contains(t, md, "| valruns | start, new key | 32 | 900 |")
 }
+
+func TestRatioTextNeverRoundsOntoTheTarget(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "0.696", ratioText(0.6957, 0.7))
+	require.Equal(t, "0.70", ratioText(0.7, 0.7))
+	require.Equal(t, "1.23", ratioText(1.2345, 1.0))
+}

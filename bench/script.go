@@ -240,8 +240,8 @@ func (g *scriptGen) resultVars(a, b requestCapture) map[int]string {
 			}
 			for j := si - 1; j >= 0; j-- {
 				col := sameColumn(a.Stmts[j], b.Stmts[j], p.Text, q.Text)
-				if col == "" {
-					continue
+				if col == "" || sentBy(a.Stmts[:j+1], p.Text) {
+					continue // not in that result, or the client made it (and sent it first)
 				}
 				prefix := fmt.Sprintf("s%d_", j+1)
 				if gset[j] == "" {
@@ -260,6 +260,25 @@ func (g *scriptGen) resultVars(a, b requestCapture) map[int]string {
 		}
 	}
 	return gset
+}
+
+// sentBy reports whether one of stmts sends v: as a parameter, or for a
+// UUID also inside one.
+func sentBy(stmts []wireStmt, v string) bool {
+	isUUID := len(v) == 36 && uuidRe.MatchString(v)
+	v = strings.ToLower(v)
+	for _, s := range stmts {
+		for _, p := range s.Params {
+			switch {
+			case p.Null:
+			case p.Text == v:
+				return true
+			case isUUID && strings.Contains(strings.ToLower(textOf(p)), v):
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // sameColumn is the column of a's and b's single-row results that holds
