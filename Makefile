@@ -10,7 +10,7 @@ export REDIS_URL ?= redis://127.0.0.1:6379/0
 export TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 export HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: run test build services docs docs-check swag bench fmt vet
+.PHONY: run test build services docs docs-check swag bench bench-go fmt vet
 
 # The first build on a machine downloads and compiles every module, for
 # minutes and silently: say so before it starts.
@@ -48,8 +48,15 @@ test: services docs-check
 	if [ -n "$$bad" ]; then echo "gofmt needed on:"; echo "$$bad"; echo "run: make fmt"; exit 1; fi
 	$(GO) test -race -count=1 ./...
 
+# bench: valruns beside the Node peer and the database limit (pgbench of the
+# captured start SQL); writes bench/RESULTS.md. QUICK=1: short runs (< 2 min).
+QUICK ?=
 bench: services
-	@scripts/bench.sh
+	@QUICK=$(QUICK) scripts/bench.sh
+
+# bench-go: the Go micro-benchmarks (handlers through the router, no HTTP).
+bench-go: services
+	@scripts/bench.sh go
 
 # The swag CLI, pinned. It must equal the swag library version in go.mod
 # (docs/docs.go is generated for that library); `swag --version` cannot tell

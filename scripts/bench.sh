@@ -1,23 +1,97 @@
 #!/usr/bin/env bash
-# Runs the benchmarks and prints, for BenchmarkStart, each situation's time
-# per request beside its ratio to the no-key start: what idempotency costs.
+# bench.sh: the benchmark behind `make bench`. It measures valruns (the real
+# binary, driven over HTTP) beside the peer a user would otherwise pick
+# (bench/peer: Express + express-idempotency + Redis + pg) and beside the
+# database's own limit (pgbench replaying the SQL a start sends, captured at
+# run time), and writes bench/RESULTS.md with the ratios and their targets.
+#
+#   scripts/bench.sh            full run (about 12 minutes on 2 cores)
+#   QUICK=1 scripts/bench.sh    short runs at 32 clients only (under 2 minutes)
+#   scripts/bench.sh go         the Go micro-benchmarks of the handlers (make bench-go)
+#   scripts/bench.sh -- ARGS    pass ARGS to the harness (e.g. -- -only valruns,peer -clients 8,32)
+#
+# It needs PostgreSQL at DATABASE_URL (make services starts one), pgbench,
+# Node.js with npm, and redis-server (or BENCH_REDIS_URL, a Redis database
+# the benchmark may flush). Missing packages are installed with apt-get when
+# running as root; otherwise it says what to install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-go test -run '^$' -bench . -benchmem -count=1 ./... | tee "$out"
-echo
-echo "BenchmarkStart: time per request, relative to a start without a key"
-awk '
-  /^BenchmarkStart\// {
-    name=$1; sub(/^BenchmarkStart\//, "", name); sub(/-[0-9]+$/, "", name)
-    for (i = 1; i <= NF; i++) if ($(i+1) == "ns/op") ns[name] = $i
-    order[++n] = name
-  }
-  END {
-    if (!("no_key" in ns)) { print "  (no BenchmarkStart/no_key result)"; exit }
-    for (i = 1; i <= n; i++) {
-      k = order[i]
-      printf "  %-16s %10.0f ns/op   %5.2fx\n", k, ns[k], ns[k] / ns["no_key"]
-    }
-  }' "$out"
+
+say() { printf 'bench: %s\n' "$*"; }
+die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
+is_root() { [ "$(id -u)" -eq 0 ]; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+apt_updated=
+# need COMMAND PACKAGE...: install the Debian packages that provide COMMAND when it is missing.
+need() {
+	local cmd="$1"
+	shift
+	have "$cmd" && return 0
+	if is_root && have apt-get; then
+		if [ -z "$apt_updated" ]; then
+			say "installing $* with apt-get ..."
+			apt-get update -qq >&2 || die "apt-get update failed"
+			apt_updated=1
+		fi
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
+		have "$cmd" || die "$cmd still missing after apt-get install $*"
+	else
+		die "$cmd is missing; install it with: sudo apt-get install $*"
+	fi
+}
+
+micro() {
+	# The Go micro-benchmarks of every package; for BenchmarkStart (through
+	# the router, without HTTP), each start situation's time per request
+	# beside its ratio to the no-key start.
+	local out
+	out=$(mktemp)
+	trap 'rm -f "$out"' EXIT
+	go test -run '^$' -bench . -benchmem -count=1 ./... | tee "$out"
+	echo
+	echo "BenchmarkStart: time per request, relative to a start without a key"
+	awk '
+	  /^BenchmarkStart\// {
+	    name=$1; sub(/^BenchmarkStart\//, "", name); sub(/-[0-9]+$/, "", name)
+	    for (i = 1; i <= NF; i++) if ($(i+1) == "ns/op") ns[name] = $i
+	    order[++n] = name
+	  }
+	  END {
+	    if (!("no_key" in ns)) { print "  (no BenchmarkStart/no_key result)"; exit }
+	    for (i = 1; i <= n; i++) {
+	      k = order[i]
+	      printf "  %-16s %10.0f ns/op   %5.2fx\n", k, ns[k], ns[k] / ns["no_key"]
+	    }
+	  }' "$out"
+}
+
+case "${1:-}" in
+go | micro)
+	micro
+	exit 0
+	;;
+--) shift ;;
+"") ;;
+-h | --help | help)
+	sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+	exit 0
+	;;
+*) die "usage: $0 [go | -- HARNESS-ARGS]" ;;
+esac
+
+need pgbench postgresql-client
+need node nodejs npm
+need npm npm
+if [ -z "${BENCH_REDIS_URL:-}" ]; then need redis-server redis-server; fi
+
+say "installing the peer's Node packages (npm ci in bench/peer) ..."
+(cd bench/peer && npm ci --no-audit --no-fund --loglevel=error >/dev/null) || die "npm ci failed in bench/peer"
+
+say "building bin/valruns and bin/valruns-bench ..."
+go build -o bin/valruns .
+go build -o bin/valruns-bench ./bench
+
+args=()
+if [ -n "${QUICK:-}" ] && [ "${QUICK}" != 0 ]; then args+=(-quick); fi
+exec bin/valruns-bench "${args[@]}" "$@"

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRunLoadIsClosedLoop: never more requests in flight than clients,
+// keep-alive connections (one per client), and every answer counted as
+// success, non-2xx or unexpected.
+func TestRunLoadIsClosedLoop(t *testing.T) {
+	t.Parallel()
+	var inFlight, maxInFlight, n atomic.Int64
+	var mu sync.Mutex
+	conns := map[string]bool{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cur := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for {
+			m := maxInFlight.Load()
+			if cur <= m || maxInFlight.CompareAndSwap(m, cur) {
+				break
+			}
+		}
+		mu.Lock()
+		conns[r.RemoteAddr] = true
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+		switch i := n.Add(1); {
+		case i%10 == 0:
+			w.WriteHeader(http.StatusConflict)
+		case i%10 == 5:
+			w.Header().Set("Idempotent-Replayed", "true")
+			w.WriteHeader(http.StatusCreated)
+		default:
+			w.WriteHeader(http.StatusCreated)
+		}
+	}))
+	srv.Start()
+	defer srv.Close()
+
+	next := func(c, i int) request {
+		return request{Method: http.MethodPost, URL: srv.URL, Header: http.Header{"X-Client": {"c"}}, Body: []byte("{}")}
+	}
+	check := func(resp *http.Response) string {
+		if resp.Header.Get("Idempotent-Replayed") == "true" {
+			return "replayed"
+		}
+		return ""
+	}
+	res := runLoad(context.Background(), 4, 50*time.Millisecond, 300*time.Millisecond, next, check, nil, nil)
+	require.LessOrEqual(t, maxInFlight.Load(), int64(4))
+	require.LessOrEqual(t, len(conns), 4, "one keep-alive connection per client")
+	require.Positive(t, res.Requests)
+	require.Positive(t, res.Non2xx)
+	require.Equal(t, res.Non2xx, res.Statuses[http.StatusConflict])
+	require.Positive(t, res.Unexpected)
+	require.Equal(t, "replayed", res.FirstError)
+	require.Zero(t, res.Errors)
+	require.True(t, slices.IsSorted(res.Latencies))
+	require.GreaterOrEqual(t, res.Duration, 300*time.Millisecond)
+	require.Positive(t, res.RPS())
+}
+
+// TestRunLoadCountsTransportErrors: a server that is not there is errors, not requests.
+func TestRunLoadCountsTransportErrors(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	next := func(c, i int) request {
+		return request{Method: http.MethodGet, URL: "http://" + addr + "/", Header: http.Header{}}
+	}
+	res := runLoad(context.Background(), 2, 0, 100*time.Millisecond, next, nil, nil, nil)
+	require.Positive(t, res.Errors)
+	require.Zero(t, res.Requests)
+	require.Contains(t, res.FirstError, "refused")
+}
+
+// TestRunLoadStopsEarly: a closed stop channel ends the window.
+func TestRunLoadStopsEarly(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	stop := make(chan struct{})
+	opened := make(chan struct{})
+	go func() { <-opened; time.Sleep(50 * time.Millisecond); close(stop) }()
+	next := func(c, i int) request { return request{Method: http.MethodGet, URL: srv.URL, Header: http.Header{}} }
+	res := runLoad(context.Background(), 2, 0, time.Minute, next, nil, stop, func(open bool) {
+		if open {
+			close(opened)
+		}
+	})
+	require.Less(t, res.Duration, 10*time.Second)
+	require.Positive(t, res.Requests)
+}
+
+func TestPercentile(t *testing.T) {
+	t.Parallel()
+	var l []time.Duration
+	for i := 1; i <= 1000; i++ {
+		l = append(l, time.Duration(i)*time.Millisecond)
+	}
+	require.Equal(t, 500*time.Millisecond, percentile(l, 0.5))
+	require.Equal(t, 990*time.Millisecond, percentile(l, 0.99))
+	require.Equal(t, 999*time.Millisecond, percentile(l, 0.999))
+	require.Equal(t, 1000*time.Millisecond, percentile(l, 1))
+	require.Equal(t, time.Duration(0), percentile(nil, 0.5))
+	require.Equal(t, 7*time.Millisecond, percentile([]time.Duration{7 * time.Millisecond}, 0.99))
+}
+
+func TestParseProc(t *testing.T) {
+	t.Parallel()
+	// comm with spaces and parentheses; utime 250, stime 50 ticks.
+	stat := "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 12 0 1000 1000000 2000 18446744073709551615"
+	d, err := parseStatCPU(stat)
+	require.NoError(t, err)
+	require.Equal(t, 3*time.Second, d)
+	_, err = parseStatCPU("garbage")
+	require.Error(t, err)
+
+	status := "Name:\tvalruns\nVmPeak:\t  900000 kB\nVmHWM:\t   81234 kB\nVmRSS:\t   70000 kB\nThreads:\t12\n"
+	hwm, rss, err := parseStatusMem(bufio.NewScanner(strings.NewReader(status)))
+	require.NoError(t, err)
+	require.Equal(t, int64(81234), hwm)
+	require.Equal(t, int64(70000), rss)
+
+	// This very process, read from /proc: its CPU time grows while it works.
+	before, err := cpuTime(os.Getpid())
+	require.NoError(t, err)
+	x := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		for i := range 1_000_000 {
+			x += i
+		}
+		if after, err := cpuTime(os.Getpid()); err == nil && after > before {
+			break
+		}
+	}
+	after, err := cpuTime(os.Getpid())
+	require.NoError(t, err)
+	require.Greater(t, after, before, "busy for a while (%d)", x)
+	hwm, rss, err = memKB(os.Getpid())
+	require.NoError(t, err)
+	require.Positive(t, hwm)
+	require.Positive(t, rss)
+}
+
+const pgbenchOutput = `pgbench (15.20 (Debian 15.20-0+deb12u1))
+transaction type: /tmp/x.sql
+scaling factor: 1
+query mode: prepared
+number of clients: 32
+number of threads: 2
+maximum number of tries: 1
+duration: 5 s
+number of transactions actually processed: 2201
+number of failed transactions: 3 (0.136%)
+latency average = 71.880 ms
+initial connection time = 52.310 ms
+tps = 440.184712 (without initial connection time)
+`
+
+func TestParsePgbench(t *testing.T) {
+	t.Parallel()
+	r := parsePgbench(pgbenchOutput)
+	require.InDelta(t, 440.184712, r.TPS, 1e-6)
+	require.Equal(t, 2201, r.Done)
+	require.Equal(t, 3, r.Failed)
+	require.Equal(t, 71880*time.Microsecond, r.Latency)
+	require.False(t, r.Aborted)
+	r = parsePgbench("pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom\npgbench: error: Run was aborted; the above results are incomplete.\n")
+	require.True(t, r.Aborted)
+	require.Equal(t, "pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom | pgbench: error: Run was aborted; the above results are incomplete.", pgbenchErrors(r.Output))
+}
+
+func TestReadTxLogs(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	// client_id transaction_no time script_no time_epoch time_us
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tx.1"), []byte("0 0 1500 0 1700000000 1\n1 0 500 0 1700000000 2\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tx.1.1"), []byte("2 0 1000 0 1700000000 3\n"), 0o644))
+	lat, err := readTxLogs(dir)
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{500 * time.Microsecond, 1000 * time.Microsecond, 1500 * time.Microsecond}, lat)
+}

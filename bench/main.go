@@ -1,0 +1,258 @@
+// Command bench is valruns' benchmark harness (`make bench`). It drives the
+// real binary (`valruns serve`, `valruns worker`) with a closed-loop load
+// generator, in the same run as the two things a user compares it with:
+// the peer a team would otherwise pick (bench/peer: Express +
+// express-idempotency on Redis + pg) and the database's own limit (pgbench
+// replaying the SQL a new-key start sends, captured from the server at run
+// time, never retyped). It writes bench/RESULTS.md with the machine, the
+// table, the captured SQL and the ratios with their targets.
+//
+// It uses PostgreSQL at DATABASE_URL (databases valruns_bench_<pid>_*,
+// dropped at the end), a private redis-server (or BENCH_REDIS_URL, which
+// it flushes), and HTTP ports BENCH_PORT..BENCH_PORT+2 (default 18080).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// config is one run's plan.
+type plan struct {
+	Quick       bool
+	Levels      []int
+	HTTP, PG    timing
+	CleanupKeys int
+	Samples     int // start-to-running
+	Orgs        int
+	Only        map[string]bool
+}
+
+func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
+
+func makePlan(quick bool) plan {
+	if quick {
+		return plan{Quick: true, Levels: []int{32}, HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second},
+			PG: timing{Warm: time.Second, Dur: 2 * time.Second}, CleanupKeys: 100_000, Samples: 20, Orgs: 100}
+	}
+	return plan{Levels: []int{1, 8, 32, 128}, HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second},
+		PG: timing{Warm: time.Second, Dur: 5 * time.Second}, CleanupKeys: 1_000_000, Samples: 100, Orgs: 100}
+}
+
+func main() {
+	// Output piped into a reader that quits (| head) must not kill the
+	// harness before it drops its databases and stops its processes.
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	quick := flag.Bool("quick", os.Getenv("QUICK") != "" && os.Getenv("QUICK") != "0", "short runs, clients 32 only (also QUICK=1)")
+	out := flag.String("out", "bench/RESULTS.md", "where to write the results")
+	bin := flag.String("bin", "bin/valruns", "the valruns binary")
+	scratch := flag.String("scratch", "bench/results", "logs, the pgbench script and results.json")
+	levels := flag.String("clients", "", "comma-separated client counts (default: 1,8,32,128; quick: 32)")
+	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
+	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,cleanup,latency (default all)")
+	flag.Parse()
+
+	p := makePlan(*quick)
+	if *levels != "" {
+		p.Levels = nil
+		for _, f := range strings.Split(*levels, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				return fmt.Errorf("-clients %q: want numbers such as 1,8,32", *levels)
+			}
+			p.Levels = append(p.Levels, n)
+		}
+	}
+	if *dur > 0 {
+		p.HTTP.Dur = *dur
+	}
+	if *only != "" {
+		p.Only = map[string]bool{}
+		for _, f := range strings.Split(*only, ",") {
+			p.Only[strings.TrimSpace(f)] = true
+		}
+	}
+	port := 18080
+	if v := os.Getenv("BENCH_PORT"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("BENCH_PORT=%q: want a port number", v)
+		}
+		port = n
+	}
+
+	root, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	binPath, err := filepath.Abs(*bin)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(binPath); err != nil {
+		return fmt.Errorf("%s: build it first (make build)", *bin)
+	}
+	scratchDir, err := filepath.Abs(*scratch)
+	if err != nil {
+		return err
+	}
+	logDir := filepath.Join(scratchDir, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return err
+	}
+
+	began := time.Now()
+	say("setting up: template database with %d organisations, tokens and workflows", p.Orgs)
+	e, err := openEnv(ctx, root, binPath, logDir, p.Orgs, port)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+
+	res := &results{Mode: "full", Date: began, Levels: p.Levels, Timing: p.HTTP, PgTiming: p.PG}
+	if p.Quick {
+		res.Mode = "quick"
+	}
+	res.Machine = e.machine(ctx, root)
+	res.Redis = "private redis-server started by the harness"
+	if e.redisProc == nil {
+		res.Redis = "BENCH_REDIS_URL " + e.redisURL
+	}
+
+	script := ""
+	if p.want("capture") || p.want("pgbench") {
+		say("capturing the SQL of a new-key start")
+		res.Capture = e.captureStart(ctx, scratchDir)
+		if res.Capture.Err != nil {
+			say("capture failed: %v", res.Capture.Err)
+		} else {
+			say("captured %d statements in %d round trips", len(res.Capture.A.Stmts), res.Capture.Script.RoundTrips)
+			if err := e.checkScript(ctx, res.Capture.Path, res.Capture.Script.MaxOrgs); err != nil {
+				res.Capture.Err = err
+				say("%v", err)
+			} else {
+				script = res.Capture.Path
+			}
+		}
+	}
+
+	// Interleaved per concurrency level, so that the runs a ratio compares
+	// are close in time on a machine whose load drifts.
+	for _, c := range p.Levels {
+		var steps []func() row
+		for i, vs := range valrunsScenarios {
+			if p.want("valruns") {
+				steps = append(steps, func() row { return e.runHTTP(ctx, vs, c, p.HTTP) })
+			}
+			if i < len(peerScenarios) && p.want("peer") {
+				ps := peerScenarios[i]
+				steps = append(steps, func() row { return e.runHTTP(ctx, ps, c, p.HTTP) })
+			}
+			if i == 1 && p.want("pgbench") {
+				for _, n := range []int{1, p.Orgs} {
+					steps = append(steps, func() row {
+						if script == "" {
+							return row{Section: "pgbench", Scenario: pgbenchScenario(n), Clients: c, Failed: "no script: the capture failed"}
+						}
+						return e.runPgbench(ctx, script, n, c, p.PG)
+					})
+				}
+			}
+		}
+		for _, step := range steps {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r := step()
+			res.Rows = append(res.Rows, r)
+			progress(r)
+		}
+	}
+
+	if p.want("cleanup") && ctx.Err() == nil {
+		say("cleanup: %d expired keys", p.CleanupKeys)
+		c := e.measureCleanup(ctx, p.CleanupKeys, ratioClients, p.HTTP)
+		res.Cleanup = &c
+		if c.Failed != "" {
+			say("cleanup failed: %s", c.Failed)
+		} else {
+			say("cleanup: %.0f keys/s alone; p99 %s ms without, %s ms during", c.KeysPerSec(), ms(c.Baseline.P99), ms(c.During.P99))
+		}
+	}
+	if p.want("latency") && ctx.Err() == nil {
+		say("start-to-running latency, %d runs", p.Samples)
+		l := e.measureStartToRunning(ctx, p.Samples)
+		res.Latency = &l
+		if l.Failed != "" {
+			say("latency failed: %s", l.Failed)
+		} else {
+			say("start-to-running p50 %s ms, p99 %s ms", ms(percentile(l.Observed, .5)), ms(percentile(l.Observed, .99)))
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	res.Elapsed = time.Since(began)
+	res.Machine.LoadEnd = loadavg()
+
+	md := res.markdown()
+	if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
+		return err
+	}
+	raw, _ := json.MarshalIndent(res, "", "  ")
+	_ = os.WriteFile(filepath.Join(scratchDir, "results.json"), raw, 0o644)
+
+	fmt.Println()
+	for _, c := range res.checks() {
+		r := "MISS"
+		if c.Pass {
+			r = "PASS"
+		}
+		fmt.Printf("  %-4s %-62s %s (target %s)\n", r, c.Name, c.Measured, c.Target)
+	}
+	fmt.Printf("\nwrote %s in %s\n", *out, res.Elapsed.Round(time.Second))
+	if n := res.totalErrors(); n > 0 {
+		return fmt.Errorf("%d answers were errors, non-2xx or unexpected (they must be 0): see %s", n, *out)
+	}
+	for _, r := range res.Rows {
+		if r.Failed != "" {
+			return fmt.Errorf("some runs failed: see %s", *out)
+		}
+	}
+	return nil
+}
+
+func say(format string, args ...any) {
+	fmt.Printf("bench: "+format+"\n", args...)
+}
+
+func progress(r row) {
+	if r.Failed != "" {
+		say("%-8s %-28s c=%-3d FAILED: %s", r.Section, r.Scenario, r.Clients, short(r.Failed, 200))
+		return
+	}
+	bad := ""
+	if n := r.Errors + r.Non2xx + r.Unexpect; n > 0 {
+		bad = fmt.Sprintf("  ERRORS %d/%d/%d", r.Errors, r.Non2xx, r.Unexpect)
+	}
+	say("%-8s %-28s c=%-3d %8.0f rps  p50 %6s  p99 %7s ms%s", r.Section, r.Scenario, r.Clients, r.RPS, ms(r.P50), ms(r.P99), bad)
+}

@@ -1,0 +1,94 @@
+// The peer valruns is benchmarked against: what a team would otherwise pick
+// for an idempotent "start a run" endpoint in Node.js. Express, the
+// express-idempotency middleware storing responses in Redis through
+// express-idempotency-redis-adapter, and pg inserting the same run row into
+// the same validation_runs table, with one INSERT per start. No auth, no
+// quota, no audit, no staged job: it does less than valruns, on purpose.
+//
+// Environment (set by the bench harness):
+//   PORT, HOST        where to listen (default 127.0.0.1:18081)
+//   DATABASE_URL      PostgreSQL (the benchmark's database)
+//   REDIS_URL         Redis for the idempotency adapter (a private server or DB)
+//   ORG_ID            the organisation the runs belong to
+//   PG_POOL_MAX       pg pool size (default 20, like valruns' pool)
+'use strict';
+
+const express = require('express');
+const { idempotency, getSharedIdempotencyService } = require('express-idempotency');
+const RedisAdapter = require('express-idempotency-redis-adapter').default;
+const { Pool } = require('pg');
+
+const need = (name) => {
+  const v = process.env[name];
+  if (!v) {
+    console.error(`peer: ${name} is required`);
+    process.exit(2);
+  }
+  return v;
+};
+
+const port = Number(process.env.PORT || 18081);
+const host = process.env.HOST || '127.0.0.1';
+const orgID = need('ORG_ID');
+const pool = new Pool({
+  connectionString: need('DATABASE_URL'),
+  max: Number(process.env.PG_POOL_MAX || 20),
+});
+const adapter = new RedisAdapter({ connectionConfig: { url: need('REDIS_URL') } });
+
+const insertRun = `INSERT INTO validation_runs (org_id, workflow_id, submission, metadata)
+VALUES ($1, $2, $3, $4)
+RETURNING id, workflow_id, status, submission, metadata, attempts, created_at`;
+
+const app = express();
+app.disable('x-powered-by');
+app.use(express.json({ limit: '1mb' }));
+
+app.get('/healthz', (req, res) => res.json({ status: 'ok' }));
+
+app.post('/api/workflows/:id/start', idempotency({ dataAdapter: adapter }), async (req, res, next) => {
+  const svc = getSharedIdempotencyService();
+  if (svc.isHit(req)) {
+    return; // the middleware answered: a replay, or 409/417 for a key in use
+  }
+  const body = req.body || {};
+  if (body.submission === undefined) {
+    res.status(400).json({ error: 'submission is required' });
+    return;
+  }
+  try {
+    const r = await pool.query(insertRun, [
+      orgID,
+      req.params.id,
+      JSON.stringify(body.submission),
+      JSON.stringify(body.metadata || {}),
+    ]);
+    const run = r.rows[0];
+    res.status(201).location(`/api/runs/${run.id}/`).json(run);
+  } catch (err) {
+    await svc.reportError(req).catch(() => {});
+    next(err);
+  }
+});
+
+app.use((err, req, res, next) => {
+  if (res.headersSent) {
+    return next(err);
+  }
+  const status = res.statusCode >= 400 ? res.statusCode : 500;
+  res.status(status).json({ error: err.message });
+});
+
+adapter
+  .connect()
+  .then(() => {
+    const server = app.listen(port, host, () => console.log(`peer listening on ${host}:${port}`));
+    server.keepAliveTimeout = 120000;
+    const stop = () => server.close(() => Promise.all([pool.end(), adapter.disconnect()]).finally(() => process.exit(0)));
+    process.on('SIGTERM', stop);
+    process.on('SIGINT', stop);
+  })
+  .catch((err) => {
+    console.error('peer: cannot connect to Redis:', err.message);
+    process.exit(1);
+  });
