@@ -485,8 +485,12 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 	}
+	deps := handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker)}
+	if worker != nil {
+		deps.WakeLocal = worker.w.WakeEnqueuer
+	}
 	srv := &http.Server{
-		Handler:           handlers.New(handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker)}),
+		Handler:           handlers.New(deps),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
 		IdleTimeout:       2 * time.Minute,

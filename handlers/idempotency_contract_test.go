@@ -525,6 +525,17 @@ func TestIdempotencyContract(t *testing.T) {
 			},
 		},
 		{
+			name: "same key in flight, request carries Prefer: wait=N: waits up to min(N, IDEMPOTENCY_MAX_WAIT), then the replay (or 422) with Preference-Applied; past the time or the waiter cap, 409",
+			run: func(t *testing.T) {
+				t.Run("the duplicate waits and gets the replay", idemScenarioWaitReplay)
+				t.Run("the duplicate with another body waits and gets 422", idemScenarioWaitMismatch)
+				t.Run("without the preference, or with waiting disabled, 409 at once", idemScenarioWaitNotAsked)
+				t.Run("past the waiter cap, 409 at once", idemScenarioWaitCap)
+				t.Run("past the time, 409", idemScenarioWaitTimeout)
+				t.Run("the first rolls back while the duplicate waits: the duplicate executes, one run", idemScenarioWaitFirstRollsBack)
+			},
+		},
+		{
 			name: "the first ended in a 5xx or its client hung up: a 5xx stores nothing, a hang-up stores the answer; always exactly one run",
 			run: func(t *testing.T) {
 				// A crashed process is TestProc.../crash in process_test.go.

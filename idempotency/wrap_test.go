@@ -41,6 +41,7 @@ const (
 	modeSleep    = "sleep"     // outlives TxTimeout in the database
 	modeHeaders  = "headers"   // answers 201 with headers that must never be stored
 	modeCheckCtx = "check_ctx" // 201, and records whether its context was cancelled
+	modeHuge     = "huge"      // 201 with a body of 5 MiB
 )
 
 // wrapEnv is one wrapped engine on a fresh database.
@@ -123,6 +124,8 @@ func newWrapEnv(t *testing.T, cfg idempotency.Config) *wrapEnv {
 			}
 		case modeCheckCtx:
 			e.ctxErr.Store(errString(tx.Statement.Context.Err()))
+		case modeHuge:
+			return idempotency.JSON(http.StatusCreated, map[string]any{"blob": strings.Repeat("x", 5<<20)})
 		}
 		resp, err := idempotency.JSON(http.StatusCreated, map[string]any{"name": in.Name, "call": e.calls.Load()})
 		if err != nil {
@@ -570,4 +573,24 @@ func waitForLockWaiter(t *testing.T, db *gorm.DB) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestWrapRefusesHugeAnswers: an answer over four times MaxBodyBytes is
+// never stored (nor sent): the work rolls back and the request is 413
+// response_too_large, counted as rejected; the key stays free.
+func TestWrapRefusesHugeAnswers(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{}) // MaxBodyBytes 0: 1 MiB
+	e.mode.Store(modeHuge)
+	r := e.do("/items", `{"name":"huge"}`, idempotency.HeaderKey, "huge")
+	require.Equal(t, http.StatusRequestEntityTooLarge, r.Status, "body %s", r.Body)
+	require.Contains(t, string(r.Body), idempotency.CodeResponseTooLarge)
+	require.Less(t, len(r.Body), 1024)
+	require.Zero(t, e.items("huge"), "rolled back")
+	require.Zero(t, e.keyRows("huge"), "nothing stored")
+	require.Equal(t, scopeItems+":"+idempotency.OutcomeRejected, e.lastOutcome())
+
+	e.mode.Store(modeOK)
+	r = e.do("/items", `{"name":"huge"}`, idempotency.HeaderKey, "huge")
+	require.Equal(t, http.StatusCreated, r.Status, "the key is free")
 }

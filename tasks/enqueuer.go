@@ -38,6 +38,17 @@ type Enqueuer struct {
 	opts  func(models.StagedJob) []asynq.Option
 	log   *slog.Logger
 	m     *metrics
+	// wake makes Run drain now: a NOTIFY arrived, or Wake was called.
+	wake chan struct{}
+}
+
+// Wake makes the enqueuer drain at once, without waiting for a NOTIFY or
+// its poll: an API in the same process calls it when a start commits.
+func (e *Enqueuer) Wake() {
+	select {
+	case e.wake <- struct{}{}:
+	default: // a drain is already due
+	}
 }
 
 // failingPoll is the most the enqueuer waits between two looks at Redis
@@ -46,8 +57,7 @@ const failingPoll = 250 * time.Millisecond
 
 // Run drains until ctx is done.
 func (e *Enqueuer) Run(ctx context.Context) {
-	wake := make(chan struct{}, 1)
-	go e.listen(ctx, wake)
+	go e.listen(ctx, e.wake)
 	failing := false
 	for {
 		err := e.attempt(ctx, failing)
@@ -68,7 +78,7 @@ func (e *Enqueuer) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-wake:
+		case <-e.wake:
 		case <-time.After(wait):
 		}
 	}
