@@ -392,7 +392,7 @@ func open(ctx context.Context, p purpose) (*app, error) {
 	log := newLogger(cfg, os.Stderr)
 	// For work, a statement never outlives the request transaction's
 	// deadline (see idempotency.Config.TxTimeout).
-	opt := models.DBOptions{}
+	opt := models.DBOptions{MaxOpenConns: cfg.DatabaseMaxConns}
 	if p == forWork {
 		opt.StatementTimeout = cfg.IdempotencyTxTimeout
 	}

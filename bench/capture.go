@@ -643,6 +643,14 @@ type requestCapture struct {
 
 // isPing reports whether a simple query is the driver's liveness check
 // (pgx pings a connection idle for over a second with "-- ping").
+// isWake reports whether sql is the server's wake-up of the staged-job
+// enqueuers (models.JobWaker: one NOTIFY after commit, on a connection of
+// its own, at most one per few milliseconds per process). It is not part of
+// any one start's SQL, and may land in any request's capture window.
+func isWake(sql string) bool {
+	return strings.HasPrefix(strings.TrimSpace(sql), "SELECT pg_notify(")
+}
+
 func isPing(sql string) bool {
 	s := strings.TrimSpace(sql)
 	for strings.HasPrefix(s, "--") {
@@ -677,7 +685,7 @@ func summarize(events []wireEvent) requestCapture {
 		}
 		switch ev.Type {
 		case 'Q', 'E':
-			if ev.Type == 'Q' && isPing(ev.Stmt.SQL) {
+			if ev.Type == 'Q' && isPing(ev.Stmt.SQL) || isWake(ev.Stmt.SQL) {
 				continue
 			}
 			pingOnly[k] = false

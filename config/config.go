@@ -21,6 +21,9 @@ import (
 type Config struct {
 	// DatabaseURL is the PostgreSQL connection string (DATABASE_URL).
 	DatabaseURL string
+	// DatabaseMaxConns caps each process's connections to PostgreSQL
+	// (DATABASE_MAX_CONNS).
+	DatabaseMaxConns int
 	// RedisURL is the Redis connection string used by asynq (REDIS_URL).
 	RedisURL string
 	// HTTPAddr is the listen address of `valruns serve` (HTTP_ADDR).
@@ -105,6 +108,7 @@ type Var struct {
 // Vars lists every setting in the order the README shows them.
 var Vars = []Var{
 	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable", "PostgreSQL connection string"},
+	{"DATABASE_MAX_CONNS", "12", "connections each process keeps to PostgreSQL at most; requests beyond them queue for one. More is not faster: a few per database core keep PostgreSQL busiest (see Performance)"},
 	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis connection string (asynq)"},
 	{"HTTP_ADDR", "127.0.0.1:8080", "listen address of `valruns serve`"},
 	{"IDEMPOTENCY_TTL", "24h", "how long a stored response is replayed; an older key is processed as new"},
@@ -155,6 +159,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	p := parser{lookup: lookup}
 	c := Config{
 		DatabaseURL:            p.url("DATABASE_URL", "postgres", "postgresql"),
+		DatabaseMaxConns:       int(p.int("DATABASE_MAX_CONNS", 1)),
 		RedisURL:               p.url("REDIS_URL", "redis", "rediss"),
 		HTTPAddr:               p.addr("HTTP_ADDR"),
 		IdempotencyTTL:         p.duration("IDEMPOTENCY_TTL", time.Second),

@@ -24,6 +24,7 @@ func env(m map[string]string) func(string) (string, bool) {
 // environment at all.
 var documented = config.Config{
 	DatabaseURL:            "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable",
+	DatabaseMaxConns:       12,
 	RedisURL:               "redis://127.0.0.1:6379/0",
 	HTTPAddr:               "127.0.0.1:8080",
 	IdempotencyTTL:         24 * time.Hour,
@@ -225,6 +226,8 @@ func TestBadValues(t *testing.T) {
 		{"IDEMPOTENCY_TX_TIMEOUT", "-5s"},
 		{"IDEMPOTENCY_KEY_REQUIRED", "yes"},
 		{"IDEMPOTENCY_KEY_REQUIRED", "2"},
+		{"DATABASE_MAX_CONNS", "0"},
+		{"DATABASE_MAX_CONNS", "lots"},
 		{"IDEMPOTENCY_MAX_WAIT", "-1s"},
 		{"IDEMPOTENCY_MAX_WAIT", "long"},
 		{"IDEMPOTENCY_MAX_WAITERS", "0"},

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/models"
@@ -15,7 +14,6 @@ import (
 )
 
 type keyHandlers struct {
-	db   *gorm.DB
 	keys *models.KeyStore
 }
 
@@ -86,7 +84,7 @@ func (h *keyHandlers) get(c *gin.Context) {
 		problem.Write(c, notFound("Idempotency key"))
 		return
 	}
-	k, err := h.keys.Lookup(h.db.WithContext(c.Request.Context()), principalOf(c).OrgID, scope, key)
+	k, err := h.keys.Lookup(c.Request.Context(), principalOf(c).OrgID, scope, key)
 	switch {
 	case errors.Is(err, models.ErrNotFound):
 		problem.Write(c, notFound("Idempotency key"))

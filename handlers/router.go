@@ -79,7 +79,7 @@ func NewRouter(d Deps) *gin.Engine {
 	runs := &runHandlers{runs: models.NewRunStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota,
 		waker: models.NewJobWaker(d.DB, 0, d.WakeLocal, d.Log)}
 	usage := &usageHandlers{usage: models.NewUsageStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota}
-	keys := &keyHandlers{db: d.DB, keys: models.NewKeyStore(d.DB)}
+	keys := &keyHandlers{keys: models.NewKeyStore(d.DB)}
 	idem := idempotency.New(d.DB, models.NewKeyStore(d.DB), idempotency.Config{
 		TTL:          d.Config.IdempotencyTTL,
 		TxTimeout:    d.Config.IdempotencyTxTimeout,

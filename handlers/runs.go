@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/models"
@@ -120,7 +119,7 @@ func utc(t *time.Time) *time.Time {
 //	@Header			401				{string}	WWW-Authenticate		"Bearer realm=valruns"
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/start/ [post]
-func (h *runHandlers) start(tx *gorm.DB, req idempotency.Request) (idempotency.Response, error) {
+func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	var in StartRunRequest
 	if d := decodeStrict(req.Body, &in); d != nil {
 		return idempotency.Problem(req, *d), nil

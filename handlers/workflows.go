@@ -9,7 +9,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
-	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/models"
@@ -84,7 +83,7 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@Header			401				{string}	WWW-Authenticate		"Bearer realm=valruns"
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/ [post]
-func (h *workflowHandlers) create(tx *gorm.DB, req idempotency.Request) (idempotency.Response, error) {
+func (h *workflowHandlers) create(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	var in CreateWorkflowRequest
 	if d := decodeStrict(req.Body, &in); d != nil {
 		return idempotency.Problem(req, *d), nil
@@ -119,7 +118,7 @@ func (h *workflowHandlers) create(tx *gorm.DB, req idempotency.Request) (idempot
 		return idempotency.Response{}, err
 	}
 	w := &models.Workflow{OrgID: principalOf(req.Gin).OrgID, Name: in.Name, Schema: models.JSON(in.Schema), Assertions: ab}
-	if err := h.workflows.Create(tx, w); err != nil {
+	if err := h.workflows.Create(tx.DB(), w); err != nil {
 		return idempotency.Response{}, err
 	}
 	resp, err := idempotency.JSON(http.StatusCreated, workflowOf(w))

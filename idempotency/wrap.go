@@ -128,13 +128,14 @@ func Problem(req Request, d problem.Details) Response {
 	return Response{Status: d.Status, Body: d.Body(), Header: http.Header{"Content-Type": {problem.ContentType}}}
 }
 
-// Handler does a request's work on tx, the request's one transaction, and
-// returns the answer. It may only touch PostgreSQL through tx: foreign work
+// Handler does a request's work on tx, the request's one transaction (its
+// DB is a GORM session on it), and returns the answer. It may only touch
+// PostgreSQL through tx: foreign work
 // (a queue, an email) is staged in a table and done after commit. Whatever
 // it wrote commits with its answer, 2xx or 4xx, so a handler that answers
 // 4xx must do so before writing. An error, a 5xx or a panic rolls back
 // everything: nothing happened, nothing is stored, the key is free.
-type Handler func(tx *gorm.DB, req Request) (Response, error)
+type Handler func(tx *models.RequestTx, req Request) (Response, error)
 
 // Config configures a Wrapper; its zero value takes the defaults, except
 // where a field says what 0 means.
@@ -187,7 +188,11 @@ type Wrapper struct {
 	cfg     Config
 	waiters chan struct{} // one token per request waiting on a key in flight
 	flights sync.Map      // lock id -> *flight, for keyed requests executing in this process
+	recent  *recentKeys   // keys this process answered lately: their retries try the fast path
 }
+
+// recentKeysSize bounds recentKeys: up to twice this many keys (16 bytes each).
+const recentKeysSize = 1 << 16
 
 // flight is a keyed request executing in this process; done is closed once
 // its transaction has committed or rolled back.
@@ -207,7 +212,7 @@ func New(db *gorm.DB, keys *models.KeyStore, cfg Config) *Wrapper {
 	if cfg.Tenant == nil {
 		panic("idempotency: Config.Tenant is required")
 	}
-	return &Wrapper{db: db, keys: keys, cfg: cfg, waiters: make(chan struct{}, cfg.MaxWaiters)}
+	return &Wrapper{db: db, keys: keys, cfg: cfg, waiters: make(chan struct{}, cfg.MaxWaiters), recent: newRecentKeys(recentKeysSize)}
 }
 
 // call is one request going through the wrapper.
@@ -257,29 +262,38 @@ func (k *call) serve(h Handler) {
 	k.lockID = models.LockID(k.tenant, k.scope, k.key)
 	wait := k.preferredWait()
 	var deadline time.Time
+	// A key this process answered lately, or is executing now, probably
+	// comes back as a retry: look it up first, with one read and no
+	// transaction (a replay, a 422, or a 409 while in flight, seen in
+	// pg_locks by the same statement). A first attempt begins its
+	// transaction at once, reading the key in the same round trip.
+	lookFirst := k.w.recent.has(k.lockID)
+	if !lookFirst {
+		_, lookFirst = k.w.flights.Load(k.lockID)
+	}
 	for {
-		// Replay fast path: one indexed read, no transaction. A key row
-		// only exists once its request has finished, so any live row is an
-		// answer; and with none, a request in flight (seen in pg_locks by
-		// the same statement) is a 409 at once.
-		stored, err := k.w.keys.Lookup(k.w.db.WithContext(ctx), k.tenant, k.scope, k.key)
-		switch {
-		case err != nil:
-			k.fail(err)
+		if lookFirst {
+			stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
+			switch {
+			case err != nil:
+				k.fail(err)
+				return
+			case stored.Found() && !stored.Expired:
+				k.replay(stored)
+				return
+			case stored.InFlight:
+				goto inFlight
+			}
+		}
+		if stored, done := k.execute(ctx, h); done {
 			return
-		case stored.Found() && !stored.Expired:
+		} else if stored.Found() && !stored.Expired {
 			k.replay(stored)
 			return
-		case !stored.InFlight:
-			k.outcome = OutcomeNew
-			if stored.Found() {
-				k.outcome = OutcomeExpiredReused
-			}
-			if k.execute(ctx, h) {
-				return
-			}
-			// Not executed: another request took the key's lock meanwhile.
 		}
+	inFlight:
+		// Another request holds the key's lock.
+		k.w.recent.add(k.lockID)
 		if wait == 0 {
 			k.inProgress()
 			return
@@ -300,6 +314,7 @@ func (k *call) serve(h Handler) {
 			k.inProgress()
 			return
 		}
+		lookFirst = true // the cheap look, until the key is free
 	}
 }
 
@@ -447,26 +462,33 @@ func (k *call) waitForFlight(deadline time.Time) bool {
 	return true
 }
 
-// execute runs the handler in the request's one transaction and answers. With
-// a key it first takes the key's advisory lock and ends by saving the key row
-// with the answer, in the round trip of the COMMIT. It returns false, having
-// answered nothing, when another request holds the key's lock.
-func (k *call) execute(ctx context.Context, h Handler) bool {
+// execute runs the handler in the request's one transaction and answers
+// (done). With a key, the transaction's first round trip reads the key's
+// row and takes its advisory lock, and the last saves the key row with the
+// answer along with the COMMIT. It answers nothing (not done) when a live
+// row already answers the request (stored, for the caller to replay) or
+// another request holds the key's lock (stored.InFlight).
+func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey, done bool) {
 	req := Request{Gin: k.c, Body: k.body, RequestID: k.requestID}
-	var lockID *int64
+	var ref *models.KeyRef
 	if k.key != "" {
 		req.KeyID = uuid.NewString()
-		lockID = &k.lockID
+		ref = &models.KeyRef{OrgID: k.tenant, Endpoint: k.scope, Key: k.key, LockID: k.lockID}
 	}
-	tx, locked, err := models.BeginRequest(ctx, k.w.db, k.w.cfg.TxTimeout, lockID)
+	tx, stored, err := models.BeginRequest(ctx, k.w.db, k.w.cfg.TxTimeout, ref)
 	switch {
 	case err != nil:
 		k.fail(err)
-		return true
-	case !locked:
-		return false
+		return nil, true
+	case tx == nil:
+		return stored, false
 	}
-	if lockID != nil {
+	if ref != nil {
+		k.outcome = OutcomeNew
+		if stored.Found() {
+			k.outcome = OutcomeExpiredReused
+		}
+		defer k.w.recent.add(k.lockID)
 		// Requests of this process waiting on the key are woken once the
 		// transaction has ended (deferred first: it runs after the rollback).
 		f := &flight{done: make(chan struct{})}
@@ -478,26 +500,26 @@ func (k *call) execute(ctx context.Context, h Handler) bool {
 	}
 	defer tx.Rollback() // after a commit, nothing to do
 
-	resp, err := k.handle(tx.DB(), h, req)
+	resp, err := k.handle(tx, h, req)
 	switch {
 	case err != nil:
 		k.fail(err)
-		return true
+		return nil, true
 	case resp.Status >= 500:
 		// Rolled back, passed on, not stored: a retry executes afresh.
 		tx.Rollback()
 		k.outcome = OutcomeError
 		k.write(resp.Status, resp.Header, resp.Body)
-		return true
+		return nil, true
 	case resp.Status < 200:
 		k.fail(fmt.Errorf("handler answered %d", resp.Status))
-		return true
+		return nil, true
 	case int64(len(resp.Body)) > 4*k.w.cfg.MaxBodyBytes:
 		tx.Rollback()
 		k.reject(http.StatusRequestEntityTooLarge, CodeResponseTooLarge, fmt.Sprintf(
 			"The answer to this request would be %d bytes, over the limit of %d; nothing was done. Send a smaller request.",
 			len(resp.Body), 4*k.w.cfg.MaxBodyBytes))
-		return true
+		return nil, true
 	}
 	if k.key == "" {
 		err = tx.Commit(ctx)
@@ -511,30 +533,30 @@ func (k *call) execute(ctx context.Context, h Handler) bool {
 	if errors.Is(err, models.ErrConflict) {
 		// A request holding the lock before us committed this key after
 		// our fast-path read: our work is rolled back; answer with theirs.
-		stored, err := k.w.keys.Lookup(k.w.db.WithContext(ctx), k.tenant, k.scope, k.key)
+		stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
 		if err != nil {
 			k.fail(err)
-			return true
+			return nil, true
 		}
 		k.replay(stored)
-		return true
+		return nil, true
 	}
 	if err != nil {
 		k.fail(err)
-		return true
+		return nil, true
 	}
 	if resp.AfterCommit != nil {
 		resp.AfterCommit()
 	}
 	k.write(resp.Status, resp.Header, resp.Body)
-	return true
+	return nil, true
 }
 
 // handle runs the handler on tx; a panic is an error (logged with its stack).
-func (k *call) handle(tx *gorm.DB, h Handler, req Request) (resp Response, err error) {
+func (k *call) handle(tx *models.RequestTx, h Handler, req Request) (resp Response, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			k.w.cfg.Log.ErrorContext(tx.Statement.Context, "panic in idempotent handler",
+			k.w.cfg.Log.ErrorContext(tx.Context(), "panic in idempotent handler",
 				"scope", k.scope, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = fmt.Errorf("panic: %v", p)
 		}
@@ -586,6 +608,7 @@ func (k *call) sameRequest(stored []byte) bool {
 // replay answers with a finished key: the stored answer when the request is
 // the same, 422 when the key was used for another request.
 func (k *call) replay(stored *models.StoredKey) {
+	k.w.recent.add(k.lockID)
 	k.c.Header(HeaderKeyExpires, stored.ExpiresAt.UTC().Format(http.TimeFormat))
 	if !k.sameRequest(stored.RequestHash) {
 		k.outcome = OutcomeMismatch

@@ -95,7 +95,8 @@ func newWrapEnv(t *testing.T, cfg idempotency.Config) *wrapEnv {
 		c.Set(problem.RequestIDKey, c.GetHeader(idempotency.HeaderRequestID))
 		c.Next()
 	})
-	h := func(tx *gorm.DB, req idempotency.Request) (idempotency.Response, error) {
+	h := func(rtx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+		tx := rtx.DB()
 		e.calls.Add(1)
 		var in struct {
 			Name string `json:"name"`

@@ -36,7 +36,7 @@ var (
 type DBOptions struct {
 	// Tracer, when set, sees every statement pgx sends (tests count them).
 	Tracer pgx.QueryTracer
-	// MaxOpenConns caps the pool; 0 means 20.
+	// MaxOpenConns caps the pool; 0 means 12 (DATABASE_MAX_CONNS's default).
 	MaxOpenConns int
 	// StatementTimeout, when set, is PostgreSQL's statement_timeout on every
 	// connection: the server cancels a statement that runs longer and the
@@ -60,7 +60,7 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 	sqlDB := stdlib.OpenDB(*cfg)
 	maxOpen := opt.MaxOpenConns
 	if maxOpen == 0 {
-		maxOpen = 20
+		maxOpen = 12
 	}
 	sqlDB.SetMaxOpenConns(maxOpen)
 	sqlDB.SetMaxIdleConns(maxOpen)

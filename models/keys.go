@@ -33,30 +33,53 @@ type StoredKey struct {
 // Found reports whether a key row exists (live or expired).
 func (k *StoredKey) Found() bool { return k.ID != "" }
 
-// Lookup reads the key row on db (the pool or a transaction) with one
-// indexed read. When there is no live row it also looks, read-only, at
-// pg_locks for the key's advisory lock, so a retry storm against a request
-// in flight is answered 409 from this one statement, without a transaction
-// and without touching the lock itself. The probe is a hint: only
-// TryLock decides who executes.
-func (s *KeyStore) Lookup(db *gorm.DB, orgID, endpoint, key string) (*StoredKey, error) {
+// Lookup reads the key row with one indexed read, without a transaction.
+// When there is no live row it also looks, read-only, at pg_locks for the
+// key's advisory lock, so a retry storm against a request in flight is
+// answered 409 from this one statement, without a transaction and without
+// touching the lock itself. The probe is a hint: only the lock decides who
+// executes.
+func (s *KeyStore) Lookup(ctx context.Context, orgID, endpoint, key string) (*StoredKey, error) {
 	lockID := uint64(LockID(orgID, endpoint, key))
-	var k StoredKey
-	res := db.Raw(`
-SELECT k.*, k.expires_at <= now() AS expired,
+	k := &StoredKey{}
+	err := withConn(ctx, s.db, func(c *pgx.Conn) error {
+		return scanKey(c.QueryRow(ctx, `
+SELECT k.id, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
+	k.response_headers, k.validation_run_id, k.request_id, k.created_at, k.expires_at,
+	k.expires_at <= now() AS expired,
 	CASE WHEN k.id IS NULL OR k.expires_at <= now() THEN EXISTS (
 		SELECT 1 FROM pg_locks l
 		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND l.classid = CAST(CAST(? AS bigint) AS oid) AND l.objid = CAST(CAST(? AS bigint) AS oid))
+		  AND l.classid = CAST(CAST($1 AS bigint) AS oid) AND l.objid = CAST(CAST($2 AS bigint) AS oid))
 	ELSE false END AS in_flight
 FROM (SELECT 1) AS one
-LEFT JOIN idempotency_keys k ON k.org_id = ? AND k.endpoint = ? AND k.key = ?`,
-		int64(lockID>>32), int64(lockID&0xffffffff), orgID, endpoint, key).Scan(&k)
-	if res.Error != nil {
-		return nil, fmt.Errorf("lookup idempotency key: %w", translate(res.Error))
+LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5`,
+			int64(lockID>>32), int64(lockID&0xffffffff), orgID, endpoint, key), k, &k.InFlight)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lookup idempotency key: %w", translate(err))
 	}
-	return &k, nil
+	return k, nil
+}
+
+// scanKey reads a key row's columns (NULL when there is none: k stays
+// empty), as Lookup and beginKeyedSQL select them, then extra.
+func scanKey(row pgx.Row, k *StoredKey, extra ...any) error {
+	var (
+		id, method, path, requestID *string
+		status                      *int
+		created, expires            *time.Time
+		expired                     *bool
+	)
+	dest := append([]any{&id, &k.RequestHash, &method, &path, &status, &k.ResponseBody,
+		&k.ResponseHeaders, &k.ValidationRunID, &requestID, &created, &expires, &expired}, extra...)
+	if err := row.Scan(dest...); err != nil || id == nil {
+		return err
+	}
+	k.ID, k.RequestMethod, k.RequestPath, k.RequestID = *id, *method, *path, *requestID
+	k.ResponseStatus, k.CreatedAt, k.ExpiresAt, k.Expired = *status, *created, *expires, *expired
+	return nil
 }
 
 // LockID is the advisory lock number of a scoped key: 64 bits of SHA-256, so
@@ -93,8 +116,8 @@ WITH saved AS (
 	INSERT INTO idempotency_keys AS k (id, org_id, endpoint, key, request_hash, request_method, request_path,
 		response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
 		created_at, expires_at)
-	VALUES (@id, @org, @endpoint, @key, @hash, @method, @path, @status, @body, CAST(@headers AS jsonb), CAST(@run AS uuid),
-		@request_id, @ip, @ua, now(), now() + @ttl_us * interval '1 microsecond')
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CAST($10 AS jsonb), CAST($11 AS uuid),
+		$12, $13, $14, now(), now() + $15 * interval '1 microsecond')
 	ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
 		id = EXCLUDED.id, request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
 		request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
@@ -107,13 +130,11 @@ WITH saved AS (
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM saved) THEN (SELECT expires_at FROM saved) ELSE idempotency_key_taken() END`
 
-func saveKeyArgs(k *IdempotencyKey, ttl time.Duration) pgx.NamedArgs {
-	return pgx.NamedArgs{
-		"id": k.ID, "org": k.OrgID, "endpoint": k.Endpoint, "key": k.Key, "hash": k.RequestHash,
-		"method": k.RequestMethod, "path": truncate(k.RequestPath, 2000), "status": k.ResponseStatus,
-		"body": k.ResponseBody, "headers": string(k.ResponseHeaders), "run": k.ValidationRunID,
-		"request_id": k.RequestID, "ip": truncate(k.ClientIP, 100), "ua": truncate(k.UserAgent, 1000),
-		"ttl_us": ttl.Microseconds(),
+func saveKeyArgs(k *IdempotencyKey, ttl time.Duration) []any {
+	return []any{
+		k.ID, k.OrgID, k.Endpoint, k.Key, k.RequestHash, k.RequestMethod, truncate(k.RequestPath, 2000),
+		k.ResponseStatus, k.ResponseBody, string(k.ResponseHeaders), k.ValidationRunID,
+		k.RequestID, truncate(k.ClientIP, 100), truncate(k.UserAgent, 1000), ttl.Microseconds(),
 	}
 }
 

@@ -19,45 +19,71 @@ import (
 // trips as PostgreSQL allows, by sending statements that do not depend on
 // each other together (a pgx batch: one write, one read):
 //
-//   - BeginRequest: BEGIN, the transaction's own statement_timeout and, for a
-//     keyed request, pg_try_advisory_xact_lock on the key;
+//   - BeginRequest: BEGIN, and one statement that sets the transaction's own
+//     statement_timeout and, for a keyed request, reads the key's row and
+//     takes pg_try_advisory_xact_lock on it unless a live row answers it;
 //   - the handler's statements, through DB;
 //   - CommitWithKey: the key row with the answer, and COMMIT.
 //
-// A keyed request therefore costs its handler's statements plus two round
-// trips, and a request without a key one more than its handler (Commit).
+// Either way a request costs its handler's statements plus two round trips.
 type RequestTx struct {
+	ctx  context.Context // the request's, detached from its client
 	conn *sql.Conn
 	db   *gorm.DB
 	// open: BEGIN was sent and neither COMMIT nor ROLLBACK since.
 	open bool
 }
 
+// KeyRef names a scoped idempotency key and its advisory lock (LockID).
+type KeyRef struct {
+	OrgID, Endpoint, Key string
+	LockID               int64
+}
+
+// beginKeyedSQL sets the transaction's statement_timeout, reads the key's
+// row and takes the key's lock, unless a live row already answers the
+// request (a replay takes no lock, so a storm of replays of one key never
+// contends on it).
+const beginKeyedSQL = `
+SELECT k.id, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
+	k.response_headers, k.validation_run_id, k.request_id, k.created_at, k.expires_at,
+	k.expires_at <= now() AS expired,
+	set_config('statement_timeout', $1, true) AS timeout,
+	CASE WHEN k.id IS NOT NULL AND k.expires_at > now() THEN false ELSE pg_try_advisory_xact_lock($2) END AS locked
+FROM (SELECT 1) AS one
+LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5`
+
 // BeginRequest takes a connection from db's pool and begins a transaction on
 // it whose statements may each run for at most timeout (SET LOCAL
 // statement_timeout: the server cancels a statement that hangs and the
 // connection stays usable, so the rollback that frees the key's lock
-// completes before the caller answers). With lockID, it also tries the
-// transaction-scoped advisory lock: locked is false when another
-// transaction holds it, and the transaction is then already rolled back.
-func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, lockID *int64) (t *RequestTx, locked bool, err error) {
+// completes before the caller answers).
+//
+// With a key, the same round trip reads the key's row into stored and tries
+// the key's transaction-scoped advisory lock. t is nil, and the transaction
+// already rolled back, when the request must not execute: a live row
+// answers it (stored.Found() and !stored.Expired), or another transaction
+// holds the lock (stored.InFlight). Otherwise stored says whether an
+// expired row is being taken over.
+func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, key *KeyRef) (t *RequestTx, stored *StoredKey, err error) {
 	conn, err := SQLDB(db).Conn(ctx)
 	if err != nil {
-		return nil, false, fmt.Errorf("begin: %w", translate(err))
+		return nil, nil, fmt.Errorf("begin: %w", translate(err))
 	}
-	t = &RequestTx{conn: conn}
-	locked = true
+	t = &RequestTx{ctx: ctx, conn: conn}
+	stored = &StoredKey{}
+	locked := true
 	err = t.pgx(func(c *pgx.Conn) error {
 		var b pgx.Batch
 		b.Queue("begin")
 		ms := strconv.FormatInt(max(timeout.Milliseconds(), 1), 10)
-		if lockID == nil {
+		if key == nil {
 			b.Queue(`SELECT set_config('statement_timeout', $1, true)`, ms)
 		} else {
-			b.Queue(`SELECT set_config('statement_timeout', $1, true), pg_try_advisory_xact_lock($2)`, ms, *lockID).
+			b.Queue(beginKeyedSQL, ms, key.LockID, key.OrgID, key.Endpoint, key.Key).
 				QueryRow(func(row pgx.Row) error {
-					var setting string
-					return row.Scan(&setting, &locked)
+					var timeout string
+					return scanKey(row, stored, &timeout, &locked)
 				})
 		}
 		t.open = true
@@ -65,19 +91,27 @@ func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, lockI
 	})
 	if err != nil {
 		t.Rollback()
-		return nil, false, fmt.Errorf("begin: %w", translate(err))
+		return nil, nil, fmt.Errorf("begin: %w", translate(err))
 	}
-	if !locked {
+	if stored.Found() && !stored.Expired || !locked {
+		stored.InFlight = !locked && !(stored.Found() && !stored.Expired)
 		t.Rollback()
-		return nil, false, nil
+		return nil, stored, nil
 	}
 	t.db = db.Session(&gorm.Session{NewDB: true, Context: ctx})
 	t.db.Statement.ConnPool = conn
-	return t, true, nil
+	return t, stored, nil
 }
 
-// DB is the transaction, for the handler's statements.
+// DB is the transaction as a GORM session, for the handler's statements.
+// The stores' hot statements (RunStore.Start) take the RequestTx itself
+// and go to pgx directly: GORM builds every statement's text anew, and
+// renders it with its values for its logger even when nothing logs.
 func (t *RequestTx) DB() *gorm.DB { return t.db }
+
+// Context is the transaction's context: the request's, which the client
+// cannot cancel, with the transaction's deadline.
+func (t *RequestTx) Context() context.Context { return t.ctx }
 
 // Commit commits. A transaction that failed (a statement's error was
 // ignored) is rolled back instead, and Commit says so.
@@ -107,7 +141,7 @@ func (t *RequestTx) Commit(ctx context.Context) error {
 func (t *RequestTx) CommitWithKey(ctx context.Context, k *IdempotencyKey, ttl time.Duration) (expires time.Time, err error) {
 	err = t.pgx(func(c *pgx.Conn) error {
 		var b pgx.Batch
-		b.Queue(saveKeySQL, saveKeyArgs(k, ttl))
+		b.Queue(saveKeySQL, saveKeyArgs(k, ttl)...)
 		b.Queue("commit")
 		br := c.SendBatch(ctx, &b)
 		if err := br.QueryRow().Scan(&expires); err != nil {
@@ -166,11 +200,25 @@ func (t *RequestTx) release() {
 	}
 }
 
+// withConn runs fn on a pgx connection of db's pool, for statements that
+// are hot enough to skip GORM (see RequestTx.DB).
+func withConn(ctx context.Context, db *gorm.DB, fn func(*pgx.Conn) error) error {
+	conn, err := SQLDB(db).Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return rawPgx(conn, fn)
+}
+
 // pgx runs fn on the pgx connection under t's database/sql connection: the
-// one way to send a batch. The handler's statements go through database/sql
-// on the same connection, never at the same time.
-func (t *RequestTx) pgx(fn func(*pgx.Conn) error) error {
-	return t.conn.Raw(func(dc any) error {
+// way to send a batch, and the stores' hot statements. The handler's
+// statements through DB go over database/sql on the same connection, never
+// at the same time.
+func (t *RequestTx) pgx(fn func(*pgx.Conn) error) error { return rawPgx(t.conn, fn) }
+
+func rawPgx(conn *sql.Conn, fn func(*pgx.Conn) error) error {
+	return conn.Raw(func(dc any) error {
 		sc, ok := dc.(*stdlib.Conn)
 		if !ok {
 			return fmt.Errorf("database/sql driver connection is %T, not pgx's", dc)

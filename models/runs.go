@@ -2,9 +2,11 @@ package models
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 )
 
@@ -45,22 +47,45 @@ const (
 // transaction that notified, cluster-wide.
 const StagedJobsChannel = "valruns_staged_jobs"
 
+// runColumns are the columns of a ValidationRun a start returns (scanRun).
+const runColumns = `id, org_id, workflow_id, status, submission, metadata, idempotency_key_id, attempts,
+	lease_expires_at, error, created_at, started_at, finished_at`
+
+func scanRun(row pgx.Row, r *ValidationRun) error {
+	return row.Scan(&r.ID, &r.OrgID, &r.WorkflowID, &r.Status, &r.Submission, &r.Metadata, &r.IdempotencyKeyID,
+		&r.Attempts, &r.LeaseExpiresAt, &r.Error, &r.CreatedAt, &r.StartedAt, &r.FinishedAt)
+}
+
 // insertRun is the CTE that writes a run, its audit record and its staged
-// job, once per row of bump (the claimed usage slot): no slot, nothing written.
-const insertRun = `
+// job, once per row of bump (the claimed usage slot): no slot, nothing
+// written. Its parameters: org, workflow, submission, metadata, key id,
+// token id, request id, job name, task id prefix (placeholders given).
+func insertRun(org, workflow, submission, metadata, key, token, request, job, prefix string) string {
+	return `
 run AS (
 	INSERT INTO validation_runs (org_id, workflow_id, status, submission, metadata, idempotency_key_id)
-	SELECT @org, @workflow, 'queued', CAST(@submission AS jsonb), CAST(@metadata AS jsonb), CAST(@key AS uuid) FROM bump
-	RETURNING *
+	SELECT ` + org + `, ` + workflow + `, 'queued', CAST(` + submission + ` AS jsonb), CAST(` + metadata + ` AS jsonb), CAST(` + key + ` AS uuid) FROM bump
+	RETURNING ` + runColumns + `
 ), audit AS (
 	INSERT INTO audit_records (org_id, action, subject_type, subject_id, token_id, request_id, data)
-	SELECT @org, 'validation_run.start', 'validation_run', run.id, CAST(@token AS uuid), @request,
+	SELECT ` + org + `, 'validation_run.start', 'validation_run', run.id, CAST(` + token + ` AS uuid), ` + request + `,
 	       jsonb_build_object('workflow_id', run.workflow_id, 'idempotency_key_id', run.idempotency_key_id)
 	FROM run
 ), job AS (
 	INSERT INTO staged_jobs (job_name, job_args, task_id)
-	SELECT @job, jsonb_build_object('run_id', run.id), @task_prefix || run.id FROM run
+	SELECT ` + job + `, jsonb_build_object('run_id', run.id), ` + prefix + ` || run.id FROM run
 )`
+}
+
+// startFastSQL claims a slot without waiting and inserts the run, in one
+// statement (see claimSlotFast): $1 workflow, $2 org, $3 period, $4 quota,
+// $5 slot offset, $6 slots, then insertRun's.
+var startFastSQL = `WITH ` + claimSlotFast + `, ` +
+	insertRun("$2", "$1", "$7", "$8", "$9", "$10", "$11", "$12", "$13") + ` SELECT ` + runColumns + ` FROM run`
+
+// startSlowSQL inserts the run once the slow path has claimed its slot.
+var startSlowSQL = `WITH bump AS (SELECT 1), ` +
+	insertRun("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9") + ` SELECT ` + runColumns + ` FROM run`
 
 // Start creates a queued run of the organisation's workflow on tx, billed
 // to its usage of the period: a usage slot is bumped (refused past the
@@ -78,7 +103,7 @@ run AS (
 //
 // Returns ErrNotFound when the workflow is not the organisation's, and
 // ErrQuotaExceeded past the quota.
-func (s *RunStore) Start(tx *gorm.DB, p StartParams) (*ValidationRun, error) {
+func (s *RunStore) Start(tx *RequestTx, p StartParams) (*ValidationRun, error) {
 	meta := p.Metadata
 	if len(meta) == 0 {
 		meta = []byte("{}")
@@ -88,39 +113,43 @@ func (s *RunStore) Start(tx *gorm.DB, p StartParams) (*ValidationRun, error) {
 		keyID = &p.IdempotencyKeyID
 	}
 	period := UsagePeriod(p.Now)
-	args := map[string]any{
-		"org": p.OrgID, "period": period, "quota": p.Quota, "workflow": p.WorkflowID,
-		"offset": slotOffset(), "slots": UsageSlots,
-		"submission": string(p.Submission), "metadata": string(meta), "key": keyID,
-		"token": nullable(p.TokenID), "request": p.RequestID,
-		"job": p.JobName, "task_prefix": p.TaskIDPrefix,
-	}
+	insertArgs := []any{string(p.Submission), string(meta), keyID, nullable(p.TokenID), p.RequestID, p.JobName, p.TaskIDPrefix}
+	ctx := tx.Context()
 	var run ValidationRun
-	res := tx.Raw(`WITH `+claimSlotFast+`, `+insertRun+` SELECT * FROM run`, args).Scan(&run)
-	if res.Error != nil {
-		return nil, fmt.Errorf("start run: %w", translate(res.Error))
+	found := false
+	err := tx.pgx(func(c *pgx.Conn) error {
+		args := append([]any{p.WorkflowID, p.OrgID, period, p.Quota, slotOffset(), UsageSlots}, insertArgs...)
+		err := scanRun(c.QueryRow(ctx, startFastSQL, args...), &run)
+		found = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start run: %w", translate(err))
 	}
-	if res.RowsAffected == 1 {
+	if found {
 		return &run, nil
 	}
 
 	// The slow path.
-	var found int64
-	if err := tx.Raw(`SELECT count(*) FROM workflows WHERE id = ? AND org_id = ?`, p.WorkflowID, p.OrgID).Scan(&found).Error; err != nil {
+	db := tx.DB()
+	var n int64
+	if err := db.Raw(`SELECT count(*) FROM workflows WHERE id = ? AND org_id = ?`, p.WorkflowID, p.OrgID).Scan(&n).Error; err != nil {
 		return nil, fmt.Errorf("start run: %w", translate(err))
 	}
-	if found == 0 {
+	if n == 0 {
 		return nil, fmt.Errorf("start run: workflow %s: %w", p.WorkflowID, ErrNotFound)
 	}
-	if err := claimSlot(tx, p.OrgID, period, p.Quota); err != nil {
+	if err := claimSlot(db, p.OrgID, period, p.Quota); err != nil {
 		return nil, fmt.Errorf("start run: %w", err)
 	}
-	res = tx.Raw(`WITH bump AS (SELECT 1), `+insertRun+` SELECT * FROM run`, args).Scan(&run)
-	if res.Error != nil {
-		return nil, fmt.Errorf("start run: %w", translate(res.Error))
-	}
-	if res.RowsAffected != 1 {
-		return nil, fmt.Errorf("start run: the run was not inserted")
+	err = tx.pgx(func(c *pgx.Conn) error {
+		return scanRun(c.QueryRow(ctx, startSlowSQL, append([]any{p.OrgID, p.WorkflowID}, insertArgs...)...), &run)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start run: %w", translate(err))
 	}
 	return &run, nil
 }

@@ -35,19 +35,21 @@ func UsagePeriod(t time.Time) time.Time {
 // slots are not balanced for @quota (a new month, a changed quota), when
 // the quota is used up, or when every slot with room is held: the caller
 // then takes the slow path (claimSlot).
+// Its parameters: $1 workflow, $2 org, $3 period, $4 quota, $5 the slot to
+// start looking from, $6 UsageSlots.
 const claimSlotFast = `
 wf AS (
-	SELECT id FROM workflows WHERE id = @workflow AND org_id = @org
+	SELECT id FROM workflows WHERE id = $1 AND org_id = $2
 ), slot AS (
 	SELECT s.slot FROM usage_slots s
-	WHERE s.org_id = @org AND s.period = @period AND s.quota = CAST(@quota AS bigint)
-	  AND (CAST(@quota AS bigint) = 0 OR s.runs < s.cap)
+	WHERE s.org_id = $2 AND s.period = $3 AND s.quota = CAST($4 AS bigint)
+	  AND (CAST($4 AS bigint) = 0 OR s.runs < s.cap)
 	  AND EXISTS (SELECT 1 FROM wf)
-	ORDER BY (s.slot + CAST(@offset AS integer)) % CAST(@slots AS integer)
+	ORDER BY (s.slot + CAST($5 AS integer)) % CAST($6 AS integer)
 	LIMIT 1 FOR UPDATE SKIP LOCKED
 ), bump AS (
 	UPDATE usage_slots u SET runs = u.runs + 1 FROM slot
-	WHERE u.org_id = @org AND u.period = @period AND u.slot = slot.slot
+	WHERE u.org_id = $2 AND u.period = $3 AND u.slot = slot.slot
 	RETURNING u.slot
 )`
 

@@ -34,15 +34,14 @@ func newUsageFixture(t *testing.T) *usageFixture {
 // 1 ms: a start that has to wait for another transaction fails instead.
 func (f *usageFixture) begin(t *testing.T) *models.RequestTx {
 	t.Helper()
-	tx, locked, err := models.BeginRequest(context.Background(), f.db, 10*time.Second, nil)
+	tx, _, err := models.BeginRequest(context.Background(), f.db, 10*time.Second, nil)
 	require.NoError(t, err)
-	require.True(t, locked)
 	t.Cleanup(tx.Rollback)
 	require.NoError(t, tx.DB().Exec(`SET LOCAL lock_timeout = '1ms'`).Error)
 	return tx
 }
 
-func (f *usageFixture) start(tx *gorm.DB, quota int64, now time.Time) error {
+func (f *usageFixture) start(tx *models.RequestTx, quota int64, now time.Time) error {
 	_, err := f.runs.Start(tx, models.StartParams{
 		OrgID: f.org, WorkflowID: f.wf, Submission: []byte(`{}`), Quota: quota,
 		JobName: models.RunJobName, TaskIDPrefix: models.RunTaskIDPrefix, Now: now,
@@ -53,11 +52,10 @@ func (f *usageFixture) start(tx *gorm.DB, quota int64, now time.Time) error {
 // startCommitted starts one run in a transaction of its own and commits it.
 func (f *usageFixture) startCommitted(t *testing.T, quota int64, now time.Time) error {
 	t.Helper()
-	tx, locked, err := models.BeginRequest(context.Background(), f.db, 10*time.Second, nil)
+	tx, _, err := models.BeginRequest(context.Background(), f.db, 10*time.Second, nil)
 	require.NoError(t, err)
-	require.True(t, locked)
 	defer tx.Rollback()
-	if err := f.start(tx.DB(), quota, now); err != nil {
+	if err := f.start(tx, quota, now); err != nil {
 		return err
 	}
 	return tx.Commit(context.Background())
@@ -86,7 +84,7 @@ func TestUsageStartsDoNotWaitForEachOther(t *testing.T) {
 			const inFlight = 30 // under models.UsageSlots, above the API's pool size
 			for i := range inFlight {
 				tx := f.begin(t)
-				require.NoError(t, f.start(tx.DB(), quota, f.now), "start %d of %d in flight", i+1, inFlight)
+				require.NoError(t, f.start(tx, quota, f.now), "start %d of %d in flight", i+1, inFlight)
 			}
 			require.EqualValues(t, 1, f.usage(t, f.now), "the in-flight starts have not committed")
 		})

@@ -41,7 +41,7 @@ type Options struct {
 	Config func(*config.Config)
 	// Tracer sees every statement of the database pool.
 	Tracer pgx.QueryTracer
-	// MaxOpenConns of the pool; 0 means 20.
+	// MaxOpenConns of the pool; 0 means models.Open's default.
 	MaxOpenConns int
 }
 

@@ -41,7 +41,7 @@ func BaseURL() string {
 type Options struct {
 	// Tracer sees every statement of the returned pool.
 	Tracer pgx.QueryTracer
-	// MaxOpenConns of the returned pool; 0 means 20.
+	// MaxOpenConns of the returned pool; 0 means models.Open's default.
 	MaxOpenConns int
 	// StatementTimeout is PostgreSQL's statement_timeout on the pool's connections.
 	StatementTimeout time.Duration
