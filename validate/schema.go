@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
@@ -34,7 +35,9 @@ type refuseLoader struct{}
 
 func (refuseLoader) Load(string) (any, error) { return nil, errRemoteRef }
 
-func compileSchema(raw json.RawMessage) (*jsonschema.Schema, error) {
+// compileSchema compiles a schema (nil for none) with a stepCounter in every subschema that
+// charges b, the budget of the runner that will use the compiled copy.
+func compileSchema(raw json.RawMessage, b *budget) (*jsonschema.Schema, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil, nil
@@ -55,6 +58,15 @@ func compileSchema(raw json.RawMessage) (*jsonschema.Schema, error) {
 	c.AssertFormat()
 	// The metaschemas of the known drafts are embedded in the library and load without this.
 	c.UseLoader(refuseLoader{})
+	// The step counter is a vocabulary without keywords: its Compile runs for every schema
+	// object, so its extension runs at every subschema the validation applies. Drafts from
+	// 2019-09 on enable a custom vocabulary only with AssertVocabs (older ones always do); the
+	// vocabulary has no metaschema, so this changes nothing else.
+	c.RegisterVocabulary(stepVocabulary(b))
+	c.AssertVocabs()
+	// Go's regexp, as the library's default, with every match counted: a patternProperties
+	// of many patterns runs them all on every member of an object, inside one subschema.
+	c.UseRegexpEngine(countedRegexpEngine(b))
 	if err := c.AddResource(schemaURL, doc); err != nil {
 		return nil, fail("%v", err)
 	}
@@ -62,6 +74,7 @@ func compileSchema(raw json.RawMessage) (*jsonschema.Schema, error) {
 	if err != nil {
 		return nil, fail("%s", schemaCompileMessage(err))
 	}
+	takeOverEnums(sch)
 	return sch, nil
 }
 
@@ -94,31 +107,79 @@ func quotePointer(tokens []string) string {
 	return "'" + p + "'"
 }
 
-// schemaFindings validates doc and returns one finding per leaf error, sorted by path then
-// message, without duplicates (two failed branches of an anyOf can say the same thing).
-func schemaFindings(sch *jsonschema.Schema, doc any) []Finding {
-	err := sch.Validate(doc)
-	if err == nil {
-		return nil
+// schemaFindings validates doc under the runner's budget and returns one finding per leaf
+// error, sorted by path then message, without duplicates (two failed branches of an anyOf
+// can say the same thing). Past a limit, or when ctx ends, it returns the budget's error.
+//
+// jsonschema has no cancellation: the step counter in every subschema panics out of the
+// library's recursion, and the recover here ends the validation in this goroutine, so
+// nothing is left running.
+func (r *runner) schemaFindings(doc any, timeout time.Duration) (findings []Finding, err error) {
+	r.b.startSchema(timeout)
+	defer func() {
+		if rec := recover(); rec != nil {
+			if _, ok := rec.(abortSignal); !ok {
+				panic(rec)
+			}
+			r.aborted = true
+			findings, err = nil, r.b.err
+		}
+	}()
+	verr := r.schema.Validate(doc)
+	if verr == nil {
+		return nil, nil
 	}
-	var verr *jsonschema.ValidationError
-	if !errors.As(err, &verr) {
+	var ve *jsonschema.ValidationError
+	if !errors.As(verr, &ve) {
 		// Validate documents only *ValidationError; keep any other failure visible all the same.
-		return []Finding{{Step: StepSchema, Severity: SeverityError, Message: err.Error()}}
+		return []Finding{{Step: StepSchema, Severity: SeverityError, Message: verr.Error()}}, nil
 	}
-	var findings []Finding
-	for _, leaf := range leaves(verr, nil) {
-		findings = append(findings, Finding{
-			Step:     StepSchema,
-			Severity: SeverityError,
-			Path:     jsonPointer(leaf.InstanceLocation),
-			Message:  kindMessage(leaf.ErrorKind),
-		})
+	return leafFindings(leaves(ve, nil)), nil
+}
+
+// leafFindings turns the leaf errors into findings sorted by path then message, without
+// duplicates, at most MaxSchemaFindings of them and then one that says how many errors were
+// left out. Messages are formatted only for the errors listed.
+func leafFindings(ls []*jsonschema.ValidationError) []Finding {
+	type leaf struct {
+		path string
+		err  *jsonschema.ValidationError
 	}
-	slices.SortFunc(findings, func(a, b Finding) int {
-		return cmp.Or(cmp.Compare(a.Path, b.Path), cmp.Compare(a.Message, b.Message))
-	})
-	return slices.Compact(findings)
+	sorted := make([]leaf, len(ls))
+	for i, l := range ls {
+		sorted[i] = leaf{jsonPointer(l.InstanceLocation), l}
+	}
+	slices.SortStableFunc(sorted, func(a, b leaf) int { return cmp.Compare(a.path, b.path) })
+	findings := []Finding{}
+	listed := 0 // errors that the findings so far stand for, duplicates included
+	for i := 0; i < len(sorted) && len(findings) < MaxSchemaFindings; {
+		j := i + 1
+		for j < len(sorted) && sorted[j].path == sorted[i].path {
+			j++
+		}
+		messages := make([]string, 0, j-i)
+		for _, l := range sorted[i:j] {
+			messages = append(messages, kindMessage(l.err.ErrorKind))
+		}
+		slices.Sort(messages)
+		for k := 0; k < len(messages) && len(findings) < MaxSchemaFindings; {
+			n := 1
+			for k+n < len(messages) && messages[k+n] == messages[k] {
+				n++
+			}
+			// Two failed branches of an anyOf can say the same thing about the same value.
+			findings = append(findings, Finding{Step: StepSchema, Severity: SeverityError, Path: sorted[i].path, Message: messages[k]})
+			listed += n
+			k += n
+		}
+		i = j
+	}
+	if more := len(sorted) - listed; more > 0 {
+		findings = append(findings, Finding{Step: StepSchema, Severity: SeverityError,
+			Message: fmt.Sprintf("%d more schema errors are not listed: only the first %d findings in path order are (MaxSchemaFindings)",
+				more, MaxSchemaFindings)})
+	}
+	return findings
 }
 
 // kindMessage is the library's message, except for the numeric keywords, whose messages

@@ -3,16 +3,35 @@
 // [Program.Run] checks one submission against them and returns the problems as [Finding]s.
 //
 // The package is pure: no database, no network (a schema $ref is never fetched), no mutable
-// globals. A Program is immutable once compiled, so workers may cache and share it.
+// globals. A Program is safe for concurrent use once compiled, so workers may cache and
+// share it.
+//
+// Rules are written by API clients and run inside a shared worker (with `serve --worker`,
+// inside the API's process), so every rule is bounded twice. Compile rejects, as a
+// *CompileError, definitions whose size alone is a problem: a schema that expands past
+// MaxSchemaNodes, more than MaxAssertions assertions, expressions longer than MaxExprLength
+// or nested deeper than MaxExprDepth, and expressions whose worst-case cost on a
+// SizeHintBytes submission is past MaxEstimatedCost. Run then counts the work and memory of
+// each submission: MaxSchemaSteps and SchemaTimeout for the schema; CostLimit, MaxValueSize
+// and EvalTimeout for each assertion; MemoryLimit for the assertions of a run together. Past
+// any of them Run stops at once, in the calling goroutine, and returns a *LimitError wrapping
+// ErrLimitExceeded: the submission cannot pass on a retry, so the run ends in error, with
+// the error's message as its reason.
+//
+// A submission that an assertion cannot be evaluated on (a field missing or of another type
+// than the rule expects) is not a limit: it yields a finding, of the assertion's own
+// severity (see Finding).
 package validate
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -51,9 +70,12 @@ var (
 type Assertion struct {
 	// Name is 1-100 characters, unique within the workflow.
 	Name string `json:"name"`
-	// Expr is CEL over `submission` (dyn) and `metadata` (map(string, dyn)); it must evaluate to bool.
+	// Expr is CEL over `submission` (dyn) and `metadata` (map(string, dyn)); it must evaluate
+	// to bool. At most MaxExprLength bytes, nested at most MaxExprDepth levels deep.
 	Expr string `json:"expr"`
-	// Severity is error (the default when empty), warning or info.
+	// Severity is error (the default when empty), warning or info. It is the severity of the
+	// assertion's findings, both when the expression is false and when it cannot be
+	// evaluated on a submission.
 	Severity string `json:"severity,omitempty"`
 	// Message is shown when the expression is false; empty means "assertion <name> failed".
 	Message string `json:"message,omitempty"`
@@ -62,7 +84,15 @@ type Assertion struct {
 // Finding is one problem found in a submission.
 type Finding struct {
 	// Step is "schema" or "assertion:<name>".
-	Step     string `json:"step"`
+	Step string `json:"step"`
+	// Severity is error for schema findings, and the assertion's severity for assertion
+	// findings, including "assertion <name> could not be evaluated: ..." when the expression
+	// fails on this submission (a field is missing, or has another type than the rule
+	// expects). A rule that cannot be evaluated has not established its condition: for an
+	// error rule that fails the run, as a false result would; for a warning or info rule it
+	// stays advisory, because the author said a violation of that rule must not fail a run,
+	// and a submission that a warning rule cannot read (say, a total sent as a string) is
+	// rejected, if at all, by the schema or by an error rule that checks the type.
 	Severity string `json:"severity"`
 	// Path is the JSON pointer of the offending value for schema findings ("" is the root
 	// value itself), and always "" for assertions.
@@ -90,16 +120,26 @@ func (e *CompileError) Error() string {
 
 // Program is a compiled workflow definition, safe for concurrent use.
 type Program struct {
-	schema     *jsonschema.Schema // nil: the workflow has no schema
+	schema     json.RawMessage // nil: the workflow has no schema
 	assertions []compiledAssertion
-	// evalTimeout is EvalTimeout; a field so that tests can reach it without waiting for it.
-	evalTimeout time.Duration
+	// runners holds compiled copies of the definition, each with its own budget. The hooks
+	// that count work (a jsonschema extension, cel-go decorators) receive no per-call state,
+	// so each copy is bound to one budget when compiled, and a Run takes a copy for itself.
+	// Idle copies go with the garbage collector.
+	runners sync.Pool
+	// evalTimeout and schemaTimeout are EvalTimeout and SchemaTimeout; fields so that tests
+	// can reach them without waiting for them.
+	evalTimeout, schemaTimeout time.Duration
 }
 
-type compiledAssertion struct {
-	Assertion // normalised: severity and message filled in
-	step      string
-	prg       cel.Program
+// runner is one compiled copy of a Program, used by one Run at a time.
+type runner struct {
+	program *Program
+	b       budget
+	schema  *jsonschema.Schema
+	progs   []cel.Program
+	// aborted: a limit unwound the copy mid-validation; it is dropped rather than reused.
+	aborted bool
 }
 
 // Compile checks and compiles a schema (nil, empty or JSON `null` mean no schema) and
@@ -109,11 +149,25 @@ type compiledAssertion struct {
 // Every failure is a *CompileError; the first problem found is reported, schema first, then
 // assertions in order.
 func Compile(schema json.RawMessage, assertions []Assertion) (*Program, []Assertion, error) {
-	sch, err := compileSchema(schema)
+	p := &Program{evalTimeout: EvalTimeout, schemaTimeout: SchemaTimeout}
+	first := &runner{program: p}
+	sch, err := compileSchema(schema, &first.b)
 	if err != nil {
 		return nil, nil, err
 	}
-	p := &Program{schema: sch, assertions: make([]compiledAssertion, 0, len(assertions)), evalTimeout: EvalTimeout}
+	if sch != nil {
+		if msg := checkSchemaSize(sch); msg != "" {
+			return nil, nil, &CompileError{Field: "schema", Msg: msg}
+		}
+		// A copy: the caller may reuse its buffer, and runners compile from this one.
+		p.schema = slices.Clone(bytes.TrimSpace(schema))
+		first.schema = sch
+	}
+	if len(assertions) > MaxAssertions {
+		return nil, nil, &CompileError{Field: "assertions", Msg: fmt.Sprintf("%d assertions, more than MaxAssertions (%d): "+
+			"combine related checks with && in one assertion", len(assertions), MaxAssertions)}
+	}
+	p.assertions = make([]compiledAssertion, 0, len(assertions))
 	// Never nil, so a stored definition reads [] rather than null.
 	normalised := make([]Assertion, 0, len(assertions))
 	seen := make(map[string]int, len(assertions))
@@ -146,14 +200,52 @@ func Compile(schema json.RawMessage, assertions []Assertion) (*Program, []Assert
 		if a.Message == "" {
 			a.Message = fmt.Sprintf("assertion %s failed", a.Name)
 		}
-		prg, msg := compileExpr(a.Expr)
+		checked, msg := compileExpr(a.Expr)
 		if msg != "" {
 			return nil, nil, fail("%s", msg)
 		}
 		normalised = append(normalised, a)
-		p.assertions = append(p.assertions, compiledAssertion{Assertion: a, step: StepAssertionPrefix + a.Name, prg: prg})
+		p.assertions = append(p.assertions, compiledAssertion{Assertion: a, step: StepAssertionPrefix + a.Name, ast: checked})
+		prg, err := newProgram(&p.assertions[len(p.assertions)-1], &first.b)
+		if err != nil {
+			return nil, nil, fail("%v", err)
+		}
+		first.progs = append(first.progs, prg)
 	}
+	p.runners.Put(first)
 	return p, normalised, nil
+}
+
+// runner returns an idle compiled copy, or compiles one.
+func (p *Program) runner() (*runner, error) {
+	if r, ok := p.runners.Get().(*runner); ok {
+		return r, nil
+	}
+	r := &runner{program: p}
+	if p.schema != nil {
+		sch, err := compileSchema(p.schema, &r.b)
+		if err != nil {
+			// It compiled in Compile; compiling is deterministic.
+			return nil, fmt.Errorf("validate: compile a copy of the schema: %w", err)
+		}
+		r.schema = sch
+	}
+	for i := range p.assertions {
+		prg, err := newProgram(&p.assertions[i], &r.b)
+		if err != nil {
+			return nil, fmt.Errorf("validate: plan a copy of assertion %s: %w", p.assertions[i].Name, err)
+		}
+		r.progs = append(r.progs, prg)
+	}
+	return r, nil
+}
+
+func (p *Program) release(r *runner) {
+	if r.aborted {
+		return
+	}
+	r.b = budget{} // forget the caller's context
+	p.runners.Put(r)
 }
 
 // Run validates one submission. submission is raw JSON (any JSON value); metadata is a raw
@@ -162,8 +254,10 @@ func Compile(schema json.RawMessage, assertions []Assertion) (*Program, []Assert
 // Findings come in a deterministic order: schema findings sorted by path then message, then
 // assertion findings in definition order. The slice is never nil, so it encodes as [].
 // A problem with the submission, including an assertion that cannot be evaluated, is a
-// finding; err is only for input that is not JSON (ErrInvalidSubmission, ErrInvalidMetadata)
-// or ctx ending (ctx.Err()).
+// finding. err is for input that is not JSON (ErrInvalidSubmission, ErrInvalidMetadata), for
+// a submission that went past a limit of time, work or memory (a *LimitError, which wraps
+// ErrLimitExceeded), and for ctx ending (ctx.Err()). Either way the validation has stopped
+// when Run returns: nothing keeps running in another goroutine.
 func (p *Program) Run(ctx context.Context, submission, metadata []byte) ([]Finding, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -176,10 +270,20 @@ func (p *Program) Run(ctx context.Context, submission, metadata []byte) ([]Findi
 	if err != nil {
 		return nil, err
 	}
+	r, err := p.runner()
+	if err != nil {
+		return nil, err
+	}
+	defer p.release(r)
+	r.b.startRun(ctx)
 
 	findings := []Finding{}
-	if p.schema != nil {
-		findings = append(findings, schemaFindings(p.schema, doc)...)
+	if r.schema != nil {
+		sf, err := r.schemaFindings(doc, p.schemaTimeout)
+		if err != nil {
+			return nil, err
+		}
+		findings = append(findings, sf...)
 	}
 	if len(p.assertions) == 0 {
 		return findings, nil
@@ -193,13 +297,12 @@ func (p *Program) Run(ctx context.Context, submission, metadata []byte) ([]Findi
 	if err != nil {
 		return nil, fmt.Errorf("validate: bind variables: %w", err)
 	}
-	for _, a := range p.assertions {
+	for i := range p.assertions {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		f, ok := a.eval(ctx, vars, p.evalTimeout)
-		if err := ctx.Err(); err != nil {
-			// The evaluation error, if any, was the interruption: not the submission's fault.
+		f, ok, err := r.eval(i, vars, p.evalTimeout)
+		if err != nil {
 			return nil, err
 		}
 		if !ok {
