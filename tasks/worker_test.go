@@ -242,6 +242,31 @@ func TestRunThatCannotExecuteEndsInError(t *testing.T) {
 	}, "the task is archived")
 }
 
+// A run past a validation limit (here a CEL assertion that doubles a string
+// until it passes validate.MaxValueSize; the workflow passes the create-time
+// checks) ends in status error with the limit named, at once and without
+// retries, and writes no finding: retrying the same submission cannot help.
+func TestRunPastAValidationLimitEndsInError(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	doubling := `["ab"]` + strings.Repeat(`.map(s, s + s)`, 24) + `[0] == ""`
+	wf := env.NewWorkflow(org, map[string]any{"name": "greedy", "assertions": []map[string]any{
+		{"name": "doubling", "expr": doubling, "severity": "error"}}})
+	w := startWorker(t, env, newRedis(t), func(c *tasks.Config) { c.RunMaxRetry = 3 })
+
+	id := startRun(t, env, org, wf, validOrder)
+	run := waitRun(t, env, org, id, 20*time.Second)
+	require.Equal(t, "error", run.Status)
+	require.NotNil(t, run.Error)
+	require.Contains(t, *run.Error, "MaxValueSize")
+	require.Contains(t, *run.Error, "doubling", "the reason names the assertion")
+	require.Empty(t, run.Findings)
+	require.Equal(t, 1, run.Attempts, "not retried")
+	eventuallyMetric(t, w.Registry, 1, "valruns_runs_finished_total", "status", "error")
+	require.Zero(t, metricValue(t, w.Registry, "valruns_tasks_failed_total", "type", tasks.TypeRunExecute), "no failed execution to retry")
+}
+
 // A run whose task keeps failing (here: the database refuses to finish it)
 // is retried, and ends in status error with the reason once the retries are
 // exhausted. The failed attempt releases its lease, so the retry (after
