@@ -95,9 +95,9 @@ func (r *result) fail(t testing.TB, format string, args ...any) {
 	if len(short) > 240 {
 		short = short[:240] + "..."
 	}
-	if len(r.Notes) < 8 {
+	if len(r.Notes) < 12 {
 		r.Notes = append(r.Notes, short)
-	} else if len(r.Notes) == 8 {
+	} else if len(r.Notes) == 12 {
 		r.Notes = append(r.Notes, "(more in the test output)")
 	}
 }
@@ -227,7 +227,11 @@ func verify(t *testing.T, c *cluster, res *result, ops []*op, exp expectations) 
 		var ids []string
 		for _, r := range runs {
 			if (r.Status == "queued" || r.Status == "running") && len(ids) < 3 {
-				ids = append(ids, fmt.Sprintf("%s (%s, attempts %d)", r.ID, r.Status, r.Attempts))
+				what := ""
+				if name := exp.errorRuns[r.ID]; name != "" {
+					what = ", " + name
+				}
+				ids = append(ids, fmt.Sprintf("%s (%s, attempts %d%s)", r.ID, r.Status, r.Attempts, what))
 			}
 		}
 		res.fail(t, "%d runs still not final at the deadline (%s), such as %s", res.Stranded,

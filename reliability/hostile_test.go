@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 // probe is one hostile request. Every answer to one must be a 4xx problem
 // document with a code: never a 5xx, never a huge body.
 type probe struct {
+	cat          string // the kind of hostility, for the report
 	name         string
 	method, path string
 	auth         *string // the Authorization header; nil sends the organisation's token
@@ -43,24 +46,47 @@ func hostileInput(t *testing.T, s *suite, res *result) {
 	ctx := context.Background()
 
 	probes := corpus(wf, o.Token, revoked)
-	var mustNotStore []string
-	accepted := map[string]bool{} // runs of probes wrongly accepted: reported as answers, not again as strays
+	mustNotStore := map[string]string{} // key -> probe
+	accepted := map[string]bool{}       // runs of probes wrongly accepted: reported as answers, not again as strays
+	wrong := map[string][]string{}      // category -> what went wrong
+	total := map[string]int{}
+	var cats []string
 	for i, p := range probes {
+		if total[p.cat] == 0 {
+			cats = append(cats, p.cat)
+		}
+		total[p.cat]++
 		if a := sendProbe(ctx, cl, p, i%len(c.servers)); a != nil {
-			checkHostileAnswer(t, res, p, a)
+			if msg := hostileAnswerProblem(p, a); msg != "" {
+				t.Log(msg)
+				wrong[p.cat] = append(wrong[p.cat], msg)
+			}
 			// From Location: an amplified body may have been cut.
 			if id, ok := strings.CutPrefix(a.Header.Get("Location"), "/api/runs/"); ok && a.Status == 201 {
 				accepted[strings.TrimSuffix(id, "/")] = true
 			}
 		} else {
-			res.fail(t, "probe %s: no answer after retries", p.name)
+			wrong[p.cat] = append(wrong[p.cat], "probe "+p.name+": no answer after retries")
 		}
 		if p.storeNothing {
-			mustNotStore = append(mustNotStore, p.keys...)
+			for _, k := range p.keys {
+				mustNotStore[k] = p.name
+			}
 		}
 	}
-	if n := storedKeys(c, mustNotStore); len(n) > 0 {
-		res.fail(t, "%d requests rejected before the handler still stored their key: %v", len(n), n[:min(len(n), 5)])
+	for _, cat := range cats {
+		if w := wrong[cat]; len(w) > 0 {
+			res.fail(t, "%s: %d of %d probes answered wrongly, such as %s", cat, len(w), total[cat], w[0])
+		}
+	}
+	if stored := storedKeys(c, slices.Collect(maps.Keys(mustNotStore))); len(stored) > 0 {
+		var names []string
+		for _, k := range stored {
+			names = append(names, mustNotStore[k])
+		}
+		slices.Sort(names)
+		res.fail(t, "%d requests rejected before the handler (the contract: nothing stored) stored their key: %s",
+			len(stored), strings.Join(names[:min(len(names), 4)], "; "))
 	}
 
 	// Invented methods must not grow /metrics without bound (a label taken
@@ -72,10 +98,12 @@ func hostileInput(t *testing.T, s *suite, res *result) {
 	for i := range methods {
 		p := probe{name: fmt.Sprintf("invented method FUZZ%03d", i), method: fmt.Sprintf("FUZZ%03d", i),
 			path: []string{"/api/workflows/", "/api/runs/", "/nope", "/healthz"}[i%4]}
-		if a := sendProbe(ctx, cl, p, 0); a != nil {
-			checkHostileAnswer(t, res, p, a)
-		} else {
+		a := sendProbe(ctx, cl, p, 0)
+		switch {
+		case a == nil:
 			res.fail(t, "probe %s: no answer", p.name)
+		case hostileAnswerProblem(p, a) != "":
+			res.fail(t, "%s", hostileAnswerProblem(p, a))
 		}
 	}
 	after := metricsSize(t, cl, api)
@@ -120,24 +148,25 @@ func hostileInput(t *testing.T, s *suite, res *result) {
 	res.judge5xx(t, rec, nil)
 }
 
-// checkHostileAnswer: a 4xx problem document with a code and a matching
+// hostileAnswerProblem says what is wrong with an answer to a probe ("" if
+// nothing): it must be a 4xx problem document with a code and a matching
 // status, and a body of reasonable size.
-func checkHostileAnswer(t *testing.T, res *result, p probe, a *answer) {
-	t.Helper()
+func hostileAnswerProblem(p probe, a *answer) string {
 	var doc struct {
 		Status int    `json:"status"`
 		Code   string `json:"code"`
 	}
 	switch {
 	case a.Oversized:
-		res.fail(t, "probe %s: answered %d with a body over %d bytes (size amplification)", p.name, a.Status, len(a.Body))
+		return fmt.Sprintf("probe %s: answered %d with a body over %d bytes (size amplification)", p.name, a.Status, len(a.Body))
 	case a.Status < 400 || a.Status > 499:
-		res.fail(t, "probe %s: answered %d, want a 4xx: %s", p.name, a.Status, clip(a.Body))
+		return fmt.Sprintf("probe %s: answered %d, want a 4xx: %s", p.name, a.Status, clip(a.Body))
 	case !a.isProblem():
-		res.fail(t, "probe %s: answered %d with Content-Type %q, want application/problem+json", p.name, a.Status, a.Header.Get("Content-Type"))
+		return fmt.Sprintf("probe %s: answered %d with Content-Type %q, want application/problem+json", p.name, a.Status, a.Header.Get("Content-Type"))
 	case json.Unmarshal(a.Body, &doc) != nil || doc.Code == "" || doc.Status != a.Status:
-		res.fail(t, "probe %s: answered %d with a problem document without a code or with another status: %s", p.name, a.Status, clip(a.Body))
+		return fmt.Sprintf("probe %s: answered %d with a problem document without a code or with another status: %s", p.name, a.Status, clip(a.Body))
 	}
+	return ""
 }
 
 // sendProbe sends p once to a replica, retrying only when no answer came
@@ -196,8 +225,10 @@ func corpus(wf, token, revoked string) []probe {
 	var ps []probe
 	n := 0
 	key := func() []string { n++; return []string{fmt.Sprintf("hostile-%04d", n)} }
-	add := func(p probe) { ps = append(ps, withToken(token, p)...) }
+	cat := ""
+	add := func(p probe) { p.cat = cat; ps = append(ps, withToken(token, p)...) }
 
+	cat = "malformed JSON"
 	malformed := []string{`{`, `{"submission":`, `{"submission":1,}`, `{'submission':1}`, `{"submission":tru}`,
 		`{"submission":1}}`, `{"submission":1} x`, `[`, `NaN`, `{"submission":NaN}`, `{"submission":Infinity}`,
 		`{"submission":-}`, `{"submission":01}`, `{"submission":"\x"}`, "{\"submission\":\"\xff\xfe\"}",
@@ -211,10 +242,12 @@ func corpus(wf, token, revoked string) []probe {
 		add(probe{name: name + " (start)", method: "POST", path: start, body: []byte(b)})
 		add(probe{name: name + " (create, key)", method: "POST", path: "/api/workflows/", keys: key(), body: []byte(b), storeNothing: true})
 	}
+	cat = "empty bodies"
 	for i, b := range []string{"", " ", "\n\t "} {
 		add(probe{name: fmt.Sprintf("empty body #%d (start, key)", i), method: "POST", path: start, keys: key(), body: []byte(b), storeNothing: true})
 		add(probe{name: fmt.Sprintf("empty body #%d (create, key)", i), method: "POST", path: "/api/workflows/", keys: key(), body: []byte(b), storeNothing: true})
 	}
+	cat = "bodies that are not the start object"
 	for _, b := range []string{`[]`, `[1,2]`, `"x"`, `42`, `true`, `null`, `{}`, `{"metadata":{}}`,
 		`{"submission":1,"metadata":[1]}`, `{"submission":1,"metadata":"x"}`, `{"submission":1,"metadata":1}`,
 		`{"submission":1,"metadata":true}`, `{"submission":1,"SUBMISSION":2}`, `{"submission":1,"submision":2}`,
@@ -223,6 +256,7 @@ func corpus(wf, token, revoked string) []probe {
 		add(probe{name: "not the start object " + label(b), method: "POST", path: start, keys: key(), body: []byte(b)})
 	}
 
+	cat = "numbers PostgreSQL cannot store"
 	// Numbers PostgreSQL cannot store (numeric: 131072 digits before the
 	// point, 16383 after), or whose exponent does not even fit an int64.
 	for _, num := range []string{`1e1000000`, `-1e1000000`, `1e-1000000`, `-1e-1000000`, `1e99999999999999999999`, `123456789e2147483647`} {
@@ -236,6 +270,7 @@ func corpus(wf, token, revoked string) []probe {
 		add(probe{name: "unstorable number in schema " + kw, method: "POST", path: "/api/workflows/", keys: key(), body: []byte(b), storeNothing: true})
 	}
 
+	cat = "size amplification"
 	// Size amplification: ~1 KB of input whose stored form is 131072 digits per number.
 	big := strings.TrimSuffix(strings.Repeat("1e131071,", 100), ",")
 	var members []string
@@ -248,6 +283,7 @@ func corpus(wf, token, revoked string) []probe {
 	add(probe{name: "amplification: schema const of 100 × 1e131071", method: "POST", path: "/api/workflows/", keys: key(),
 		body: []byte(`{"name":"amp","schema":{"const":[` + big + `]}}`)})
 
+	cat = "bad Idempotency-Keys"
 	// Idempotency-Keys that are not 1-255 printable ASCII characters.
 	good := []byte(`{"submission":{"customer":"ACME","total":1}}`)
 	for _, k := range [][]string{{""}, {strings.Repeat("a", 256)}, {strings.Repeat("k", 4000)}, {"ключ-1"}, {"é"},
@@ -256,6 +292,7 @@ func corpus(wf, token, revoked string) []probe {
 			method: "POST", path: start, keys: k, body: good})
 	}
 
+	cat = "bad tokens"
 	// Missing, malformed, unknown and revoked tokens.
 	for _, auth := range []string{"", "Bearer", "Bearer ", "Basic dXNlcjpwYXNz", "Bearer vr_unknown0000000000", "Bearer not-a-token",
 		"Bearer vr_" + strings.Repeat("x", 8000), "Bearer " + revoked, "Bearer " + token + "x", "Token " + token,
@@ -264,6 +301,7 @@ func corpus(wf, token, revoked string) []probe {
 		add(probe{name: "token " + label(auth) + " (list)", method: "GET", path: "/api/workflows/", auth: str(auth)})
 	}
 
+	cat = "unknown routes, wrong methods, bad ids and parameters"
 	// Unknown routes, wrong methods, bad ids and bad query parameters.
 	for _, r := range [][2]string{{"GET", "/api/nope"}, {"GET", "/api/workflows/" + wf + "/nope"}, {"POST", "/api/runs/"},
 		{"DELETE", "/api/workflows/" + wf + "/"}, {"PUT", "/api/runs/" + wf + "/"}, {"PATCH", "/api/workflows/"},
@@ -279,6 +317,7 @@ func corpus(wf, token, revoked string) []probe {
 	add(probe{name: "start on a workflow that is not a UUID", method: "POST", path: "/api/workflows/not-a-uuid/start/", keys: key(), body: good})
 	add(probe{name: "start on an unknown workflow", method: "POST", path: "/api/workflows/00000000-0000-0000-0000-000000000000/start/", keys: key(), body: good})
 
+	cat = "invalid workflows"
 	// Workflows that do not compile or make no sense.
 	for _, b := range []string{`{}`, `{"name":""}`, `{"name":"` + strings.Repeat("n", 201) + `"}`, `{"name":"x","assertions":{}}`,
 		`{"name":"x","assertions":[{"name":"a","expr":"1"}]}`, `{"name":"x","assertions":[{"name":"a","expr":"nope"}]}`,
@@ -290,6 +329,7 @@ func corpus(wf, token, revoked string) []probe {
 		add(probe{name: "invalid workflow " + label(b), method: "POST", path: "/api/workflows/", keys: key(), body: []byte(b)})
 	}
 
+	cat = "10 MB bodies"
 	// 10 MB bodies, with and without Content-Length: 413.
 	huge := []byte(`{"submission":"` + strings.Repeat("a", 10<<20) + `"}`)
 	for _, chunked := range []bool{false, true} {
