@@ -1,6 +1,7 @@
 package reliability
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -106,20 +107,32 @@ func (r *result) fail(t testing.TB, format string, args ...any) {
 // (expected(e) true) and unexpected, and reports every unexpected one.
 func (r *result) judge5xx(t testing.TB, rec *recorder, expected func(serverError) bool) {
 	t.Helper()
-	var bad []string
+	tally := map[string]int{}
+	var kinds []string
 	for _, e := range rec.serverErrors() {
 		if expected != nil && expected(e) {
 			r.Expected5xx++
 			continue
 		}
 		r.Unexpected5xx++
-		if len(bad) < 5 {
-			bad = append(bad, fmt.Sprintf("%d %s (Retry-After %q, problem+json %v) on %s at %s",
-				e.Status, e.Code, e.RetryAfter, e.Problem, e.Path, e.At.Format("15:04:05.000")))
+		kind := fmt.Sprintf("%d %s", e.Status, cmp.Or(e.Code, "(no code)"))
+		if e.RetryAfter == "" {
+			kind += " without Retry-After"
 		}
+		if !e.Problem {
+			kind += " (not a problem document)"
+		}
+		if tally[kind] == 0 {
+			kinds = append(kinds, kind)
+		}
+		tally[kind]++
 	}
 	if r.Unexpected5xx > 0 {
-		r.fail(t, "%d unexpected 5xx answers, such as: %s", r.Unexpected5xx, strings.Join(bad, "; "))
+		var parts []string
+		for _, k := range kinds {
+			parts = append(parts, fmt.Sprintf("%d × %s", tally[k], k))
+		}
+		r.fail(t, "%d unexpected 5xx answers: %s", r.Unexpected5xx, strings.Join(parts, ", "))
 	}
 }
 

@@ -114,8 +114,8 @@ func apiReplicaKill(t *testing.T, s *suite, res *result) {
 
 // postgresRestart: 160 starts by 8 clients; once 50 are done, PostgreSQL
 // is stopped in immediate mode (every session dies, as in a crash) and kept
-// down until the clients have had 20 answers from the replicas, then
-// started again. While it is down a start is 503 with Retry-After (a
+// down until the clients have had 20 answers from the replicas and cached
+// tokens have expired, then started again. While it is down a start is 503 with Retry-After (a
 // problem document), never a 500; afterwards everything completes.
 func postgresRestart(t *testing.T, s *suite, res *result) {
 	c, cl, rec, o := setup(t, s, "pgrestart")
@@ -129,7 +129,10 @@ func postgresRestart(t *testing.T, s *suite, res *result) {
 	stopAt := time.Now()
 	s.pg.stopImmediate()
 	downAt := time.Now()
-	if !waitUntil(15*time.Second, func() bool { return rec.answeredSince(downAt) >= 20 }) {
+	// Down until the replicas answered 20 requests, and for longer than
+	// AUTH_CACHE_TTL, so that authentication too must do without the database.
+	authTTL := s.cfg.AuthCacheTTL + 500*time.Millisecond
+	if !waitUntil(15*time.Second+authTTL, func() bool { return rec.answeredSince(downAt) >= 20 && time.Since(downAt) > authTTL }) {
 		res.fail(t, "only %d requests were answered in 15 s while PostgreSQL was down: the replicas do not answer without it",
 			rec.answeredSince(downAt))
 	}
