@@ -10,7 +10,7 @@ export REDIS_URL ?= redis://127.0.0.1:6379/0
 export TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 export HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: run test build services docs docs-check swag bench bench-go fmt vet
+.PHONY: run test reliability build services docs docs-check swag bench bench-go fmt vet
 
 # The first build on a machine downloads and compiles every module, for
 # minutes and silently: say so before it starts.
@@ -47,6 +47,13 @@ test: services docs-check
 	@bad=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' | grep -v '^docs/')); \
 	if [ -n "$$bad" ]; then echo "gofmt needed on:"; echo "$$bad"; echo "run: make fmt"; exit 1; fi
 	$(GO) test -race -count=1 ./...
+
+# The process-level fault suite alone, verbosely (reliability/, RELIABILITY.md):
+# real binaries, replicas and workers killed, its own PostgreSQL and Redis
+# restarted. It needs no running services; `make test` runs it too.
+# RELIABILITY_OUT=file also writes its report table there in Markdown.
+reliability:
+	$(GO) test -race -count=1 -v -timeout 10m -run TestReliability ./reliability/
 
 # bench: valruns beside the Node peer and the database limit (pgbench of the
 # captured start SQL); writes bench/RESULTS.md. QUICK=1: short runs (< 2 min).

@@ -1,0 +1,290 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// setup is what most scenarios start from: a fresh cluster, an organisation
+// and a client on both replicas.
+func setup(t *testing.T, s *suite, name string) (*cluster, *client, *recorder, org) {
+	t.Helper()
+	c := newCluster(t, s, 2, 2)
+	rec := &recorder{}
+	cl := newClient(c.baseURLs(), rec, s.cfg.MaxBodyBytes)
+	t.Cleanup(cl.close)
+	return c, cl, rec, c.newOrg(name)
+}
+
+// retryStorm: 20 keys, each sent by 10 goroutines at once through both
+// replicas, each goroutine retrying until its definitive answer and then
+// sending it twice more. Each key must make exactly one run, executed by
+// exactly one request; every other answer is the replay of the same bytes
+// or a 409 while in flight; the same key with another body is a 422.
+func retryStorm(t *testing.T, s *suite, res *result) {
+	c, cl, rec, o := setup(t, s, "storm")
+	def := orderWorkflow()
+	wf := createWorkflow(t, cl, o, def)
+	const keys, perKey, sends = 20, 10, 3
+	ops := makeOps("storm", keys, o, wf, def)
+	outs := make([][]outcome, keys)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	for k := range keys {
+		outs[k] = make([]outcome, perKey*sends)
+		for g := range perKey {
+			wg.Go(func() {
+				<-start
+				for n := range sends {
+					outs[k][g*sends+n] = cl.do(ctx, ops[k].request(), g+n)
+				}
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+
+	for k, o := range ops {
+		o.finish(outs[k][0])
+		executed := 0
+		var body []byte
+		for _, out := range outs[k] {
+			if !out.Definitive || out.Final.Status != 201 {
+				res.fail(t, "key %s: a sender ended with %s", o.Key, lastOf(out))
+				continue
+			}
+			if body == nil {
+				body = out.Final.Body
+			} else if !bytes.Equal(body, out.Final.Body) {
+				res.fail(t, "key %s: two different 201 bodies: %s and %s", o.Key, clip(body), clip(out.Final.Body))
+			}
+			for _, a := range out.Attempts {
+				if a.Status == 201 && !a.Replayed {
+					executed++
+				}
+			}
+		}
+		if executed != 1 {
+			res.fail(t, "key %s: %d requests executed (answered 201 without Idempotent-Replayed), want exactly 1", o.Key, executed)
+		}
+		// The same key with another body is a client bug: 422, not a replay.
+		other := *o
+		other.Variant = def.Variants[(k+1)%len(def.Variants)]
+		if out := cl.do(ctx, other.request(), k); !out.Definitive || out.Final.Status != 422 || out.Final.code() != "idempotency_key_reused" {
+			res.fail(t, "key %s reused with another body: %s, want 422 idempotency_key_reused", o.Key, lastOf(out))
+		}
+	}
+	verify(t, c, res, ops, expectations{})
+	res.Requests = rec.requests.Load()
+	res.judge5xx(t, rec, nil) // no fault: no 5xx at all
+}
+
+// apiReplicaKill: 160 starts by 8 clients over both replicas; once 50 are
+// done, replica A gets `kill -9`. Its clients fail over to replica B with
+// the same keys. Every operation ends with one 201 and one run; no 5xx.
+func apiReplicaKill(t *testing.T, s *suite, res *result) {
+	c, cl, rec, o := setup(t, s, "apikill")
+	def := orderWorkflow()
+	wf := createWorkflow(t, cl, o, def)
+	ops := makeOps("apikill", 160, o, wf, def)
+	l := startLoad(context.Background(), cl, ops, 8)
+	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 50 }) {
+		t.Fatalf("the load did not get going: %d operations done", l.done.Load())
+	}
+	faultAt := time.Now()
+	c.servers[0].kill()
+	doneAtKill := l.done.Load()
+	l.wait()
+	if doneAtKill >= int64(len(ops)) {
+		res.fail(t, "the load ended before the kill: the scenario proved nothing")
+	}
+	t.Logf("replica A killed after %d of %d operations", doneAtKill, len(ops))
+	verify(t, c, res, ops, expectations{faultAt: faultAt})
+	res.Requests = rec.requests.Load()
+	res.judge5xx(t, rec, nil) // a dead replica is a network error, never a 5xx
+}
+
+// postgresRestart: 160 starts by 8 clients; once 50 are done, PostgreSQL
+// is stopped in immediate mode (every session dies, as in a crash) and kept
+// down until the clients have had 20 answers from the replicas and cached
+// tokens have expired, then started again. While it is down a start is 503 with Retry-After (a
+// problem document), never a 500; afterwards everything completes.
+func postgresRestart(t *testing.T, s *suite, res *result) {
+	c, cl, rec, o := setup(t, s, "pgrestart")
+	def := orderWorkflow()
+	wf := createWorkflow(t, cl, o, def)
+	ops := makeOps("pg", 160, o, wf, def)
+	l := startLoad(context.Background(), cl, ops, 8)
+	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 50 }) {
+		t.Fatalf("the load did not get going: %d operations done", l.done.Load())
+	}
+	stopAt := time.Now()
+	s.pg.stopImmediate()
+	downAt := time.Now()
+	// Down until the replicas answered 20 requests, and for longer than
+	// AUTH_CACHE_TTL, so that authentication too must do without the database.
+	authTTL := s.cfg.AuthCacheTTL + 500*time.Millisecond
+	if !waitUntil(15*time.Second+authTTL, func() bool { return rec.answeredSince(downAt) >= 20 && time.Since(downAt) > authTTL }) {
+		res.fail(t, "only %d requests were answered in 15 s while PostgreSQL was down: the replicas do not answer without it",
+			rec.answeredSince(downAt))
+	}
+	upFrom := time.Now()
+	s.pg.start()
+	upAt := time.Now()
+	t.Logf("PostgreSQL down for %s (restart took %s)", upAt.Sub(stopAt).Round(time.Millisecond), upAt.Sub(upFrom).Round(time.Millisecond))
+	c.reconnect()
+	l.wait()
+
+	// The answers to starts while PostgreSQL was surely down.
+	down, good := 0, 0
+	var bad []string
+	for _, op := range ops {
+		for _, a := range op.Out.Attempts {
+			if a.Status == 0 || a.At.Before(downAt) || a.At.After(upFrom) {
+				continue
+			}
+			down++
+			if a.Status == 503 && a.RetryAfter != "" && a.Problem {
+				good++
+			} else if len(bad) < 5 {
+				bad = append(bad, fmt.Sprintf("%d %s (Retry-After %q)", a.Status, a.Code, a.RetryAfter))
+			}
+		}
+	}
+	t.Logf("starts answered while PostgreSQL was down: %d, of which 503 with Retry-After: %d", down, good)
+	switch {
+	case down == 0:
+		res.fail(t, "no start was answered while PostgreSQL was down")
+	case good != down:
+		res.fail(t, "while PostgreSQL was down, %d of %d starts were not 503 with Retry-After, such as: %v", down-good, down, bad)
+	}
+	verify(t, c, res, ops, expectations{faultAt: stopAt})
+	res.Requests = rec.requests.Load()
+	// Expected: a 503 problem with Retry-After from the stop until 10 s
+	// after PostgreSQL accepts connections again (pools find their dead
+	// connections on use). Anything else, and any 500, is unexpected.
+	windowEnd := upAt.Add(10 * time.Second)
+	res.judge5xx(t, rec, func(e serverError) bool {
+		return e.Status == 503 && e.RetryAfter != "" && e.Problem && !e.At.Before(stopAt) && !e.At.After(windowEnd)
+	})
+}
+
+// redisRestart: slow runs are started until their tasks wait in Redis, then
+// Redis is killed (no persistence: the queued and active tasks are gone)
+// while 6 clients keep starting runs, and restarted. Starts never need
+// Redis (no 5xx), and every accepted run must still become final.
+func redisRestart(t *testing.T, s *suite, res *result) {
+	c, cl, rec, o := setup(t, s, "redisrestart")
+	slow, cheap := slowWorkflow(), orderWorkflow()
+	slowID := createWorkflow(t, cl, o, slow)
+	cheapID := createWorkflow(t, cl, o, cheap)
+	slowOps := makeOps("redis-slow", 24, o, slowID, slow)
+	cheapOps := makeOps("redis", 120, o, cheapID, cheap)
+	ctx := context.Background()
+
+	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.addr()})
+	pending := func() int {
+		qi, err := ins.GetQueueInfo("default")
+		if err != nil {
+			return 0 // no queue yet
+		}
+		return qi.Pending
+	}
+	ls := startLoad(ctx, cl, slowOps, 4)
+	if !waitUntil(time.Minute, func() bool { return pending() >= 4 }) {
+		_ = ins.Close()
+		t.Fatalf("no run task ever waited in Redis (pending %d)", pending())
+	}
+	lc := startLoad(ctx, cl, cheapOps, 6)
+	waitUntil(30*time.Second, func() bool { return lc.done.Load() >= 20 })
+	inRedis := pending()
+	_ = ins.Close()
+	faultAt := time.Now()
+	s.redis.crash()
+	doneAtCrash := lc.done.Load()
+	// Down until 30 more starts were accepted (they only write PostgreSQL)
+	// and their jobs pile up staged, as the enqueuer cannot reach Redis.
+	if !waitUntil(20*time.Second, func() bool {
+		staged, _ := c.count(`SELECT count(*) FROM staged_jobs`)
+		return lc.done.Load() >= min(doneAtCrash+30, int64(len(cheapOps))) && staged >= 10
+	}) {
+		staged, _ := c.count(`SELECT count(*) FROM staged_jobs`)
+		res.fail(t, "while Redis was down for 20 s: %d starts done, %d jobs staged (want 30 and 10)", lc.done.Load()-doneAtCrash, staged)
+	}
+	s.redis.start()
+	t.Logf("Redis killed with %d run tasks pending in it, down for %s", inRedis, time.Since(faultAt).Round(time.Millisecond))
+	ls.wait()
+	lc.wait()
+	verify(t, c, res, append(slowOps, cheapOps...), expectations{faultAt: faultAt})
+	res.Requests = rec.requests.Load()
+	res.judge5xx(t, rec, nil)
+}
+
+// workerKill: slow runs keep both workers busy; once more runs are running
+// than one worker can hold (so the other surely holds some), worker A gets
+// `kill -9`. Every run must be final within a minute of the kill, and the
+// runs A held are taken over (attempts 2) and finished once.
+func workerKill(t *testing.T, s *suite, res *result) {
+	c, cl, rec, o := setup(t, s, "workerkill")
+	slow := slowWorkflow()
+	wf := createWorkflow(t, cl, o, slow)
+	ops := makeOps("wkill", 24, o, wf, slow)
+	l := startLoad(context.Background(), cl, ops, 6)
+	need := int64(s.cfg.WorkerConcurrency + 1)
+	var running []string
+	if !waitUntil(time.Minute, func() bool {
+		running = runningRuns(c)
+		return int64(len(running)) >= need
+	}) {
+		t.Fatalf("never saw %d runs running at once (saw %d): cannot catch a worker mid-run", need, len(running))
+	}
+	faultAt := time.Now()
+	c.workers[0].kill()
+	t.Logf("worker A killed with %d runs running (each worker runs %d at once)", len(running), s.cfg.WorkerConcurrency)
+	l.wait()
+	verify(t, c, res, ops, expectations{faultAt: faultAt, finalBy: faultAt.Add(finalWithin)})
+	res.Requests = rec.requests.Load()
+	res.judge5xx(t, rec, nil)
+	if res.Stranded == 0 {
+		taken := 0
+		for _, id := range running {
+			if n, err := c.count(`SELECT attempts FROM validation_runs WHERE id = $1`, id); err == nil && n >= 2 {
+				taken++
+			}
+		}
+		if taken == 0 {
+			res.fail(t, "none of the %d runs running at the kill was taken over: the kill caught no run executing", len(running))
+		}
+		t.Logf("%d of the %d runs running at the kill were taken over", taken, len(running))
+	}
+}
+
+// runningRuns lists the ids of runs in status running.
+func runningRuns(c *cluster) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := c.db.QueryContext(ctx, `SELECT id FROM validation_runs WHERE status = 'running'`)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if rows.Scan(&id) == nil {
+			ids = append(ids, id)
+		}
+	}
+	if errors.Is(rows.Err(), context.DeadlineExceeded) {
+		return nil
+	}
+	return ids
+}
