@@ -29,10 +29,11 @@ run: services build
 	echo "valruns is starting at $$base (API + worker in one process; Ctrl-C stops it)"; \
 	echo "  Swagger UI: $$base/swagger/index.html   (Authorize with: Bearer $$DEMO_TOKEN)"; \
 	echo "  Metrics:    $$base/metrics"; \
-	echo "  Try it:"; \
-	echo "    curl -s -H 'Authorization: Bearer $$DEMO_TOKEN' $$base/api/workflows/"; \
-	echo "    curl -s -X POST -H 'Authorization: Bearer $$DEMO_TOKEN' -H 'Idempotency-Key: demo-1' \\"; \
-	echo "         -d '{\"submission\":{\"customer\":\"ACME\",\"total\":42}}' $$base/api/workflows/$$DEMO_WORKFLOW/start/"; \
+	echo "  In another shell (the README's Quickstart goes on from here):"; \
+	echo "    export B=$$base TOKEN=$$DEMO_TOKEN DEMO_WORKFLOW=$$DEMO_WORKFLOW"; \
+	echo "    curl -s -H \"Authorization: Bearer \$$TOKEN\" \$$B/api/workflows/"; \
+	echo "    curl -s -X POST -H \"Authorization: Bearer \$$TOKEN\" -H 'Idempotency-Key: demo-1' \\"; \
+	echo "         -d '{\"submission\":{\"customer\":\"ACME\",\"total\":42}}' \$$B/api/workflows/\$$DEMO_WORKFLOW/start/"; \
 	echo; \
 	MIGRATE_ON_START=true exec bin/valruns serve --worker
 

@@ -1,11 +1,18 @@
 package main
 
 import (
+	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/internal/proctest"
 )
 
 // TestREADMEConfigTable keeps the README's configuration table true: every
@@ -32,5 +39,58 @@ func TestREADMEConfigTable(t *testing.T) {
 		if def != v.Default {
 			t.Errorf("README says %s defaults to %q, config says %q", v.Name, def, v.Default)
 		}
+	}
+}
+
+// TestREADMEWalkthrough runs the README's Quickstart, every sh block of
+// that section top to bottom in one bash (set -euo pipefail), from a
+// directory laid out like a clone after `make run`: bin/valruns and
+// .dev/demo-token, against the service as `make run` runs it. Its commands
+// must succeed and its answers must be the ones the README describes.
+func TestREADMEWalkthrough(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	_, section, ok := strings.Cut(string(b), "\n## Quickstart\n")
+	require.True(t, ok, "README has a ## Quickstart section")
+	section, _, _ = strings.Cut(section, "\n## ")
+	var script strings.Builder
+	for {
+		_, rest, ok := strings.Cut(section, "```sh\n")
+		if !ok {
+			break
+		}
+		block, after, ok := strings.Cut(rest, "```")
+		require.True(t, ok, "an sh block is closed")
+		script.WriteString(block)
+		section = after
+	}
+	require.NotEmpty(t, script.String(), "the Quickstart has commands")
+
+	bin := proctest.Binary(t)
+	dir := t.TempDir()
+	_, addr, _, _ := makeRunServer(t, bin, dir)
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "bin"), 0o755))
+	require.NoError(t, os.Symlink(bin, filepath.Join(dir, "bin", "valruns")))
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script.String())
+	cmd.Dir = dir
+	cmd.Env = proctest.Env("HTTP_ADDR=" + addr)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the Quickstart failed:\n%s", out)
+	text := string(out)
+	for _, want := range []string{
+		"HTTP/1.1 201 Created",      // the retry: the stored status...
+		"Idempotent-Replayed: true", // ...replayed
+		"\n422\n",                   // the same key, another body
+		`"status":"passed"`,         // the run, validated
+		`"runs":1,`,                 // billed once: the replay and the 422 count nothing
+		`"state":"finished"`,        // the key lookup...
+		`"validation_run_id":"`,     // ...linked to its run
+		`"status": "passed"`,        // valruns start --wait, indented
+	} {
+		require.Contains(t, text, want, "the Quickstart's output:\n%s", text)
 	}
 }

@@ -10,11 +10,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/client"
 	"github.com/valruns/valruns/internal/apitest"
@@ -23,6 +25,9 @@ import (
 )
 
 // testRedisURL is TEST_REDIS_URL (default redis://127.0.0.1:6379/9).
+// testRedisQueue serialises the tests whose worker uses testRedisURL.
+var testRedisQueue sync.Mutex
+
 func testRedisURL() string {
 	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
 		return u
@@ -51,16 +56,20 @@ func startBin(t *testing.T, bin string, env []string, stdin string, args ...stri
 	return result{code: code, stdout: out.String(), stderr: errOut.String()}
 }
 
-// TestStartCommand runs `valruns start` as a process against the service
-// started the way `make run` starts it: `valruns serve --worker` with
-// MIGRATE_ON_START=true on a fresh empty database, then `valruns demo` for
-// the organisation, token and workflow. The worker really validates the
-// runs (Redis: TEST_REDIS_URL).
-func TestStartCommand(t *testing.T) {
-	t.Parallel()
-	bin := proctest.Binary(t)
+// makeRunServer is the service as `make run` starts it: `valruns serve
+// --worker` with MIGRATE_ON_START=true on a fresh empty database, then
+// `valruns demo`, which keeps the demo token in dir/.dev/demo-token. The
+// worker really validates runs (Redis: TEST_REDIS_URL). It returns the
+// database, the API's address and the demo's token and workflow id.
+func makeRunServer(t *testing.T, bin, dir string) (db *gorm.DB, addr, token, wf string) {
+	t.Helper()
+	// One such service at a time: they share TEST_REDIS_URL's queue, and a
+	// worker drops a task whose run is in another test's database (the run
+	// then waits for a sweeper to redeliver it).
+	testRedisQueue.Lock()
+	t.Cleanup(testRedisQueue.Unlock) // registered first: runs after the server has stopped
 	db, dbURL := testdb.New(t, testdb.Options{Empty: true, MaxOpenConns: 2})
-	addr := proctest.FreeAddr(t)
+	addr = proctest.FreeAddr(t)
 	apiURL := "http://" + addr
 	serverEnv := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testRedisURL(), "HTTP_ADDR=" + addr,
 		"MIGRATE_ON_START=true", "ENQUEUE_POLL_INTERVAL=100ms", "LOG_FORMAT=json", "LOG_LEVEL=warn", "WORKER_CONCURRENCY=2"}
@@ -98,17 +107,27 @@ func TestStartCommand(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	}, "serve --worker never became ready")
 
-	dir := t.TempDir()
-	demo := startBin(t, bin, []string{"DATABASE_URL=" + dbURL}, "", "demo", "--token-file", filepath.Join(dir, "demo-token"))
+	demo := startBin(t, bin, []string{"DATABASE_URL=" + dbURL}, "", "demo", "--token-file", filepath.Join(dir, ".dev", "demo-token"))
 	require.Equal(t, 0, demo.code, demo.stderr)
 	vars := map[string]string{}
 	for _, line := range strings.Fields(demo.stdout) {
 		k, v, _ := strings.Cut(line, "=")
 		vars[k] = v
 	}
-	token, wf := vars["DEMO_TOKEN"], vars["DEMO_WORKFLOW"]
+	token, wf = vars["DEMO_TOKEN"], vars["DEMO_WORKFLOW"]
 	require.NotEmpty(t, token)
 	require.NotEmpty(t, wf)
+	return db, addr, token, wf
+}
+
+// TestStartCommand runs `valruns start` as a process against the service
+// started the way `make run` starts it (makeRunServer).
+func TestStartCommand(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Binary(t)
+	dir := t.TempDir()
+	db, addr, token, wf := makeRunServer(t, bin, dir)
+	apiURL := "http://" + addr
 
 	env := []string{"VALRUNS_URL=" + apiURL, "VALRUNS_TOKEN=" + token}
 	good := filepath.Join(dir, "good.json")
