@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/valruns/valruns/client"
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/models"
 )
 
 // These tests run the client against the real API (the real router on a
@@ -531,4 +533,42 @@ func TestNoServerDependencies(t *testing.T) {
 		"-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "github.com/valruns/valruns/client").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Equal(t, []string{"github.com/valruns/valruns/client"}, strings.Fields(string(out)))
+}
+
+// TestWithWaitAgainstTheServer: a start whose key is in flight (its
+// advisory lock held by another transaction, as a first request holds it)
+// waits on the server with WithWait instead of retrying after 409: one
+// attempt, answered once the holder is done. Without it, the client gets
+// 409 and retries.
+func TestWithWaitAgainstTheServer(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, nil)
+	ctx := t.Context()
+	hold := func(key string) (release func()) {
+		tx, err := sql.Open("pgx", s.env.DBURL)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Close() })
+		conn, err := tx.Conn(ctx)
+		require.NoError(t, err)
+		_, err = conn.ExecContext(ctx, `BEGIN`)
+		require.NoError(t, err)
+		_, err = conn.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, models.LockID(s.org.ID, "workflow_start", key))
+		require.NoError(t, err)
+		return func() { _, _ = conn.ExecContext(context.Background(), `ROLLBACK`); _ = conn.Close() }
+	}
+
+	release := hold("waited")
+	time.AfterFunc(500*time.Millisecond, release)
+	res, err := s.client().StartRun(ctx, s.wf, map[string]any{"total": 1}, client.WithKey("waited"), client.WithWait(5*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Attempts, "the server waited: no 409, no retry")
+	require.False(t, res.Replayed, "the holder rolled back: this request executed")
+
+	release = hold("retried")
+	time.AfterFunc(500*time.Millisecond, release)
+	res, err = s.client(client.WithBackoff(100*time.Millisecond, 300*time.Millisecond)).
+		StartRun(ctx, s.wf, map[string]any{"total": 1}, client.WithKey("retried"))
+	require.NoError(t, err)
+	require.Greater(t, res.Attempts, 1, "without WithWait: 409, then a retry")
+	require.EqualValues(t, 2, s.env.Count("validation_runs", ""))
 }
