@@ -2196,7 +2196,7 @@ const docTemplate = `{
             "type": "object",
             "properties": {
                 "expr": {
-                    "description": "Expr is CEL over ` + "`" + `submission` + "`" + ` (dyn) and ` + "`" + `metadata` + "`" + ` (map(string, dyn)); it must evaluate to bool.",
+                    "description": "Expr is CEL over ` + "`" + `submission` + "`" + ` (dyn) and ` + "`" + `metadata` + "`" + ` (map(string, dyn)); it must evaluate\nto bool. At most MaxExprLength bytes, nested at most MaxExprDepth levels deep.",
                     "type": "string"
                 },
                 "message": {
@@ -2208,7 +2208,7 @@ const docTemplate = `{
                     "type": "string"
                 },
                 "severity": {
-                    "description": "Severity is error (the default when empty), warning or info.",
+                    "description": "Severity is error (the default when empty), warning or info. It is the severity of the\nassertion's findings, both when the expression is false and when it cannot be\nevaluated on a submission.",
                     "type": "string"
                 }
             }
