@@ -27,7 +27,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/config"
-	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/internal/proctest"
 	"github.com/valruns/valruns/internal/testdb"
 	"github.com/valruns/valruns/migrations"
@@ -572,15 +571,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode, nil
 	}
-	apitest.Eventually(t, 30*time.Second, func() bool {
-		select {
-		case r := <-done:
-			t.Fatalf("serve exited early with %d: %s", r.code, r.stderr)
-		default:
-		}
-		_, err := get("/healthz")
-		return err == nil
-	}, "serve never answered /healthz")
+	proctest.WaitHTTP(t, "http://"+addr+"/healthz", servedUntil(done))
 
 	for _, path := range []string{"/healthz", "/readyz", "/healthz/", "/readyz/"} {
 		code, err := get(path)
@@ -724,20 +715,21 @@ func serveInProcess(t *testing.T) string {
 		}
 	})
 	base := "http://" + addr
-	apitest.Eventually(t, 30*time.Second, func() bool {
+	proctest.WaitHTTP(t, base+"/healthz", servedUntil(done))
+	return base
+}
+
+// servedUntil tells proctest.WaitHTTP whether an in-process serve has
+// returned, from the channel its result arrives on.
+func servedUntil(done <-chan result) func() (string, bool) {
+	return func() (string, bool) {
 		select {
 		case r := <-done:
-			t.Fatalf("serve exited early with %d: %s", r.code, r.stderr)
+			return fmt.Sprintf("exit %d: %s", r.code, r.stderr), true
 		default:
+			return "", false
 		}
-		resp, err := http.Get(base + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, "serve never answered /healthz")
-	return base
+	}
 }
 
 // call sends a request with a token and returns the status and body.

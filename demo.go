@@ -31,11 +31,7 @@ var (
 func cmdDemo(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("demo", "demo [--token-file PATH]", out)
 	tokenFile := fs.String("token-file", ".dev/demo-token", "`PATH` of the file the demo token is kept in between runs")
-	operands, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noOperands(operands); err != nil {
+	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	a, err := open(ctx, forWork)

@@ -355,6 +355,15 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// parseFlagsOnly is parse for a command that takes flags and no operands.
+func parseFlagsOnly(fs *flag.FlagSet, args []string) error {
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	return noOperands(operands)
+}
+
 // noOperands is a *usageError when a command that takes none got one.
 func noOperands(operands []string) error {
 	if len(operands) > 0 {
@@ -456,11 +465,7 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("serve", "serve [--worker]", out,
 		"Runs the HTTP API on HTTP_ADDR until SIGINT or SIGTERM, then shuts down gracefully.")
 	withWorker := fs.Bool("worker", false, "also run the worker in this process (single-node mode)")
-	operands, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noOperands(operands); err != nil {
+	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	a, err := open(ctx, forWork)
@@ -524,11 +529,7 @@ var migrateDoc = map[string]string{
 func cmdMigrate(action string) func(context.Context, []string, io.Writer) error {
 	return func(ctx context.Context, args []string, out io.Writer) error {
 		fs := flags("migrate "+action, "migrate "+action, out, migrateDoc[action])
-		operands, err := parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if err := noOperands(operands); err != nil {
+		if err := parseFlagsOnly(fs, args); err != nil {
 			return err
 		}
 		a, err := open(ctx, forMigration)
@@ -581,11 +582,7 @@ func cmdCleanup(ctx context.Context, args []string, out io.Writer) error {
 		"Deletes the idempotency keys past their expiry, in batches of CLEANUP_BATCH_SIZE as the worker's\n"+
 			"scheduled cleanup does, and prints how many.")
 	dry := fs.Bool("dry-run", false, "only count the expired keys")
-	operands, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noOperands(operands); err != nil {
+	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	a, err := open(ctx, forWork)
@@ -667,11 +664,7 @@ func cmdOrgList(ctx context.Context, args []string, out io.Writer) error {
 		"Lists every organisation, oldest first. QUOTA is the organisation's monthly run quota:\n"+
 			"\"default\" when DEFAULT_MONTHLY_RUN_QUOTA applies, \"unlimited\" when it is 0.")
 	asJSON := fs.Bool("json", false, "print a JSON array (monthly_run_quota: null = default, 0 = unlimited)")
-	operands, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noOperands(operands); err != nil {
+	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	a, err := open(ctx, forWork)
@@ -796,11 +789,7 @@ func cmdTokenCreate(ctx context.Context, args []string, out io.Writer) error {
 		"Creates an API token for the organisation and prints it. It is shown this once: only its\n"+
 			"SHA-256 and its first characters (the display prefix) are stored.")
 	slug := fs.String("org", "", "`SLUG` of the organisation the token acts for (required)")
-	operands, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noOperands(operands); err != nil {
+	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	if *slug == "" {
@@ -837,11 +826,7 @@ func cmdTokenList(ctx context.Context, args []string, out io.Writer) error {
 			"the token, which is all that is kept of it in clear; REVOKED is - while the token works.")
 	slug := fs.String("org", "", "`SLUG` of the organisation (required)")
 	asJSON := fs.Bool("json", false, "print a JSON array (revoked_at: null while the token works)")
-	operands, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noOperands(operands); err != nil {
+	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	if *slug == "" {

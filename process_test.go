@@ -77,21 +77,21 @@ func procStart(t *testing.T, bin, name, dbURL string) *procServer {
 		}
 	})
 
-	client := &http.Client{Timeout: 2 * time.Second}
-	apitest.Eventually(t, 30*time.Second, func() bool {
-		select {
-		case <-s.exited:
-			t.Fatalf("%s exited before answering /healthz: %s", name, s.log.String())
-		default:
-		}
-		resp, err := client.Get(s.url + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, name+" never answered /healthz")
+	proctest.WaitHTTP(t, s.url+"/healthz", exitedChild(s.exited, s.log))
 	return s
+}
+
+// exitedChild tells proctest.WaitHTTP whether a child process has exited,
+// and shows its output if it has.
+func exitedChild(exited <-chan struct{}, log *proctest.Log) func() (string, bool) {
+	return func() (string, bool) {
+		select {
+		case <-exited:
+			return log.String(), true
+		default:
+			return "", false
+		}
+	}
 }
 
 // kill sends SIGKILL and waits for the process to be gone.

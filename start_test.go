@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,20 +91,7 @@ func makeRunServer(t *testing.T, bin, dir string) (db *gorm.DB, addr, token, wf 
 			t.Logf("valruns serve --worker output:\n%s", log.String())
 		}
 	})
-	hc := &http.Client{Timeout: 2 * time.Second}
-	apitest.Eventually(t, time.Minute, func() bool {
-		select {
-		case <-exited:
-			t.Fatalf("serve --worker exited: %s", log.String())
-		default:
-		}
-		resp, err := hc.Get(apiURL + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, "serve --worker never became ready")
+	proctest.WaitHTTP(t, apiURL+"/readyz", exitedChild(exited, log))
 
 	demo := startBin(t, bin, []string{"DATABASE_URL=" + dbURL}, "", "demo", "--token-file", filepath.Join(dir, ".dev", "demo-token"))
 	require.Equal(t, 0, demo.code, demo.stderr)

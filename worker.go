@@ -61,11 +61,7 @@ func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("worker", "worker", out,
 		"Runs the task server, the scheduler and the staged-job enqueuer until SIGINT or SIGTERM, and\n"+
 			"serves /metrics and /healthz on WORKER_METRICS_ADDR.")
-	operands, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := noOperands(operands); err != nil {
+	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
 	a, err := open(ctx, forWork)

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,4 +112,30 @@ func FreePort(t testing.TB) int {
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
+}
+
+// WaitHTTP polls url until it answers 200, for at most 30 s. exited, when
+// not nil, tells whether the server under test has already ended (and how):
+// then the test fails at once instead of waiting out the time.
+func WaitHTTP(t testing.TB, url string, exited func() (why string, ended bool)) {
+	t.Helper()
+	client := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if exited != nil {
+			if why, ended := exited(); ended {
+				t.Fatalf("the server ended before %s answered: %s", url, why)
+			}
+		}
+		if resp, err := client.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not answer 200 within 30s", url)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
