@@ -6,14 +6,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -962,20 +960,10 @@ func TestBinaryExitCodes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
-			cmd := exec.Command(bin, tt.args...)
-			cmd.Env = proctest.Env("DATABASE_URL="+dbURL, "LOG_LEVEL=error")
-			var out, errOut bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &errOut
-			err := cmd.Run()
-			code := 0
-			if ee, ok := errors.AsType[*exec.ExitError](err); ok {
-				code = ee.ExitCode()
-			} else {
-				require.NoError(t, err)
-			}
-			require.Equal(t, tt.wantCode, code, "stdout %q stderr %q", out.String(), errOut.String())
-			require.True(t, strings.HasPrefix(out.String(), tt.wantOut), "stdout %q", out.String())
-			require.True(t, strings.HasPrefix(errOut.String(), tt.wantErr), "stderr %q", errOut.String())
+			r := startBin(t, bin, []string{"DATABASE_URL=" + dbURL, "LOG_LEVEL=error"}, "", tt.args...)
+			require.Equal(t, tt.wantCode, r.code, "stdout %q stderr %q", r.stdout, r.stderr)
+			require.True(t, strings.HasPrefix(r.stdout, tt.wantOut), "stdout %q", r.stdout)
+			require.True(t, strings.HasPrefix(r.stderr, tt.wantErr), "stderr %q", r.stderr)
 		})
 	}
 	var n int64

@@ -147,17 +147,7 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	id := startRun(t, env, org, wf, invalidOrder)
 	other := startRun(t, env, org, wf, validOrder) // an ordinary run the first worker completes
 
-	blocker, err := pgx.Connect(ctx, env.DBURL)
-	require.NoError(t, err)
-	defer blocker.Close(ctx)
-	tx, err := blocker.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	var blockerPID int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&blockerPID))
-	_, err = tx.Exec(ctx, `INSERT INTO findings (run_id, position, step, severity, message)
-		VALUES ($1, 0, 'test-blocker', 'info', 'holds the worker''s Finish')`, id)
-	require.NoError(t, err)
+	tx, blockerPID := holdFinish(t, env, `run_id = $1`, id)
 
 	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb), fastRecovery...)
 	// Wait until the worker's Finish waits on the test's transaction.
@@ -235,17 +225,7 @@ func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
 	for i := range ids {
 		ids[i] = startRun(t, env, org, wf, invalidOrder)
 	}
-	blocker, err := pgx.Connect(ctx, env.DBURL)
-	require.NoError(t, err)
-	defer blocker.Close(ctx)
-	tx, err := blocker.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	var blockerPID int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&blockerPID))
-	_, err = tx.Exec(ctx, `INSERT INTO findings (run_id, position, step, severity, message)
-		SELECT id, 0, 'test-blocker', 'info', 'holds the worker''s Finish' FROM validation_runs`)
-	require.NoError(t, err)
+	tx, blockerPID := holdFinish(t, env, `true`)
 
 	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
 	var workerPIDs []int
@@ -277,4 +257,26 @@ func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
 			w2.metric(t, `valruns_runs_finished_total{status="failed"}`) == strconv.Itoa(n)
 	}, "the second worker's sweeper re-enqueued each run once, and finished each once")
 	require.Equal(t, strconv.Itoa(n), w2.metric(t, `valruns_runs_redelivered_total{reason="lease_expired"}`))
+}
+
+// holdFinish inserts, in a transaction it keeps open until the test ends
+// (or until the caller rolls it back), a finding at position 0 of every run
+// matching where: a worker's Finish of such a run then blocks on the unique
+// (run_id, position) until the transaction ends. It returns the transaction
+// and its backend's pid.
+func holdFinish(t *testing.T, env *apitest.Env, where string, args ...any) (pgx.Tx, int) {
+	t.Helper()
+	ctx := context.Background()
+	blocker, err := pgx.Connect(ctx, env.DBURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = blocker.Close(ctx) })
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	_, err = tx.Exec(ctx, `INSERT INTO findings (run_id, position, step, severity, message)
+		SELECT id, 0, 'test-blocker', 'info', 'holds the worker''s Finish' FROM validation_runs WHERE `+where, args...)
+	require.NoError(t, err)
+	return tx, pid
 }
