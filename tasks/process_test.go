@@ -147,7 +147,7 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	id := startRun(t, env, org, wf, invalidOrder)
 	other := startRun(t, env, org, wf, validOrder) // an ordinary run the first worker completes
 
-	tx, blockerPID := holdFinish(t, env, `run_id = $1`, id)
+	tx, blockerPID := holdFinish(t, env, `id = $1`, id)
 
 	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb), fastRecovery...)
 	// Wait until the worker's Finish waits on the test's transaction.
