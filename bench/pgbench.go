@@ -22,6 +22,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/valruns/valruns/models"
 )
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
@@ -263,6 +265,14 @@ func (e *env) runPgbench(ctx context.Context, script string, norgs, clients int,
 	if avail := e.availableConns(ctx); c > avail {
 		c = avail
 		r.Notes = append(r.Notes, fmt.Sprintf("clients capped at %d by the server's max_connections", c))
+	}
+	// The captured statement is the start's fast path: it claims one of an
+	// organisation's usage slots with SKIP LOCKED. With more transactions of
+	// one organisation in flight than slots, the server takes its slow path
+	// (it waits for a slot), which the script does not replay.
+	if perOrg := (c + norgs - 1) / norgs; perOrg > models.UsageSlots {
+		c = models.UsageSlots * norgs
+		r.Notes = append(r.Notes, fmt.Sprintf("clients capped at %d: the captured fast path claims one of the %d usage slots per organisation", c, models.UsageSlots))
 	}
 	if t.Warm > 0 {
 		_ = e.pgbench(ctx, db, script, norgs, c, "-T", strconv.Itoa(max(1, int(t.Warm.Round(time.Second).Seconds()))))
