@@ -86,12 +86,23 @@ swag:
 	fi
 
 # docs/ is the OpenAPI (Swagger 2.0) spec generated from the swag annotations
-# of apidoc.go and handlers/, served at /swagger/; commit it.
-docs: swag
-	$(SWAG_INIT) -o docs
+# of apidoc.go and handlers/, served at /swagger/; commit it. Its examples are
+# answers of the API, not text: TestAPIExamples sends every documented
+# situation to the real router on a test database (so the services must run)
+# and records the answers in internal/apispec/examples.json, which
+# internal/apispec/apply then merges into swag's output (swag cannot write
+# response examples). make test fails when an answer has changed since.
+APPLY_EXAMPLES = $(GO) run ./internal/apispec/apply
 
-# docs-check fails when docs/ differs from what the annotations generate.
+docs: services swag
+	$(GO) test -count=1 -run '^TestAPIExamples$$' ./handlers/ -args -update-examples
+	$(SWAG_INIT) -o docs
+	$(APPLY_EXAMPLES) docs
+
+# docs-check fails when docs/ differs from what the annotations and the
+# recorded examples generate.
 docs-check: swag
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(SWAG_INIT) -o "$$tmp/docs"; \
+	$(APPLY_EXAMPLES) "$$tmp/docs"; \
 	if ! diff -r docs "$$tmp/docs"; then echo "docs/ is stale: run make docs"; exit 1; fi

@@ -11,15 +11,21 @@ package main
 //	@description
 //	@description	**Authentication.** Every `/api/` route needs `Authorization: Bearer vr_...`, an API token of one organisation (`valruns token create --org SLUG`). Everything a token can see belongs to its organisation: another organisation's workflow or run is a 404.
 //	@description
-//	@description	**Idempotency.** `POST /api/workflows/` and `POST /api/workflows/{id}/start/` accept an `Idempotency-Key` header (1 to 255 printable ASCII characters, bare `abc` or quoted `"abc"`), so a client can retry after a network failure without creating, or billing, twice. Keys are scoped per organisation and endpoint and kept 24 h. A retry with the same key and body gets the first answer back, byte for byte, with `Idempotent-Replayed: true` and `Original-Request-Id`; the same key with another body is a 422 (`idempotency_key_reused`); a retry while the first request is still being processed is a 409 (`idempotency_key_in_progress`) with `Retry-After`. A request that failed with a 5xx stored nothing and may be retried with the same key.
+//	@description	**Idempotency.** `POST /api/workflows/` and `POST /api/workflows/{id}/start/` accept an `Idempotency-Key` header (1 to 255 printable ASCII characters, bare `abc` or quoted `"abc"`; a new UUID per operation), so a client can retry after a network failure without creating, or billing, twice. Keys are scoped per organisation and endpoint and kept 24 h; `Idempotency-Key-Expires` says until when. A retry with the same key and body gets the first answer back, byte for byte, with `Idempotent-Replayed: true` and `Original-Request-Id`; the same key with another body is a 422 (`idempotency_key_reused`); a retry while the first request is still being processed is a 409 (`idempotency_key_in_progress`) with `Retry-After`, or, with `Prefer: wait=N`, waits for the first answer (`Preference-Applied: wait=N`). A request that failed with a 5xx stored nothing and may be retried with the same key. Each operation's description has the rules.
 //	@description
-//	@description	**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support.
+//	@description	**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support. Every 5xx carries `Retry-After`.
+//	@description
+//	@description	**Examples.** Every response below shows an answer the API gave: the examples are recorded from the real service, with ids and times replaced by fixed values.
 //	@BasePath		/
 
 //	@tag.name			workflows
 //	@tag.description	Workflows: what a submission is validated against.
 //	@tag.name			runs
 //	@tag.description	Validation runs: start one (idempotently) and poll it.
+//	@tag.name			usage
+//	@tag.description	What the organisation is billed: its runs this month and its quota.
+//	@tag.name			idempotency
+//	@tag.description	Look up one of your Idempotency-Keys: did the request with it go through, and what did it create?
 //	@tag.name			health
 //	@tag.description	Liveness, readiness and Prometheus metrics, without authentication.
 //	@tag.name			meta

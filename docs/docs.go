@@ -37,6 +37,19 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "name": "valruns",
+                                "version": "1.0.0",
+                                "links": {
+                                    "swagger_ui": "/swagger/index.html",
+                                    "openapi": "/swagger/doc.json",
+                                    "workflows": "/api/workflows/",
+                                    "health": "/healthz",
+                                    "metrics": "/metrics"
+                                }
+                            }
                         }
                     }
                 }
@@ -81,7 +94,7 @@ const docTemplate = `{
                 ],
                 "responses": {
                     "200": {
-                        "description": "The key.",
+                        "description": "The key.\n\nExample: the key of the start example.",
                         "schema": {
                             "$ref": "#/definitions/handlers.IdempotencyKey"
                         },
@@ -94,10 +107,24 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "scope": "workflow_start",
+                                "key": "4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91",
+                                "state": "finished",
+                                "created_at": "2026-11-22T10:00:01Z",
+                                "expires_at": "2026-11-23T10:00:01Z",
+                                "request_id": "cced28c6dc3f99c2396a5eaa",
+                                "request_method": "POST",
+                                "request_path": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "response_status": 201,
+                                "validation_run_id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"
+                            }
                         }
                     },
                     "400": {
-                        "description": "idempotency_key_invalid: not 1 to 255 printable ASCII characters.",
+                        "description": "` + "`" + `validation_error` + "`" + `: the key is not 1 to 255 printable ASCII characters.\n\nExample: a key of 256 characters.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -106,26 +133,78 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "The key must be 1 to 255 printable ASCII characters, percent-encoded in the path.",
+                                "code": "validation_error",
+                                "instance": "/api/idempotency-keys/workflow_start/kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk",
+                                "request_id": "74e0f6eb8fd20af37a193ec3",
+                                "errors": [
+                                    {
+                                        "field": "key",
+                                        "message": "1 to 255 printable ASCII characters"
+                                    }
+                                ]
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "The key must be 1 to 255 printable ASCII characters, percent-encoded in the path.",
+                                "code": "validation_error",
+                                "instance": "/api/idempotency-keys/workflow_start/kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk",
+                                "request_id": "74e0f6eb8fd20af37a193ec3",
+                                "errors": [
+                                    {
+                                        "field": "key",
+                                        "message": "1 to 255 printable ASCII characters"
+                                    }
+                                ]
+                            }
                         }
                     },
                     "401": {
-                        "description": "No usable API token: codes unauthenticated or invalid_token.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=valruns"
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/idempotency-keys/workflow_start/4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91",
+                                "request_id": "342c356ba784fd7cee05251d"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/idempotency-keys/workflow_start/4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91",
+                                "request_id": "342c356ba784fd7cee05251d"
+                            }
                         }
                     },
                     "404": {
-                        "description": "not_found: no such key in your organisation and scope.",
+                        "description": "` + "`" + `not_found` + "`" + `: no such key in your organisation and scope, or no such scope.\n\nExample: a key never used.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemKeyNotFound"
                         },
@@ -134,29 +213,97 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Idempotency key not found.",
+                                "code": "not_found",
+                                "instance": "/api/idempotency-keys/workflow_start/order-1041",
+                                "request_id": "8649a400283b900c258ad50e"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Idempotency key not found.",
+                                "code": "not_found",
+                                "instance": "/api/idempotency-keys/workflow_start/order-1041",
+                                "request_id": "8649a400283b900c258ad50e"
+                            }
                         }
                     },
                     "500": {
-                        "description": "internal_error.",
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInternal"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/idempotency-keys/workflow_start/4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91",
+                                "request_id": "634e731b0167fd278289f622"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/idempotency-keys/workflow_start/4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91",
+                                "request_id": "634e731b0167fd278289f622"
+                            }
                         }
                     },
                     "503": {
-                        "description": "service_unavailable: the database is unavailable; retry shortly.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/idempotency-keys/workflow_start/4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91",
+                                "request_id": "c874e7c88b60aa0c68d3e9b3"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/idempotency-keys/workflow_start/4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91",
+                                "request_id": "c874e7c88b60aa0c68d3e9b3"
                             }
                         }
                     }
@@ -214,10 +361,46 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "data": [
+                                    {
+                                        "id": "9d4b7a2e-1c3f-4e8d-b6a5-7f0e2d9c1b34",
+                                        "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                        "status": "failed",
+                                        "submission": {
+                                            "total": -5,
+                                            "customer": ""
+                                        },
+                                        "metadata": {
+                                            "source": "upload"
+                                        },
+                                        "attempts": 1,
+                                        "created_at": "2026-11-22T10:00:04Z",
+                                        "started_at": "2026-11-22T10:00:05Z",
+                                        "finished_at": "2026-11-22T10:00:06Z"
+                                    },
+                                    {
+                                        "id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                        "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                        "status": "passed",
+                                        "submission": {
+                                            "total": 42,
+                                            "customer": "ACME"
+                                        },
+                                        "metadata": {},
+                                        "attempts": 1,
+                                        "created_at": "2026-11-22T10:00:01Z",
+                                        "started_at": "2026-11-22T10:00:02Z",
+                                        "finished_at": "2026-11-22T10:00:03Z"
+                                    }
+                                ]
+                            }
                         }
                     },
                     "400": {
-                        "description": "validation_error (workflow_id not a UUID, limit not 1 to 100) or invalid_cursor (not a cursor this API returned).",
+                        "description": "` + "`" + `validation_error` + "`" + ` (workflow_id not a UUID, limit not 1 to 100) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: a workflow_id that is not a UUID.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -226,45 +409,145 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "workflow_id must be a UUID.",
+                                "code": "validation_error",
+                                "instance": "/api/runs",
+                                "request_id": "99e1662d1d537c3eea749069",
+                                "errors": [
+                                    {
+                                        "field": "workflow_id",
+                                        "message": "must be a UUID"
+                                    }
+                                ]
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "workflow_id must be a UUID.",
+                                "code": "validation_error",
+                                "instance": "/api/runs",
+                                "request_id": "99e1662d1d537c3eea749069",
+                                "errors": [
+                                    {
+                                        "field": "workflow_id",
+                                        "message": "must be a UUID"
+                                    }
+                                ]
+                            }
                         }
                     },
                     "401": {
-                        "description": "No usable API token: codes unauthenticated or invalid_token.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=valruns"
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/runs",
+                                "request_id": "7010486a6cd4abdb76cbe385"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/runs",
+                                "request_id": "7010486a6cd4abdb76cbe385"
+                            }
                         }
                     },
                     "500": {
-                        "description": "internal_error.",
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInternal"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/runs",
+                                "request_id": "250e43bd2331c3ef00548862"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/runs",
+                                "request_id": "250e43bd2331c3ef00548862"
+                            }
                         }
                     },
                     "503": {
-                        "description": "unavailable: authentication could not be checked; retry shortly.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/runs",
+                                "request_id": "fc3e75d0c136d1ed169bc220"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/runs",
+                                "request_id": "fc3e75d0c136d1ed169bc220"
                             }
                         }
                     }
@@ -300,7 +583,7 @@ const docTemplate = `{
                 ],
                 "responses": {
                     "200": {
-                        "description": "The run.",
+                        "description": "The run.\n\nExample: a run that has failed: its findings.",
                         "schema": {
                             "$ref": "#/definitions/handlers.Run"
                         },
@@ -309,26 +592,78 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "id": "9d4b7a2e-1c3f-4e8d-b6a5-7f0e2d9c1b34",
+                                "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "status": "failed",
+                                "submission": {
+                                    "total": -5,
+                                    "customer": ""
+                                },
+                                "metadata": {
+                                    "source": "upload"
+                                },
+                                "findings": [
+                                    {
+                                        "step": "schema",
+                                        "severity": "error",
+                                        "path": "/customer",
+                                        "message": "minLength: got 0, want 1"
+                                    },
+                                    {
+                                        "step": "assertion:positive_total",
+                                        "severity": "error",
+                                        "path": "",
+                                        "message": "total must be positive"
+                                    }
+                                ],
+                                "attempts": 1,
+                                "created_at": "2026-11-22T10:00:04Z",
+                                "started_at": "2026-11-22T10:00:05Z",
+                                "finished_at": "2026-11-22T10:00:06Z"
+                            }
                         }
                     },
                     "401": {
-                        "description": "No usable API token: codes unauthenticated or invalid_token.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=valruns"
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "request_id": "e84e9d1f1b8da3af68f8fef1"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "request_id": "e84e9d1f1b8da3af68f8fef1"
+                            }
                         }
                     },
                     "404": {
-                        "description": "not_found: no such run in your organisation.",
+                        "description": "` + "`" + `not_found` + "`" + `: no such run in your organisation (or the id is not a UUID).\n\nExample: an id no run of the organisation has.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemRunNotFound"
                         },
@@ -337,29 +672,97 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Run not found.",
+                                "code": "not_found",
+                                "instance": "/api/runs/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "request_id": "99fcc41a9cad24afeeeda863"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Run not found.",
+                                "code": "not_found",
+                                "instance": "/api/runs/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "request_id": "99fcc41a9cad24afeeeda863"
+                            }
                         }
                     },
                     "500": {
-                        "description": "internal_error.",
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInternal"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "request_id": "6a5f7cd71dc4a5ee061f8e3b"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "request_id": "6a5f7cd71dc4a5ee061f8e3b"
+                            }
                         }
                     },
                     "503": {
-                        "description": "unavailable: authentication could not be checked; retry shortly.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "request_id": "af415a5d12c3a0753fa08058"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "request_id": "af415a5d12c3a0753fa08058"
                             }
                         }
                     }
@@ -394,45 +797,124 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "period": "2026-11",
+                                "period_start": "2026-11-01T00:00:00Z",
+                                "period_end": "2026-12-01T00:00:00Z",
+                                "runs": 2,
+                                "quota": 1000,
+                                "unlimited": false,
+                                "remaining": 998
+                            }
                         }
                     },
                     "401": {
-                        "description": "No usable API token: codes unauthenticated or invalid_token.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=valruns"
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/usage",
+                                "request_id": "f081e1d2483c6d2fe6dc33bd"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/usage",
+                                "request_id": "f081e1d2483c6d2fe6dc33bd"
+                            }
                         }
                     },
                     "500": {
-                        "description": "internal_error.",
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInternal"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/usage",
+                                "request_id": "82b52c81d91064fb445ed173"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/usage",
+                                "request_id": "82b52c81d91064fb445ed173"
+                            }
                         }
                     },
                     "503": {
-                        "description": "unavailable: authentication could not be checked; retry shortly.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/usage",
+                                "request_id": "66864290d8a2047b4ad8d160"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/usage",
+                                "request_id": "66864290d8a2047b4ad8d160"
                             }
                         }
                     }
@@ -483,10 +965,51 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "data": [
+                                    {
+                                        "id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                        "name": "demo invoice",
+                                        "schema": {
+                                            "type": "object",
+                                            "required": [
+                                                "customer",
+                                                "total"
+                                            ],
+                                            "properties": {
+                                                "total": {
+                                                    "type": "number"
+                                                },
+                                                "customer": {
+                                                    "type": "string",
+                                                    "minLength": 1
+                                                }
+                                            }
+                                        },
+                                        "assertions": [
+                                            {
+                                                "name": "positive_total",
+                                                "expr": "submission.total \u003e 0",
+                                                "severity": "error",
+                                                "message": "total must be positive"
+                                            },
+                                            {
+                                                "name": "large_total",
+                                                "expr": "submission.total \u003c 10000",
+                                                "severity": "warning",
+                                                "message": "total is unusually large"
+                                            }
+                                        ],
+                                        "created_at": "2026-11-22T10:00:00Z"
+                                    }
+                                ]
+                            }
                         }
                     },
                     "400": {
-                        "description": "validation_error (limit is not 1 to 100) or invalid_cursor (not a cursor this API returned).",
+                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -495,45 +1018,145 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "limit must be a whole number from 1 to 100.",
+                                "code": "validation_error",
+                                "instance": "/api/workflows",
+                                "request_id": "bef351e4ebc86e7d8331a4d8",
+                                "errors": [
+                                    {
+                                        "field": "limit",
+                                        "message": "must be 1 to 100"
+                                    }
+                                ]
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "limit must be a whole number from 1 to 100.",
+                                "code": "validation_error",
+                                "instance": "/api/workflows",
+                                "request_id": "bef351e4ebc86e7d8331a4d8",
+                                "errors": [
+                                    {
+                                        "field": "limit",
+                                        "message": "must be 1 to 100"
+                                    }
+                                ]
+                            }
                         }
                     },
                     "401": {
-                        "description": "No usable API token: codes unauthenticated or invalid_token.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=valruns"
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/workflows",
+                                "request_id": "3d33c0d9f4b076e0927fd4af"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/workflows",
+                                "request_id": "3d33c0d9f4b076e0927fd4af"
+                            }
                         }
                     },
                     "500": {
-                        "description": "internal_error.",
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInternal"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/workflows",
+                                "request_id": "fd8d51e8cc800030e3c28ec3"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/workflows",
+                                "request_id": "fd8d51e8cc800030e3c28ec3"
+                            }
                         }
                     },
                     "503": {
-                        "description": "unavailable: authentication could not be checked; retry shortly.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/workflows",
+                                "request_id": "90deb5e714a694d2d91e00a8"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/workflows",
+                                "request_id": "90deb5e714a694d2d91e00a8"
                             }
                         }
                     }
@@ -545,7 +1168,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "Creates a workflow: a name, an optional JSON Schema (draft 2020-12 unless ` + "`" + `$schema` + "`" + ` says otherwise) the submission must satisfy, and optional CEL assertions over ` + "`" + `submission` + "`" + ` and ` + "`" + `metadata` + "`" + `. Both are compiled now, so a schema or an expression that does not compile is a 400 (` + "`" + `invalid_workflow` + "`" + `) naming it in ` + "`" + `errors` + "`" + `.\n\nIdempotent with an ` + "`" + `Idempotency-Key` + "`" + ` header (scope ` + "`" + `workflow_create` + "`" + `): retries create one workflow and replay the first answer, 4xx included.",
+                "description": "Creates a workflow: a name, an optional JSON Schema (draft 2020-12 unless ` + "`" + `$schema` + "`" + ` says otherwise) the submission must satisfy, and optional CEL assertions over ` + "`" + `submission` + "`" + ` and ` + "`" + `metadata` + "`" + `. Both are compiled now, so a schema or an expression that does not compile is a 400 (` + "`" + `invalid_workflow` + "`" + `) naming it in ` + "`" + `errors` + "`" + `.\n\n**Idempotency** (scope ` + "`" + `workflow_create` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create one workflow and get the first answer back.\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per workflow you mean to create, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a request without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `).\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when.\n- **Retry with the same key and request** (JSON body; key order, whitespace and number spelling do not matter): nothing is created again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as a 400 ` + "`" + `invalid_workflow` + "`" + `.\n- **The same key with another body**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.",
                 "consumes": [
                     "application/json"
                 ],
@@ -561,9 +1184,17 @@ const docTemplate = `{
                 "parameters": [
                     {
                         "type": "string",
-                        "description": "Optional, unless the server runs with IDEMPOTENCY_KEY_REQUIRED=true (then a missing key is 400 idempotency_key_missing). 1 to 255 printable ASCII characters, bare (abc) or as a quoted Structured Field string (abc between double quotes): both forms are the same key. Use a new random value, such as a UUID, per operation you mean to do once. A key belongs to your organisation and this endpoint (scope workflow_create) and expires 24 h after first use. A retry with the same key and the same request (path and JSON body; key order and whitespace do not matter) does nothing again: it answers the first response, same status and same body byte for byte, with the headers Idempotent-Replayed: true and Original-Request-Id (the X-Request-Id of the first request). The same key with another body is 422 idempotency_key_reused; while the first request is still being processed, 409 idempotency_key_in_progress with Retry-After. An answer of 5xx stores nothing: retry with the same key.",
+                        "description": "**A new value per workflow you mean to create** (a UUID), the same on every retry of it.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, other body: 422. First still running: 409. See the description above.",
                         "name": "Idempotency-Key",
-                        "in": "header"
+                        "in": "header",
+                        "x-example": "d8f2a9c4-6e1b-4b7a-8c3d-5f0e9a2b7c16"
+                    },
+                    {
+                        "type": "string",
+                        "description": "` + "`" + `wait=N` + "`" + ` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + `) for its answer instead of a 409. The answer then carries ` + "`" + `Preference-Applied: wait=N` + "`" + `. Other preferences are ignored.",
+                        "name": "Prefer",
+                        "in": "header",
+                        "x-example": "wait=5"
                     },
                     {
                         "description": "The workflow",
@@ -577,14 +1208,18 @@ const docTemplate = `{
                 ],
                 "responses": {
                     "201": {
-                        "description": "Created (or, with Idempotent-Replayed: true, the replay of the first answer).",
+                        "description": "Created; with ` + "`" + `Idempotent-Replayed: true` + "`" + `, the replay of the first answer.\n\nExample: the demo workflow of ` + "`" + `make run` + "`" + `, with a new Idempotency-Key.",
                         "schema": {
                             "$ref": "#/definitions/handlers.Workflow"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key creates a new workflow."
+                            },
                             "Idempotent-Replayed": {
                                 "type": "string",
-                                "description": "true when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
                             },
                             "Location": {
                                 "type": "string",
@@ -594,42 +1229,139 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "On a replay: the X-Request-Id of the request that did the work."
                             },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "name": "demo invoice",
+                                "schema": {
+                                    "type": "object",
+                                    "required": [
+                                        "customer",
+                                        "total"
+                                    ],
+                                    "properties": {
+                                        "customer": {
+                                            "type": "string",
+                                            "minLength": 1
+                                        },
+                                        "total": {
+                                            "type": "number"
+                                        }
+                                    }
+                                },
+                                "assertions": [
+                                    {
+                                        "name": "positive_total",
+                                        "expr": "submission.total \u003e 0",
+                                        "severity": "error",
+                                        "message": "total must be positive"
+                                    },
+                                    {
+                                        "name": "large_total",
+                                        "expr": "submission.total \u003c 10000",
+                                        "severity": "warning",
+                                        "message": "total is unusually large"
+                                    }
+                                ],
+                                "created_at": "2026-11-22T10:00:00Z"
                             }
                         }
                     },
                     "400": {
-                        "description": "The body is not what the route needs: codes invalid_workflow (a schema or expression does not compile), validation_error (name missing or too long, unknown field), invalid_json; or the Idempotency-Key is malformed: idempotency_key_invalid, idempotency_key_too_long, idempotency_key_missing (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key or bad JSON; other 4xx answers are stored and replayed.",
+                        "description": "The body is not what the route needs: ` + "`" + `invalid_workflow` + "`" + ` (a schema or expression does not compile), ` + "`" + `validation_error` + "`" + ` (name missing or too long, a field the route does not take), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; ` + "`" + `invalid_workflow` + "`" + ` and ` + "`" + `validation_error` + "`" + ` with a key are stored and replayed.\n\nExample: an assertion whose expression does not compile (` + "`" + `total` + "`" + ` for ` + "`" + `submission.total` + "`" + `).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInvalidWorkflow"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key creates a new workflow."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/invalid_workflow",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^",
+                                "code": "invalid_workflow",
+                                "instance": "/api/workflows",
+                                "request_id": "5f54f647571df3af84859662",
+                                "errors": [
+                                    {
+                                        "field": "assertions[0]",
+                                        "message": "ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^"
+                                    }
+                                ]
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/invalid_workflow",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^",
+                                "code": "invalid_workflow",
+                                "instance": "/api/workflows",
+                                "request_id": "5f54f647571df3af84859662",
+                                "errors": [
+                                    {
+                                        "field": "assertions[0]",
+                                        "message": "ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^"
+                                    }
+                                ]
+                            }
                         }
                     },
                     "401": {
-                        "description": "No usable API token: codes unauthenticated (no Authorization: Bearer header) or invalid_token (unknown or revoked).",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=valruns"
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/workflows",
+                                "request_id": "e4506501bb3ad9c633db2953"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/workflows",
+                                "request_id": "e4506501bb3ad9c633db2953"
+                            }
                         }
                     },
                     "409": {
-                        "description": "idempotency_key_in_progress: a request with this key is still being processed; retry after Retry-After seconds.",
+                        "description": "` + "`" + `idempotency_key_in_progress` + "`" + `: a request with this key is still being processed; retry after ` + "`" + `Retry-After` + "`" + ` seconds, or send ` + "`" + `Prefer: wait=N` + "`" + `.\n\nExample: the Idempotency-Key of a request still being processed.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInProgress"
                         },
@@ -642,10 +1374,30 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/workflows",
+                                "request_id": "a77c679e9f258310e39fafb9"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/workflows",
+                                "request_id": "a77c679e9f258310e39fafb9"
+                            }
                         }
                     },
                     "413": {
-                        "description": "request_body_too_large: the body exceeds MAX_BODY_BYTES.",
+                        "description": "` + "`" + `request_body_too_large` + "`" + `: the body exceeds MAX_BODY_BYTES (nothing is stored).\n\nExample: a body one byte over MAX_BODY_BYTES (1 MiB).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemTooLarge"
                         },
@@ -654,36 +1406,72 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "title": "Request Entity Too Large",
+                                "status": 413,
+                                "detail": "The request body exceeds the limit of 1048576 bytes.",
+                                "code": "request_body_too_large",
+                                "instance": "/api/workflows",
+                                "request_id": "f5335578c5f245b7347876a0"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "title": "Request Entity Too Large",
+                                "status": 413,
+                                "detail": "The request body exceeds the limit of 1048576 bytes.",
+                                "code": "request_body_too_large",
+                                "instance": "/api/workflows",
+                                "request_id": "f5335578c5f245b7347876a0"
+                            }
                         }
                     },
                     "422": {
-                        "description": "idempotency_key_reused: the key was used for a different request (another body) within 24 h; use a new key.",
+                        "description": "` + "`" + `idempotency_key_reused` + "`" + `: the key was used for a different request (another body) within 24 h; use a new key.\n\nExample: the Idempotency-Key of the 201 example sent with another body.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemKeyReused"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key creates a new workflow."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/workflows",
+                                "request_id": "8c7fc41d22757a307abac1c8"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/workflows",
+                                "request_id": "8c7fc41d22757a307abac1c8"
                             }
                         }
                     },
                     "500": {
-                        "description": "internal_error: nothing was done and nothing stored; retry, with the same key.",
+                        "description": "` + "`" + `internal_error` + "`" + `: nothing was done and nothing stored; retry, with the same key.\n\nExample: a query that failed (its table was renamed away).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInternal"
-                        },
-                        "headers": {
-                            "X-Request-Id": {
-                                "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
-                            }
-                        }
-                    },
-                    "503": {
-                        "description": "request_timeout (the request's transaction ran out of time and was rolled back; Retry-After) or unavailable (authentication could not be checked); nothing was done: retry.",
-                        "schema": {
-                            "$ref": "#/definitions/handlers.ProblemTimeout"
                         },
                         "headers": {
                             "Retry-After": {
@@ -693,6 +1481,62 @@ const docTemplate = `{
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/workflows",
+                                "request_id": "50217cd32df629d1d84eb24e"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/workflows",
+                                "request_id": "50217cd32df629d1d84eb24e"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached) or ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back); nothing was done: retry, with the same key.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/workflows",
+                                "request_id": "22f9ad47f00af37d39024f4d"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/workflows",
+                                "request_id": "22f9ad47f00af37d39024f4d"
                             }
                         }
                     }
@@ -737,26 +1581,83 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "name": "demo invoice",
+                                "schema": {
+                                    "type": "object",
+                                    "required": [
+                                        "customer",
+                                        "total"
+                                    ],
+                                    "properties": {
+                                        "total": {
+                                            "type": "number"
+                                        },
+                                        "customer": {
+                                            "type": "string",
+                                            "minLength": 1
+                                        }
+                                    }
+                                },
+                                "assertions": [
+                                    {
+                                        "name": "positive_total",
+                                        "expr": "submission.total \u003e 0",
+                                        "severity": "error",
+                                        "message": "total must be positive"
+                                    },
+                                    {
+                                        "name": "large_total",
+                                        "expr": "submission.total \u003c 10000",
+                                        "severity": "warning",
+                                        "message": "total is unusually large"
+                                    }
+                                ],
+                                "created_at": "2026-11-22T10:00:00Z"
+                            }
                         }
                     },
                     "401": {
-                        "description": "No usable API token: codes unauthenticated or invalid_token.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=valruns"
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "request_id": "89e27626989f69875b2f151b"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "request_id": "89e27626989f69875b2f151b"
+                            }
                         }
                     },
                     "404": {
-                        "description": "not_found: no such workflow in your organisation.",
+                        "description": "` + "`" + `not_found` + "`" + `: no such workflow in your organisation (or the id is not a UUID).\n\nExample: an id no workflow of the organisation has.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemWorkflowNotFound"
                         },
@@ -765,29 +1666,97 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Workflow not found.",
+                                "code": "not_found",
+                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "request_id": "93811630d0164d0ef98918e7"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Workflow not found.",
+                                "code": "not_found",
+                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "request_id": "93811630d0164d0ef98918e7"
+                            }
                         }
                     },
                     "500": {
-                        "description": "internal_error.",
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInternal"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "request_id": "d4245352003779a914face52"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "request_id": "d4245352003779a914face52"
+                            }
                         }
                     },
                     "503": {
-                        "description": "unavailable: authentication could not be checked; retry shortly.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "request_id": "04d4c9a813db08a01c99395d"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "request_id": "04d4c9a813db08a01c99395d"
                             }
                         }
                     }
@@ -801,7 +1770,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "Creates a ` + "`" + `queued` + "`" + ` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object); a worker executes it, and the run goes ` + "`" + `queued -\u003e running -\u003e passed | failed` + "`" + ` (or ` + "`" + `error` + "`" + `). Poll it at the ` + "`" + `Location` + "`" + `. Each start counts against the organisation's monthly quota: past it the answer is 429 ` + "`" + `quota_exceeded` + "`" + `.\n\nIdempotent with an ` + "`" + `Idempotency-Key` + "`" + ` header (scope ` + "`" + `workflow_start` + "`" + `): any number of retries create exactly one run, bill once and get the first answer back (4xx such as 404 or 429 included), with ` + "`" + `Idempotent-Replayed: true` + "`" + `.",
+                "description": "Creates a ` + "`" + `queued` + "`" + ` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object); a worker executes it, and the run goes ` + "`" + `queued -\u003e running -\u003e passed | failed` + "`" + ` (or ` + "`" + `error` + "`" + `). Poll it at the ` + "`" + `Location` + "`" + `. Each start counts against the organisation's monthly quota: past it the answer is 429 ` + "`" + `quota_exceeded` + "`" + `.\n\n**Idempotency** (scope ` + "`" + `workflow_start` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create exactly one run, bill once and get the first answer back.\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per run you mean to start, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a start without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `).\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when. Then the same key starts a new run.\n- **Retry with the same key and request** (path and JSON body; key order, whitespace and number spelling do not matter): nothing is executed or billed again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as 404 and 429.\n- **The same key with another body, or on another workflow**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.",
                 "consumes": [
                     "application/json"
                 ],
@@ -825,9 +1794,17 @@ const docTemplate = `{
                     },
                     {
                         "type": "string",
-                        "description": "Optional, unless the server runs with IDEMPOTENCY_KEY_REQUIRED=true (then a missing key is 400 idempotency_key_missing). 1 to 255 printable ASCII characters, bare (abc) or as a quoted Structured Field string (abc between double quotes): both forms are the same key. Use a new random value, such as a UUID, per operation you mean to do once. A key belongs to your organisation and this endpoint (scope workflow_start) and expires 24 h after first use. A retry with the same key and the same request (path and JSON body; key order and whitespace do not matter) does nothing again: it answers the first response, same status and same body byte for byte, with the headers Idempotent-Replayed: true and Original-Request-Id (the X-Request-Id of the first request). The same key with another body is 422 idempotency_key_reused; while the first request is still being processed, 409 idempotency_key_in_progress with Retry-After. An answer of 5xx stores nothing: retry with the same key.",
+                        "description": "**A new value per run you mean to start** (a UUID), the same on every retry of it.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, other body: 422. First still running: 409. See the description above.",
                         "name": "Idempotency-Key",
-                        "in": "header"
+                        "in": "header",
+                        "x-example": "4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91"
+                    },
+                    {
+                        "type": "string",
+                        "description": "` + "`" + `wait=N` + "`" + ` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + `) for its answer instead of a 409. The answer then carries ` + "`" + `Preference-Applied: wait=N` + "`" + `. Other preferences are ignored.",
+                        "name": "Prefer",
+                        "in": "header",
+                        "x-example": "wait=5"
                     },
                     {
                         "description": "The submission to validate, and optional metadata",
@@ -841,14 +1818,18 @@ const docTemplate = `{
                 ],
                 "responses": {
                     "201": {
-                        "description": "Created: the queued run (or, with Idempotent-Replayed: true, the replay of the first answer).",
+                        "description": "Created: the queued run; with ` + "`" + `Idempotent-Replayed: true` + "`" + `, the replay of the first answer.\n\nExample: a submission the demo workflow passes, with a new Idempotency-Key; the run is queued.",
                         "schema": {
                             "$ref": "#/definitions/handlers.Run"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
                             "Idempotent-Replayed": {
                                 "type": "string",
-                                "description": "true when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
                             },
                             "Location": {
                                 "type": "string",
@@ -858,54 +1839,152 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "On a replay: the X-Request-Id of the request that did the work."
                             },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "status": "queued",
+                                "submission": {
+                                    "total": 42,
+                                    "customer": "ACME"
+                                },
+                                "metadata": {},
+                                "attempts": 0,
+                                "created_at": "2026-11-22T10:00:01Z"
                             }
                         }
                     },
                     "400": {
-                        "description": "The body is not what the route needs: codes validation_error (submission missing, metadata not an object, unknown field), invalid_json; or the Idempotency-Key is malformed: idempotency_key_invalid, idempotency_key_too_long, idempotency_key_missing (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key or bad JSON; other 4xx answers are stored and replayed.",
+                        "description": "The body is not what the route needs: ` + "`" + `validation_error` + "`" + ` (submission missing, metadata not an object, a field the route does not take), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; a ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a body with \"Submission\" for \"submission\".",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "The body has fields this route does not take: Submission: unknown field; did you mean \"submission\"? (names are case-sensitive).",
+                                "code": "validation_error",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "ce3529293dcddac23e07f8b1",
+                                "errors": [
+                                    {
+                                        "field": "Submission",
+                                        "message": "unknown field; did you mean \"submission\"? (names are case-sensitive)"
+                                    }
+                                ]
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "The body has fields this route does not take: Submission: unknown field; did you mean \"submission\"? (names are case-sensitive).",
+                                "code": "validation_error",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "ce3529293dcddac23e07f8b1",
+                                "errors": [
+                                    {
+                                        "field": "Submission",
+                                        "message": "unknown field; did you mean \"submission\"? (names are case-sensitive)"
+                                    }
+                                ]
+                            }
                         }
                     },
                     "401": {
-                        "description": "No usable API token: codes unauthenticated (no Authorization: Bearer header) or invalid_token (unknown or revoked).",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=valruns"
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "286359e14c13c52ff60b3c1c"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "286359e14c13c52ff60b3c1c"
+                            }
                         }
                     },
                     "404": {
-                        "description": "not_found: no such workflow in your organisation (stored and replayed like any answer).",
+                        "description": "` + "`" + `not_found` + "`" + `: no such workflow in your organisation (stored and replayed like any answer).\n\nExample: an id no workflow of the organisation has, with a new Idempotency-Key (the answer is stored).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemWorkflowNotFound"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Workflow not found.",
+                                "code": "not_found",
+                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/start",
+                                "request_id": "74f21240266ef04982d73cc4"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Workflow not found.",
+                                "code": "not_found",
+                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/start",
+                                "request_id": "74f21240266ef04982d73cc4"
+                            }
                         }
                     },
                     "409": {
-                        "description": "idempotency_key_in_progress: a request with this key is still being processed; retry after Retry-After seconds.",
+                        "description": "` + "`" + `idempotency_key_in_progress` + "`" + `: a request with this key is still being processed; retry after ` + "`" + `Retry-After` + "`" + ` seconds, or send ` + "`" + `Prefer: wait=N` + "`" + `.\n\nExample: the Idempotency-Key of a request still being processed.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInProgress"
                         },
@@ -918,10 +1997,30 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "61ec2b3cf2681027eccb0f56"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "61ec2b3cf2681027eccb0f56"
+                            }
                         }
                     },
                     "413": {
-                        "description": "request_body_too_large: the body exceeds MAX_BODY_BYTES.",
+                        "description": "` + "`" + `request_body_too_large` + "`" + `: the body exceeds MAX_BODY_BYTES (nothing is stored).\n\nExample: a body one byte over MAX_BODY_BYTES (1 MiB).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemTooLarge"
                         },
@@ -930,48 +2029,108 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "title": "Request Entity Too Large",
+                                "status": 413,
+                                "detail": "The request body exceeds the limit of 1048576 bytes.",
+                                "code": "request_body_too_large",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "0feaa40e0037102f39c80963"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "title": "Request Entity Too Large",
+                                "status": 413,
+                                "detail": "The request body exceeds the limit of 1048576 bytes.",
+                                "code": "request_body_too_large",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "0feaa40e0037102f39c80963"
+                            }
                         }
                     },
                     "422": {
-                        "description": "idempotency_key_reused: the key was used for a different request (another body or another workflow) within 24 h; use a new key.",
+                        "description": "` + "`" + `idempotency_key_reused` + "`" + `: the key was used for a different request (another body or another workflow) within 24 h; use a new key.\n\nExample: the Idempotency-Key of the 201 example sent with another body.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemKeyReused"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "1c1aa38002eedee07216d36e"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "1c1aa38002eedee07216d36e"
                             }
                         }
                     },
                     "429": {
-                        "description": "quota_exceeded: the organisation has used its monthly run quota (stored and replayed like any answer).",
+                        "description": "` + "`" + `quota_exceeded` + "`" + `: the organisation has used its monthly run quota (stored and replayed like any answer).\n\nExample: a start past a monthly quota of 100 runs, with a new Idempotency-Key (the answer is stored).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemQuotaExceeded"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/quota_exceeded",
+                                "title": "Too Many Requests",
+                                "status": 429,
+                                "detail": "The organisation has used its monthly quota of 100 runs.",
+                                "code": "quota_exceeded",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "67359d7d26ceac78a4d6809e"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/quota_exceeded",
+                                "title": "Too Many Requests",
+                                "status": 429,
+                                "detail": "The organisation has used its monthly quota of 100 runs.",
+                                "code": "quota_exceeded",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "67359d7d26ceac78a4d6809e"
                             }
                         }
                     },
                     "500": {
-                        "description": "internal_error: nothing was done, billed or stored; retry, with the same key.",
+                        "description": "` + "`" + `internal_error` + "`" + `: nothing was done, billed or stored; retry, with the same key.\n\nExample: a query that failed (its table was renamed away).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInternal"
-                        },
-                        "headers": {
-                            "X-Request-Id": {
-                                "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
-                            }
-                        }
-                    },
-                    "503": {
-                        "description": "request_timeout (the request's transaction ran out of time and was rolled back; Retry-After) or unavailable (authentication could not be checked); nothing was done: retry.",
-                        "schema": {
-                            "$ref": "#/definitions/handlers.ProblemTimeout"
                         },
                         "headers": {
                             "Retry-After": {
@@ -981,6 +2140,62 @@ const docTemplate = `{
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "7601d431879f7d8ddfaf35e7"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "7601d431879f7d8ddfaf35e7"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached) or ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back); nothing was done: retry, with the same key.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "940349f289eda7bd1de0abb8"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "940349f289eda7bd1de0abb8"
                             }
                         }
                     }
@@ -1009,6 +2224,11 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "status": "ok"
+                            }
                         }
                     }
                 }
@@ -1027,7 +2247,7 @@ const docTemplate = `{
                 "operationId": "metrics",
                 "responses": {
                     "200": {
-                        "description": "Metrics in the Prometheus text format (text/plain; version=0.0.4)",
+                        "description": "Metrics in the Prometheus text exposition format (Content-Type text/plain; version=0.0.4).\n\nExample: an excerpt: the idempotent requests of the recording, by outcome.",
                         "schema": {
                             "type": "string"
                         },
@@ -1036,6 +2256,9 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 5\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
                         }
                     }
                 }
@@ -1064,17 +2287,46 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "status": "ok"
+                            }
                         }
                     },
                     "503": {
-                        "description": "database_unavailable (the database does not answer) or not_ready (a dependency is not ready).",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database does not answer a ping within 2 s.\n\nExample: while the database refuses connections.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemNotReady"
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
                         "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before asking again."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database does not answer.",
+                                "code": "service_unavailable",
+                                "instance": "/readyz",
+                                "request_id": "7858fdd6cf23f45efda9af30"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database does not answer.",
+                                "code": "service_unavailable",
+                                "instance": "/readyz",
+                                "request_id": "7858fdd6cf23f45efda9af30"
                             }
                         }
                     }
@@ -1102,6 +2354,39 @@ const docTemplate = `{
                     "description": "Schema is an optional JSON Schema (draft 2020-12 unless $schema says otherwise) the submission must satisfy.",
                     "type": "object"
                 }
+            },
+            "example": {
+                "name": "demo invoice",
+                "schema": {
+                    "type": "object",
+                    "required": [
+                        "customer",
+                        "total"
+                    ],
+                    "properties": {
+                        "customer": {
+                            "type": "string",
+                            "minLength": 1
+                        },
+                        "total": {
+                            "type": "number"
+                        }
+                    }
+                },
+                "assertions": [
+                    {
+                        "name": "positive_total",
+                        "expr": "submission.total \u003e 0",
+                        "severity": "error",
+                        "message": "total must be positive"
+                    },
+                    {
+                        "name": "large_total",
+                        "expr": "submission.total \u003c 10000",
+                        "severity": "warning",
+                        "message": "total is unusually large"
+                    }
+                ]
             }
         },
         "handlers.Finding": {
@@ -1563,61 +2848,6 @@ const docTemplate = `{
                 }
             }
         },
-        "handlers.ProblemNotReady": {
-            "description": "An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.",
-            "type": "object",
-            "required": [
-                "code",
-                "detail",
-                "status",
-                "title",
-                "type"
-            ],
-            "properties": {
-                "code": {
-                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
-                    "type": "string",
-                    "example": "database_unavailable"
-                },
-                "detail": {
-                    "description": "Detail explains this occurrence, for people.",
-                    "type": "string",
-                    "example": "The database does not answer."
-                },
-                "errors": {
-                    "description": "Errors lists per-field problems of a 400, when there are several.",
-                    "type": "array",
-                    "items": {
-                        "$ref": "#/definitions/problem.FieldError"
-                    }
-                },
-                "instance": {
-                    "description": "Instance is the request path.",
-                    "type": "string",
-                    "example": "/api/workflows/7c0e.../start/"
-                },
-                "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
-                    "type": "string",
-                    "example": "4f1c2b9e8a7d6c5b"
-                },
-                "status": {
-                    "description": "Status repeats the HTTP status code.",
-                    "type": "integer",
-                    "example": 503
-                },
-                "title": {
-                    "description": "Title is the HTTP status text.",
-                    "type": "string",
-                    "example": "Service Unavailable"
-                },
-                "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
-                    "type": "string",
-                    "example": "https://valruns.dev/problems/database_unavailable"
-                }
-            }
-        },
         "handlers.ProblemQuotaExceeded": {
             "description": "An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.",
             "type": "object",
@@ -1725,61 +2955,6 @@ const docTemplate = `{
                     "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
                     "type": "string",
                     "example": "https://valruns.dev/problems/not_found"
-                }
-            }
-        },
-        "handlers.ProblemTimeout": {
-            "description": "An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.",
-            "type": "object",
-            "required": [
-                "code",
-                "detail",
-                "status",
-                "title",
-                "type"
-            ],
-            "properties": {
-                "code": {
-                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
-                    "type": "string",
-                    "example": "request_timeout"
-                },
-                "detail": {
-                    "description": "Detail explains this occurrence, for people.",
-                    "type": "string",
-                    "example": "The request did not finish in time and was rolled back; retry it."
-                },
-                "errors": {
-                    "description": "Errors lists per-field problems of a 400, when there are several.",
-                    "type": "array",
-                    "items": {
-                        "$ref": "#/definitions/problem.FieldError"
-                    }
-                },
-                "instance": {
-                    "description": "Instance is the request path.",
-                    "type": "string",
-                    "example": "/api/workflows/7c0e.../start/"
-                },
-                "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
-                    "type": "string",
-                    "example": "4f1c2b9e8a7d6c5b"
-                },
-                "status": {
-                    "description": "Status repeats the HTTP status code.",
-                    "type": "integer",
-                    "example": 503
-                },
-                "title": {
-                    "description": "Title is the HTTP status text.",
-                    "type": "string",
-                    "example": "Service Unavailable"
-                },
-                "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
-                    "type": "string",
-                    "example": "https://valruns.dev/problems/request_timeout"
                 }
             }
         },
@@ -1907,12 +3082,12 @@ const docTemplate = `{
                 "code": {
                     "description": "Code is the stable machine-readable code: switch on it, not on detail.",
                     "type": "string",
-                    "example": "unavailable"
+                    "example": "service_unavailable"
                 },
                 "detail": {
                     "description": "Detail explains this occurrence, for people.",
                     "type": "string",
-                    "example": "Authentication is unavailable; retry shortly."
+                    "example": "The database is unavailable; retry shortly."
                 },
                 "errors": {
                     "description": "Errors lists per-field problems of a 400, when there are several.",
@@ -1944,7 +3119,7 @@ const docTemplate = `{
                 "type": {
                     "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/unavailable"
+                    "example": "https://valruns.dev/problems/service_unavailable"
                 }
             }
         },
@@ -2084,6 +3259,12 @@ const docTemplate = `{
                 "submission": {
                     "description": "Submission is the JSON document to validate: any JSON value.",
                     "type": "object"
+                }
+            },
+            "example": {
+                "submission": {
+                    "customer": "ACME",
+                    "total": 42
                 }
             }
         },
@@ -2232,6 +3413,14 @@ const docTemplate = `{
             "name": "runs"
         },
         {
+            "description": "What the organisation is billed: its runs this month and its quota.",
+            "name": "usage"
+        },
+        {
+            "description": "Look up one of your Idempotency-Keys: did the request with it go through, and what did it create?",
+            "name": "idempotency"
+        },
+        {
             "description": "Liveness, readiness and Prometheus metrics, without authentication.",
             "name": "health"
         },
@@ -2249,7 +3438,7 @@ var SwaggerInfo = &swag.Spec{
 	BasePath:         "/",
 	Schemes:          []string{},
 	Title:            "valruns API",
-	Description:      "valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.\n\n**Authentication.** Every `/api/` route needs `Authorization: Bearer vr_...`, an API token of one organisation (`valruns token create --org SLUG`). Everything a token can see belongs to its organisation: another organisation's workflow or run is a 404.\n\n**Idempotency.** `POST /api/workflows/` and `POST /api/workflows/{id}/start/` accept an `Idempotency-Key` header (1 to 255 printable ASCII characters, bare `abc` or quoted `\"abc\"`), so a client can retry after a network failure without creating, or billing, twice. Keys are scoped per organisation and endpoint and kept 24 h. A retry with the same key and body gets the first answer back, byte for byte, with `Idempotent-Replayed: true` and `Original-Request-Id`; the same key with another body is a 422 (`idempotency_key_reused`); a retry while the first request is still being processed is a 409 (`idempotency_key_in_progress`) with `Retry-After`. A request that failed with a 5xx stored nothing and may be retried with the same key.\n\n**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support.",
+	Description:      "valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.\n\n**Authentication.** Every `/api/` route needs `Authorization: Bearer vr_...`, an API token of one organisation (`valruns token create --org SLUG`). Everything a token can see belongs to its organisation: another organisation's workflow or run is a 404.\n\n**Idempotency.** `POST /api/workflows/` and `POST /api/workflows/{id}/start/` accept an `Idempotency-Key` header (1 to 255 printable ASCII characters, bare `abc` or quoted `\"abc\"`; a new UUID per operation), so a client can retry after a network failure without creating, or billing, twice. Keys are scoped per organisation and endpoint and kept 24 h; `Idempotency-Key-Expires` says until when. A retry with the same key and body gets the first answer back, byte for byte, with `Idempotent-Replayed: true` and `Original-Request-Id`; the same key with another body is a 422 (`idempotency_key_reused`); a retry while the first request is still being processed is a 409 (`idempotency_key_in_progress`) with `Retry-After`, or, with `Prefer: wait=N`, waits for the first answer (`Preference-Applied: wait=N`). A request that failed with a 5xx stored nothing and may be retried with the same key. Each operation's description has the rules.\n\n**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support. Every 5xx carries `Retry-After`.\n\n**Examples.** Every response below shows an answer the API gave: the examples are recorded from the real service, with ids and times replaced by fixed values.",
 	InfoInstanceName: "swagger",
 	SwaggerTemplate:  docTemplate,
 	LeftDelim:        "{{",

@@ -104,10 +104,18 @@ func TestBrowserSwaggerUI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(tab, 60*time.Second)
 	defer cancel()
 
-	screenshot := func(name string) {
+	// shot saves a PNG to $ARTIFACTS (a temporary directory without it):
+	// of the element sel, or of the whole page when sel is "".
+	shot := func(name, sel string) {
 		sctx, cancel := context.WithTimeout(tab, 15*time.Second)
 		defer cancel()
-		png, err := chromedp.Run(sctx, chromedp.FullScreenshot(100)) // 100: PNG
+		var png []byte
+		var err error
+		if sel == "" {
+			png, err = chromedp.Run(sctx, chromedp.FullScreenshot(100)) // 100: PNG
+		} else {
+			png, err = chromedp.Run(sctx, chromedp.Screenshot(chromedp.CSS(sel)))
+		}
 		if err != nil {
 			t.Logf("screenshot %s: %v", name, err)
 			return
@@ -124,8 +132,9 @@ func TestBrowserSwaggerUI(t *testing.T) {
 			t.Logf("screenshot %s: %v", name, err)
 			return
 		}
-		t.Logf("screenshot (full page PNG): %s", path)
+		t.Logf("screenshot: %s", path)
 	}
+	screenshot := func(name string) { shot(name, "") }
 	fail := func(what string, err error) {
 		t.Helper()
 		dctx, cancel := context.WithTimeout(tab, 5*time.Second)
@@ -168,15 +177,83 @@ func TestBrowserSwaggerUI(t *testing.T) {
 		chromedp.WaitNotPresent(chromedp.CSS(".modal-ux")),
 	)
 
-	step("expand the operation, try it out and fill it in",
+	step("expand the operation",
 		chromedp.Click(chromedp.CSS(op+" .opblock-summary")),
 		chromedp.WaitVisible(chromedp.CSS(op+" .try-out__btn")),
+		chromedp.WaitVisible(chromedp.CSS(op+` tr.response[data-code="422"]`)),
+	)
+
+	// What the reader sees before trying anything: the parameters, and
+	// the examples of the responses, which are the answers TestAPIExamples
+	// recorded from the API (not samples made up from the schemas).
+	examples := loadExamples(t).Operations["POST /api/workflows/{id}/start/"]
+	params, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(op+" .parameters-container")))
+	if err != nil {
+		fail("read the parameters", err)
+	}
+	for _, want := range []string{"Idempotency-Key", "A new value per run you mean to start", "Prefer", "RFC 7240", "IDEMPOTENCY_MAX_WAIT"} {
+		require.Contains(t, params, want, "the parameters section:\n%s", params)
+	}
+	step("scroll to the parameters", chromedp.ScrollIntoView(chromedp.CSS(op+" .parameters-container")))
+	shot("swagger-start-parameters.png", op+" .parameters-container")
+	for _, code := range []string{"201", "400", "409", "422"} {
+		row := op + ` tr.response[data-code="` + code + `"]`
+		rendered, err := chromedp.Run(ctx, chromedp.Evaluate[exampleShown](renderedExampleJS(row)))
+		if err != nil {
+			fail("read the example of "+code, err)
+		}
+		want := examples.Responses[code]
+		require.NotNil(t, want, "examples.json has no %s of the start", code)
+		require.JSONEq(t, string(want.Body), rendered.Example, "the %s example Swagger UI shows is the recorded answer", code)
+		require.Contains(t, rendered.Description, "Example: "+strings.ReplaceAll(want.Situation, "`", ""),
+			"the %s description says what the example answered", code)
+		step("scroll to the "+code+" example", chromedp.ScrollIntoView(chromedp.CSS(row)))
+		shot("swagger-start-"+code+".png", row)
+	}
+	// The texts a reader looks for, in the example as shown.
+	for code, want := range map[string][]string{
+		"201": {`"status": "queued"`, `"customer": "ACME"`},
+		"400": {`"code": "validation_error"`, `"field": "Submission"`},
+		"409": {`"code": "idempotency_key_in_progress"`, "A request with this idempotency key is currently being processed."},
+		"422": {`"code": "idempotency_key_reused"`, "Idempotency key has already been used with a different request body."},
+	} {
+		rendered, err := chromedp.Run(ctx, chromedp.Evaluate[exampleShown](renderedExampleJS(op+` tr.response[data-code="`+code+`"]`)))
+		if err != nil {
+			fail("read the example of "+code, err)
+		}
+		for _, w := range want {
+			require.Contains(t, rendered.Example, w, "the %s example as shown", code)
+		}
+		if code == "201" {
+			for _, absent := range []string{"findings", "finished_at", `"error"`} {
+				require.NotContains(t, rendered.Example, absent, "the 201 example is a queued run")
+			}
+		}
+	}
+
+	step("try it out",
 		chromedp.Click(chromedp.CSS(op+" .try-out__btn")),
 		chromedp.WaitVisible(chromedp.CSS(op+` tr[data-param-name="id"] input`)),
-		chromedp.SendKeys(chromedp.CSS(op+` tr[data-param-name="id"] input`), wf),
-		chromedp.SendKeys(chromedp.CSS(op+` input[placeholder="Idempotency-Key"]`), key),
-		// The textarea holds the example body: replace it so React sees it.
+		chromedp.WaitVisible(chromedp.CSS(op+` input[placeholder="Idempotency-Key"]`)),
 		chromedp.WaitVisible(chromedp.CSS(op+" textarea.body-param__text")),
+	)
+	// Try it out starts from the examples: the key, the preference and the body.
+	filled, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]string](`(() => ({
+		key: document.querySelector(`+jsString(op+` input[placeholder="Idempotency-Key"]`)+`).value,
+		prefer: document.querySelector(`+jsString(op+` input[placeholder="Prefer"]`)+`).value,
+		body: document.querySelector(`+jsString(op+" textarea.body-param__text")+`).value,
+	}))()`))
+	if err != nil {
+		fail("read the filled-in request", err)
+	}
+	require.Equal(t, examples.Request.Headers["Idempotency-Key"], filled["key"])
+	require.Equal(t, examples.Request.Headers["Prefer"], filled["prefer"])
+	require.JSONEq(t, string(examples.Request.Body), filled["body"])
+
+	step("fill in the workflow, a key of this test and the body",
+		chromedp.SendKeys(chromedp.CSS(op+` tr[data-param-name="id"] input`), wf),
+		// Replace the filled-in values so that React sees them.
+		chromedp.Evaluate[chromedp.Void](setReactValue(op+` input[placeholder="Idempotency-Key"]`, key)),
 		chromedp.Evaluate[chromedp.Void](setReactValue(op+" textarea.body-param__text", body)),
 	)
 
@@ -248,15 +325,38 @@ func liveResponseJS(selector, prev string) string {
 	})()`
 }
 
-// setReactValue sets a textarea's value through the native setter and fires
-// input, so React's onChange sees it (assigning .value alone is undone).
+// setReactValue sets an input's or a textarea's value through the native
+// setter and fires input, so React's onChange sees it (assigning .value
+// alone is undone). It focuses the element first and leaves it after: the
+// parameter inputs debounce their changes, and pass them on at once when
+// they lose the focus.
 func setReactValue(selector, value string) string {
 	return `(() => {
 		const el = document.querySelector(` + jsString(selector) + `);
-		const set = Object.getOwnPropertyDescriptor(HTMLTextAreaElement.prototype, "value").set;
+		el.focus();
+		const set = Object.getOwnPropertyDescriptor(Object.getPrototypeOf(el), "value").set;
 		set.call(el, ` + jsString(value) + `);
 		el.dispatchEvent(new Event("input", { bubbles: true }));
 		el.dispatchEvent(new Event("change", { bubbles: true }));
+		el.blur();
 		return el.value;
+	})()`
+}
+
+// exampleShown is a response row of Swagger UI: its description and the
+// text of its example.
+type exampleShown struct {
+	Description string `json:"description"`
+	Example     string `json:"example"`
+}
+
+// renderedExampleJS reads the description and the example value of the
+// response row row.
+func renderedExampleJS(row string) string {
+	return `(() => {
+		const row = document.querySelector(` + jsString(row) + `);
+		const desc = row.querySelector(".response-col_description__inner");
+		const ex = row.querySelector(".highlight-code");
+		return { description: desc ? desc.innerText : "", example: ex ? ex.innerText : "" };
 	})()`
 }

@@ -43,7 +43,8 @@ func (h *healthHandlers) live(c *gin.Context) { c.PureJSON(http.StatusOK, Status
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Success		200	{object}	Status			"Ready."
-//	@Failure		503	{object}	ProblemNotReady	"database_unavailable (the database does not answer) or not_ready (a dependency is not ready)."
+//	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database does not answer a ping within 2 s."
+//	@Header			503	{integer}	Retry-After		"Seconds to wait before asking again."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/readyz [get]
 func (h *healthHandlers) readyz(c *gin.Context) {

@@ -63,13 +63,14 @@ type IdempotencyKey struct {
 //	@Param			scope	path		string				true	"The endpoint scope"	Enums(workflow_start, workflow_create)
 //	@Param			key		path		string				true	"The Idempotency-Key, percent-encoded (such as order-1042)"
 //	@Success		200		{object}	IdempotencyKey		"The key."
-//	@Failure		400		{object}	ProblemBadRequest	"idempotency_key_invalid: not 1 to 255 printable ASCII characters."
-//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: codes unauthenticated or invalid_token."
-//	@Failure		404		{object}	ProblemKeyNotFound	"not_found: no such key in your organisation and scope."
-//	@Failure		500		{object}	ProblemInternal		"internal_error."
-//	@Failure		503		{object}	ProblemUnavailable	"service_unavailable: the database is unavailable; retry shortly."
+//	@Failure		400		{object}	ProblemBadRequest	"`validation_error`: the key is not 1 to 255 printable ASCII characters."
+//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		404		{object}	ProblemKeyNotFound	"`not_found`: no such key in your organisation and scope, or no such scope."
+//	@Failure		500		{object}	ProblemInternal		"`internal_error`: a query failed; retry."
+//	@Failure		503		{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds."
 //	@Header			200		{integer}	Retry-After			"With state in_progress: seconds after which to look again."
-//	@Header			401		{string}	WWW-Authenticate	"Bearer realm=valruns"
+//	@Header			401		{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/idempotency-keys/{scope}/{key} [get]
 func (h *keyHandlers) get(c *gin.Context) {

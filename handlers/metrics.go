@@ -81,7 +81,7 @@ func (m *metrics) observeIdempotency(scope, outcome string) {
 //	@Description	Prometheus metrics in the text exposition format: HTTP requests and latency by route, idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error), Go runtime and process metrics. No authentication.
 //	@Tags			health
 //	@Produce		plain
-//	@Success		200	{string}	string	"Metrics in the Prometheus text format (text/plain; version=0.0.4)"
+//	@Success		200	{string}	string	"Metrics in the Prometheus text exposition format (Content-Type text/plain; version=0.0.4)."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when sane, a new one otherwise."
 //	@Router			/metrics [get]
 //

@@ -93,31 +93,40 @@ func utc(t *time.Time) *time.Time {
 //	@ID			startRun
 //	@Description	Creates a `queued` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object); a worker executes it, and the run goes `queued -> running -> passed | failed` (or `error`). Poll it at the `Location`. Each start counts against the organisation's monthly quota: past it the answer is 429 `quota_exceeded`.
 //	@Description
-//	@Description	Idempotent with an `Idempotency-Key` header (scope `workflow_start`): any number of retries create exactly one run, bill once and get the first answer back (4xx such as 404 or 429 included), with `Idempotent-Replayed: true`.
+//	@Description	**Idempotency** (scope `workflow_start`): send an `Idempotency-Key`, and any number of retries create exactly one run, bill once and get the first answer back.
+//	@Description	- **The key**: 1 to 255 printable ASCII characters, bare (`abc`) or as a quoted Structured Field string (`"abc"`), both the same key. Use a new random value, such as a UUID, per run you mean to start, and the same on every retry of it. Optional, unless the server runs with `IDEMPOTENCY_KEY_REQUIRED=true` (then a start without one is 400 `idempotency_key_missing`).
+//	@Description	- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (`IDEMPOTENCY_TTL`); `Idempotency-Key-Expires` on the answer says when. Then the same key starts a new run.
+//	@Description	- **Retry with the same key and request** (path and JSON body; key order, whitespace and number spelling do not matter): nothing is executed or billed again; the answer is the first one, same status, same body byte for byte and same `Location`, plus `Idempotent-Replayed: true` and `Original-Request-Id` (the `X-Request-Id` of the first request). This holds for 4xx answers too, such as 404 and 429.
+//	@Description	- **The same key with another body, or on another workflow**: 422 `idempotency_key_reused`. Use a new key.
+//	@Description	- **While the first request with the key is being processed**: 409 `idempotency_key_in_progress` with `Retry-After`. With `Prefer: wait=N` the request waits instead, up to N seconds and at most `IDEMPOTENCY_MAX_WAIT` (10 s by default), for the first to finish, and gets its answer (or 422) with `Preference-Applied: wait=N`; past that, the 409.
+//	@Description	- **5xx**: nothing was done or stored; retry with the same key.
 //	@Tags			runs
 //	@Accept			json
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
 //	@Param			id				path		string					true	"Workflow id (UUID)"	format(uuid)
-//	@Param			Idempotency-Key	header		string					false	"Optional, unless the server runs with IDEMPOTENCY_KEY_REQUIRED=true (then a missing key is 400 idempotency_key_missing). 1 to 255 printable ASCII characters, bare (abc) or as a quoted Structured Field string (abc between double quotes): both forms are the same key. Use a new random value, such as a UUID, per operation you mean to do once. A key belongs to your organisation and this endpoint (scope workflow_start) and expires 24 h after first use. A retry with the same key and the same request (path and JSON body; key order and whitespace do not matter) does nothing again: it answers the first response, same status and same body byte for byte, with the headers Idempotent-Replayed: true and Original-Request-Id (the X-Request-Id of the first request). The same key with another body is 422 idempotency_key_reused; while the first request is still being processed, 409 idempotency_key_in_progress with Retry-After. An answer of 5xx stores nothing: retry with the same key."
+//	@Param			Idempotency-Key	header		string					false	"**A new value per run you mean to start** (a UUID), the same on every retry of it.<br>1 to 255 printable ASCII characters. Optional unless the server sets `IDEMPOTENCY_KEY_REQUIRED=true`.<br>Same key and request: the first answer again. Same key, other body: 422. First still running: 409. See the description above."
+//	@Param			Prefer			header		string					false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		StartRunRequest			true	"The submission to validate, and optional metadata"
-//	@Success		201				{object}	Run						"Created: the queued run (or, with Idempotent-Replayed: true, the replay of the first answer)."
-//	@Failure		400				{object}	ProblemBadRequest		"The body is not what the route needs: codes validation_error (submission missing, metadata not an object, unknown field), invalid_json; or the Idempotency-Key is malformed: idempotency_key_invalid, idempotency_key_too_long, idempotency_key_missing (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key or bad JSON; other 4xx answers are stored and replayed."
-//	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: codes unauthenticated (no Authorization: Bearer header) or invalid_token (unknown or revoked)."
-//	@Failure		404				{object}	ProblemWorkflowNotFound	"not_found: no such workflow in your organisation (stored and replayed like any answer)."
-//	@Failure		409				{object}	ProblemInProgress		"idempotency_key_in_progress: a request with this key is still being processed; retry after Retry-After seconds."
-//	@Failure		413				{object}	ProblemTooLarge			"request_body_too_large: the body exceeds MAX_BODY_BYTES."
-//	@Failure		422				{object}	ProblemKeyReused		"idempotency_key_reused: the key was used for a different request (another body or another workflow) within 24 h; use a new key."
-//	@Failure		429				{object}	ProblemQuotaExceeded	"quota_exceeded: the organisation has used its monthly run quota (stored and replayed like any answer)."
-//	@Failure		500				{object}	ProblemInternal			"internal_error: nothing was done, billed or stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemTimeout			"request_timeout (the request's transaction ran out of time and was rolled back; Retry-After) or unavailable (authentication could not be checked); nothing was done: retry."
+//	@Success		201				{object}	Run						"Created: the queued run; with `Idempotent-Replayed: true`, the replay of the first answer."
+//	@Failure		400				{object}	ProblemBadRequest		"The body is not what the route needs: `validation_error` (submission missing, metadata not an object, a field the route does not take), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; a `validation_error` with a key is stored and replayed."
+//	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		404				{object}	ProblemWorkflowNotFound	"`not_found`: no such workflow in your organisation (stored and replayed like any answer)."
+//	@Failure		409				{object}	ProblemInProgress		"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
+//	@Failure		413				{object}	ProblemTooLarge			"`request_body_too_large`: the body exceeds MAX_BODY_BYTES (nothing is stored)."
+//	@Failure		422				{object}	ProblemKeyReused		"`idempotency_key_reused`: the key was used for a different request (another body or another workflow) within 24 h; use a new key."
+//	@Failure		429				{object}	ProblemQuotaExceeded	"`quota_exceeded`: the organisation has used its monthly run quota (stored and replayed like any answer)."
+//	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done, billed or stored; retry, with the same key."
+//	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached) or `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back); nothing was done: retry, with the same key."
 //	@Header			201				{string}	Location				"The run: /api/runs/{run_id}/"
-//	@Header			201				{string}	Idempotent-Replayed		"true when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+//	@Header			201				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
 //	@Header			201				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
-//	@Header			409,503			{integer}	Retry-After				"Seconds to wait before retrying."
-//	@Header			401				{string}	WWW-Authenticate		"Bearer realm=valruns"
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Header			201,400,404,422,429	{string}	Idempotency-Key-Expires	"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+//	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
+//	@Header			409,500,503		{integer}	Retry-After				"Seconds to wait before retrying."
+//	@Header			401				{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/start/ [post]
 func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	var in StartRunRequest
@@ -179,11 +188,12 @@ func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idem
 //	@Security		BearerAuth
 //	@Param			id	path		string				true	"Run id (UUID)"	format(uuid)
 //	@Success		200	{object}	Run					"The run."
-//	@Failure		401	{object}	ProblemUnauthorized	"No usable API token: codes unauthenticated or invalid_token."
-//	@Failure		404	{object}	ProblemRunNotFound	"not_found: no such run in your organisation."
-//	@Failure		500	{object}	ProblemInternal		"internal_error."
-//	@Failure		503	{object}	ProblemUnavailable	"unavailable: authentication could not be checked; retry shortly."
-//	@Header			401	{string}	WWW-Authenticate	"Bearer realm=valruns"
+//	@Failure		401	{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		404	{object}	ProblemRunNotFound	"`not_found`: no such run in your organisation (or the id is not a UUID)."
+//	@Failure		500	{object}	ProblemInternal		"`internal_error`: a query failed; retry."
+//	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds."
+//	@Header			401	{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/{id}/ [get]
 func (h *runHandlers) get(c *gin.Context) {
@@ -216,11 +226,12 @@ func (h *runHandlers) get(c *gin.Context) {
 //	@Param			limit		query		int					false	"Page size, 1-100 (default 20)"		minimum(1)	maximum(100)
 //	@Param			cursor		query		string				false	"next_cursor of the previous page"
 //	@Success		200			{object}	RunList				"One page of runs."
-//	@Failure		400			{object}	ProblemBadRequest	"validation_error (workflow_id not a UUID, limit not 1 to 100) or invalid_cursor (not a cursor this API returned)."
-//	@Failure		401			{object}	ProblemUnauthorized	"No usable API token: codes unauthenticated or invalid_token."
-//	@Failure		500			{object}	ProblemInternal		"internal_error."
-//	@Failure		503			{object}	ProblemUnavailable	"unavailable: authentication could not be checked; retry shortly."
-//	@Header			401			{string}	WWW-Authenticate	"Bearer realm=valruns"
+//	@Failure		400			{object}	ProblemBadRequest	"`validation_error` (workflow_id not a UUID, limit not 1 to 100) or `invalid_cursor` (not a cursor this API returned)."
+//	@Failure		401			{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		500			{object}	ProblemInternal		"`internal_error`: a query failed; retry."
+//	@Failure		503			{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds."
+//	@Header			401			{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/ [get]
 func (h *runHandlers) list(c *gin.Context) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/gin-gonic/gin"
@@ -19,6 +20,8 @@ import (
 // embedded in the binary (swaggo/files), so nothing comes from a CDN. Each
 // router gets its own file handler: gin-swagger sets the handler's prefix on
 // first use, which would race on the shared swaggerFiles.Handler.
+// /swagger/ redirects to the UI; any other path under /swagger/ that is not
+// one of its files is a 404 problem, as an unknown route is.
 func swaggerUI() gin.HandlerFunc {
 	spec := specJSON()
 	ui := ginSwagger.WrapHandler(swaggerFiles.NewHandler(),
@@ -27,12 +30,26 @@ func swaggerUI() gin.HandlerFunc {
 		ginSwagger.DocExpansion("list"),
 	)
 	return func(c *gin.Context) {
-		if c.Param("any") == "/doc.json" {
+		switch name := strings.TrimPrefix(c.Param("any"), "/"); {
+		case name == "":
+			c.Redirect(http.StatusMovedPermanently, "/swagger/index.html")
+		case name == "doc.json":
 			c.Data(http.StatusOK, "application/json; charset=utf-8", spec)
-			return
+		case !swaggerUIFiles[name]:
+			problem.Abort(c, http.StatusNotFound, "not_found", "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
+		default:
+			ui(c)
 		}
-		ui(c)
 	}
+}
+
+// swaggerUIFiles are the files of Swagger UI that gin-swagger serves.
+var swaggerUIFiles = map[string]bool{
+	"index.html": true, "index.css": true, "swagger-initializer.js": true, "oauth2-redirect.html": true,
+	"favicon-16x16.png": true, "favicon-32x32.png": true,
+	"swagger-ui.css": true, "swagger-ui.css.map": true, "swagger-ui.js": true, "swagger-ui.js.map": true,
+	"swagger-ui-bundle.js": true, "swagger-ui-bundle.js.map": true,
+	"swagger-ui-standalone-preset.js": true, "swagger-ui-standalone-preset.js.map": true,
 }
 
 // specJSON is the spec of package docs without its "host" member. The spec
@@ -105,10 +122,11 @@ func index(c *gin.Context) {
 }
 
 // The types below exist for the OpenAPI spec only: each is the problem
-// document (problem.Details) that a status answers, with an example of its
-// own, since swag cannot attach an example to a response. The API writes
-// problem.Details; TestProblemExamples checks that each example is what
-// problem.New makes of its status, code and detail.
+// document (problem.Details) that a status answers, named for the spec's
+// readers and client generators. The examples a reader sees are answers
+// the API gave (package internal/apispec); the example tags here only show
+// in the spec's models, and TestSpecProblemExamples checks that each is
+// what problem.New makes of its status, code and detail.
 
 // ProblemBadRequest is a 400 problem: the request is malformed.
 //
@@ -297,53 +315,19 @@ type ProblemInternal struct {
 	Code string `json:"code" binding:"required" example:"internal_error"`
 }
 
-// ProblemUnavailable is a 503 problem: authentication could not be checked; retry shortly.
+// ProblemUnavailable is a 503 problem: nothing was done; retry after Retry-After seconds.
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.
 type ProblemUnavailable struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/unavailable"`
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/service_unavailable"`
 	// Title is the HTTP status text.
 	Title string `json:"title" binding:"required" example:"Service Unavailable"`
 	// Status repeats the HTTP status code.
 	Status int `json:"status" binding:"required" example:"503"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"Authentication is unavailable; retry shortly."`
+	Detail string `json:"detail" binding:"required" example:"The database is unavailable; retry shortly."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"unavailable"`
-}
-
-// ProblemTimeout is a 503 problem: the request's transaction ran out of time and was rolled back.
-//
-//	@Description	An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.
-type ProblemTimeout struct {
-	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/request_timeout"`
-	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Service Unavailable"`
-	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"503"`
-	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"The request did not finish in time and was rolled back; retry it."`
-	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"request_timeout"`
-}
-
-// ProblemNotReady is a 503 problem of /readyz: the database does not answer.
-//
-//	@Description	An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.
-type ProblemNotReady struct {
-	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/database_unavailable"`
-	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Service Unavailable"`
-	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"503"`
-	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"The database does not answer."`
-	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"database_unavailable"`
+	Code string `json:"code" binding:"required" example:"service_unavailable"`
 }

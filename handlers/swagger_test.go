@@ -16,6 +16,7 @@ import (
 	"github.com/go-openapi/spec"
 	"github.com/go-openapi/strfmt"
 	"github.com/go-openapi/validate"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/handlers"
@@ -147,6 +148,9 @@ func TestSpecRouteCoverage(t *testing.T) {
 			if code >= 400 {
 				require.NotNil(t, resp.Schema, "%s %d has no schema", k, code)
 			}
+			if code >= 500 {
+				require.Contains(t, resp.Headers, "Retry-After", "%s %d: every 5xx says when to retry", k, code)
+			}
 		}
 		if strings.Contains(k, " /api/") {
 			require.Len(t, op.Security, 1, k)
@@ -176,17 +180,37 @@ func TestSpecIdempotentPosts(t *testing.T) {
 		t.Run(k, func(t *testing.T) {
 			op := ops[k]
 			require.NotNil(t, op, "%s is not in the spec", k)
-			var key *spec.Parameter
-			for i := range op.Parameters {
-				if p := &op.Parameters[i]; p.In == "header" && p.Name == "Idempotency-Key" {
-					key = p
+			headerParam := func(name string) *spec.Parameter {
+				for i := range op.Parameters {
+					if p := &op.Parameters[i]; p.In == "header" && p.Name == name {
+						return p
+					}
 				}
+				t.Fatalf("no %s header parameter", name)
+				return nil
 			}
-			require.NotNil(t, key, "Idempotency-Key header parameter")
+
+			// The key: short, with a UUID to fill in; the rules are the operation's.
+			key := headerParam("Idempotency-Key")
 			require.Equal(t, "string", key.Type)
 			require.False(t, key.Required, "optional unless IDEMPOTENCY_KEY_REQUIRED=true")
-			for _, rule := range []string{"IDEMPOTENCY_KEY_REQUIRED", "255 printable ASCII", "24 h", "Idempotent-Replayed: true", "Original-Request-Id", "422", "409"} {
+			require.NoError(t, uuid.Validate(key.Extensions["x-example"].(string)), "the key's example is a UUID")
+			require.Less(t, len(key.Description), 400, "the parameter says what to send; the rules are in the operation's description")
+			for _, rule := range []string{"IDEMPOTENCY_KEY_REQUIRED", "255 printable ASCII", "UUID", "422", "409"} {
 				require.Contains(t, key.Description, rule)
+			}
+			for _, rule := range []string{"IDEMPOTENCY_KEY_REQUIRED", "255 printable ASCII", "24 h", "Idempotency-Key-Expires",
+				"Idempotent-Replayed: true", "Original-Request-Id", "422", "409", "Retry-After",
+				"Prefer: wait=N", "IDEMPOTENCY_MAX_WAIT", "Preference-Applied: wait=N", "5xx"} {
+				require.Contains(t, op.Description, rule)
+			}
+
+			prefer := headerParam("Prefer")
+			require.Equal(t, "string", prefer.Type)
+			require.False(t, prefer.Required)
+			require.Regexp(t, `^wait=[1-9][0-9]*$`, prefer.Extensions["x-example"])
+			for _, rule := range []string{"RFC 7240", "wait=N", "IDEMPOTENCY_MAX_WAIT", "Preference-Applied: wait=N", "409"} {
+				require.Contains(t, prefer.Description, rule)
 			}
 
 			resps := op.Responses.StatusCodeResponses
@@ -194,11 +218,13 @@ func TestSpecIdempotentPosts(t *testing.T) {
 				require.Contains(t, resps, code, "%s does not document %d", k, code)
 			}
 			created := resps[201]
-			for _, h := range []string{"Location", "Idempotent-Replayed", "Original-Request-Id", "X-Request-Id"} {
+			for _, h := range []string{"Location", "Idempotent-Replayed", "Original-Request-Id", "Idempotency-Key-Expires", "Preference-Applied", "X-Request-Id"} {
 				require.Contains(t, created.Headers, h, "201 header %s", h)
 			}
+			require.Contains(t, resps[422].Headers, "Idempotency-Key-Expires")
+			require.Contains(t, resps[422].Headers, "Preference-Applied")
+			require.Contains(t, resps[422].Headers["Idempotency-Key-Expires"].Description, "HTTP-date")
 			require.Contains(t, resps[409].Headers, "Retry-After")
-			require.Contains(t, resps[503].Headers, "Retry-After")
 			require.Equal(t, "#/definitions/handlers.ProblemInProgress", resps[409].Schema.Ref.String())
 			require.Equal(t, "#/definitions/handlers.ProblemKeyReused", resps[422].Schema.Ref.String())
 		})
@@ -236,7 +262,7 @@ func TestSpecProblemExamples(t *testing.T) {
 		handlers.ProblemBadRequest{}, handlers.ProblemInvalidWorkflow{}, handlers.ProblemUnauthorized{},
 		handlers.ProblemWorkflowNotFound{}, handlers.ProblemRunNotFound{}, handlers.ProblemInProgress{},
 		handlers.ProblemTooLarge{}, handlers.ProblemKeyReused{}, handlers.ProblemQuotaExceeded{},
-		handlers.ProblemInternal{}, handlers.ProblemUnavailable{}, handlers.ProblemTimeout{}, handlers.ProblemNotReady{},
+		handlers.ProblemInternal{}, handlers.ProblemUnavailable{},
 	} {
 		typ := reflect.TypeOf(v)
 		t.Run(typ.Name(), func(t *testing.T) {
@@ -296,6 +322,33 @@ func TestSwaggerUIServed(t *testing.T) {
 	init := get(t, "/swagger/swagger-initializer.js").Body.String()
 	require.Contains(t, init, `url: "doc.json"`, "the UI loads the spec from its own directory")
 	require.Contains(t, init, "validatorUrl: null", "no call to an online validator")
+}
+
+// /swagger/ leads to the UI, and a path under /swagger/ that is none of its
+// files is the problem+json 404 of any unknown route.
+func TestSwaggerPaths(t *testing.T) {
+	t.Parallel()
+	rec := get(t, "/swagger/")
+	require.Equal(t, http.StatusMovedPermanently, rec.Code)
+	require.Equal(t, "/swagger/index.html", rec.Header().Get("Location"))
+
+	unknown := get(t, "/nothing-here")
+	for _, path := range []string{"/swagger/anything-unknown", "/swagger/x/index.html", "/swagger/swagger-ui-es-bundle.js", "/swagger/index.html/"} {
+		rec := get(t, path)
+		require.Equal(t, http.StatusNotFound, rec.Code, path)
+		require.Equal(t, problem.ContentType, rec.Header().Get("Content-Type"), path)
+		var d, u problem.Details
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &d), path)
+		require.NoError(t, json.Unmarshal(unknown.Body.Bytes(), &u))
+		require.Equal(t, "not_found", d.Code, path)
+		require.Equal(t, "No route matches GET "+path+".", d.Detail)
+		require.Equal(t, path, d.Instance)
+		require.Equal(t, strings.Replace(u.Detail, "/nothing-here", path, 1), d.Detail, "the same answer as an unknown route")
+		require.Equal(t, u.Type, d.Type)
+	}
+	// The UI's files are still served after an unknown one was asked for
+	// (gin-swagger learns its prefix from the first path it serves).
+	require.Equal(t, http.StatusOK, get(t, "/swagger/swagger-ui.css").Code)
 }
 
 func TestSwaggerIndexRoute(t *testing.T) {

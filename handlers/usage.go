@@ -41,10 +41,11 @@ type Usage struct {
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
 //	@Success		200	{object}	Usage				"This month's usage."
-//	@Failure		401	{object}	ProblemUnauthorized	"No usable API token: codes unauthenticated or invalid_token."
-//	@Failure		500	{object}	ProblemInternal		"internal_error."
-//	@Failure		503	{object}	ProblemUnavailable	"unavailable: authentication could not be checked; retry shortly."
-//	@Header			401	{string}	WWW-Authenticate	"Bearer realm=valruns"
+//	@Failure		401	{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		500	{object}	ProblemInternal		"`internal_error`: a query failed; retry."
+//	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds."
+//	@Header			401	{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/usage [get]
 func (h *usageHandlers) get(c *gin.Context) {

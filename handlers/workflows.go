@@ -60,28 +60,37 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@ID			createWorkflow
 //	@Description	Creates a workflow: a name, an optional JSON Schema (draft 2020-12 unless `$schema` says otherwise) the submission must satisfy, and optional CEL assertions over `submission` and `metadata`. Both are compiled now, so a schema or an expression that does not compile is a 400 (`invalid_workflow`) naming it in `errors`.
 //	@Description
-//	@Description	Idempotent with an `Idempotency-Key` header (scope `workflow_create`): retries create one workflow and replay the first answer, 4xx included.
+//	@Description	**Idempotency** (scope `workflow_create`): send an `Idempotency-Key`, and any number of retries create one workflow and get the first answer back.
+//	@Description	- **The key**: 1 to 255 printable ASCII characters, bare (`abc`) or as a quoted Structured Field string (`"abc"`), both the same key. Use a new random value, such as a UUID, per workflow you mean to create, and the same on every retry of it. Optional, unless the server runs with `IDEMPOTENCY_KEY_REQUIRED=true` (then a request without one is 400 `idempotency_key_missing`).
+//	@Description	- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (`IDEMPOTENCY_TTL`); `Idempotency-Key-Expires` on the answer says when.
+//	@Description	- **Retry with the same key and request** (JSON body; key order, whitespace and number spelling do not matter): nothing is created again; the answer is the first one, same status, same body byte for byte and same `Location`, plus `Idempotent-Replayed: true` and `Original-Request-Id` (the `X-Request-Id` of the first request). This holds for 4xx answers too, such as a 400 `invalid_workflow`.
+//	@Description	- **The same key with another body**: 422 `idempotency_key_reused`. Use a new key.
+//	@Description	- **While the first request with the key is being processed**: 409 `idempotency_key_in_progress` with `Retry-After`. With `Prefer: wait=N` the request waits instead, up to N seconds and at most `IDEMPOTENCY_MAX_WAIT` (10 s by default), for the first to finish, and gets its answer (or 422) with `Preference-Applied: wait=N`; past that, the 409.
+//	@Description	- **5xx**: nothing was done or stored; retry with the same key.
 //	@Tags			workflows
 //	@Accept			json
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			Idempotency-Key	header		string					false	"Optional, unless the server runs with IDEMPOTENCY_KEY_REQUIRED=true (then a missing key is 400 idempotency_key_missing). 1 to 255 printable ASCII characters, bare (abc) or as a quoted Structured Field string (abc between double quotes): both forms are the same key. Use a new random value, such as a UUID, per operation you mean to do once. A key belongs to your organisation and this endpoint (scope workflow_create) and expires 24 h after first use. A retry with the same key and the same request (path and JSON body; key order and whitespace do not matter) does nothing again: it answers the first response, same status and same body byte for byte, with the headers Idempotent-Replayed: true and Original-Request-Id (the X-Request-Id of the first request). The same key with another body is 422 idempotency_key_reused; while the first request is still being processed, 409 idempotency_key_in_progress with Retry-After. An answer of 5xx stores nothing: retry with the same key."
+//	@Param			Idempotency-Key	header		string					false	"**A new value per workflow you mean to create** (a UUID), the same on every retry of it.<br>1 to 255 printable ASCII characters. Optional unless the server sets `IDEMPOTENCY_KEY_REQUIRED=true`.<br>Same key and request: the first answer again. Same key, other body: 422. First still running: 409. See the description above."
+//	@Param			Prefer			header		string					false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		CreateWorkflowRequest	true	"The workflow"
-//	@Success		201				{object}	Workflow				"Created (or, with Idempotent-Replayed: true, the replay of the first answer)."
-//	@Failure		400				{object}	ProblemInvalidWorkflow	"The body is not what the route needs: codes invalid_workflow (a schema or expression does not compile), validation_error (name missing or too long, unknown field), invalid_json; or the Idempotency-Key is malformed: idempotency_key_invalid, idempotency_key_too_long, idempotency_key_missing (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key or bad JSON; other 4xx answers are stored and replayed."
-//	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: codes unauthenticated (no Authorization: Bearer header) or invalid_token (unknown or revoked)."
-//	@Failure		409				{object}	ProblemInProgress		"idempotency_key_in_progress: a request with this key is still being processed; retry after Retry-After seconds."
-//	@Failure		413				{object}	ProblemTooLarge			"request_body_too_large: the body exceeds MAX_BODY_BYTES."
-//	@Failure		422				{object}	ProblemKeyReused		"idempotency_key_reused: the key was used for a different request (another body) within 24 h; use a new key."
-//	@Failure		500				{object}	ProblemInternal			"internal_error: nothing was done and nothing stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemTimeout			"request_timeout (the request's transaction ran out of time and was rolled back; Retry-After) or unavailable (authentication could not be checked); nothing was done: retry."
+//	@Success		201				{object}	Workflow				"Created; with `Idempotent-Replayed: true`, the replay of the first answer."
+//	@Failure		400				{object}	ProblemInvalidWorkflow	"The body is not what the route needs: `invalid_workflow` (a schema or expression does not compile), `validation_error` (name missing or too long, a field the route does not take), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; `invalid_workflow` and `validation_error` with a key are stored and replayed."
+//	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		409				{object}	ProblemInProgress		"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
+//	@Failure		413				{object}	ProblemTooLarge			"`request_body_too_large`: the body exceeds MAX_BODY_BYTES (nothing is stored)."
+//	@Failure		422				{object}	ProblemKeyReused		"`idempotency_key_reused`: the key was used for a different request (another body) within 24 h; use a new key."
+//	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done and nothing stored; retry, with the same key."
+//	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached) or `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back); nothing was done: retry, with the same key."
 //	@Header			201				{string}	Location				"The workflow: /api/workflows/{id}/"
-//	@Header			201				{string}	Idempotent-Replayed		"true when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+//	@Header			201				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
 //	@Header			201				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
-//	@Header			409,503			{integer}	Retry-After				"Seconds to wait before retrying."
-//	@Header			401				{string}	WWW-Authenticate		"Bearer realm=valruns"
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Header			201,400,422		{string}	Idempotency-Key-Expires	"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key creates a new workflow."
+//	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
+//	@Header			409,500,503		{integer}	Retry-After				"Seconds to wait before retrying."
+//	@Header			401				{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/ [post]
 func (h *workflowHandlers) create(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	var in CreateWorkflowRequest
@@ -141,11 +150,12 @@ func (h *workflowHandlers) create(tx *models.RequestTx, req idempotency.Request)
 //	@Param			limit	query		int					false	"Page size, 1-100 (default 20)"	minimum(1)	maximum(100)
 //	@Param			cursor	query		string				false	"next_cursor of the previous page"
 //	@Success		200		{object}	WorkflowList		"One page of workflows."
-//	@Failure		400		{object}	ProblemBadRequest	"validation_error (limit is not 1 to 100) or invalid_cursor (not a cursor this API returned)."
-//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: codes unauthenticated or invalid_token."
-//	@Failure		500		{object}	ProblemInternal		"internal_error."
-//	@Failure		503		{object}	ProblemUnavailable	"unavailable: authentication could not be checked; retry shortly."
-//	@Header			401		{string}	WWW-Authenticate	"Bearer realm=valruns"
+//	@Failure		400		{object}	ProblemBadRequest	"`validation_error` (limit is not 1 to 100) or `invalid_cursor` (not a cursor this API returned)."
+//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		500		{object}	ProblemInternal		"`internal_error`: a query failed; retry."
+//	@Failure		503		{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds."
+//	@Header			401		{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/ [get]
 func (h *workflowHandlers) list(c *gin.Context) {
@@ -176,11 +186,12 @@ func (h *workflowHandlers) list(c *gin.Context) {
 //	@Security		BearerAuth
 //	@Param			id	path		string					true	"Workflow id (UUID)"	format(uuid)
 //	@Success		200	{object}	Workflow				"The workflow."
-//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: codes unauthenticated or invalid_token."
-//	@Failure		404	{object}	ProblemWorkflowNotFound	"not_found: no such workflow in your organisation."
-//	@Failure		500	{object}	ProblemInternal			"internal_error."
-//	@Failure		503	{object}	ProblemUnavailable		"unavailable: authentication could not be checked; retry shortly."
-//	@Header			401	{string}	WWW-Authenticate		"Bearer realm=valruns"
+//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		404	{object}	ProblemWorkflowNotFound	"`not_found`: no such workflow in your organisation (or the id is not a UUID)."
+//	@Failure		500	{object}	ProblemInternal			"`internal_error`: a query failed; retry."
+//	@Failure		503	{object}	ProblemUnavailable		"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds."
+//	@Header			401	{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/ [get]
 func (h *workflowHandlers) get(c *gin.Context) {

@@ -1,0 +1,108 @@
+package apispec
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// copyDocs copies the generated docs/ into a temporary directory.
+func copyDocs(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"docs.go", "swagger.json", "swagger.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "docs", name))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
+	}
+	return dir
+}
+
+// Writing the three files again without adding anything reproduces them
+// byte for byte: the files ApplyDir writes differ from swag's output only
+// by what it adds, and what it adds is written as swag writes JSON.
+func TestApplyDirWritesAsSwag(t *testing.T) {
+	t.Parallel()
+	dir := copyDocs(t)
+	require.NoError(t, ApplyDir(dir, &File{Operations: map[string]*Operation{}}))
+	for _, name := range []string{"docs.go", "swagger.json", "swagger.yaml"} {
+		want, err := os.ReadFile(filepath.Join("..", "..", "docs", name))
+		require.NoError(t, err)
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		require.Equal(t, string(want), string(got), name)
+	}
+}
+
+func TestDecodeKeepsOrderAndText(t *testing.T) {
+	t.Parallel()
+	in := `{"z":1,"a":{"y":[1.50,"a > b",null,true],"b":{}},"m":[]}`
+	v, err := Decode([]byte(in), false)
+	require.NoError(t, err)
+	require.Equal(t, in, string(v.Compact()))
+	v, err = Decode([]byte(in), true)
+	require.NoError(t, err)
+	require.Equal(t, strings.Replace(in, ">", `\u003e`, 1), string(v.Compact()), "as encoding/json writes strings")
+}
+
+func spec(t *testing.T) *Value {
+	t.Helper()
+	v, err := Decode([]byte(`{"paths":{"/x/":{"post":{"produces":["application/json","application/problem+json"],
+		"parameters":[{"name":"K","in":"header","type":"string"},{"name":"body","in":"body","schema":{"$ref":"#/definitions/Req"}}],
+		"responses":{"201":{"description":"Created."},"422":{"description":"Reused."}}}}},
+		"definitions":{"Req":{"type":"object"}}}`), true)
+	require.NoError(t, err)
+	return v
+}
+
+func TestApply(t *testing.T) {
+	t.Parallel()
+	s := spec(t)
+	f := &File{Operations: map[string]*Operation{"POST /x/": {
+		Request: &Request{Headers: map[string]string{"K": "k-1"}, Body: json.RawMessage(`{"a": 1}`)},
+		Responses: map[string]*Response{
+			"201": {Situation: "a new key", ContentType: "application/json; charset=utf-8", Body: json.RawMessage(`{"id":"1","b":2}`)},
+			"422": {ContentType: "application/problem+json", Body: json.RawMessage(`{"code":"reused"}`)},
+		},
+	}}}
+	require.NoError(t, Apply(s, f))
+	op := s.Get("paths").Get("/x/").Get("post")
+	created := op.Get("responses").Get("201")
+	require.Equal(t, "Created."+ExampleSeparator+"a new key.", created.Get("description").Str())
+	require.Equal(t, `{"application/json":{"id":"1","b":2}}`, string(created.Get("examples").Compact()), "the recorded order")
+	require.Equal(t, `{"application/json":{"code":"reused"},"application/problem+json":{"code":"reused"}}`,
+		string(op.Get("responses").Get("422").Get("examples").Compact()),
+		"a problem document is listed under application/json too, which Swagger UI shows unless told otherwise")
+	require.Equal(t, "Reused.", op.Get("responses").Get("422").Get("description").Str())
+	require.Equal(t, "k-1", op.Get("parameters").Array[0].Get("x-example").Str())
+	require.Equal(t, `{"a":1}`, string(s.Get("definitions").Get("Req").Get("example").Compact()))
+
+	require.ErrorContains(t, Apply(s, f), "has examples already", "Apply runs once")
+}
+
+func TestApplyRefuses(t *testing.T) {
+	t.Parallel()
+	ok := func() *Response {
+		return &Response{ContentType: "application/json", Body: json.RawMessage(`{}`)}
+	}
+	for name, tc := range map[string]struct {
+		op   string
+		o    *Operation
+		want string
+	}{
+		"operation not in the spec": {"GET /x/", &Operation{Responses: map[string]*Response{"200": ok()}}, "not in the spec"},
+		"status not documented":     {"POST /x/", &Operation{Responses: map[string]*Response{"500": ok()}}, "status 500 is not documented"},
+		"media type not produced": {"POST /x/", &Operation{Responses: map[string]*Response{
+			"201": {ContentType: "text/plain", Body: json.RawMessage(`"hi"`)}}}, "not one of the operation's produces"},
+		"header not a parameter": {"POST /x/", &Operation{Request: &Request{Headers: map[string]string{"Prefer": "wait=5"}},
+			Responses: map[string]*Response{}}, "Prefer is not a parameter"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			require.ErrorContains(t, Apply(spec(t), &File{Operations: map[string]*Operation{tc.op: tc.o}}), tc.want)
+		})
+	}
+}
