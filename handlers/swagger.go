@@ -37,6 +37,14 @@ func swaggerUI() gin.HandlerFunc {
 			c.Data(http.StatusOK, "application/json; charset=utf-8", spec)
 		case !swaggerUIFiles[name]:
 			problem.Abort(c, http.StatusNotFound, "not_found", "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
+		case c.Request.Method == http.MethodHead:
+			// gin-swagger answers only GET (405 otherwise). It sees a GET
+			// copy; net/http still drops the body, as it keeps the HEAD.
+			head := c.Request
+			c.Request = head.Clone(head.Context())
+			c.Request.Method = http.MethodGet
+			ui(c)
+			c.Request = head
 		default:
 			ui(c)
 		}

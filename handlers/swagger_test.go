@@ -2,6 +2,8 @@ package handlers_test
 
 import (
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -322,6 +324,40 @@ func TestSwaggerUIServed(t *testing.T) {
 	init := get(t, "/swagger/swagger-initializer.js").Body.String()
 	require.Contains(t, init, `url: "doc.json"`, "the UI loads the spec from its own directory")
 	require.Contains(t, init, "validatorUrl: null", "no call to an online validator")
+}
+
+// HEAD on the UI's files answers what GET would, without a body, over a real
+// server (the recorder of get keeps bodies that net/http drops for HEAD).
+func TestSwaggerHead(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(handlers.New(handlers.Deps{}))
+	t.Cleanup(srv.Close)
+	for _, path := range []string{"/swagger/index.html", "/swagger/swagger-ui.css", "/swagger/doc.json", "/"} {
+		getResp, err := http.Get(srv.URL + path)
+		require.NoError(t, err, path)
+		getResp.Body.Close()
+		headResp, err := http.Head(srv.URL + path)
+		require.NoError(t, err, path)
+		headResp.Body.Close()
+		require.Equal(t, http.StatusOK, headResp.StatusCode, path)
+		require.Equal(t, getResp.Header.Get("Content-Type"), headResp.Header.Get("Content-Type"), path)
+
+		// On the wire: the status line and headers, then nothing.
+		conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+		require.NoError(t, err)
+		_, err = conn.Write([]byte("HEAD " + path + " HTTP/1.0\r\nHost: x\r\n\r\n"))
+		require.NoError(t, err)
+		raw, err := io.ReadAll(conn)
+		conn.Close()
+		require.NoError(t, err)
+		_, after, found := strings.Cut(string(raw), "\r\n\r\n")
+		require.True(t, found, "%s: %q", path, raw)
+		require.Empty(t, after, "%s: HEAD sent a body", path)
+	}
+	headResp, err := http.Head(srv.URL + "/swagger/unknown.js")
+	require.NoError(t, err)
+	headResp.Body.Close()
+	require.Equal(t, http.StatusNotFound, headResp.StatusCode)
 }
 
 // /swagger/ leads to the UI, and a path under /swagger/ that is none of its
