@@ -147,11 +147,7 @@ func (e *env) measureCleanup(ctx context.Context, keys, clients int, t timing) (
 				m.close()
 			}
 		})
-		r.fill(lr)
-		if lr.Requests > 0 {
-			r.CPUPerReq = m.usage.CPU / time.Duration(lr.Requests)
-		}
-		r.PeakRSSKB = m.usage.PeakRSS
+		r.fillServer(lr, m)
 		return r
 	}
 	res.Baseline = measure("new key, expired keys present, no cleanup", "base", t.Warm, t.Dur)
@@ -178,11 +174,7 @@ func (e *env) measureCleanup(ctx context.Context, keys, clients int, t timing) (
 				m.close()
 			}
 		})
-		r.fill(lr)
-		if lr.Requests > 0 {
-			r.CPUPerReq = m.usage.CPU / time.Duration(lr.Requests)
-		}
-		r.PeakRSSKB = m.usage.PeakRSS
+		r.fillServer(lr, m)
 		return r
 	}()
 	<-stop

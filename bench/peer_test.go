@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,16 +15,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/valruns/valruns/internal/proctest"
 	"github.com/valruns/valruns/internal/testdb"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // TestPeerStartsAndReplays: the peer the benchmark compares with does what
 // its rows claim: a start inserts one run into validation_runs and answers
@@ -56,13 +48,13 @@ func TestPeerStartsAndReplays(t *testing.T) {
 	}
 
 	logDir := t.TempDir()
-	rport := freePort(t)
+	rport := proctest.FreePort(t)
 	redis, err := startProc("redis", logDir, logDir, childEnv(), "redis-server", "--port", strconv.Itoa(rport),
 		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", logDir)
 	require.NoError(t, err)
 	t.Cleanup(func() { redis.Stop(5 * time.Second) })
 
-	port := freePort(t)
+	port := proctest.FreePort(t)
 	peer, err := startProc("peer", logDir, peerDir, childEnv("PORT="+strconv.Itoa(port), "HOST=127.0.0.1",
 		"DATABASE_URL="+dbURL, fmt.Sprintf("REDIS_URL=redis://127.0.0.1:%d/0", rport), "ORG_ID="+org), "node", "server.js")
 	require.NoError(t, err)

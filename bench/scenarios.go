@@ -165,14 +165,10 @@ func (e *env) runHTTP(ctx context.Context, sc scenario, clients int, t timing) r
 	if srv.Exited() {
 		return fail(fmt.Errorf("the server exited during the run: %v\n%s", srv.err, srv.Tail()))
 	}
-	r.fill(res)
-	if res.Requests > 0 {
-		r.CPUPerReq = sm.usage.CPU / time.Duration(res.Requests)
-		if wm != nil {
-			r.WorkerCPUPerReq = wm.usage.CPU / time.Duration(res.Requests)
-		}
+	r.fillServer(res, sm)
+	if res.Requests > 0 && wm != nil {
+		r.WorkerCPUPerReq = wm.usage.CPU / time.Duration(res.Requests)
 	}
-	r.PeakRSSKB = sm.usage.PeakRSS
 	r.DBConns, r.DBBusy = conns.max, conns.busy
 	if res.Requests > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("load generator %s ms CPU/req", ms3(self.usage.CPU/time.Duration(res.Requests))))
@@ -196,6 +192,16 @@ func (r *row) fill(res loadResult) {
 	if res.FirstError != "" {
 		r.Notes = append(r.Notes, "first error: "+short(res.FirstError, 160))
 	}
+}
+
+// fillServer is fill plus the server's CPU per request and peak memory,
+// measured by m over the same window.
+func (r *row) fillServer(res loadResult, m *usageMeter) {
+	r.fill(res)
+	if res.Requests > 0 {
+		r.CPUPerReq = m.usage.CPU / time.Duration(res.Requests)
+	}
+	r.PeakRSSKB = m.usage.PeakRSS
 }
 
 // finishedRuns counts the runs a worker took through to the end.
