@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,6 +65,7 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 	}
 	sqlDB.SetMaxOpenConns(maxOpen)
 	sqlDB.SetMaxIdleConns(maxOpen)
+	connGates.Store(sqlDB, make(chan struct{}, maxOpen))
 	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
 	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -81,6 +83,48 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 		return nil, fmt.Errorf("open gorm: %w", err)
 	}
 	return db, nil
+}
+
+// connGates are the admission gates of the pools Open made, by pool.
+var connGates sync.Map // *sql.DB -> chan struct{}
+
+// requestConn takes a connection of db's pool for a request's statements,
+// first come, first served, and returns the function that gives it back.
+//
+// database/sql hands a freed connection to a random waiter
+// (connRequests.TakeRandom), so under overload a request can wait many
+// times longer than the ones that came after it: with 128 clients on 12
+// connections, the p99 of a start was six times its p50. The gate lets at
+// most the pool's size of requests ask the pool, in the order they came (a
+// channel wakes its blocked senders in order); the others queue at the gate.
+// Statements outside requests (GORM's reads, the worker) still take
+// connections straight from the pool, so a request may still wait there,
+// but behind at most the pool's size of others.
+func requestConn(ctx context.Context, db *gorm.DB) (*sql.Conn, func(), error) {
+	pool := SQLDB(db)
+	gate, _ := connGates.Load(pool)
+	var leave func()
+	if g, ok := gate.(chan struct{}); ok {
+		select {
+		case g <- struct{}{}:
+			leave = func() { <-g }
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		if leave != nil {
+			leave()
+		}
+		return nil, nil, err
+	}
+	return conn, func() {
+		_ = conn.Close()
+		if leave != nil {
+			leave()
+		}
+	}, nil
 }
 
 // SQLDB returns the database/sql pool under db (for migrations and Close).

@@ -29,6 +29,7 @@ import (
 type RequestTx struct {
 	ctx  context.Context // the request's, detached from its client
 	conn *sql.Conn
+	done func() // gives conn back (requestConn)
 	db   *gorm.DB
 	// open: BEGIN was sent and neither COMMIT nor ROLLBACK since.
 	open bool
@@ -66,11 +67,11 @@ LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5
 // holds the lock (stored.InFlight). Otherwise stored says whether an
 // expired row is being taken over.
 func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, key *KeyRef) (t *RequestTx, stored *StoredKey, err error) {
-	conn, err := SQLDB(db).Conn(ctx)
+	conn, done, err := requestConn(ctx, db)
 	if err != nil {
 		return nil, nil, fmt.Errorf("begin: %w", translate(err))
 	}
-	t = &RequestTx{ctx: ctx, conn: conn}
+	t = &RequestTx{ctx: ctx, conn: conn, done: done}
 	stored = &StoredKey{}
 	locked := true
 	err = t.pgx(func(c *pgx.Conn) error {
@@ -195,7 +196,7 @@ func (t *RequestTx) Rollback() {
 
 func (t *RequestTx) release() {
 	if t.conn != nil {
-		_ = t.conn.Close()
+		t.done()
 		t.conn = nil
 	}
 }
@@ -203,11 +204,11 @@ func (t *RequestTx) release() {
 // withConn runs fn on a pgx connection of db's pool, for statements that
 // are hot enough to skip GORM (see RequestTx.DB).
 func withConn(ctx context.Context, db *gorm.DB, fn func(*pgx.Conn) error) error {
-	conn, err := SQLDB(db).Conn(ctx)
+	conn, done, err := requestConn(ctx, db)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer done()
 	return rawPgx(conn, fn)
 }
 
