@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,16 +64,37 @@ func New(t testing.TB, opts ...Options) *Env {
 	cfg.DatabaseURL = u
 	reg := prometheus.NewRegistry()
 	// Errors the API logs (the causes behind 5xx answers) show in the test's log.
-	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(newTestLog(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	h := handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log})
 	return &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, Handler: h}
 }
 
-// testLog writes log lines to the test's log.
-type testLog struct{ t testing.TB }
+// testLog writes log lines to the test's log while the test runs. Lines
+// after its end are dropped: the server's background goroutines (the
+// JobWaker's NOTIFY after a commit) may still log once the test is over,
+// and testing forbids t.Log then (its end is set without a lock, a race).
+type testLog struct {
+	t     testing.TB
+	mu    sync.Mutex
+	ended bool
+}
 
-func (w testLog) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+func newTestLog(t testing.TB) *testLog {
+	w := &testLog{t: t}
+	t.Cleanup(func() { // cleanups run before testing marks the test done
+		w.mu.Lock()
+		w.ended = true
+		w.mu.Unlock()
+	})
+	return w
+}
+
+func (w *testLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.ended {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
 	return len(p), nil
 }
 
