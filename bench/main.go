@@ -138,20 +138,27 @@ func run(ctx context.Context) error {
 		res.Redis = "BENCH_REDIS_URL " + e.redisURL
 	}
 
-	script := ""
+	start := sqlScript{Scenario: pgbenchScenario(1), UsageSlots: true}
+	peerSQL := sqlScript{Scenario: pgbenchPeerScenario}
 	if p.want("capture") || p.want("pgbench") {
-		say("capturing the SQL of a new-key start")
-		res.Capture = e.captureStart(ctx, scratchDir)
-		if res.Capture.Err != nil {
-			say("capture failed: %v", res.Capture.Err)
-		} else {
-			say("captured %d statements in %d round trips", len(res.Capture.A.Stmts), res.Capture.Script.RoundTrips)
-			if err := e.checkScript(ctx, res.Capture.Path, res.Capture.Script.MaxOrgs); err != nil {
-				res.Capture.Err = err
-				say("%v", err)
-			} else {
-				script = res.Capture.Path
+		capture := func(what string, cp *captured, sc *sqlScript, run func(context.Context, string) captured) {
+			say("capturing the SQL of %s", what)
+			*cp = run(ctx, scratchDir)
+			if cp.Err != nil {
+				say("capture failed: %v", cp.Err)
+				return
 			}
+			say("captured %d statements in %d round trips", len(cp.A.Stmts), cp.Script.RoundTrips)
+			if err := e.checkScript(ctx, cp.Path, cp.Script.MaxOrgs); err != nil {
+				cp.Err = err
+				say("%v", err)
+				return
+			}
+			sc.Path = cp.Path
+		}
+		capture("a new-key start", &res.Capture, &start, e.captureStart)
+		if p.want("peer") {
+			capture("the peer's new-key start", &res.PeerCapture, &peerSQL, e.capturePeer)
 		}
 	}
 
@@ -169,12 +176,12 @@ func run(ctx context.Context) error {
 			}
 			if i == 1 && p.want("pgbench") {
 				for _, n := range []int{1, p.Orgs} {
-					steps = append(steps, func() row {
-						if script == "" {
-							return row{Section: "pgbench", Scenario: pgbenchScenario(n), Clients: c, Failed: "no script: the capture failed"}
-						}
-						return e.runPgbench(ctx, script, n, c, p.PG)
-					})
+					sc := start
+					sc.Scenario = pgbenchScenario(n)
+					steps = append(steps, func() row { return e.runPgbench(ctx, sc, n, c, p.PG) })
+				}
+				if p.want("peer") {
+					steps = append(steps, func() row { return e.runPgbench(ctx, peerSQL, 1, c, p.PG) })
 				}
 			}
 		}

@@ -50,6 +50,22 @@ type captured struct {
 // new-key starts: two on the first organisation, one on each other
 // organisation, each after a warm-up request (auth cache, statement cache).
 func (e *env) captureStart(ctx context.Context, outDir string) captured {
+	serve := func(ctx context.Context, dbURL string) (*proc, string, error) {
+		return e.startServerURL(ctx, dbURL, false)
+	}
+	return e.captureSQL(ctx, filepath.Join(outDir, "pgbench-start.sql"), serve, e.orgs)
+}
+
+// capturePeer records the peer's new-key starts the same way: its one
+// organisation, twice.
+func (e *env) capturePeer(ctx context.Context, outDir string) captured {
+	return e.captureSQL(ctx, filepath.Join(outDir, "pgbench-peer.sql"), e.startPeerURL, e.orgs[:1])
+}
+
+// captureSQL starts a server with start on a fresh database reached through
+// the capture proxy, records new-key starts of orgs and writes the pgbench
+// script made from them to path.
+func (e *env) captureSQL(ctx context.Context, path string, start func(ctx context.Context, dbURL string) (*proc, string, error), orgs []benchOrg) captured {
 	var cp captured
 	db, err := e.fresh(ctx)
 	if err != nil {
@@ -75,7 +91,7 @@ func (e *env) captureStart(ctx context.Context, outDir string) captured {
 	q.Set("sslmode", "disable") // the proxy reads the protocol: no TLS between the server and it
 	u.RawQuery = q.Encode()
 
-	srv, base, err := e.startServerURL(ctx, u.String(), false)
+	srv, base, err := start(ctx, u.String())
 	if err != nil {
 		cp.Err = err
 		return cp
@@ -106,17 +122,17 @@ func (e *env) captureStart(ctx context.Context, outDir string) captured {
 		}
 		return rc, nil
 	}
-	if cp.A, err = one(e.orgs[0], 3); err != nil {
+	if cp.A, err = one(orgs[0], 3); err != nil {
 		cp.Err = err
 		return cp
 	}
-	b, err := one(e.orgs[0], 0)
+	b, err := one(orgs[0], 0)
 	if err != nil {
 		cp.Err = err
 		return cp
 	}
 	var others []requestCapture
-	for _, o := range e.orgs[1:] {
+	for _, o := range orgs[1:] {
 		rc, err := one(o, 1)
 		if err != nil {
 			cp.Err = err
@@ -133,7 +149,7 @@ func (e *env) captureStart(ctx context.Context, outDir string) captured {
 		cp.Err = err
 		return cp
 	}
-	cp.Path = filepath.Join(outDir, "pgbench-start.sql")
+	cp.Path = path
 	cp.Err = os.WriteFile(cp.Path, []byte(cp.Script.Text), 0o644)
 	return cp
 }
@@ -252,9 +268,26 @@ func pgbenchScenario(norgs int) string {
 	return fmt.Sprintf("new-key start SQL, %d orgs", norgs)
 }
 
+// pgbenchPeerScenario is the peer's start replayed by pgbench.
+const pgbenchPeerScenario = "the peer's start SQL, 1 org"
+
+// sqlScript is a captured start to replay with pgbench.
+type sqlScript struct {
+	Scenario string // its rows' scenario
+	Path     string // "" when its capture failed
+	// UsageSlots: the script is valruns' start, whose captured fast path
+	// claims one of an organisation's usage slots.
+	UsageSlots bool
+}
+
 // runPgbench measures the script at one concurrency on a fresh database.
-func (e *env) runPgbench(ctx context.Context, script string, norgs, clients int, t timing) row {
-	r := row{Section: "pgbench", Scenario: pgbenchScenario(norgs), Clients: clients}
+func (e *env) runPgbench(ctx context.Context, sc sqlScript, norgs, clients int, t timing) row {
+	r := row{Section: "pgbench", Scenario: sc.Scenario, Clients: clients}
+	if sc.Path == "" {
+		r.Failed = "no script: the capture failed"
+		return r
+	}
+	script := sc.Path
 	db, err := e.fresh(ctx)
 	if err != nil {
 		r.Failed = err.Error()
@@ -270,7 +303,7 @@ func (e *env) runPgbench(ctx context.Context, script string, norgs, clients int,
 	// organisation's usage slots with SKIP LOCKED. With more transactions of
 	// one organisation in flight than slots, the server takes its slow path
 	// (it waits for a slot), which the script does not replay.
-	if perOrg := (c + norgs - 1) / norgs; perOrg > models.UsageSlots {
+	if perOrg := (c + norgs - 1) / norgs; sc.UsageSlots && perOrg > models.UsageSlots {
 		c = models.UsageSlots * norgs
 		r.Notes = append(r.Notes, fmt.Sprintf("clients capped at %d: the captured fast path claims one of the %d usage slots per organisation", c, models.UsageSlots))
 	}

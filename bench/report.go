@@ -25,8 +25,10 @@ type results struct {
 	PgTiming timing
 	Rows     []row
 	Capture  captured
-	Cleanup  *cleanupResult
-	Latency  *latencyResult
+	// PeerCapture is the peer's new-key start, captured the same way.
+	PeerCapture captured
+	Cleanup     *cleanupResult
+	Latency     *latencyResult
 }
 
 // check is one ratio or limit with its target.
@@ -261,6 +263,8 @@ func (r *results) markdown() string {
 		b.WriteString("\nEvery answer of every measured run was the expected 2xx (errors, non-2xx and unexpected are all 0).\n")
 	}
 
+	b.WriteString(r.whyBehind())
+
 	b.WriteString("\n## All runs\n\n")
 	b.WriteString("Closed loop: each client sends its next request when the previous answer has arrived, on a keep-alive connection. " +
 		"rps counts expected answers inside the measured window. CPU ms/req is the server process's user+system time in the window " +
@@ -318,26 +322,7 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "`valruns serve` reached PostgreSQL through a wire-protocol proxy in the harness, which recorded what one new-key start sent: "+
 			"**%d statements in %d round trips**%s. Statements sent together, without waiting for an answer, share a round trip.\n\n",
 			len(cp.A.Stmts), cp.A.RoundTrips-cp.A.PrepareRoundTrips, prepared)
-		b.WriteString("```sql\n")
-		prev := [2]int{-1, -1}
-		rt := 0
-		for i, s := range cp.A.Stmts {
-			if k := [2]int{s.Conn, s.Burst}; k != prev {
-				rt++
-				fmt.Fprintf(&b, "-- round trip %d\n", rt)
-				prev = k
-			}
-			fmt.Fprintf(&b, "%s;\n", strings.TrimRight(strings.TrimSpace(s.SQL), ";"))
-			for j, p := range s.Params {
-				v := "NULL"
-				if !p.Null {
-					v = "'" + short(p.Text, 100) + "'"
-				}
-				fmt.Fprintf(&b, "--   $%d = %s\n", j+1, v)
-			}
-			_ = i
-		}
-		b.WriteString("```\n")
+		writeStatements(&b, cp.A)
 	}
 	if sc := cp.Script; sc != nil {
 		fmt.Fprintf(&b, "\nThe pgbench script made from it (written to %s; per-organisation arrays shortened here). "+
@@ -360,5 +345,84 @@ func (r *results) markdown() string {
 		}
 		b.WriteString("\n```\n" + abbreviate(sc.Text) + "```\n")
 	}
+
+	if pc := r.PeerCapture; pc.Err != nil || len(pc.A.Stmts) > 0 {
+		b.WriteString("\n## The SQL of the peer's new-key start, captured the same way\n\n")
+		if pc.Err != nil {
+			fmt.Fprintf(&b, "FAILED: %v\n", pc.Err)
+		} else {
+			fmt.Fprintf(&b, "**%s in %s**, replayed by pgbench as the rows \"%s\" (script in `bench/results/pgbench-peer.sql`).\n\n",
+				count(len(pc.A.Stmts), "statement"), count(pc.A.RoundTrips-pc.A.PrepareRoundTrips, "round trip"), pgbenchPeerScenario)
+			writeStatements(&b, pc.A)
+		}
+	}
 	return b.String()
+}
+
+// writeStatements writes a captured request's statements with their
+// parameters, round trip by round trip.
+func writeStatements(b *strings.Builder, rc requestCapture) {
+	b.WriteString("```sql\n")
+	prev := [2]int{-1, -1}
+	rt := 0
+	for _, s := range rc.Stmts {
+		if k := [2]int{s.Conn, s.Burst}; k != prev {
+			rt++
+			fmt.Fprintf(b, "-- round trip %d\n", rt)
+			prev = k
+		}
+		fmt.Fprintf(b, "%s;\n", strings.TrimRight(strings.TrimSpace(s.SQL), ";"))
+		for j, p := range s.Params {
+			v := "NULL"
+			if !p.Null {
+				v = "'" + short(p.Text, 100) + "'"
+			}
+			fmt.Fprintf(b, "--   $%d = %s\n", j+1, v)
+		}
+	}
+	b.WriteString("```\n")
+}
+
+// whyBehind explains, with this run's numbers, a new-key start that serves
+// less than the peer's: the database work each asks for, measured by
+// pgbench replaying each side's captured SQL, and each server's CPU. Empty
+// when valruns is not behind or the numbers are missing.
+func (r *results) whyBehind() string {
+	vr, ok1 := r.find("valruns", "start, new key", ratioClients)
+	peer, ok2 := r.find("peer", "start, new key", ratioClients)
+	own, ok3 := r.find("pgbench", pgbenchScenario(1), ratioClients)
+	theirs, ok4 := r.find("pgbench", pgbenchPeerScenario, ratioClients)
+	if !ok1 || !ok2 || !ok3 || !ok4 || vr.RPS >= peer.RPS || own.RPS == 0 || theirs.RPS == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n## Why a new-key start serves less than the peer's\n\n")
+	fmt.Fprintf(&b, "pgbench replayed the SQL each side's new-key start sent (captured below), %d clients, no HTTP in the way: "+
+		"PostgreSQL runs valruns' start at **%.0f tps** and the peer's at **%.0f tps**, so the peer's start asks it for %.2fx less work. ",
+		ratioClients, own.RPS, theirs.RPS, theirs.RPS/own.RPS)
+	fmt.Fprintf(&b, "valruns serves %.0f rps, %.2fx its SQL's limit; the peer %.0f rps, %.2fx its own. ",
+		vr.RPS, vr.RPS/own.RPS, peer.RPS, peer.RPS/theirs.RPS)
+	fmt.Fprintf(&b, "The servers' CPU per start: valruns %.3f ms, the peer %.3f ms.\n\n",
+		float64(vr.CPUPerReq.Microseconds())/1000, float64(peer.CPUPerReq.Microseconds())/1000)
+	if a := r.Capture.A; len(a.Stmts) > 0 {
+		fmt.Fprintf(&b, "valruns' start is %d statements in %d round trips, one transaction: it reads the key and takes its lock, "+
+			"bills one of the organisation's usage slots, inserts the run, its audit record and its staged job "+
+			"(the outbox row that makes a run Redis lost still run), and commits the key with its answer, so that the run and its key exist together or not at all. ",
+			len(a.Stmts), a.RoundTrips-a.PrepareRoundTrips)
+	}
+	if a := r.PeerCapture.A; len(a.Stmts) > 0 {
+		fmt.Fprintf(&b, "The peer's is %s in %s: the run's `INSERT`, committed on its own; no quota, no audit, no staged job, "+
+			"and its key is written to Redis after the answer is sent, so a crash between the two lets a retry run again.",
+			count(len(a.Stmts), "statement"), count(a.RoundTrips-a.PrepareRoundTrips, "round trip"))
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// count is n with its noun, plural unless n is 1.
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

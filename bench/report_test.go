@@ -86,3 +86,38 @@ func TestRatioTextNeverRoundsOntoTheTarget(t *testing.T) {
 	require.Equal(t, "0.70", ratioText(0.7, 0.7))
 	require.Equal(t, "1.23", ratioText(1.2345, 1.0))
 }
+
+// TestWhyBehindUsesThisRunsNumbers: when a new-key start serves less than
+// the peer's, RESULTS.md explains it with the two pgbench limits and the
+// servers' CPU of the same run; when it does not, or a number is missing,
+// it says nothing.
+func TestWhyBehindUsesThisRunsNumbers(t *testing.T) {
+	t.Parallel()
+	vr := rps("valruns", "start, new key", 1600)
+	vr.CPUPerReq = 300 * time.Microsecond
+	peer := rps("peer", "start, new key", 1800)
+	peer.CPUPerReq = 420 * time.Microsecond
+	r := &results{Rows: []row{vr, peer,
+		rps("pgbench", "new-key start SQL, 1 org", 2000),
+		rps("pgbench", pgbenchPeerScenario, 9000),
+	}}
+	r.Capture.A = requestCapture{Stmts: make([]wireStmt, 5), RoundTrips: 3}
+	r.PeerCapture.A = requestCapture{Stmts: make([]wireStmt, 1), RoundTrips: 1}
+	why := r.whyBehind()
+	for _, s := range []string{
+		"**2000 tps** and the peer's at **9000 tps**, so the peer's start asks it for 4.50x less work",
+		"valruns serves 1600 rps, 0.80x its SQL's limit; the peer 1800 rps, 0.20x its own",
+		"valruns 0.300 ms, the peer 0.420 ms",
+		"5 statements in 3 round trips",
+		"The peer's is 1 statement in 1 round trip",
+	} {
+		require.Contains(t, why, s)
+	}
+	require.Contains(t, r.markdown(), "## Why a new-key start serves less than the peer's")
+
+	ahead := &results{Rows: []row{rps("valruns", "start, new key", 2000), peer,
+		rps("pgbench", "new-key start SQL, 1 org", 2000), rps("pgbench", pgbenchPeerScenario, 9000)}}
+	require.Empty(t, ahead.whyBehind())
+	missing := &results{Rows: []row{vr, peer, rps("pgbench", "new-key start SQL, 1 org", 2000)}}
+	require.Empty(t, missing.whyBehind())
+}

@@ -338,9 +338,14 @@ func sendOnce(ctx context.Context, hc *http.Client, url string, body []byte, h h
 
 // startPeer runs the Node peer on database db.
 func (e *env) startPeer(ctx context.Context, db string) (*proc, string, error) {
+	return e.startPeerURL(ctx, e.dbURL(db))
+}
+
+// startPeerURL runs the Node peer on the database at dbURL.
+func (e *env) startPeerURL(ctx context.Context, dbURL string) (*proc, string, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", e.port+1)
 	dir := filepath.Join(e.root, "bench", "peer")
-	kv := []string{"PORT=" + fmt.Sprint(e.port+1), "HOST=127.0.0.1", "DATABASE_URL=" + e.dbURL(db),
+	kv := []string{"PORT=" + fmt.Sprint(e.port+1), "HOST=127.0.0.1", "DATABASE_URL=" + dbURL,
 		"REDIS_URL=" + e.redisURL, "ORG_ID=" + e.orgs[0].ID, "NODE_ENV=production"}
 	p, err := startProc("peer", e.logDir, dir, childEnv(kv...), "node", "server.js")
 	if err != nil {
