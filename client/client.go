@@ -24,10 +24,13 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -134,15 +137,36 @@ func New(baseURL, token string, opts ...Option) *Client {
 		userAgent:     DefaultUserAgent,
 		log:           slog.New(slog.DiscardHandler),
 	}
-	if u, err := url.Parse(c.base); err != nil {
+	if err := CheckBaseURL(baseURL); err != nil {
 		c.baseErr = fmt.Errorf("valruns: base URL %q: %w", baseURL, err)
-	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		c.baseErr = fmt.Errorf("valruns: base URL %q: want http(s)://host[:port]", baseURL)
 	}
 	for _, o := range opts {
 		o(c)
 	}
 	return c
+}
+
+// CheckBaseURL reports what is wrong with a base URL that New would refuse
+// (every call of its Client would then fail without sending anything): it
+// must be http:// or https://, with a host, and no query or fragment. A
+// path is kept as a prefix of every route (an API behind a proxy).
+func CheckBaseURL(baseURL string) error {
+	const want = "want http://host[:port] or https://host[:port], such as http://127.0.0.1:8080"
+	if !strings.Contains(baseURL, "://") {
+		return errors.New("no scheme: " + want)
+	}
+	u, err := url.Parse(baseURL)
+	switch {
+	case err != nil:
+		return fmt.Errorf("not a URL (%v): %s", errors.Unwrap(err), want)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("scheme %q: %s", u.Scheme, want)
+	case u.Host == "":
+		return errors.New("no host: " + want)
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return errors.New("a base URL has no ?query or #fragment: " + want)
+	}
+	return nil
 }
 
 // NewKey returns a new random idempotency key (a UUIDv4 from crypto/rand).
@@ -176,7 +200,12 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	tmpl, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	// wrote: some attempt's request went out on a connection. net/http
+	// itself may resend a request that has an Idempotency-Key on a fresh
+	// connection, so an attempt's own error does not tell.
+	var wrote atomic.Bool
+	traced := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) }})
+	tmpl, err := http.NewRequestWithContext(traced, method, c.base+path, rd)
 	if err != nil {
 		return nil, 0, fmt.Errorf("valruns: %w", err)
 	}
@@ -201,8 +230,10 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 		}
 	}
 
+	sent := false // some attempt may have reached the server
 	for attempt := 1; ; attempt++ {
 		resp, err := c.once(tmpl)
+		sent = sent || err == nil || wrote.Load() || !beforeSending(err)
 		var (
 			cause      error
 			retryAfter time.Duration
@@ -210,7 +241,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 		)
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return nil, attempt, &RetryError{Attempts: attempt, Last: err, Ctx: ctx.Err()}
+			return nil, attempt, &RetryError{Attempts: attempt, Last: err, Ctx: ctx.Err(), NotSent: !sent}
 		case err != nil:
 			if permanent(err) {
 				return nil, attempt, err
@@ -227,12 +258,12 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 			retryAfter, hasRA = parseRetryAfter(resp.header.Get("Retry-After"), time.Now())
 		}
 		if attempt >= c.maxAttempts {
-			return nil, attempt, &RetryError{Attempts: attempt, Last: cause}
+			return nil, attempt, &RetryError{Attempts: attempt, Last: cause, NotSent: !sent}
 		}
 		wait := c.backoff(attempt, retryAfter, hasRA)
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 			// Sleeping would only end in the deadline: say so now.
-			return nil, attempt, &RetryError{Attempts: attempt, Last: cause, Ctx: context.DeadlineExceeded}
+			return nil, attempt, &RetryError{Attempts: attempt, Last: cause, Ctx: context.DeadlineExceeded, NotSent: !sent}
 		}
 		c.log.InfoContext(ctx, "valruns: retrying", "method", method, "path", path, "attempt", attempt,
 			"wait", wait, "cause", cause.Error(), "idempotency_key", hdr.Get(HeaderKey))
@@ -240,7 +271,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, attempt, &RetryError{Attempts: attempt, Last: cause, Ctx: ctx.Err()}
+			return nil, attempt, &RetryError{Attempts: attempt, Last: cause, Ctx: ctx.Err(), NotSent: !sent}
 		case <-t.C:
 		}
 	}
@@ -281,6 +312,15 @@ func (c *Client) once(tmpl *http.Request) (*response, error) {
 		return nil, &permanentError{fmt.Errorf("valruns: the answer to %s %s exceeds %d bytes", req.Method, req.URL.Path, maxResponseBytes)}
 	}
 	return &response{status: resp.StatusCode, header: resp.Header, body: b}, nil
+}
+
+// beforeSending reports whether a transport error happened before the
+// request could leave: no connection was made (refused, unreachable, no
+// such host).
+func beforeSending(err error) bool {
+	var op *net.OpError
+	var dns *net.DNSError
+	return errors.As(err, &dns) || errors.As(err, &op) && op.Op == "dial"
 }
 
 // permanentError is a failure that another attempt would only repeat.
@@ -371,14 +411,15 @@ func snippet(b []byte) string {
 	return strings.Join(strings.Fields(strings.ToValidUTF8(s, "?")), " ")
 }
 
-// get reads path into v, retrying like any call.
-func (c *Client) get(ctx context.Context, path string, v any) error {
+// get reads path into v, retrying like any call, and returns the answer's
+// body.
+func (c *Client) get(ctx context.Context, path string, v any) ([]byte, error) {
 	resp, _, err := c.do(ctx, http.MethodGet, path, nil, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := json.Unmarshal(resp.body, v); err != nil {
-		return fmt.Errorf("valruns: decode the answer to GET %s: %w", path, err)
+		return nil, fmt.Errorf("valruns: decode the answer to GET %s: %w", path, err)
 	}
-	return nil
+	return resp.body, nil
 }

@@ -210,6 +210,15 @@ func TestIdempotentReplay(t *testing.T) {
 	require.Equal(t, first.Run.ID, again.Run.ID)
 	require.Equal(t, first.RequestID, again.OriginalRequestID)
 	require.EqualValues(t, 1, s.env.Count("validation_runs", ""))
+	// Raw is the answer as sent: a replay is the first answer byte for
+	// byte, and a queued run has no findings field.
+	require.Equal(t, string(first.Run.Raw), string(again.Run.Raw))
+	require.NotContains(t, string(first.Run.Raw), "findings")
+	read, err := c.GetRun(ctx, first.Run.ID)
+	require.NoError(t, err)
+	var fields map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(read.Raw, &fields))
+	require.Equal(t, first.Run.ID, strings.Trim(string(fields["id"]), `"`))
 
 	w1, err := c.CreateWorkflow(ctx, client.NewWorkflow{Name: "twice"}, client.WithKey("wf-twice"))
 	require.NoError(t, err)

@@ -112,12 +112,17 @@ func (e *Error) Is(target error) bool {
 // and the context's error, so errors.Is(err, ErrKeyInProgress) or
 // errors.Is(err, context.DeadlineExceeded) see through it.
 type RetryError struct {
-	// Attempts is how many requests were sent.
+	// Attempts is how many requests were tried.
 	Attempts int
 	// Last is the error of the last attempt.
 	Last error
 	// Ctx is the context's error when the context ended the call, else nil.
 	Ctx error
+	// NotSent is true when no attempt left the client: each one failed to
+	// connect (connection refused, no route, no such host). The server saw
+	// nothing, so nothing was started. When false, an attempt may have
+	// been processed: retry with the same key to find out.
+	NotSent bool
 }
 
 func (e *RetryError) Error() string {

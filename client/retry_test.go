@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -239,6 +240,30 @@ func TestGivingUp(t *testing.T) {
 	_, err = client.New(dead.URL, "t", fast...).StartRun(t.Context(), "wf", 1)
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, 3, re.Attempts)
+	require.True(t, re.NotSent, "refused: nothing left the client")
+
+	// A server that takes the request and hangs up may have processed it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Read(make([]byte, 1<<16))
+			_ = c.Close()
+		}
+	}()
+	_, err = client.New("http://"+ln.Addr().String(), "t", fast...).StartRun(t.Context(), "wf", 1)
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 3, re.Attempts)
+	require.False(t, re.NotSent, "sent, then hung up on: it may have been processed")
+	s = newScripted(t, problemAnswer(503, "service_unavailable", "Retry-After", "0"))
+	_, err = client.New(s.url, "t", fast...).StartRun(t.Context(), "wf", 1)
+	require.ErrorAs(t, err, &re)
+	require.False(t, re.NotSent, "answered")
 
 	for _, tt := range []struct {
 		a        answer
@@ -286,4 +311,10 @@ func TestGivingUp(t *testing.T) {
 
 	_, err = client.New("ftp://x", "t").GetRun(t.Context(), "r")
 	require.ErrorContains(t, err, "base URL")
+	for _, u := range []string{"ftp://x", "127.0.0.1:8080", "not a url", "http://", "http://h/?q=1", "http://h/#f"} {
+		require.Error(t, client.CheckBaseURL(u), u)
+	}
+	for _, u := range []string{"http://127.0.0.1:8080", "https://api.example.com/", "http://proxy/valruns"} {
+		require.NoError(t, client.CheckBaseURL(u), u)
+	}
 }

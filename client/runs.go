@@ -125,6 +125,7 @@ func (c *Client) StartRun(ctx context.Context, workflowID string, submission any
 	if err != nil {
 		return nil, err
 	}
+	res.Run.Raw = resp.body
 	res.Replayed, res.Key, res.RequestID, res.OriginalRequestID, res.Attempts = resp.replayed, resp.key, resp.requestID, resp.originalRequestID, resp.attempts
 	return &res, nil
 }
@@ -136,6 +137,7 @@ type written struct {
 	requestID         string
 	originalRequestID string
 	attempts          int
+	body              []byte // the answer's
 }
 
 // write POSTs body to path under one key for all attempts and decodes the
@@ -162,6 +164,7 @@ func (c *Client) write(ctx context.Context, path string, body []byte, o writeOpt
 	w.requestID = resp.header.Get(HeaderRequestID)
 	w.originalRequestID = resp.header.Get(HeaderOriginalRequestID)
 	w.attempts = attempts
+	w.body = resp.body
 	return w, nil
 }
 
@@ -171,9 +174,11 @@ func (c *Client) GetRun(ctx context.Context, runID string) (*Run, error) {
 		return nil, errors.New("valruns: GetRun: empty run id")
 	}
 	var r Run
-	if err := c.get(ctx, "/api/runs/"+url.PathEscape(runID)+"/", &r); err != nil {
+	body, err := c.get(ctx, "/api/runs/"+url.PathEscape(runID)+"/", &r)
+	if err != nil {
 		return nil, err
 	}
+	r.Raw = body
 	return &r, nil
 }
 
@@ -284,7 +289,7 @@ func list[T any](ctx context.Context, c *Client, path string, q url.Values, opts
 				p += "?" + pq.Encode()
 			}
 			var pg page[T]
-			if err := c.get(ctx, p, &pg); err != nil {
+			if _, err := c.get(ctx, p, &pg); err != nil {
 				yield(zero, err)
 				return
 			}

@@ -30,6 +30,10 @@ type Run struct {
 	CreatedAt  time.Time  `json:"created_at"`
 	StartedAt  *time.Time `json:"started_at,omitempty"`
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	// Raw is the run's JSON exactly as the API sent it, for printing what
+	// the API said (the fields above are decoded from it): set by
+	// StartRun, GetRun and WaitRun, nil in list results.
+	Raw json.RawMessage `json:"-"`
 }
 
 // Final reports whether the run has reached a status it never leaves:

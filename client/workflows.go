@@ -55,7 +55,7 @@ func (c *Client) GetWorkflow(ctx context.Context, workflowID string) (*Workflow,
 		return nil, errors.New("valruns: GetWorkflow: empty workflow id")
 	}
 	var w Workflow
-	if err := c.get(ctx, "/api/workflows/"+url.PathEscape(workflowID)+"/", &w); err != nil {
+	if _, err := c.get(ctx, "/api/workflows/"+url.PathEscape(workflowID)+"/", &w); err != nil {
 		return nil, err
 	}
 	return &w, nil
