@@ -237,6 +237,11 @@ func TestBadUsage(t *testing.T) {
 		{args: []string{"org", "quota", "acme"}, wantErr: "valruns org quota: want SLUG and N|default, got 1 argument(s)", wantUsage: "Usage: valruns org quota"},
 		{args: []string{"org", "quota", "acme", "lots"}, wantErr: `valruns org quota: quota "lots": want a whole number >= 0 (0: unlimited) or default`, wantUsage: "Usage: valruns org quota"},
 		{args: []string{"org", "quota", "acme", "1.5"}, wantErr: `valruns org quota: quota "1.5": want a whole number`, wantUsage: "Usage: valruns org quota"},
+		{args: []string{"org", "quota", "acme", "-5"}, wantErr: `valruns org quota: quota "-5": want a whole number >= 0 (0: unlimited) or default`, wantUsage: "Usage: valruns org quota"},
+		{args: []string{"org", "quota", "-5", "acme"}, wantErr: `valruns org quota: quota "acme": want a whole number >= 0`, wantUsage: "Usage: valruns org quota"},
+		{args: []string{"org", "quota", "acme", "--", "-5"}, wantErr: `valruns org quota: quota "-5": want a whole number >= 0`, wantUsage: "Usage: valruns org quota"},
+		{args: []string{"org", "create", "Acme", "--slug", ""}, wantErr: "valruns org create: --slug is empty (an unset variable?): give it a value, or leave the flag out", wantUsage: "Usage: valruns org create"},
+		{args: []string{"token", "list", "--org="}, wantErr: "valruns token list: --org is empty", wantUsage: "Usage: valruns token list"},
 		{args: []string{"org", "quota", "acme", "99999999999999999999"}, wantErr: `valruns org quota: quota "99999999999999999999": want a whole number`, wantUsage: "Usage: valruns org quota"},
 		{args: []string{"token", "create"}, wantErr: "valruns token create: --org SLUG is required", wantUsage: "Usage: valruns token create"},
 		{args: []string{"token", "list"}, wantErr: "valruns token list: --org SLUG is required", wantUsage: "Usage: valruns token list"},
@@ -956,6 +961,9 @@ func TestBinaryExitCodes(t *testing.T) {
 		{args: []string{"migrate", "status", "--help"}, wantCode: 0, wantOut: "Usage: valruns migrate status\n"},
 		{args: []string{"token"}, wantCode: 2, wantErr: "valruns token: missing subcommand\n\nUsage: valruns token SUBCOMMAND"},
 		{args: []string{"org", "quota", "nope", "5"}, wantCode: 1, wantErr: `valruns org quota: no organisation with slug "nope"`},
+		// A negative number is an operand, judged as a quota, not a flag "-5".
+		{args: []string{"org", "quota", "nope", "-5"}, wantCode: 2, wantErr: `valruns org quota: quota "-5": want a whole number >= 0 (0: unlimited) or default` + "\n\nUsage: valruns org quota"},
+		{args: []string{"org", "create", "Acme", "--slug", ""}, wantCode: 2, wantErr: "valruns org create: --slug is empty"},
 		{args: []string{"org", "list"}, wantCode: 0, wantOut: "no organisations yet"},
 	}
 	for _, tt := range tests {

@@ -332,27 +332,91 @@ func (f *flagFailure) Write(p []byte) (int, error) {
 
 // parse parses the flags of args wherever they stand among the operands
 // (`org create Acme --slug acme` as well as `org create --slug acme Acme`)
-// and returns the operands; after a "--" every word is an operand. A bad
-// flag is a *usageError; -h is flag.ErrHelp, with the usage printed.
+// and returns the operands; after a "--" every word is an operand, and so
+// is a negative number (`org quota acme -5` is judged as a quota, not as a
+// flag named 5). A bad flag is a *usageError, and so is a flag given
+// explicitly empty (`--key ""`, `--token "$UNSET"`): a flag wins over its
+// default and the environment, so an empty one is a mistake, never "use
+// the default". -h is flag.ErrHelp, with the usage printed.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	operands, err := parseWords(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	var empty []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Value.String() == "" {
+			empty = append(empty, f.Name)
+		}
+	})
+	if len(empty) > 0 {
+		return nil, badUsage("--%s is empty (an unset variable?): give it a value, or leave the flag out", empty[0])
+	}
+	return operands, nil
+}
+
+func parseWords(fs *flag.FlagSet, args []string) ([]string, error) {
 	var operands []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		// The flag package would take a negative number for a flag: parse
+		// the words before it on their own, and keep it as an operand.
+		end := negativeNumberAt(fs, args)
+		if err := fs.Parse(args[:end]); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}
 			return nil, &usageError{err.Error()}
 		}
 		rest := fs.Args()
-		if done := len(args) - len(rest); done > 0 && args[done-1] == "--" {
-			return append(operands, rest...), nil
+		if done := end - len(rest); done > 0 && args[done-1] == "--" {
+			return slices.Concat(operands, rest, args[end:]), nil
 		}
-		if len(rest) == 0 {
+		switch {
+		case len(rest) > 0:
+			operands = append(operands, rest[0])
+			args = slices.Concat(rest[1:], args[end:])
+		case end < len(args):
+			operands = append(operands, args[end])
+			args = args[end+1:]
+		default:
 			return operands, nil
 		}
-		operands = append(operands, rest[0])
-		args = rest[1:]
 	}
+}
+
+// negativeNumberAt is the index of the first word of args, before any
+// "--", that is a negative number ("-5", "-1.5") and not the value of the
+// flag before it; len(args) when there is none.
+func negativeNumberAt(fs *flag.FlagSet, args []string) int {
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		if len(a) < 2 || a[0] != '-' || a[1] < '0' || a[1] > '9' {
+			continue
+		}
+		if i > 0 && takesValue(fs, args[i-1]) {
+			continue
+		}
+		return i
+	}
+	return len(args)
+}
+
+// takesValue reports whether word is a flag of fs that takes the next word
+// as its value (`--quota -5`): not a bool flag, not written --name=value.
+func takesValue(fs *flag.FlagSet, word string) bool {
+	name, ok := strings.CutPrefix(word, "-")
+	if !ok || strings.Contains(name, "=") {
+		return false
+	}
+	name = strings.TrimPrefix(name, "-")
+	f := fs.Lookup(name)
+	if f == nil {
+		return false
+	}
+	b, isBool := f.Value.(interface{ IsBoolFlag() bool })
+	return !isBool || !b.IsBoolFlag()
 }
 
 // parseFlagsOnly is parse for a command that takes flags and no operands.

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -76,6 +78,8 @@ func cmdStart(ctx context.Context, args []string, out io.Writer) error {
 type startArgs struct {
 	workflow, file, metadata, key, url, token string
 	stdin, wait                               bool
+	// urlFrom says where url came from, for messages that name it.
+	urlFrom string
 }
 
 func (s startCmd) parse(args []string, out io.Writer) (startArgs, error) {
@@ -125,17 +129,33 @@ func (s startCmd) parse(args []string, out io.Writer) (startArgs, error) {
 			return a, badUsage("--metadata must be a JSON object, such as '{\"source\":\"ci\"}'")
 		}
 	}
+	// An explicitly empty --url or --token is refused by parse: a flag
+	// wins over the environment, an empty one included.
+	urlFrom := "--url"
 	if a.url == "" {
-		a.url = s.getenv("VALRUNS_URL")
+		a.url, urlFrom = s.getenv("VALRUNS_URL"), "VALRUNS_URL"
 	}
 	if a.url == "" {
-		a.url = defaultAPIURL
+		a.url, urlFrom = defaultAPIURL, ""
 	}
+	if err := client.CheckBaseURL(a.url); err != nil {
+		return a, badUsage("%s %q: %v", urlFrom, a.url, err)
+	}
+	a.urlFrom = "from " + urlFrom
+	if urlFrom == "" {
+		a.urlFrom = "the default: neither --url nor VALRUNS_URL is set"
+	}
+	tokenFrom := "--token"
 	if a.token == "" {
-		a.token = s.getenv("VALRUNS_TOKEN")
+		a.token, tokenFrom = s.getenv("VALRUNS_TOKEN"), "VALRUNS_TOKEN"
 	}
 	if a.token == "" {
 		return a, badUsage("no API token: pass --token or set VALRUNS_TOKEN")
+	}
+	// A token is one word (vr_ and base64url); a space or a newline in it
+	// is a copy-paste slip, which net/http would refuse to send anyway.
+	if i := strings.IndexFunc(a.token, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
+		return a, badUsage("%s holds whitespace or a control character (byte %d is %#x): a token is one word, such as vr_...", tokenFrom, i, a.token[i])
 	}
 	return a, nil
 }
@@ -206,7 +226,18 @@ func (s startCmd) run(ctx context.Context, args []string, out io.Writer) error {
 	c := client.New(a.url, a.token, client.WithUserAgent("valruns-cli/1"))
 	res, err := c.StartRun(ctx, a.workflow, sub, opts...)
 	if err != nil {
-		_, retried := errors.AsType[*client.RetryError](err)
+		re, retried := errors.AsType[*client.RetryError](err)
+		if retried && re.NotSent {
+			why := re.Last
+			if op, ok := errors.AsType[*net.OpError](why); ok {
+				why = op // "dial tcp ...: connection refused", without the request's URL
+			}
+			attempts := "1 attempt"
+			if re.Attempts != 1 {
+				attempts = fmt.Sprintf("%d attempts", re.Attempts)
+			}
+			return fmt.Errorf("no run was started: nothing reached the API at %s (%s) in %s: %v", a.url, a.urlFrom, attempts, why)
+		}
 		if _, answered := errors.AsType[*client.Error](err); retried || !answered {
 			return fmt.Errorf("%s; whether the run started is unknown: run again with --key %s, which never starts it twice",
 				strings.TrimPrefix(err.Error(), "valruns: "), key)
@@ -221,10 +252,7 @@ func (s startCmd) run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		run = *final
 	}
-	enc := json.NewEncoder(out)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(run); err != nil {
+	if err := printRun(out, run); err != nil {
 		return err
 	}
 	if !a.wait {
@@ -247,6 +275,18 @@ func (s startCmd) run(ctx context.Context, args []string, out io.Writer) error {
 		return &exitCodeError{code: exitRunError, msg: fmt.Sprintf("run %s ended in error: %s", run.ID, oneLine(errors.New(why)))}
 	}
 	return nil
+}
+
+// printRun prints the run as the API sent it, indented: fields the API
+// left out (a queued run's findings) stay out.
+func printRun(out io.Writer, run client.Run) error {
+	var b bytes.Buffer
+	if err := json.Indent(&b, run.Raw, "", "  "); err != nil {
+		return fmt.Errorf("the API's answer is not JSON: %w", err)
+	}
+	b.WriteByte('\n')
+	_, err := out.Write(b.Bytes())
+	return err
 }
 
 // wait polls the run until it is final; on a terminal it keeps one line

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,6 +131,12 @@ func TestStartCommand(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(r.stdout), &run), "stdout: %s", r.stdout)
 		return run
 	}
+	runs := func() int64 {
+		t.Helper()
+		var n int64
+		require.NoError(t, db.Raw(`SELECT count(*) FROM validation_runs`).Scan(&n).Error)
+		return n
+	}
 	oneStderrLine := func(r result) {
 		t.Helper()
 		require.Equal(t, 1, strings.Count(r.stderr, "\n"), "one line on stderr: %q", r.stderr)
@@ -142,6 +151,9 @@ func TestStartCommand(t *testing.T) {
 		require.NotNil(t, run.FinishedAt)
 		require.Empty(t, r.stderr, "no progress line when stdout is not a terminal")
 		require.True(t, strings.HasPrefix(r.stdout, "{\n  \""), "indented JSON: %s", r.stdout)
+		code, api := getRun(t, apiURL, token, run.ID)
+		require.Equal(t, 200, code, api)
+		require.Equal(t, compact(t, api), compact(t, r.stdout), "the final run as the API sent it")
 	})
 
 	t.Run("failed: exit 3, the findings on stdout", func(t *testing.T) {
@@ -159,6 +171,12 @@ func TestStartCommand(t *testing.T) {
 		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
 		first := decode(r)
 		require.Equal(t, client.StatusQueued, first.Status)
+		// What the API answered, which it stored with the key: a queued run
+		// has no findings field (not "findings": null).
+		var answered string
+		require.NoError(t, db.Raw(`SELECT convert_from(response_body, 'UTF8') FROM idempotency_keys WHERE key = 'cli-key-1'`).Scan(&answered).Error)
+		require.NotContains(t, answered, "findings")
+		require.Equal(t, compact(t, answered), compact(t, r.stdout), "the run as the API sent it")
 		r = start("", "--workflow", wf, "--file", good, "--key", "cli-key-1")
 		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
 		require.Equal(t, first.ID, decode(r).ID)
@@ -191,13 +209,62 @@ func TestStartCommand(t *testing.T) {
 		require.Contains(t, r.stderr, "invalid_token")
 	})
 
-	t.Run("no server: exit 1 after the retries, naming the key to retry with", func(t *testing.T) {
+	t.Run("connection refused: exit 1, nothing started, naming the URL and where it came from", func(t *testing.T) {
 		dead := "http://" + proctest.FreeAddr(t)
-		r := start("", "--url", dead, "--workflow", wf, "--file", good, "--key", "cli-unsure")
+		for _, tc := range []struct {
+			name, from string
+			env        []string
+			args       []string
+		}{
+			{"--url", "(from --url)", nil, []string{"--url", dead}},
+			{"VALRUNS_URL", "(from VALRUNS_URL)", []string{"VALRUNS_URL=" + dead}, nil},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				r := startBin(t, bin, append(append([]string{}, env...), tc.env...), "",
+					append([]string{"start", "--workflow", wf, "--file", good, "--key", "cli-refused"}, tc.args...)...)
+				require.Equal(t, 1, r.code, "stdout: %s", r.stdout)
+				require.Empty(t, r.stdout)
+				oneStderrLine(r)
+				require.Contains(t, r.stderr, "valruns start: no run was started: nothing reached the API at "+dead+" "+tc.from+" in 5 attempts")
+				require.Contains(t, r.stderr, "connection refused")
+				require.NotContains(t, r.stderr, "unknown")
+			})
+		}
+	})
+
+	t.Run("connection refused at the default URL: named", func(t *testing.T) {
+		if c, err := net.DialTimeout("tcp", "127.0.0.1:8080", time.Second); err == nil {
+			_ = c.Close()
+			t.Skip("SKIPPED: something listens on 127.0.0.1:8080 (the CLI's default URL), so it cannot be refused")
+		}
+		r := startBin(t, bin, []string{"VALRUNS_URL=", "VALRUNS_TOKEN=" + token}, "", "start", "--workflow", wf, "--file", good)
+		require.Equal(t, 1, r.code, "stdout: %s", r.stdout)
+		oneStderrLine(r)
+		require.Contains(t, r.stderr, "no run was started: nothing reached the API at http://127.0.0.1:8080 (the default: neither --url nor VALRUNS_URL is set)")
+	})
+
+	t.Run("a server that hangs up: exit 1, the outcome unknown, naming the key to retry with", func(t *testing.T) {
+		// It accepts each connection and closes it, request unanswered: the
+		// request went out, and may have been processed.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_, _ = c.Read(make([]byte, 1<<16))
+				_ = c.Close()
+			}
+		}()
+		r := start("", "--url", "http://"+ln.Addr().String(), "--workflow", wf, "--file", good, "--key", "cli-unsure")
 		require.Equal(t, 1, r.code)
 		oneStderrLine(r)
 		require.Contains(t, r.stderr, "5 attempts")
-		require.Contains(t, r.stderr, "--key cli-unsure")
+		require.Contains(t, r.stderr, "whether the run started is unknown: run again with --key cli-unsure")
 	})
 
 	usage := []struct {
@@ -219,9 +286,24 @@ func TestStartCommand(t *testing.T) {
 		{"--key too long", nil, "", []string{"--workflow", wf, "--file", good, "--key", strings.Repeat("k", 256)}, "--key must be 1 to 255 printable ASCII"},
 		{"--key not ASCII", nil, "", []string{"--workflow", wf, "--file", good, "--key", "clé"}, "--key must be 1 to 255 printable ASCII"},
 		{"no token", []string{"VALRUNS_TOKEN="}, "", []string{"--workflow", wf, "--file", good}, "no API token"},
+		// A flag wins over the environment and the defaults, an empty one
+		// too: `--key "$ORDER_ID"` with the variable unset must not start a
+		// run under a new key, nor --token '' use VALRUNS_TOKEN.
+		{"--key ''", nil, "", []string{"--workflow", wf, "--file", good, "--key", ""}, "--key is empty"},
+		{"--token ''", nil, "", []string{"--workflow", wf, "--file", good, "--token", ""}, "--token is empty"},
+		{"--url ''", nil, "", []string{"--workflow", wf, "--file", good, "--url", ""}, "--url is empty"},
+		{"--metadata ''", nil, "", []string{"--workflow", wf, "--file", good, "--metadata="}, "--metadata is empty"},
+		// Nothing can be sent to these: bad usage, not "unknown".
+		{"--url not a URL", nil, "", []string{"--workflow", wf, "--file", good, "--url", "not a url"}, `--url "not a url": no scheme`},
+		{"--url ftp://", nil, "", []string{"--workflow", wf, "--file", good, "--url", "ftp://" + addr}, `--url "ftp://` + addr + `": scheme "ftp"`},
+		{"--url without a scheme", nil, "", []string{"--workflow", wf, "--file", good, "--url", addr}, `--url "` + addr + `": no scheme`},
+		{"VALRUNS_URL without a scheme", []string{"VALRUNS_URL=" + addr}, "", []string{"--workflow", wf, "--file", good}, `VALRUNS_URL "` + addr + `": no scheme`},
+		{"--token with a newline", nil, "", []string{"--workflow", wf, "--file", good, "--token", token + "\n"}, "--token holds whitespace or a control character"},
+		{"VALRUNS_TOKEN with a newline", []string{"VALRUNS_TOKEN=" + token + "\n"}, "", []string{"--workflow", wf, "--file", good}, "VALRUNS_TOKEN holds whitespace or a control character"},
 	}
 	for _, tt := range usage {
 		t.Run("bad usage: exit 2: "+tt.name, func(t *testing.T) {
+			before := runs()
 			r := startBin(t, bin, append(append([]string{}, env...), tt.env...), tt.stdin, append([]string{"start"}, tt.args...)...)
 			require.Equal(t, 2, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
 			require.Empty(t, r.stdout)
@@ -229,6 +311,7 @@ func TestStartCommand(t *testing.T) {
 			first, usage, _ := strings.Cut(r.stderr, "\n")
 			require.Contains(t, first, tt.want)
 			require.Contains(t, usage, "Usage: valruns start --workflow ID")
+			require.Equal(t, before, runs(), "nothing started")
 		})
 	}
 
@@ -246,6 +329,28 @@ func TestStartCommand(t *testing.T) {
 			require.Equal(t, before, after)
 		})
 	}
+}
+
+// compact is JSON text without its insignificant whitespace.
+func compact(t *testing.T, s string) string {
+	t.Helper()
+	var b bytes.Buffer
+	require.NoError(t, json.Compact(&b, []byte(s)), s)
+	return b.String()
+}
+
+// getRun reads a run from the API: its status and body, as sent.
+func getRun(t *testing.T, apiURL, token, id string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, apiURL+"/api/runs/"+id+"/", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
 }
 
 // TestStartWaitProgressAndError runs the command in-process against the
