@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -317,4 +318,46 @@ func TestGivingUp(t *testing.T) {
 	for _, u := range []string{"http://127.0.0.1:8080", "https://api.example.com/", "http://proxy/valruns"} {
 		require.NoError(t, client.CheckBaseURL(u), u)
 	}
+}
+
+// TestNotSentOnlyWhenNothingLeft: net/http resends a request that carries
+// an Idempotency-Key when its reused connection breaks, on a new one. Here
+// the server reads the start on a kept-alive connection, then goes away
+// (hangs up, stops listening): the resend is refused, but the start went
+// out and may have been processed, so the call must not say it was never
+// sent.
+func TestNotSentOnlyWhenNothingLeft(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	got := make(chan string, 2)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for i := range 2 {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			got <- req.Method + " " + req.URL.Path
+			if i == 1 {
+				_ = ln.Close() // the resend's dial is refused
+				return
+			}
+			_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(runJSON), runJSON)
+		}
+	}()
+	c := client.New("http://"+ln.Addr().String(), "t", client.WithMaxAttempts(1))
+	_, err = c.GetRun(t.Context(), "r") // leaves a kept-alive connection
+	require.NoError(t, err)
+	_, err = c.StartRun(t.Context(), "wf", 1)
+	var re *client.RetryError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, "GET /api/runs/r/ then POST /api/workflows/wf/start/", <-got+" then "+<-got)
+	require.False(t, re.NotSent, "the start reached the server: %v", err)
 }
