@@ -39,7 +39,7 @@ func TestProcIdempotency(t *testing.T) {
 		t.Parallel()
 		procTwoProcessStorm(t, bin)
 	})
-	t.Run("process killed mid-transaction: nothing committed, nothing locked, the retry executes at once", func(t *testing.T) {
+	t.Run("crash: killed inside its transaction, blocked on a lock: 409 until its orphaned backend exits, then the retry executes once", func(t *testing.T) {
 		t.Parallel()
 		procCrash(t, bin)
 	})
@@ -57,12 +57,12 @@ type procServer struct {
 // procStart starts `valruns serve` on dbURL and waits until it answers
 // /healthz. It is killed at the end of the test (before the database is
 // dropped: cleanups run last-registered first).
-func procStart(t *testing.T, bin, name, dbURL string) *procServer {
+func procStart(t *testing.T, bin, name, dbURL string, env ...string) *procServer {
 	t.Helper()
 	addr := proctest.FreeAddr(t)
 	s := &procServer{name: name, url: "http://" + addr, log: &proctest.Log{}, exited: make(chan struct{})}
 	s.cmd = exec.Command(bin, "serve")
-	s.cmd.Env = proctest.Env("DATABASE_URL="+dbURL, "HTTP_ADDR="+addr, "LOG_FORMAT=json", "AUTH_CACHE_TTL=0")
+	s.cmd.Env = proctest.Env(append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "LOG_FORMAT=json", "AUTH_CACHE_TTL=0"}, env...)...)
 	s.cmd.Stdout = s.log
 	s.cmd.Stderr = s.log
 	require.NoError(t, s.cmd.Start())
@@ -243,13 +243,20 @@ func procTwoProcessStorm(t *testing.T, bin string) {
 }
 
 // procCrash: process A is killed while its keyed start is blocked inside its
-// transaction (on the usage counter row the test holds). Nothing of it
-// commits and no advisory lock survives it, so process B executes the retry
-// at once, exactly once.
+// transaction, on a usage slot the test holds and keeps holding. PostgreSQL
+// notices a dead client only when the backend next uses its socket, and a
+// backend waiting for a lock does not: the orphaned backend would keep the
+// key's advisory lock until its statement ended. The request transaction's
+// client_connection_check_interval makes it check, and exit on its own, with
+// the test's lock still held; the statement timeout is set far beyond the
+// test's patience, so it cannot be what ends it. Meanwhile every retry of
+// the key gets 409, never a second run; then the retry executes, once.
 func procCrash(t *testing.T, bin string) {
 	f := procNewDB(t)
-	a := procStart(t, bin, "process A", f.url)
-	b := procStart(t, bin, "process B", f.url)
+	// No statement of A may end by its timeout while the test waits.
+	const txTimeout = "IDEMPOTENCY_TX_TIMEOUT=30m"
+	a := procStart(t, bin, "process A", f.url, txTimeout)
+	b := procStart(t, bin, "process B", f.url, txTimeout)
 	wf := f.workflow(t, a)
 	path := "/api/workflows/" + wf + "/start/"
 	ctx := context.Background()
@@ -281,45 +288,101 @@ func procCrash(t *testing.T, bin string) {
 		errc <- err
 	}()
 
-	var waiter int64 // the pid of A's backend, blocked on the row
-	apitest.Eventually(t, 15*time.Second, func() bool {
+	waiting := func() []int64 { // backends blocked on a lock
 		var pids []int64
 		require.NoError(t, f.db.Raw(`SELECT pid FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&pids).Error)
-		if len(pids) == 1 {
-			waiter = pids[0]
+		return pids
+	}
+	var orphan int64 // the pid of A's backend, blocked on the row
+	apitest.Eventually(t, 15*time.Second, func() bool {
+		if pids := waiting(); len(pids) == 1 {
+			orphan = pids[0]
 		}
-		return waiter != 0
+		return orphan != 0
 	}, "process A's request waiting for a usage slot")
 	// objsubid 1: the bigint form, the keys' lock space (the usage slots'
 	// slow path holds a two-int lock besides while it waits).
-	require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND pid = ?`, waiter),
-		"A holds the key's advisory lock")
+	keyLocks := func(pid int64) int64 {
+		return f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND pid = ?`, pid)
+	}
+	require.EqualValues(t, 1, keyLocks(orphan), "A holds the key's advisory lock")
 
 	a.kill() // SIGKILL: no shutdown, no rollback sent by the process
 	require.Error(t, <-errc, "A's client gets no answer")
+
+	// Retry against B at once and keep retrying, as a client does, with the
+	// slots still held: each answer is 409 while the orphan holds the key;
+	// the first that is not starts executing and blocks on the slots too.
+	type answer struct {
+		status int
+		body   string
+		header http.Header
+	}
+	executed := make(chan answer, 1)
+	var mu sync.Mutex
+	var before409 []string // every answer before the one that executed
+	go func() {
+		for {
+			r, err := procPost(ctx, &http.Client{Timeout: 5 * time.Minute}, b, path, f.token, "crash-1", procBody)
+			if err != nil {
+				executed <- answer{status: -1, body: err.Error()}
+				return
+			}
+			if r.Status != http.StatusConflict {
+				executed <- answer{status: r.Status, body: string(r.Body), header: r.Header}
+				return
+			}
+			mu.Lock()
+			before409 = append(before409, fmt.Sprintf("%d %s Retry-After=%q", r.Status, r.Body, r.Header.Get("Retry-After")))
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	// The orphan exits on its own, while the test still holds the slots, and
+	// nothing of it committed.
+	apitest.Eventually(t, 60*time.Second, func() bool {
+		return f.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = ?`, orphan) == 0
+	}, "A's orphaned backend ends while the lock it waits for is still held")
+	require.Equal(t, before, f.counts(t), "A committed nothing: no run, no key, no bill")
+
+	// The retry now holds the key and waits for a slot like A did; release them.
+	var retry int64
+	apitest.Eventually(t, 60*time.Second, func() bool {
+		for _, pid := range waiting() {
+			if keyLocks(pid) == 1 {
+				retry = pid
+			}
+		}
+		return retry != 0
+	}, "the retry to B executing, waiting for a usage slot with the key's lock")
 	require.NoError(t, lockTx.Rollback())
 
-	// A's backend finishes its statement, finds its client gone and aborts.
-	apitest.Eventually(t, 15*time.Second, func() bool {
-		return f.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = ?`, waiter) == 0
-	}, "A's backend ends")
-	require.Equal(t, before, f.counts(t), "A committed nothing: no run, no key, no bill")
-	require.Zero(t, f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`), "no advisory lock left")
-
-	// The retry to B executes at once: no lease to wait out.
-	r, err = procPost(ctx, http.DefaultClient, b, path, f.token, "crash-1", procBody)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
-	require.Empty(t, r.Header.Get("Idempotent-Replayed"), "executed, not replayed")
+	var got answer
+	select {
+	case got = <-executed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the retry to B did not finish within a minute of the slots' release")
+	}
+	mu.Lock()
+	for _, a := range before409 {
+		require.Contains(t, a, `"code":"idempotency_key_in_progress"`, "every answer before the execution")
+		require.NotContains(t, a, `Retry-After=""`, "a 409 says when to retry")
+	}
+	t.Logf("retries answered 409 while the orphan held the key: %d", len(before409))
+	mu.Unlock()
+	require.Equal(t, http.StatusCreated, got.status, "body %s", got.body)
+	require.Empty(t, got.header.Get("Idempotent-Replayed"), "executed, not replayed")
 	require.Equal(t, procCounts{Runs: 2, Usage: 2, Staged: 2, Keys: 1}, f.counts(t))
 	require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM validation_runs WHERE idempotency_key_id IS NOT NULL`), "exactly one run for the key")
+	require.Zero(t, f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`), "no advisory lock left")
 
 	r2, err := procPost(ctx, http.DefaultClient, b, path, f.token, "crash-1", procBody)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, r2.Status)
 	require.Equal(t, "true", r2.Header.Get("Idempotent-Replayed"))
-	require.Equal(t, string(r.Body), string(r2.Body))
+	require.Equal(t, got.body, string(r2.Body))
 	require.Equal(t, procCounts{Runs: 2, Usage: 2, Staged: 2, Keys: 1}, f.counts(t))
 }

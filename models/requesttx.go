@@ -20,8 +20,9 @@ import (
 // each other together (a pgx batch: one write, one read):
 //
 //   - BeginRequest: BEGIN, and one statement that sets the transaction's own
-//     statement_timeout and, for a keyed request, reads the key's row and
-//     takes pg_try_advisory_xact_lock on it unless a live row answers it;
+//     statement_timeout and client_connection_check_interval and, for a
+//     keyed request, reads the key's row and takes pg_try_advisory_xact_lock
+//     on it unless a live row answers it;
 //   - the handler's statements, through DB;
 //   - CommitWithKey: the key row with the answer, and COMMIT.
 //
@@ -41,15 +42,29 @@ type KeyRef struct {
 	LockID               int64
 }
 
-// beginKeyedSQL sets the transaction's statement_timeout, reads the key's
-// row and takes the key's lock, unless a live row already answers the
-// request (a replay takes no lock, so a storm of replays of one key never
-// contends on it).
+// ClientCheckInterval is how often PostgreSQL checks, while a statement of
+// a request's transaction runs, that the API process is still connected
+// (client_connection_check_interval, PostgreSQL 14+, set for the
+// transaction only). A backend notices a dead client on its own only when
+// it next reads from or writes to the socket: one blocked on a lock when
+// its process is killed would keep the key's advisory lock (every retry:
+// 409) until its statement ended, at worst IDEMPOTENCY_TX_TIMEOUT later.
+// With the check it exits, and frees the key, within this interval.
+const ClientCheckInterval = time.Second
+
+// clientCheckMS is ClientCheckInterval as set_config takes it.
+var clientCheckMS = strconv.FormatInt(ClientCheckInterval.Milliseconds(), 10)
+
+// beginKeyedSQL sets the transaction's statement_timeout and
+// client_connection_check_interval, reads the key's row and takes the
+// key's lock, unless a live row already answers the request (a replay
+// takes no lock, so a storm of replays of one key never contends on it).
 const beginKeyedSQL = `
 SELECT k.id, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
 	k.response_headers, k.validation_run_id, k.request_id, k.created_at, k.expires_at,
 	k.expires_at <= now() AS expired,
 	set_config('statement_timeout', $1, true) AS timeout,
+	set_config('client_connection_check_interval', $6, true) AS client_check,
 	CASE WHEN k.id IS NOT NULL AND k.expires_at > now() THEN false ELSE pg_try_advisory_xact_lock($2) END AS locked
 FROM (SELECT 1) AS one
 LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5`
@@ -79,12 +94,12 @@ func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, key *
 		b.Queue("begin")
 		ms := strconv.FormatInt(max(timeout.Milliseconds(), 1), 10)
 		if key == nil {
-			b.Queue(`SELECT set_config('statement_timeout', $1, true)`, ms)
+			b.Queue(`SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true)`, ms, clientCheckMS)
 		} else {
-			b.Queue(beginKeyedSQL, ms, key.LockID, key.OrgID, key.Endpoint, key.Key).
+			b.Queue(beginKeyedSQL, ms, key.LockID, key.OrgID, key.Endpoint, key.Key, clientCheckMS).
 				QueryRow(func(row pgx.Row) error {
-					var timeout string
-					return scanKey(row, stored, &timeout, &locked)
+					var timeout, check string
+					return scanKey(row, stored, &timeout, &check, &locked)
 				})
 		}
 		t.open = true
