@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/client"
@@ -40,7 +41,14 @@ type server struct {
 
 func newServer(t *testing.T, cfg func(*config.Config)) *server {
 	t.Helper()
-	s := &server{env: apitest.New(t, apitest.Options{Config: cfg, MaxOpenConns: 40})}
+	return newServerWith(t, apitest.Options{Config: cfg})
+}
+
+// newServerWith is newServer with the harness's options (a tracer).
+func newServerWith(t *testing.T, o apitest.Options) *server {
+	t.Helper()
+	o.MaxOpenConns = 40
+	s := &server{env: apitest.New(t, o)}
 	s.org = s.env.NewOrg("client")
 	s.wf = s.env.NewWorkflow(s.org, map[string]any{"name": "client"})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -548,12 +556,14 @@ func TestNoServerDependencies(t *testing.T) {
 // advisory lock held by another transaction, as a first request holds it)
 // waits on the server with WithWait instead of retrying after 409: one
 // attempt, answered once the holder is done. Without it, the client gets
-// 409 and retries.
+// 409 and retries. The holder lets go only once the server has tried the
+// key's lock and found it taken, whenever that is: no timing is assumed.
 func TestWithWaitAgainstTheServer(t *testing.T) {
 	t.Parallel()
-	s := newServer(t, nil)
+	tries := &lockTries{}
+	s := newServerWith(t, apitest.Options{Tracer: tries})
 	ctx := t.Context()
-	hold := func(key string) (release func()) {
+	hold := func(key string) {
 		tx, err := sql.Open("pgx", s.env.DBURL)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tx.Close() })
@@ -563,21 +573,85 @@ func TestWithWaitAgainstTheServer(t *testing.T) {
 		require.NoError(t, err)
 		_, err = conn.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, models.LockID(s.org.ID, "workflow_start", key))
 		require.NoError(t, err)
-		return func() { _, _ = conn.ExecContext(context.Background(), `ROLLBACK`); _ = conn.Close() }
+		tried := tries.of(key)
+		go func() {
+			select {
+			case <-tried: // the server's attempt found the key in flight
+			case <-ctx.Done():
+			}
+			_, _ = conn.ExecContext(context.Background(), `ROLLBACK`)
+			_ = conn.Close()
+		}()
 	}
 
-	release := hold("waited")
-	time.AfterFunc(500*time.Millisecond, release)
-	res, err := s.client().StartRun(ctx, s.wf, map[string]any{"total": 1}, client.WithKey("waited"), client.WithWait(5*time.Second))
+	hold("waited")
+	res, err := s.client().StartRun(ctx, s.wf, map[string]any{"total": 1}, client.WithKey("waited"), client.WithWait(time.Minute))
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Attempts, "the server waited: no 409, no retry")
 	require.False(t, res.Replayed, "the holder rolled back: this request executed")
 
-	release = hold("retried")
-	time.AfterFunc(500*time.Millisecond, release)
-	res, err = s.client(client.WithBackoff(100*time.Millisecond, 300*time.Millisecond)).
+	hold("retried")
+	res, err = s.client(client.WithBackoff(100*time.Millisecond, 300*time.Millisecond), client.WithMaxAttempts(20)).
 		StartRun(ctx, s.wf, map[string]any{"total": 1}, client.WithKey("retried"))
 	require.NoError(t, err)
 	require.Greater(t, res.Attempts, 1, "without WithWait: 409, then a retry")
 	require.EqualValues(t, 2, s.env.Count("validation_runs", ""))
 }
+
+// lockTries sees the statements the API sends and tells when a key's
+// advisory lock has been tried (the statement that takes it has run).
+type lockTries struct {
+	mu   sync.Mutex
+	done map[string]chan struct{}
+}
+
+// of is closed once the API has tried key's lock.
+func (l *lockTries) of(key string) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.chanOf(key)
+}
+
+// chanOf is key's channel; the caller holds l.mu.
+func (l *lockTries) chanOf(key string) chan struct{} {
+	if l.done == nil {
+		l.done = map[string]chan struct{}{}
+	}
+	if l.done[key] == nil {
+		l.done[key] = make(chan struct{})
+	}
+	return l.done[key]
+}
+
+func (l *lockTries) saw(sql string, args []any) {
+	if !strings.Contains(sql, "pg_try_advisory_xact_lock") {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range args {
+		if key, ok := a.(string); ok {
+			ch := l.chanOf(key)
+			select {
+			case <-ch:
+			default:
+				close(ch)
+			}
+		}
+	}
+}
+
+func (l *lockTries) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (l *lockTries) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (l *lockTries) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+// TraceBatchQuery runs once the statement's results are read: the lock
+// has been tried. (The request transaction sends it in a batch.)
+func (l *lockTries) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	l.saw(d.SQL, d.Args)
+}
+func (l *lockTries) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
