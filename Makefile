@@ -10,7 +10,7 @@ export REDIS_URL ?= redis://127.0.0.1:6379/0
 export TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 export HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: run test reliability build services docs docs-check swag bench bench-go fmt vet
+.PHONY: run test test-tools reliability build services docs docs-check swag bench bench-go fmt vet
 
 # The first build on a machine downloads and compiles every module, for
 # minutes and silently: say so before it starts.
@@ -43,11 +43,21 @@ fmt:
 vet:
 	$(GO) vet ./...
 
-test: services docs-check
+test: services docs-check test-tools
 	$(GO) vet ./...
 	@bad=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' | grep -v '^docs/')); \
 	if [ -n "$$bad" ]; then echo "gofmt needed on:"; echo "$$bad"; echo "run: make fmt"; exit 1; fi
 	$(GO) test -race -count=1 ./...
+
+# test-tools: what some tests need besides Go and the services, installed when
+# missing (apt-get as root; npm ci for the bench's peer): Chromium for the
+# browser test; pgbench, Node.js with the peer's packages and redis-server for
+# the bench package's tests. A test whose tool cannot be had skips itself, and
+# since go test shows nothing of a package that passes, this says so here.
+SKIP_BANNER = printf '\n%s\n%s\n%s\n\n' "$$(printf '!%.0s' $$(seq 72))" "$(1)" "$$(printf '!%.0s' $$(seq 72))"
+test-tools:
+	@scripts/install-bench-tools.sh || $(call SKIP_BANNER,the bench tests that need pgbench / Node.js / redis-server will be SKIPPED: see above)
+	@scripts/install-chromium.sh >/dev/null || $(call SKIP_BANNER,the Swagger UI browser test will be SKIPPED: no Chromium (see above))
 
 # The process-level fault suite alone, verbosely (reliability/, RELIABILITY.md):
 # real binaries, replicas and workers killed, its own PostgreSQL and Redis

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -192,9 +191,7 @@ func miniApp(ctx context.Context, conn *pgx.Conn, org string) error {
 // embed them, and spreads over the organisations with norgs.
 func TestScriptFromCaptureRunsInPgbench(t *testing.T) {
 	t.Parallel()
-	if _, err := exec.LookPath("pgbench"); err != nil {
-		t.Skip("SKIPPED: pgbench is not installed (apt-get install postgresql-client)")
-	}
+	needTool(t, "pgbench")
 	ctx := context.Background()
 	_, dbURL := testdb.New(t, testdb.Options{Empty: true, MaxOpenConns: 1})
 	admin, err := pgx.Connect(ctx, dbURL)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -27,15 +25,8 @@ func TestPeerStartsAndReplays(t *testing.T) {
 	t.Parallel()
 	peerDir, err := filepath.Abs("peer")
 	require.NoError(t, err)
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Skip("SKIPPED: node is not installed (make bench installs it)")
-	}
-	if _, err := os.Stat(filepath.Join(peerDir, "node_modules", "express-idempotency")); err != nil {
-		t.Skip("SKIPPED: the peer's packages are not installed: run `npm ci` in bench/peer (make bench does)")
-	}
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("SKIPPED: redis-server is not installed")
-	}
+	needTool(t, "peer") // node, npm and the peer's packages
+	needTool(t, "redis-server")
 	ctx := context.Background()
 	db, dbURL := testdb.New(t)
 	var org, wf string

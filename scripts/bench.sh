@@ -12,34 +12,13 @@
 #
 # It needs PostgreSQL at DATABASE_URL (make services starts one), pgbench,
 # Node.js with npm, and redis-server (or BENCH_REDIS_URL, a Redis database
-# the benchmark may flush). Missing packages are installed with apt-get when
-# running as root; otherwise it says what to install.
+# the benchmark may flush). scripts/install-bench-tools.sh installs the missing
+# packages with apt-get when running as root; otherwise it says what to install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf 'bench: %s\n' "$*"; }
 die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
-is_root() { [ "$(id -u)" -eq 0 ]; }
-have() { command -v "$1" >/dev/null 2>&1; }
-
-apt_updated=
-# need COMMAND PACKAGE...: install the Debian packages that provide COMMAND when it is missing.
-need() {
-	local cmd="$1"
-	shift
-	have "$cmd" && return 0
-	if is_root && have apt-get; then
-		if [ -z "$apt_updated" ]; then
-			say "installing $* with apt-get ..."
-			apt-get update -qq >&2 || die "apt-get update failed"
-			apt_updated=1
-		fi
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
-		have "$cmd" || die "$cmd still missing after apt-get install $*"
-	else
-		die "$cmd is missing; install it with: sudo apt-get install $*"
-	fi
-}
 
 micro() {
 	# The Go micro-benchmarks of every package; for BenchmarkStart (through
@@ -80,13 +59,8 @@ go | micro)
 *) die "usage: $0 [go | -- HARNESS-ARGS]" ;;
 esac
 
-need pgbench postgresql-client
-need node nodejs npm
-need npm npm
-if [ -z "${BENCH_REDIS_URL:-}" ]; then need redis-server redis-server; fi
-
-say "installing the peer's Node packages (npm ci in bench/peer) ..."
-(cd bench/peer && npm ci --no-audit --no-fund --loglevel=error >/dev/null) || die "npm ci failed in bench/peer"
+# pgbench, node and npm, redis-server (unless BENCH_REDIS_URL) and the peer's packages.
+scripts/install-bench-tools.sh || die "the benchmark's tools are missing (see above)"
 
 say "building bin/valruns and bin/valruns-bench ..."
 go build -o bin/valruns .

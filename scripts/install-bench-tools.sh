@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# install-bench-tools.sh: make sure what the benchmark (make bench) and its tests need exists:
+# pgbench, Node.js with npm, redis-server, and the peer's Node packages (npm ci in bench/peer).
+# Installs the missing Debian packages (postgresql-client, nodejs, npm, redis-server) with
+# apt-get when running as root; otherwise it says what to install and exits 1.
+# Idempotent and quick when everything is there.
+#
+#   scripts/install-bench-tools.sh           everything
+#   scripts/install-bench-tools.sh pgbench   only pgbench (and so on: node, redis-server, peer)
+#
+# Set BENCH_REDIS_URL to a Redis the benchmark may flush and redis-server is not needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf 'install-bench-tools: %s\n' "$*" >&2; }
+die() { printf 'install-bench-tools: error: %s\n' "$*" >&2; exit 1; }
+is_root() { [ "$(id -u)" -eq 0 ]; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+apt_updated=
+# need COMMAND PACKAGE...: install the Debian packages that provide COMMAND when it is missing.
+need() {
+	local cmd="$1"
+	shift
+	have "$cmd" && return 0
+	if is_root && have apt-get; then
+		if [ -z "$apt_updated" ]; then
+			say "installing $* with apt-get ..."
+			apt-get update -qq >&2 || die "apt-get update failed"
+			apt_updated=1
+		fi
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2 || die "apt-get install $* failed"
+		have "$cmd" || die "$cmd still missing after apt-get install $*"
+	else
+		die "$cmd is missing; install it with: sudo apt-get install $*"
+	fi
+}
+
+peer() {
+	need node nodejs npm
+	need npm npm
+	# npm ci again only when package-lock.json changed since the last install.
+	local stamp=bench/peer/node_modules/.package-lock.json
+	if [ -f "$stamp" ] && [ ! bench/peer/package-lock.json -nt "$stamp" ]; then
+		return 0
+	fi
+	say "installing the peer's Node packages (npm ci in bench/peer) ..."
+	(cd bench/peer && npm ci --no-audit --no-fund --loglevel=error >&2) || die "npm ci failed in bench/peer"
+}
+
+what=("$@")
+[ ${#what[@]} -gt 0 ] || what=(pgbench node redis-server peer)
+for w in "${what[@]}"; do
+	case "$w" in
+	pgbench) need pgbench postgresql-client ;;
+	node) need node nodejs npm ;;
+	redis-server) [ -n "${BENCH_REDIS_URL:-}" ] || need redis-server redis-server ;;
+	peer) peer ;;
+	*) die "unknown tool '$w' (want pgbench, node, redis-server or peer)" ;;
+	esac
+done
