@@ -21,14 +21,18 @@ const startSynopsis = "--workflow ID (--file PATH | -) [--metadata JSON] [--key 
 
 // startDoc is the usage of `valruns start` after its synopsis.
 const startDoc = `Starts a validation run of a workflow over a JSON submission (the file, or
-stdin with -) and prints the run as JSON. The start is idempotent: one
-Idempotency-Key per invocation (--key to choose it), kept across the
-client's retries, so a flaky network never starts the run twice.
+stdin with -) and prints the run as the API sent it (indented JSON). The
+start is idempotent: one Idempotency-Key per invocation (--key to choose
+it), kept across the client's retries, so a flaky network never starts
+the run twice.
 
 With --wait it polls the run until it is passed, failed or error (showing
 its status and the elapsed time on a terminal) and prints the final run.
 
-The URL and the token also come from VALRUNS_URL and VALRUNS_TOKEN.
+The URL and the token also come from VALRUNS_URL and VALRUNS_TOKEN; a
+flag wins, so an empty one (--token '') is refused, as is --key ''.
+When nothing could connect (connection refused), no run was started;
+when requests went out unanswered, run again with the same --key.
 
 Exit codes: 0 passed (without --wait: started), 3 failed, 4 error,
 1 any other failure (such as an unknown workflow), 2 bad usage.`
