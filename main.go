@@ -54,7 +54,7 @@ type command struct {
 // commands is every command of the binary, in the order the overview lists them.
 var commands = []command{
 	{name: "serve", args: "[--worker]", summary: "run the HTTP API (--worker: also the worker, single-node mode)", run: cmdServe},
-	{name: "worker", summary: "run the worker: task server, scheduler, staged-job enqueuer", run: cmdWorker},
+	{name: "worker", summary: "run the worker: task server, scheduler, stranded-run sweeper", run: cmdWorker},
 	{name: "migrate", summary: "schema migrations", subs: []command{
 		{name: "up", summary: "apply every pending migration", run: cmdMigrate("up")},
 		{name: "down", summary: "roll back the last applied migration", run: cmdMigrate("down")},
@@ -555,9 +555,11 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	deps := handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker)}
-	if worker != nil {
-		deps.WakeLocal = worker.w.WakeEnqueuer
+	dispatcher, err := startDispatcher(a, deps.Registry)
+	if err != nil {
+		return err
 	}
+	deps.HandOff = dispatcher.HandOff
 	srv := &http.Server{
 		Handler:           handlers.New(deps),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -576,6 +578,7 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
 	err = srv.Shutdown(sctx) // in-flight requests finish; their transactions commit
+	dispatcher.Close()
 	if worker != nil {
 		worker.stop()
 	}

@@ -35,12 +35,12 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	w, err := tasks.NewWorker(tasks.Config{
-		DB: a.db, DBURL: a.cfg.DatabaseURL, Redis: redisOpt,
+		DB: a.db, Redis: redisOpt,
 		Concurrency: a.cfg.WorkerConcurrency, CleanupSchedule: a.cfg.CleanupSchedule,
 		CleanupBatchSize: a.cfg.CleanupBatchSize, RunLease: a.cfg.RunLease, RunHeartbeat: a.cfg.RunHeartbeat,
 		RunMaxRetry: a.cfg.RunMaxRetry, RetryDelay: a.cfg.RunRetryDelay, RunTimeout: a.cfg.RunTimeout,
 		SweepInterval: a.cfg.RunSweepInterval, RedeliverAfter: a.cfg.RunRedeliverAfter,
-		PollInterval: a.cfg.EnqueuePollInterval, ShutdownTimeout: a.cfg.ShutdownTimeout,
+		ShutdownTimeout: a.cfg.ShutdownTimeout,
 		Registry: reg, Log: a.log,
 	})
 	if err != nil {
@@ -57,9 +57,19 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 	return &workerProcess{w: w, registry: reg}, nil
 }
 
+// startDispatcher starts the hand-off of committed runs to the queue.
+func startDispatcher(a *app, reg prometheus.Registerer) (*tasks.Dispatcher, error) {
+	redisOpt, err := asynq.ParseRedisURI(a.cfg.RedisURL)
+	if err != nil {
+		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: oneLine(err)}
+	}
+	return tasks.NewDispatcher(tasks.DispatcherConfig{Redis: redisOpt, MaxRetry: a.cfg.RunMaxRetry,
+		Timeout: a.cfg.RunTimeout, GiveUp: a.cfg.RunRedeliverAfter, Registry: reg, Log: a.log}), nil
+}
+
 func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("worker", "worker", out,
-		"Runs the task server, the scheduler and the staged-job enqueuer until SIGINT or SIGTERM, and\n"+
+		"Runs the task server, the scheduler and the stranded-run sweeper until SIGINT or SIGTERM, and\n"+
 			"serves /metrics and /healthz on WORKER_METRICS_ADDR.")
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err

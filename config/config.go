@@ -65,9 +65,6 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// WorkerConcurrency is how many tasks one worker process executes at once (WORKER_CONCURRENCY).
 	WorkerConcurrency int
-	// EnqueuePollInterval is the staged-job enqueuer's fallback poll when no
-	// NOTIFY arrives (ENQUEUE_POLL_INTERVAL).
-	EnqueuePollInterval time.Duration
 	// RunLease is how long a claim or a heartbeat holds a running run; a run
 	// whose worker died is taken over once its lease runs out (RUN_LEASE).
 	RunLease time.Duration
@@ -126,7 +123,6 @@ var Vars = []Var{
 	{"AUTH_CACHE_TTL", "30s", "how long a verified API token is trusted without a database read; 0 disables"},
 	{"SHUTDOWN_TIMEOUT", "20s", "graceful shutdown deadline"},
 	{"WORKER_CONCURRENCY", "10", "tasks one worker executes at once"},
-	{"ENQUEUE_POLL_INTERVAL", "1s", "staged-job enqueuer's fallback poll (it wakes on NOTIFY first)"},
 	{"RUN_LEASE", "15s", "how long a claim or heartbeat holds a running run; a dead worker's run is taken over once it runs out"},
 	{"RUN_HEARTBEAT", "0", "how often a worker renews the lease of a run it executes; 0 = a third of `RUN_LEASE`; must be shorter than `RUN_LEASE`"},
 	{"RUN_MAX_RETRY", "5", "retries of a failing run task before the run ends in status `error`; a run is started at most this + 1 times"},
@@ -177,7 +173,6 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		AuthCacheTTL:           p.duration("AUTH_CACHE_TTL", 0),
 		ShutdownTimeout:        p.duration("SHUTDOWN_TIMEOUT", time.Millisecond),
 		WorkerConcurrency:      int(p.int("WORKER_CONCURRENCY", 1)),
-		EnqueuePollInterval:    p.duration("ENQUEUE_POLL_INTERVAL", time.Millisecond),
 		RunLease:               p.duration("RUN_LEASE", time.Second),
 		RunHeartbeat:           p.duration("RUN_HEARTBEAT", 0),
 		RunMaxRetry:            int(p.int("RUN_MAX_RETRY", 1)),

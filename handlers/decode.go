@@ -212,6 +212,16 @@ func notFound(what string) problem.Details {
 // asking the database.
 func validID(id string) bool { return uuid.Validate(id) == nil }
 
+// canonicalID is id, in any form uuid.Parse takes, as PostgreSQL prints a
+// uuid (lower case, dashed); ok is false when it is not a UUID.
+func canonicalID(id string) (string, bool) {
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return "", false
+	}
+	return u.String(), true
+}
+
 // pageOf reads ?limit= and ?cursor=; a bad value answers 400 and returns false.
 func pageOf(c *gin.Context) (models.Page, bool) {
 	var p models.Page

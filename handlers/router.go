@@ -34,9 +34,10 @@ type Deps struct {
 	Registry *prometheus.Registry
 	// Ready, when set, is checked by /readyz besides the database.
 	Ready func(context.Context) error
-	// WakeLocal, when set, wakes a staged-job enqueuer running in this
-	// process as soon as a start commits (serve --worker).
-	WakeLocal func()
+	// HandOff, when set, gives each run a start committed to the queue
+	// (tasks.Dispatcher); without it, the worker's sweeper finds the run
+	// after RUN_REDELIVER_AFTER.
+	HandOff func(*models.QueuedRun)
 }
 
 // New builds the HTTP handler of the API: the router behind a trailing-slash
@@ -76,8 +77,9 @@ func NewRouter(d Deps) *gin.Engine {
 
 	orgs := models.NewTokenStore(d.DB)
 	wf := &workflowHandlers{workflows: models.NewWorkflowStore(d.DB)}
-	runs := &runHandlers{runs: models.NewRunStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota,
-		waker: models.NewJobWaker(d.DB, 0, d.WakeLocal, d.Log)}
+	runStore := models.NewRunStore(d.DB)
+	runStore.SetStartTimeout(d.Config.IdempotencyTxTimeout)
+	runs := &runHandlers{runs: runStore, defaultQuota: d.Config.DefaultMonthlyRunQuota, handOff: d.HandOff}
 	usage := &usageHandlers{usage: models.NewUsageStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota}
 	keys := &keyHandlers{keys: models.NewKeyStore(d.DB)}
 	idem := idempotency.New(d.DB, models.NewKeyStore(d.DB), idempotency.Config{
@@ -103,7 +105,7 @@ func NewRouter(d Deps) *gin.Engine {
 	api.POST("/workflows", idem.Wrap(ScopeWorkflowCreate, wf.create))
 	get(api, "/workflows", wf.list)
 	get(api, "/workflows/:id", wf.get)
-	api.POST("/workflows/:id/start", idem.Wrap(ScopeWorkflowStart, runs.start))
+	api.POST("/workflows/:id/start", idem.WrapPrepared(ScopeWorkflowStart, runs.prepare, runs.start))
 	get(api, "/runs", runs.list)
 	get(api, "/runs/:id", runs.get)
 	get(api, "/usage", usage.get)

@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +18,9 @@ import (
 type runHandlers struct {
 	runs         *models.RunStore
 	defaultQuota int64
-	waker        *models.JobWaker
+	// handOff gives a committed run to the queue (nil: the sweeper
+	// delivers it, RUN_REDELIVER_AFTER later).
+	handOff func(*models.QueuedRun)
 }
 
 // StartRunRequest is the body of POST /api/workflows/{id}/start/.
@@ -70,9 +73,10 @@ func runOf(r *models.ValidationRun, withFindings bool) Run {
 		Attempts: r.Attempts, CreatedAt: r.CreatedAt.UTC(), StartedAt: utc(r.StartedAt), FinishedAt: utc(r.FinishedAt),
 	}
 	if withFindings && r.FinishedAt != nil {
-		fs := make([]Finding, 0, len(r.Findings))
-		for _, f := range r.Findings {
-			fs = append(fs, Finding{Step: f.Step, Severity: f.Severity, Path: f.Path, Message: f.Message})
+		fs := []Finding{}
+		if len(r.Findings) > 0 {
+			// Written by the worker from []models.Finding: it reads back.
+			_ = json.Unmarshal(r.Findings, &fs)
 		}
 		out.Findings = &fs
 	}
@@ -129,51 +133,95 @@ func utc(t *time.Time) *time.Time {
 //	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/start/ [post]
 func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
-	var in StartRunRequest
-	if d := decodeStrict(req.Body, &in); d != nil {
+	p, d := h.startParams(req)
+	if d != nil {
 		return idempotency.Problem(req, *d), nil
 	}
-	if in.Submission == nil {
-		return idempotency.Problem(req, badRequest("submission is required: the JSON document to validate.",
-			problem.FieldError{Field: "submission", Message: "required"})), nil
-	}
-	if len(in.Metadata) > 0 && in.Metadata[0] != '{' && string(in.Metadata) != "null" {
-		return idempotency.Problem(req, badRequest("metadata must be a JSON object.",
-			problem.FieldError{Field: "metadata", Message: "must be an object"})), nil
-	}
-	if string(in.Metadata) == "null" {
-		in.Metadata = nil
-	}
-	p := principalOf(req.Gin)
-	wfID := req.Gin.Param("id")
-	if !validID(wfID) {
-		return idempotency.Problem(req, notFound("Workflow")), nil
-	}
-	quota := h.defaultQuota
-	if p.MonthlyRunQuota != nil {
-		quota = *p.MonthlyRunQuota
-	}
-	run, err := h.runs.Start(tx, models.StartParams{
-		OrgID: p.OrgID, WorkflowID: wfID, Submission: in.Submission, Metadata: in.Metadata,
-		IdempotencyKeyID: req.KeyID, Quota: quota, TokenID: p.TokenID, RequestID: req.RequestID,
-		JobName: models.RunJobName, TaskIDPrefix: models.RunTaskIDPrefix, Now: time.Now(),
-	})
+	err := h.runs.Start(tx, p)
 	switch {
 	case errors.Is(err, models.ErrNotFound):
 		return idempotency.Problem(req, notFound("Workflow")), nil
 	case errors.Is(err, models.ErrQuotaExceeded):
 		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, "quota_exceeded",
-			fmt.Sprintf("The organisation has used its monthly quota of %d runs.", quota))), nil
+			fmt.Sprintf("The organisation has used its monthly quota of %d runs.", p.Quota))), nil
 	case err != nil:
 		return idempotency.Response{}, err
 	}
-	resp, err := idempotency.JSON(http.StatusCreated, runOf(run, false))
+	return h.created(p)
+}
+
+// prepare readies a start for the one-step path (models.RunStore.StartOne):
+// the common case. A start it cannot decide, or one refused by its body, goes
+// to start, in a transaction.
+func (h *runHandlers) prepare(req idempotency.Request) (idempotency.Prepared, bool, error) {
+	p, d := h.startParams(req)
+	if d != nil {
+		return idempotency.Prepared{}, false, nil
+	}
+	resp, err := h.created(p)
+	if err != nil {
+		return idempotency.Prepared{}, false, err
+	}
+	return idempotency.Prepared{Response: resp, Commit: func(ctx context.Context, k *models.KeyWrite) (models.OneResult, error) {
+		return h.runs.StartOne(ctx, p, k)
+	}}, true, nil
+}
+
+// startParams reads a start's body into the run to create, or the problem
+// that refuses it.
+func (h *runHandlers) startParams(req idempotency.Request) (models.StartParams, *problem.Details) {
+	var in StartRunRequest
+	if d := decodeStrict(req.Body, &in); d != nil {
+		return models.StartParams{}, d
+	}
+	if in.Submission == nil {
+		d := badRequest("submission is required: the JSON document to validate.",
+			problem.FieldError{Field: "submission", Message: "required"})
+		return models.StartParams{}, &d
+	}
+	if len(in.Metadata) > 0 && in.Metadata[0] != '{' && string(in.Metadata) != "null" {
+		d := badRequest("metadata must be a JSON object.", problem.FieldError{Field: "metadata", Message: "must be an object"})
+		return models.StartParams{}, &d
+	}
+	if string(in.Metadata) == "null" {
+		in.Metadata = nil
+	}
+	pr := principalOf(req.Gin)
+	wfID, ok := canonicalID(req.Gin.Param("id"))
+	if !ok {
+		d := notFound("Workflow")
+		return models.StartParams{}, &d
+	}
+	quota := h.defaultQuota
+	if pr.MonthlyRunQuota != nil {
+		quota = *pr.MonthlyRunQuota
+	}
+	return models.StartParams{
+		ID: models.NewRunID(), CreatedAt: models.NewRunTime(), OrgID: pr.OrgID, WorkflowID: wfID,
+		Submission: in.Submission, Metadata: in.Metadata, Quota: quota,
+		TokenID: pr.TokenID, RequestID: req.RequestID, IdempotencyKey: req.Key,
+	}, nil
+}
+
+// created is the answer to a start that created the run p: it is rendered
+// before the run is written, from what the run will hold.
+func (h *runHandlers) created(p models.StartParams) (idempotency.Response, error) {
+	meta := p.Metadata
+	if len(meta) == 0 {
+		meta = []byte("{}")
+	}
+	run := models.ValidationRun{ID: p.ID, WorkflowID: p.WorkflowID, Status: models.RunQueued,
+		Submission: models.JSON(p.Submission), Metadata: models.JSON(meta), CreatedAt: p.CreatedAt}
+	resp, err := idempotency.JSON(http.StatusCreated, runOf(&run, false))
 	if err != nil {
 		return idempotency.Response{}, err
 	}
-	resp.Header.Set("Location", "/api/runs/"+run.ID+"/")
-	resp.ValidationRunID = run.ID
-	resp.AfterCommit = h.waker.Wake // the enqueuers move the staged job to the queue
+	resp.Header.Set("Location", "/api/runs/"+p.ID+"/")
+	resp.ValidationRunID = p.ID
+	if h.handOff != nil {
+		q := &models.QueuedRun{ID: p.ID, WorkflowID: p.WorkflowID, Submission: run.Submission, Metadata: run.Metadata, CreatedAt: p.CreatedAt}
+		resp.AfterCommit = func() { h.handOff(q) }
+	}
 	return resp, nil
 }
 

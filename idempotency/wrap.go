@@ -89,9 +89,9 @@ type Request struct {
 	// Body is the raw request body: a JSON object (or empty when the
 	// wrapper allows it), whose numbers each fit models' columns.
 	Body []byte
-	// KeyID is the id the key row will have once the transaction commits
-	// ("" without a key). A handler stores it on what it creates, to link it.
-	KeyID string
+	// Key is the request's Idempotency-Key ("" without one). A handler
+	// stores it on what it creates, to link the two.
+	Key string
 	// RequestID is the request's X-Request-Id.
 	RequestID string
 }
@@ -136,6 +136,20 @@ func Problem(req Request, d problem.Details) Response {
 // 4xx must do so before writing. An error, a 5xx or a panic rolls back
 // everything: nothing happened, nothing is stored, the key is free.
 type Handler func(tx *models.RequestTx, req Request) (Response, error)
+
+// Prepared is a request made ready by a Preparer to be done in one step,
+// without a transaction of its own: Commit writes its work together with
+// the key row (nil without a key) and says what happened; Response is the
+// answer once it has committed.
+type Prepared struct {
+	Response Response
+	Commit   func(ctx context.Context, key *models.KeyWrite) (models.OneResult, error)
+}
+
+// Preparer readies a request for the one-step path (WrapPrepared) from its
+// body alone, before anything is written. ok is false when the request
+// needs the transactional Handler instead (say, to store a 4xx answer).
+type Preparer func(req Request) (p Prepared, ok bool, err error)
 
 // Config configures a Wrapper; its zero value takes the defaults, except
 // where a field says what 0 means.
@@ -237,15 +251,24 @@ type call struct {
 
 // Wrap returns a gin handler running h idempotently under scope (such as
 // workflow_start): keys are unique per (tenant, scope, key).
-func (w *Wrapper) Wrap(scope string, h Handler) gin.HandlerFunc {
+func (w *Wrapper) Wrap(scope string, h Handler) gin.HandlerFunc { return w.WrapPrepared(scope, nil, h) }
+
+// WrapPrepared is Wrap for a route whose common case is done in one step
+// (see Prepared): prep readies each request, and whatever Commit cannot
+// decide alone (Slow), or prep declines, goes to h in a transaction, as
+// with Wrap. The contract is the same either way.
+func (w *Wrapper) WrapPrepared(scope string, prep Preparer, h Handler) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		k := &call{w: w, c: c, scope: scope, tenant: w.cfg.Tenant(c), requestID: c.GetString(problem.RequestIDKey)}
-		k.serve(h)
+		if k.requestID == "" {
+			k.requestID = uuid.NewString()
+		}
+		k.serve(prep, h)
 		w.cfg.Observe(scope, k.outcome)
 	}
 }
 
-func (k *call) serve(h Handler) {
+func (k *call) serve(prep Preparer, h Handler) {
 	if !k.readKey() || !k.readBody() {
 		return
 	}
@@ -256,7 +279,7 @@ func (k *call) serve(h Handler) {
 
 	if k.key == "" {
 		k.outcome = OutcomeNoKey
-		k.execute(ctx, h)
+		k.run(ctx, prep, h)
 		return
 	}
 	k.lockID = models.LockID(k.tenant, k.scope, k.key)
@@ -285,7 +308,7 @@ func (k *call) serve(h Handler) {
 				goto inFlight
 			}
 		}
-		if stored, done := k.execute(ctx, h); done {
+		if stored, done := k.run(ctx, prep, h); done {
 			return
 		} else if stored.Found() && !stored.Expired {
 			k.replay(stored)
@@ -462,6 +485,81 @@ func (k *call) waitForFlight(deadline time.Time) bool {
 	return true
 }
 
+// run does the request: in one step when prep readies it and its Commit
+// decides it, else in a transaction (execute). It answers (done) or says
+// why not, as execute does.
+func (k *call) run(ctx context.Context, prep Preparer, h Handler) (stored *models.StoredKey, done bool) {
+	if prep != nil {
+		if stored, done, decided := k.executePrepared(ctx, prep); decided {
+			return stored, done
+		}
+	}
+	return k.execute(ctx, h)
+}
+
+// executePrepared is run's one step; decided is false when the request
+// needs the transactional path (nothing was written then).
+func (k *call) executePrepared(ctx context.Context, prep Preparer) (stored *models.StoredKey, done, decided bool) {
+	req := Request{Gin: k.c, Body: k.body, RequestID: k.requestID, Key: k.key}
+	p, ok, err := prep(req)
+	switch {
+	case err != nil:
+		k.fail(err)
+		return nil, true, true
+	case !ok, p.Response.Status < 200, p.Response.Status >= 500,
+		int64(len(p.Response.Body)) > 4*k.w.cfg.MaxBodyBytes:
+		return nil, false, false
+	}
+	resp := p.Response
+	var kw *models.KeyWrite
+	if k.key != "" {
+		row := k.keyRow(resp)
+		kw = &models.KeyWrite{Endpoint: k.scope, Key: k.key, LockID: k.lockID, RequestHash: row.RequestHash,
+			Method: row.RequestMethod, Path: row.RequestPath, Status: row.ResponseStatus, Body: row.ResponseBody,
+			Headers: row.ResponseHeaders, RequestID: row.RequestID, ClientIP: row.ClientIP, UserAgent: row.UserAgent,
+			TTL: k.w.cfg.TTL}
+	}
+	res, err := p.Commit(ctx, kw)
+	switch {
+	case errors.Is(err, models.ErrConflict) && k.key != "":
+		k.replayCommitted(ctx)
+		return nil, true, true
+	case err != nil:
+		k.fail(err)
+		return nil, true, true
+	case res.Slow:
+		return nil, false, false
+	case res.InFlight:
+		return &models.StoredKey{InFlight: true}, false, true
+	case res.Stored != nil:
+		return res.Stored, false, true
+	}
+	if k.key != "" {
+		k.outcome = OutcomeNew
+		if res.Replaced {
+			k.outcome = OutcomeExpiredReused
+		}
+		k.w.recent.add(k.lockID)
+		resp.Header.Set(HeaderKeyExpires, res.Expires.UTC().Format(http.TimeFormat))
+	}
+	if resp.AfterCommit != nil {
+		resp.AfterCommit()
+	}
+	k.write(resp.Status, resp.Header, resp.Body)
+	return nil, true, true
+}
+
+// replayCommitted answers with the key row another request committed
+// after this one looked (its own work was not written).
+func (k *call) replayCommitted(ctx context.Context) {
+	stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
+	if err != nil {
+		k.fail(err)
+		return
+	}
+	k.replay(stored)
+}
+
 // execute runs the handler in the request's one transaction and answers
 // (done). With a key, the transaction's first round trip reads the key's
 // row and takes its advisory lock, and the last saves the key row with the
@@ -469,10 +567,9 @@ func (k *call) waitForFlight(deadline time.Time) bool {
 // row already answers the request (stored, for the caller to replay) or
 // another request holds the key's lock (stored.InFlight).
 func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey, done bool) {
-	req := Request{Gin: k.c, Body: k.body, RequestID: k.requestID}
+	req := Request{Gin: k.c, Body: k.body, RequestID: k.requestID, Key: k.key}
 	var ref *models.KeyRef
 	if k.key != "" {
-		req.KeyID = uuid.NewString()
 		ref = &models.KeyRef{OrgID: k.tenant, Endpoint: k.scope, Key: k.key, LockID: k.lockID}
 	}
 	tx, stored, err := models.BeginRequest(ctx, k.w.db, k.w.cfg.TxTimeout, ref)
@@ -525,7 +622,7 @@ func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey
 		err = tx.Commit(ctx)
 	} else {
 		var expires time.Time
-		expires, err = tx.CommitWithKey(ctx, k.keyRow(req.KeyID, resp), k.w.cfg.TTL)
+		expires, err = tx.CommitWithKey(ctx, k.keyRow(resp), k.w.cfg.TTL)
 		if err == nil {
 			resp.Header.Set(HeaderKeyExpires, expires.UTC().Format(http.TimeFormat))
 		}
@@ -533,12 +630,7 @@ func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey
 	if errors.Is(err, models.ErrConflict) {
 		// A request holding the lock before us committed this key after
 		// our fast-path read: our work is rolled back; answer with theirs.
-		stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
-		if err != nil {
-			k.fail(err)
-			return nil, true
-		}
-		k.replay(stored)
+		k.replayCommitted(ctx)
 		return nil, true
 	}
 	if err != nil {
@@ -570,7 +662,7 @@ func (k *call) handle(tx *models.RequestTx, h Handler, req Request) (resp Respon
 // client is abandoned and its backend holds the key's lock until it notices.
 const txGrace = 2 * time.Second
 
-func (k *call) keyRow(id string, resp Response) *models.IdempotencyKey {
+func (k *call) keyRow(resp Response) *models.IdempotencyKey {
 	headers := map[string]string{}
 	for _, name := range storedHeaders {
 		if v := resp.Header.Get(name); v != "" {
@@ -579,13 +671,10 @@ func (k *call) keyRow(id string, resp Response) *models.IdempotencyKey {
 	}
 	hb, _ := json.Marshal(headers) // map[string]string cannot fail
 	row := &models.IdempotencyKey{
-		ID: id, OrgID: k.tenant, Endpoint: k.scope, Key: k.key, RequestHash: k.hash[:],
+		OrgID: k.tenant, Endpoint: k.scope, Key: k.key, RequestHash: k.hash[:],
 		RequestMethod: k.c.Request.Method, RequestPath: k.c.Request.URL.Path,
 		ResponseStatus: resp.Status, ResponseBody: resp.Body, ResponseHeaders: hb,
 		RequestID: k.requestID, ClientIP: k.c.ClientIP(), UserAgent: k.c.Request.UserAgent(),
-	}
-	if row.RequestID == "" {
-		row.RequestID = id
 	}
 	if resp.ValidationRunID != "" {
 		row.ValidationRunID = &resp.ValidationRunID

@@ -21,7 +21,7 @@ type KeyStore struct{ db *gorm.DB }
 func NewKeyStore(db *gorm.DB) *KeyStore { return &KeyStore{db: db} }
 
 // StoredKey is what the replay fast path learns in one statement: the key
-// row if there is one (ID is "" when there is none), whether it has expired
+// row if there is one (Key is "" when there is none), whether it has expired
 // by the database's clock, and, when no live row exists, whether a request
 // holding the key's lock is in flight.
 type StoredKey struct {
@@ -31,7 +31,7 @@ type StoredKey struct {
 }
 
 // Found reports whether a key row exists (live or expired).
-func (k *StoredKey) Found() bool { return k.ID != "" }
+func (k *StoredKey) Found() bool { return k.Key != "" }
 
 // Lookup reads the key row with one indexed read, without a transaction.
 // When there is no live row it also looks, read-only, at pg_locks for the
@@ -41,13 +41,13 @@ func (k *StoredKey) Found() bool { return k.ID != "" }
 // executes.
 func (s *KeyStore) Lookup(ctx context.Context, orgID, endpoint, key string) (*StoredKey, error) {
 	lockID := uint64(LockID(orgID, endpoint, key))
-	k := &StoredKey{}
+	k := &StoredKey{IdempotencyKey: IdempotencyKey{OrgID: orgID, Endpoint: endpoint}}
 	err := withConn(ctx, s.db, func(c *pgx.Conn) error {
 		return scanKey(c.QueryRow(ctx, `
-SELECT k.id, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
+SELECT k.key, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
 	k.response_headers, k.validation_run_id, k.request_id, k.created_at, k.expires_at,
 	k.expires_at <= now() AS expired,
-	CASE WHEN k.id IS NULL OR k.expires_at <= now() THEN EXISTS (
+	CASE WHEN k.key IS NULL OR k.expires_at <= now() THEN EXISTS (
 		SELECT 1 FROM pg_locks l
 		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -67,17 +67,17 @@ LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5
 // empty), as Lookup and beginKeyedSQL select them, then extra.
 func scanKey(row pgx.Row, k *StoredKey, extra ...any) error {
 	var (
-		id, method, path, requestID *string
+		key, method, path, requestID *string
 		status                      *int
 		created, expires            *time.Time
 		expired                     *bool
 	)
-	dest := append([]any{&id, &k.RequestHash, &method, &path, &status, &k.ResponseBody,
+	dest := append([]any{&key, &k.RequestHash, &method, &path, &status, &k.ResponseBody,
 		&k.ResponseHeaders, &k.ValidationRunID, &requestID, &created, &expires, &expired}, extra...)
-	if err := row.Scan(dest...); err != nil || id == nil {
+	if err := row.Scan(dest...); err != nil || key == nil {
 		return err
 	}
-	k.ID, k.RequestMethod, k.RequestPath, k.RequestID = *id, *method, *path, *requestID
+	k.Key, k.RequestMethod, k.RequestPath, k.RequestID = *key, *method, *path, *requestID
 	k.ResponseStatus, k.CreatedAt, k.ExpiresAt, k.Expired = *status, *created, *expires, *expired
 	return nil
 }
@@ -113,13 +113,13 @@ func (s *KeyStore) TryLock(tx *gorm.DB, lockID int64) (bool, error) {
 // does not commit the request's work.
 const saveKeySQL = `
 WITH saved AS (
-	INSERT INTO idempotency_keys AS k (id, org_id, endpoint, key, request_hash, request_method, request_path,
+	INSERT INTO idempotency_keys AS k (org_id, endpoint, key, request_hash, request_method, request_path,
 		response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
 		created_at, expires_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CAST($10 AS jsonb), CAST($11 AS uuid),
-		$12, $13, $14, now(), now() + $15 * interval '1 microsecond')
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CAST($9 AS jsonb), CAST($10 AS uuid),
+		$11, $12, $13, now(), now() + $14 * interval '1 microsecond')
 	ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
-		id = EXCLUDED.id, request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
+		request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
 		request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
 		response_body = EXCLUDED.response_body, response_headers = EXCLUDED.response_headers,
 		validation_run_id = EXCLUDED.validation_run_id, request_id = EXCLUDED.request_id,
@@ -132,7 +132,7 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM saved) THEN (SELECT expires_at FROM saved
 
 func saveKeyArgs(k *IdempotencyKey, ttl time.Duration) []any {
 	return []any{
-		k.ID, k.OrgID, k.Endpoint, k.Key, k.RequestHash, k.RequestMethod, truncate(k.RequestPath, 2000),
+		k.OrgID, k.Endpoint, k.Key, k.RequestHash, k.RequestMethod, truncate(k.RequestPath, 2000),
 		k.ResponseStatus, k.ResponseBody, string(k.ResponseHeaders), k.ValidationRunID,
 		k.RequestID, truncate(k.ClientIP, 100), truncate(k.UserAgent, 1000), ttl.Microseconds(),
 	}
@@ -153,13 +153,15 @@ func truncate(s string, n int) string {
 // DeleteExpiredBatch deletes up to n keys past expires_at in one short
 // transaction of its own. SKIP LOCKED: rows a concurrent request is
 // overwriting (or another cleaner is deleting) are left for the next batch,
-// so the cleanup never waits on, or blocks, a request. Runs keep existing:
-// their idempotency_key_id becomes NULL.
+// so the cleanup never waits on, or blocks, a request. Runs keep existing
+// (and the key they were started with). Keys are deleted by their physical
+// place (ctid): found by a scan from the table's start, where the oldest,
+// so the first to expire, are; no index on expires_at is kept for it.
 func (s *KeyStore) DeleteExpiredBatch(ctx context.Context, n int) (int64, error) {
 	res := s.db.WithContext(ctx).Exec(`
-DELETE FROM idempotency_keys WHERE id IN (
-	SELECT id FROM idempotency_keys WHERE expires_at <= now()
-	ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)`, n)
+DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM idempotency_keys WHERE expires_at <= now()
+	LIMIT ? FOR UPDATE SKIP LOCKED))`, n)
 	if res.Error != nil {
 		return 0, fmt.Errorf("delete expired keys: %w", translate(res.Error))
 	}

@@ -87,36 +87,39 @@ type ValidationRun struct {
 	OrgID            string
 	WorkflowID       string
 	Status           string
-	Submission       JSON `gorm:"type:jsonb"`
-	Metadata         JSON `gorm:"type:jsonb"`
-	IdempotencyKeyID *string
+	Submission       JSON `gorm:"type:json"`
+	Metadata         JSON `gorm:"type:json"`
 	Attempts         int
 	LeaseExpiresAt   *time.Time
 	Error            *string
 	CreatedAt        time.Time
 	StartedAt        *time.Time
 	FinishedAt       *time.Time
-	Findings         []Finding `gorm:"foreignKey:RunID"`
+	// Findings is the JSON array of the run's findings ([]Finding), once
+	// it has finished; NULL before.
+	Findings JSON `gorm:"type:json"`
+	// Who started the run, for the audit trail: the API token, the
+	// request's X-Request-Id and the Idempotency-Key (nil without one).
+	TokenID        *string
+	RequestID      *string
+	IdempotencyKey *string
 }
 
-// Finding is one problem a run found in its submission.
+// Finding is one problem a run found in its submission, as stored in the
+// run's findings column.
 type Finding struct {
-	ID       int64 `gorm:"primaryKey"`
-	RunID    string
-	Position int
-	Step     string
-	Severity string
-	Path     string
-	Message  string
+	Step     string `json:"step"`
+	Severity string `json:"severity"`
+	Path     string `json:"path"`
+	Message  string `json:"message"`
 }
 
 // IdempotencyKey is a finished idempotent request: the key, the fingerprint
 // of the request and the exact answer to replay.
 type IdempotencyKey struct {
-	ID              string `gorm:"primaryKey;type:uuid"`
-	OrgID           string
-	Endpoint        string
-	Key             string
+	OrgID           string `gorm:"primaryKey"`
+	Endpoint        string `gorm:"primaryKey"`
+	Key             string `gorm:"primaryKey"`
 	RequestHash     []byte
 	RequestMethod   string
 	RequestPath     string
@@ -131,25 +134,15 @@ type IdempotencyKey struct {
 	ExpiresAt       time.Time
 }
 
-// AuditRecord notes who did what, written in the transaction that did it.
+// AuditRecord notes who did what: the audit_records view over the runs
+// (migration 0004), one record per run started.
 type AuditRecord struct {
-	ID          int64 `gorm:"primaryKey"`
 	OrgID       string
 	Action      string
 	SubjectType string
 	SubjectID   string
 	TokenID     *string
-	RequestID   string
-	Data        JSON      `gorm:"type:jsonb"`
-	CreatedAt   time.Time `gorm:"default:now()"`
-}
-
-// StagedJob is a background job written in a request's transaction and
-// moved to the queue after commit (Brandur's transactionally staged jobs).
-type StagedJob struct {
-	ID        int64 `gorm:"primaryKey"`
-	JobName   string
-	JobArgs   JSON `gorm:"type:jsonb"`
-	TaskID    string
-	CreatedAt time.Time `gorm:"default:now()"`
+	RequestID   *string
+	Data        JSON `gorm:"type:json"`
+	CreatedAt   time.Time
 }

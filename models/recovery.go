@@ -64,51 +64,69 @@ func (s *RunStore) FailAttempt(ctx context.Context, runID string, attempt int, r
 }
 
 // StrandedRun is a run that is not final and may have nothing left to
-// deliver it: queued for a while (its task may have been lost by Redis), or
-// running with a lease that ran out (its worker died).
+// deliver it: queued with its task lost, or running with a lease that ran
+// out (its worker died).
 type StrandedRun struct {
 	ID     string
 	Status string
 	// Redeliveries is how often a sweep has re-enqueued the run so far.
 	Redeliveries int
+	CreatedAt    time.Time
 }
 
-// Stranded lists up to limit runs a sweep should look at, oldest first:
-// queued runs older than after, and running runs whose lease ran out, that
-// no sweep looked at in the last after, and whose staged job (prefix + id)
-// is not waiting for the enqueuer (it will deliver them). Reading takes no
-// lock: several sweepers may list the same run, and MarkSwept lets one of
-// them count a redelivery.
-func (s *RunStore) Stranded(ctx context.Context, after time.Duration, stagedPrefix string, limit int) ([]StrandedRun, error) {
+// StrandedRunning lists up to limit running runs whose lease ran out,
+// oldest first. Reading takes no lock: several sweepers may list the same
+// run, and MarkRedelivered lets one of them count its redelivery.
+func (s *RunStore) StrandedRunning(ctx context.Context, limit int) ([]StrandedRun, error) {
 	var rs []StrandedRun
 	err := s.db.WithContext(ctx).Raw(`
-SELECT r.id, r.status, r.redeliveries FROM validation_runs r
-WHERE r.status IN ('queued', 'running')
-  AND CASE WHEN r.status = 'queued' THEN r.created_at < now() - @after * interval '1 microsecond'
-           ELSE coalesce(r.lease_expires_at < now(), true) END
-  AND coalesce(r.swept_at < now() - @after * interval '1 microsecond', true)
-  AND NOT EXISTS (SELECT 1 FROM staged_jobs j WHERE j.task_id = @prefix || r.id::text)
-ORDER BY r.created_at
-LIMIT @limit`, map[string]any{"after": after.Microseconds(), "prefix": stagedPrefix, "limit": limit}).Scan(&rs).Error
+SELECT id, status, redeliveries, created_at FROM validation_runs
+WHERE status = 'running' AND coalesce(lease_expires_at < now(), true)
+ORDER BY created_at, id
+LIMIT ?`, limit).Scan(&rs).Error
 	if err != nil {
 		return nil, fmt.Errorf("list stranded runs: %w", translate(err))
 	}
 	return rs, nil
 }
 
-// MarkSwept records that a sweep looked at run r, which had r.Redeliveries
-// redeliveries, and re-enqueued it (redelivered) or found its task still
-// waiting in the queue. It returns false when another sweep marked the run
-// first, or the run is final: a redelivery is counted once.
-func (s *RunStore) MarkSwept(ctx context.Context, r StrandedRun, redelivered bool) (bool, error) {
-	next := r.Redeliveries
-	if redelivered {
-		next++
+// RunCursor is where a page of QueuedSince ends.
+type RunCursor struct {
+	CreatedAt time.Time
+	ID        string
+}
+
+// QueuedSince lists up to limit queued runs created more than after ago,
+// in (created_at, id) order from after the cursor (nil: the start), and
+// the cursor of the next page (nil: this was the last).
+func (s *RunStore) QueuedSince(ctx context.Context, after time.Duration, from *RunCursor, limit int) ([]StrandedRun, *RunCursor, error) {
+	var rs []StrandedRun
+	q := `SELECT id, status, redeliveries, created_at FROM validation_runs
+WHERE status = 'queued' AND created_at < now() - @after * interval '1 microsecond'`
+	args := map[string]any{"after": after.Microseconds(), "limit": limit}
+	if from != nil {
+		q += ` AND (created_at, id) > (@created, CAST(@id AS uuid))`
+		args["created"], args["id"] = from.CreatedAt, from.ID
 	}
-	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET swept_at = now(), redeliveries = ?
-		WHERE id = ? AND redeliveries = ? AND status IN ('queued', 'running')`, next, r.ID, r.Redeliveries)
+	err := s.db.WithContext(ctx).Raw(q+` ORDER BY created_at, id LIMIT @limit`, args).Scan(&rs).Error
+	if err != nil {
+		return nil, nil, fmt.Errorf("list queued runs: %w", translate(err))
+	}
+	if len(rs) < limit {
+		return rs, nil, nil
+	}
+	last := rs[len(rs)-1]
+	return rs, &RunCursor{CreatedAt: last.CreatedAt, ID: last.ID}, nil
+}
+
+// MarkRedelivered counts a redelivery of run r, which had r.Redeliveries.
+// It returns false when another sweep counted it first, or the run is
+// final: a redelivery is counted once.
+func (s *RunStore) MarkRedelivered(ctx context.Context, r StrandedRun) (bool, error) {
+	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET redeliveries = redeliveries + 1
+		WHERE id = ? AND redeliveries = ? AND status IN ('queued', 'running')`, r.ID, r.Redeliveries)
 	if res.Error != nil {
-		return false, fmt.Errorf("mark run %s swept: %w", r.ID, translate(res.Error))
+		return false, fmt.Errorf("mark run %s redelivered: %w", r.ID, translate(res.Error))
 	}
 	return res.RowsAffected == 1, nil
 }

@@ -60,12 +60,12 @@ var clientCheckMS = strconv.FormatInt(ClientCheckInterval.Milliseconds(), 10)
 // key's lock, unless a live row already answers the request (a replay
 // takes no lock, so a storm of replays of one key never contends on it).
 const beginKeyedSQL = `
-SELECT k.id, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
+SELECT k.key, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
 	k.response_headers, k.validation_run_id, k.request_id, k.created_at, k.expires_at,
 	k.expires_at <= now() AS expired,
 	set_config('statement_timeout', $1, true) AS timeout,
 	set_config('client_connection_check_interval', $6, true) AS client_check,
-	CASE WHEN k.id IS NOT NULL AND k.expires_at > now() THEN false ELSE pg_try_advisory_xact_lock($2) END AS locked
+	CASE WHEN k.key IS NOT NULL AND k.expires_at > now() THEN false ELSE pg_try_advisory_xact_lock($2) END AS locked
 FROM (SELECT 1) AS one
 LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5`
 
@@ -88,6 +88,9 @@ func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, key *
 	}
 	t = &RequestTx{ctx: ctx, conn: conn, done: done}
 	stored = &StoredKey{}
+	if key != nil {
+		stored.OrgID, stored.Endpoint = key.OrgID, key.Endpoint
+	}
 	locked := true
 	err = t.pgx(func(c *pgx.Conn) error {
 		var b pgx.Batch
@@ -151,7 +154,7 @@ func (t *RequestTx) Commit(ctx context.Context) error {
 // CommitWithKey writes the finished key row k, replayed for ttl, and commits,
 // in one round trip, and returns when the key expires (by the database's
 // clock). A row of the same scoped key that has expired is taken over (the
-// upsert gives it k.ID, which unlinks its old run). If a live row exists,
+// upsert replaces it). If a live row exists,
 // someone finished this key first: nothing is committed, and the error is
 // ErrConflict.
 func (t *RequestTx) CommitWithKey(ctx context.Context, k *IdempotencyKey, ttl time.Duration) (expires time.Time, err error) {

@@ -2,11 +2,11 @@ package models
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
-	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
+	"github.com/jackc/pgx/v5"
 )
 
 // ClaimedRun is a run a worker now owns, with what executing it needs.
@@ -72,35 +72,130 @@ RETURNING r.*, w.schema, w.assertions`, lease.Microseconds(), runID, maxAttempts
 }
 
 // Finish ends the attempt-th execution of a run with status (passed or
-// failed) and its findings, in one transaction. It writes nothing and
-// returns false when that attempt no longer owns the run (another delivery
-// took it over, or it already finished): findings are written once.
+// failed) and its findings, in one statement. It writes nothing and returns
+// false when that attempt no longer owns the run (another delivery took it
+// over, its lease ran out, or it already finished): findings are written
+// once.
 func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status string, findings []Finding) (bool, error) {
-	var owned bool
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		res := tx.Exec(`UPDATE validation_runs SET status = ?, finished_at = now(), lease_expires_at = NULL
-			WHERE id = ? AND status = 'running' AND attempts = ?`, status, runID, attempt)
-		if res.Error != nil {
-			return res.Error
+	fs, err := findingsJSON(findings)
+	if err != nil {
+		return false, fmt.Errorf("finish run %s: %w", runID, err)
+	}
+	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET status = ?, findings = CAST(? AS json),
+		finished_at = now(), lease_expires_at = NULL
+		WHERE id = ? AND status = 'running' AND attempts = ? AND lease_expires_at > clock_timestamp()`,
+		status, fs, runID, attempt)
+	if res.Error != nil {
+		return false, fmt.Errorf("finish run %s: %w", runID, translate(res.Error))
+	}
+	return res.RowsAffected == 1, nil
+}
+
+// findingsJSON is the findings column's value: what the columns of a
+// finding could hold before (a finding about a huge submission must not
+// make the run impossible to finish), as a JSON array.
+func findingsJSON(findings []Finding) (string, error) {
+	out := make([]Finding, len(findings))
+	for i, f := range findings {
+		f.Step = truncate(f.Step, 200)
+		f.Path = truncate(f.Path, 2000)
+		f.Message = truncate(f.Message, 4000)
+		out[i] = f
+	}
+	b, err := json.Marshal(out)
+	return string(b), err
+}
+
+// Outcome is the end of a run that no delivery claimed: it was validated
+// straight from the queue (see FinishUnclaimed).
+type Outcome struct {
+	RunID string
+	// Status is passed, failed or error (with Error).
+	Status   string
+	Findings []Finding
+	Error    string
+	// StartedAt is when its validation began.
+	StartedAt time.Time
+}
+
+// FinishUnclaimed ends queued runs with their outcomes, in one statement:
+// the fast path of a run, written once, from queued to final, without a
+// claim. A run that is no longer queued (a delivery claimed it, or it
+// finished) is left alone: the returned set holds the runs this call ended.
+func (s *RunStore) FinishUnclaimed(ctx context.Context, outs []Outcome) (map[string]bool, error) {
+	n := len(outs)
+	ids, statuses, fss, errs := make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
+	started := make([]time.Time, n)
+	for i, o := range outs {
+		fs, err := findingsJSON(o.Findings)
+		if err != nil {
+			return nil, fmt.Errorf("finish runs: %w", err)
 		}
-		if owned = res.RowsAffected == 1; !owned || len(findings) == 0 {
-			return nil
+		ids[i], statuses[i], fss[i], started[i] = o.RunID, o.Status, fs, o.StartedAt
+		if o.Status == RunError {
+			e := truncate(o.Error, 2000)
+			errs[i] = &e
 		}
-		for i := range findings {
-			findings[i].ID = 0
-			findings[i].RunID = runID
-			findings[i].Position = i
-			// What the columns can hold: a finding about a huge submission
-			// must not make the run impossible to finish.
-			findings[i].Path = truncate(findings[i].Path, 2000)
-			findings[i].Message = truncate(findings[i].Message, 4000)
+	}
+	ended := make(map[string]bool, n)
+	err := withConn(ctx, s.db, func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, `
+UPDATE validation_runs r SET status = v.status, findings = CAST(v.findings AS json), error = v.error,
+	attempts = r.attempts + 1, started_at = v.started, finished_at = now()
+FROM unnest(CAST($1 AS uuid[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS text[]), CAST($5 AS timestamptz[]))
+	AS v(id, status, findings, error, started)
+WHERE r.id = v.id AND r.status = 'queued'
+RETURNING r.id`, ids, statuses, fss, errs, started)
+		if err != nil {
+			return err
 		}
-		return tx.Clauses(clause.OnConflict{DoNothing: true}).CreateInBatches(findings, 500).Error
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			ended[id] = true
+		}
+		return rows.Err()
 	})
 	if err != nil {
-		return false, fmt.Errorf("finish run %s: %w", runID, translate(err))
+		return nil, fmt.Errorf("finish runs: %w", translate(err))
 	}
-	return owned, nil
+	return ended, nil
+}
+
+// QueuedRun is what executing a run needs, besides its workflow's rules.
+type QueuedRun struct {
+	ID, WorkflowID       string
+	Submission, Metadata JSON
+	CreatedAt            time.Time
+}
+
+// Queued reads what executing a run needs; ErrNotFound if there is no run.
+func (s *RunStore) Queued(ctx context.Context, runID string) (*QueuedRun, error) {
+	var r QueuedRun
+	res := s.db.WithContext(ctx).Raw(`SELECT id, workflow_id, submission, metadata, created_at FROM validation_runs WHERE id = ?`, runID).Scan(&r)
+	if res.Error != nil {
+		return nil, fmt.Errorf("run %s: %w", runID, translate(res.Error))
+	}
+	if res.RowsAffected == 0 {
+		return nil, fmt.Errorf("run %s: %w", runID, ErrNotFound)
+	}
+	return &r, nil
+}
+
+// Rules reads a workflow's schema and assertions, whoever owns it (the
+// worker's read: a workflow never changes once created).
+func (s *RunStore) Rules(ctx context.Context, workflowID string) (schema, assertions JSON, err error) {
+	var w struct{ Schema, Assertions JSON }
+	res := s.db.WithContext(ctx).Raw(`SELECT schema, assertions FROM workflows WHERE id = ?`, workflowID).Scan(&w)
+	if res.Error != nil {
+		return nil, nil, fmt.Errorf("workflow %s: %w", workflowID, translate(res.Error))
+	}
+	if res.RowsAffected == 0 {
+		return nil, nil, fmt.Errorf("workflow %s: %w", workflowID, ErrNotFound)
+	}
+	return w.Schema, w.Assertions, nil
 }
 
 // Fail ends a run that no delivery holds (it is queued, or its lease has
@@ -133,54 +228,4 @@ func (s *RunStore) CountByStatus(ctx context.Context) (map[string]int64, error) 
 		out[r.Status] = r.N
 	}
 	return out, nil
-}
-
-// StagedJobStore moves staged jobs out of PostgreSQL.
-type StagedJobStore struct{ db *gorm.DB }
-
-// NewStagedJobStore returns a StagedJobStore on db.
-func NewStagedJobStore(db *gorm.DB) *StagedJobStore { return &StagedJobStore{db: db} }
-
-// Drain takes up to n staged jobs in one transaction (FOR UPDATE SKIP
-// LOCKED, so several enqueuers share the work without waiting on each
-// other), hands them to send, and deletes those send accepted. A job send
-// fails stays staged for the next drain: nothing is lost. Returns how many
-// jobs were moved.
-func (s *StagedJobStore) Drain(ctx context.Context, n int, send func(StagedJob) error) (int, error) {
-	moved := 0
-	var sendErr error
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var jobs []StagedJob
-		if err := tx.Raw(`SELECT * FROM staged_jobs ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`, n).Scan(&jobs).Error; err != nil {
-			return err
-		}
-		var done []int64
-		for _, j := range jobs {
-			if sendErr = send(j); sendErr != nil {
-				break // the queue is down: keep the rest staged for the next drain
-			}
-			done = append(done, j.ID)
-		}
-		moved = len(done)
-		if moved == 0 {
-			return nil
-		}
-		return tx.Exec(`DELETE FROM staged_jobs WHERE id IN ?`, done).Error
-	})
-	if err != nil {
-		return 0, fmt.Errorf("drain staged jobs: %w", translate(err))
-	}
-	if sendErr != nil {
-		return moved, fmt.Errorf("send staged job: %w", sendErr)
-	}
-	return moved, nil
-}
-
-// Backlog counts the staged jobs not yet moved to the queue.
-func (s *StagedJobStore) Backlog(ctx context.Context) (int64, error) {
-	var n int64
-	if err := s.db.WithContext(ctx).Raw(`SELECT count(*) FROM staged_jobs`).Scan(&n).Error; err != nil {
-		return 0, fmt.Errorf("staged backlog: %w", translate(err))
-	}
-	return n, nil
 }

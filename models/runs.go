@@ -2,7 +2,6 @@ package models
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -11,147 +10,88 @@ import (
 )
 
 // RunStore reads and writes validation runs.
-type RunStore struct{ db *gorm.DB }
-
-// NewRunStore returns a RunStore on db.
-func NewRunStore(db *gorm.DB) *RunStore { return &RunStore{db: db} }
-
-// StartParams is what starting a run needs.
-type StartParams struct {
-	OrgID, WorkflowID string
-	Submission        []byte
-	// Metadata is a JSON object; nil is {}.
-	Metadata []byte
-	// IdempotencyKeyID links the run to the key row the request will write ("" = none).
-	IdempotencyKeyID string
-	// Quota is the organisation's effective monthly quota; 0 means unlimited.
-	Quota int64
-	// Audit is recorded with the run.
-	TokenID, RequestID string
-	// JobName and TaskIDPrefix name the staged job that will execute the run.
-	JobName, TaskIDPrefix string
-	// Now decides the usage period (the calendar month, UTC).
-	Now time.Time
+type RunStore struct {
+	db      *gorm.DB
+	batcher *startBatcher
 }
 
-// The staged job that executes a run: its name is the asynq task type, and
-// its TaskID is the prefix plus the run id, so a run is queued at most once.
+// NewRunStore returns a RunStore on db.
+func NewRunStore(db *gorm.DB) *RunStore {
+	return &RunStore{db: db, batcher: &startBatcher{db: db, timeout: 30 * time.Second}}
+}
+
+// SetStartTimeout bounds each statement of the start's fast path (the
+// request transaction's IDEMPOTENCY_TX_TIMEOUT); 0 keeps 30s.
+func (s *RunStore) SetStartTimeout(d time.Duration) {
+	if d > 0 {
+		s.batcher.timeout = d
+	}
+}
+
+// StartParams is what starting a run needs. The run's id and creation time
+// are made by the caller (NewRunID, NewRunTime), so that its answer can be
+// rendered before it is written.
+type StartParams struct {
+	ID                string
+	CreatedAt         time.Time
+	OrgID, WorkflowID string
+	// Submission is JSON text; Metadata a JSON object, nil is {}.
+	Submission, Metadata []byte
+	// Quota is the organisation's effective monthly quota; 0 means unlimited.
+	// The usage period is CreatedAt's month (UTC).
+	Quota int64
+	// Who started it, for the audit trail (the audit_records view).
+	TokenID, RequestID, IdempotencyKey string
+}
+
+// The asynq task that executes a run: its type, and the prefix of its
+// TaskID (the prefix plus the run id: a run is handed to the queue once).
 const (
 	RunJobName      = "validation_run:execute"
 	RunTaskIDPrefix = "validation_run:"
 )
 
-// StagedJobsChannel is the LISTEN/NOTIFY channel that wakes the enqueuers
-// when jobs were staged. It is signalled after the request's commit, never
-// inside it (see JobWaker): PostgreSQL serialises the commits of every
-// transaction that notified, cluster-wide.
-const StagedJobsChannel = "valruns_staged_jobs"
-
-// runColumns are the columns of a ValidationRun a start returns (scanRun).
-const runColumns = `id, org_id, workflow_id, status, submission, metadata, idempotency_key_id, attempts,
-	lease_expires_at, error, created_at, started_at, finished_at`
-
-func scanRun(row pgx.Row, r *ValidationRun) error {
-	return row.Scan(&r.ID, &r.OrgID, &r.WorkflowID, &r.Status, &r.Submission, &r.Metadata, &r.IdempotencyKeyID,
-		&r.Attempts, &r.LeaseExpiresAt, &r.Error, &r.CreatedAt, &r.StartedAt, &r.FinishedAt)
-}
-
-// insertRun is the CTE that writes a run, its audit record and its staged
-// job, once per row of bump (the claimed usage slot): no slot, nothing
-// written. Its parameters: org, workflow, submission, metadata, key id,
-// token id, request id, job name, task id prefix (placeholders given).
-func insertRun(org, workflow, submission, metadata, key, token, request, job, prefix string) string {
-	return `
-run AS (
-	INSERT INTO validation_runs (org_id, workflow_id, status, submission, metadata, idempotency_key_id)
-	SELECT ` + org + `, ` + workflow + `, 'queued', CAST(` + submission + ` AS jsonb), CAST(` + metadata + ` AS jsonb), CAST(` + key + ` AS uuid) FROM bump
-	RETURNING ` + runColumns + `
-), audit AS (
-	INSERT INTO audit_records (org_id, action, subject_type, subject_id, token_id, request_id, data)
-	SELECT ` + org + `, 'validation_run.start', 'validation_run', run.id, CAST(` + token + ` AS uuid), ` + request + `,
-	       jsonb_build_object('workflow_id', run.workflow_id, 'idempotency_key_id', run.idempotency_key_id)
-	FROM run
-), job AS (
-	INSERT INTO staged_jobs (job_name, job_args, task_id)
-	SELECT ` + job + `, jsonb_build_object('run_id', run.id), ` + prefix + ` || run.id FROM run
-)`
-}
-
-// startFastSQL claims a slot without waiting and inserts the run, in one
-// statement (see claimSlotFast): $1 workflow, $2 org, $3 period, $4 quota,
-// $5 slot offset, $6 slots, then insertRun's.
-var startFastSQL = `WITH ` + claimSlotFast + `, ` +
-	insertRun("$2", "$1", "$7", "$8", "$9", "$10", "$11", "$12", "$13") + ` SELECT ` + runColumns + ` FROM run`
-
 // startSlowSQL inserts the run once the slow path has claimed its slot.
-var startSlowSQL = `WITH bump AS (SELECT 1), ` +
-	insertRun("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9") + ` SELECT ` + runColumns + ` FROM run`
+const startSlowSQL = `
+INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
+	token_id, request_id, idempotency_key)
+VALUES ($1, $2, $3, 'queued', CAST($4 AS json), CAST($5 AS json), $6, $7, $8, $9)`
 
-// Start creates a queued run of the organisation's workflow on tx, billed
-// to its usage of the period: a usage slot is bumped (refused past the
-// quota), and the run, its audit record and its staged job are inserted.
-//
-// Nearly always this is one statement, one round trip, that takes no lock
-// another start of the organisation needs: it claims a usage slot that no
-// other transaction holds (FOR UPDATE SKIP LOCKED, see migration 0002) and
-// checks the workflow in the same statement. Only when no slot could be
-// claimed that way (an unknown workflow, a new month, a changed quota, the
-// quota's edge, or more starts of one organisation in flight than slots)
-// does it take the slow path, which may wait for other starts and
-// rebalance the slots. If the quota refuses, nothing is written, so the
-// caller can answer 429 on the same transaction.
+// Start creates the queued run p on tx, billed to its usage of the period:
+// the slow path of a start, for what the fast path (StartOne) leaves to a
+// transaction. It checks the workflow, claims a usage slot, waiting for
+// other starts and rebalancing the slots if need be (refused past the
+// quota), and inserts the run. If it refuses, nothing is written, so the
+// caller can answer 404 or 429 on the same transaction.
 //
 // Returns ErrNotFound when the workflow is not the organisation's, and
 // ErrQuotaExceeded past the quota.
-func (s *RunStore) Start(tx *RequestTx, p StartParams) (*ValidationRun, error) {
+func (s *RunStore) Start(tx *RequestTx, p StartParams) error {
 	meta := p.Metadata
 	if len(meta) == 0 {
 		meta = []byte("{}")
 	}
-	var keyID *string
-	if p.IdempotencyKeyID != "" {
-		keyID = &p.IdempotencyKeyID
-	}
-	period := UsagePeriod(p.Now)
-	insertArgs := []any{string(p.Submission), string(meta), keyID, nullable(p.TokenID), p.RequestID, p.JobName, p.TaskIDPrefix}
-	ctx := tx.Context()
-	var run ValidationRun
-	found := false
-	err := tx.pgx(func(c *pgx.Conn) error {
-		args := append([]any{p.WorkflowID, p.OrgID, period, p.Quota, slotOffset(), UsageSlots}, insertArgs...)
-		err := scanRun(c.QueryRow(ctx, startFastSQL, args...), &run)
-		found = err == nil
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("start run: %w", translate(err))
-	}
-	if found {
-		return &run, nil
-	}
-
-	// The slow path.
 	db := tx.DB()
 	var n int64
 	if err := db.Raw(`SELECT count(*) FROM workflows WHERE id = ? AND org_id = ?`, p.WorkflowID, p.OrgID).Scan(&n).Error; err != nil {
-		return nil, fmt.Errorf("start run: %w", translate(err))
+		return fmt.Errorf("start run: %w", translate(err))
 	}
 	if n == 0 {
-		return nil, fmt.Errorf("start run: workflow %s: %w", p.WorkflowID, ErrNotFound)
+		return fmt.Errorf("start run: workflow %s: %w", p.WorkflowID, ErrNotFound)
 	}
-	if err := claimSlot(db, p.OrgID, period, p.Quota); err != nil {
-		return nil, fmt.Errorf("start run: %w", err)
+	if err := claimSlot(db, p.OrgID, UsagePeriod(p.CreatedAt), p.Quota); err != nil {
+		return fmt.Errorf("start run: %w", err)
 	}
-	err = tx.pgx(func(c *pgx.Conn) error {
-		return scanRun(c.QueryRow(ctx, startSlowSQL, append([]any{p.OrgID, p.WorkflowID}, insertArgs...)...), &run)
+	ctx := tx.Context()
+	err := tx.pgx(func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, startSlowSQL, p.ID, p.OrgID, p.WorkflowID, string(p.Submission), string(meta), p.CreatedAt,
+			nullable(p.TokenID), nullable(truncate(p.RequestID, 200)), nullable(p.IdempotencyKey))
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("start run: %w", translate(err))
+		return fmt.Errorf("start run: %w", translate(err))
 	}
-	return &run, nil
+	return nil
 }
 
 func nullable(s string) *string {
@@ -164,9 +104,7 @@ func nullable(s string) *string {
 // Get reads one run of the organisation with its findings.
 func (s *RunStore) Get(ctx context.Context, orgID, id string) (*ValidationRun, error) {
 	var r ValidationRun
-	err := s.db.WithContext(ctx).
-		Preload("Findings", func(db *gorm.DB) *gorm.DB { return db.Order("position") }).
-		Where("id = ? AND org_id = ?", id, orgID).Take(&r).Error
+	err := s.db.WithContext(ctx).Where("id = ? AND org_id = ?", id, orgID).Take(&r).Error
 	if err != nil {
 		return nil, fmt.Errorf("run %s: %w", id, translate(err))
 	}

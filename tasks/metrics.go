@@ -1,19 +1,13 @@
 package tasks
 
 import (
-	"context"
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/valruns/valruns/models"
 )
 
 // metrics of the worker.
 type metrics struct {
 	processed   *prometheus.CounterVec
 	failed      *prometheus.CounterVec
-	enqueued    prometheus.Counter
 	keysDeleted prometheus.Counter
 	runsEnded   *prometheus.CounterVec
 	redelivered *prometheus.CounterVec
@@ -21,7 +15,7 @@ type metrics struct {
 	sweeps      *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer, staged *models.StagedJobStore) *metrics {
+func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		processed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_tasks_processed_total", Help: "Tasks handled successfully, by type.",
@@ -29,9 +23,6 @@ func newMetrics(reg prometheus.Registerer, staged *models.StagedJobStore) *metri
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_tasks_failed_total", Help: "Task executions that returned an error (asynq retries them), by type.",
 		}, []string{"type"}),
-		enqueued: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "valruns_staged_jobs_enqueued_total", Help: "Staged jobs moved from PostgreSQL to asynq.",
-		}),
 		keysDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "valruns_idempotency_keys_deleted_total", Help: "Expired idempotency keys deleted by the cleanup.",
 		}),
@@ -50,17 +41,6 @@ func newMetrics(reg prometheus.Registerer, staged *models.StagedJobStore) *metri
 			Name: "valruns_run_sweeps_total", Help: "Sweeps for stranded runs, by result (ok, error).",
 		}, []string{"result"}),
 	}
-	backlog := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "valruns_staged_jobs_backlog", Help: "Staged jobs not yet moved to asynq (read at scrape time).",
-	}, func() float64 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		n, err := staged.Backlog(ctx)
-		if err != nil {
-			return -1
-		}
-		return float64(n)
-	})
 	// Every label value of a closed set is exported from the start, at 0.
 	for _, r := range []string{"queued", "lease_expired"} {
 		m.redelivered.WithLabelValues(r)
@@ -68,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, staged *models.StagedJobStore) *metri
 	for _, r := range []string{"ok", "error"} {
 		m.sweeps.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.processed, m.failed, m.enqueued, m.keysDeleted, m.runsEnded, m.redelivered, m.leasesLost, m.sweeps, backlog} {
+	for _, c := range []prometheus.Collector{m.processed, m.failed, m.keysDeleted, m.runsEnded, m.redelivered, m.leasesLost, m.sweeps} {
 		reg.MustRegister(c)
 	}
 	return m

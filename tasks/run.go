@@ -40,6 +40,11 @@ type RunExecutor struct {
 	// programs caches compiled workflows: a workflow never changes once created.
 	programs sync.Map // workflow id -> *validate.Program
 
+	// fastBudget is how long a first delivery validates its run without
+	// claiming it (0: always claim first); fin writes those outcomes.
+	fastBudget time.Duration
+	fin        *finisher
+
 	// inflight holds the cancel function of each execution under way, so
 	// that a shutdown can hand them back (handBack); stopping is set then.
 	mu       sync.Mutex
@@ -64,12 +69,103 @@ var (
 // asynq retries it after about RetryDelay without spending a retry.
 func notAFailure(err error) bool { return models.IsTransient(err) || errors.Is(err, errHandedBack) }
 
-// ProcessTask executes one run.
+// ProcessTask executes one run. A first delivery validates the run
+// straight from the queue, without claiming it, and writes its outcome once,
+// from queued to final (the fast path: one write per run). A validation
+// that takes longer than fastBudget, a redelivery, and anything the fast
+// path cannot decide, executes under a claim: a lease the delivery renews,
+// so a worker that dies mid-run is noticed and its run taken over.
 func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	var p RunPayload
 	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.RunID == "" {
 		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
 	}
+	if !p.Redelivery && e.fastBudget > 0 {
+		if done, err := e.fast(ctx, p); done {
+			return err
+		}
+	}
+	return e.claimed(ctx, p.RunID)
+}
+
+// fast is the fast path; done is false when the run must execute under a
+// claim instead (nothing was written then).
+func (e *RunExecutor) fast(ctx context.Context, p RunPayload) (done bool, err error) {
+	q := &models.QueuedRun{ID: p.RunID, WorkflowID: p.WorkflowID, Submission: models.JSON(p.Submission), Metadata: models.JSON(p.Metadata)}
+	if p.WorkflowID == "" || p.Submission == nil {
+		q, err = e.runs.Queued(ctx, p.RunID)
+		switch {
+		case errors.Is(err, models.ErrNotFound):
+			e.log.WarnContext(ctx, "run does not exist", "run_id", p.RunID)
+			return true, nil
+		case err != nil:
+			return false, nil
+		}
+	}
+	prog, err := e.programOf(ctx, q.WorkflowID)
+	if err != nil {
+		return false, nil
+	}
+	started := time.Now()
+	vctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		findings []validate.Finding
+		err      error
+	}
+	resc := make(chan result, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				resc <- result{err: fmt.Errorf("panic: %v", r)}
+			}
+		}()
+		if e.beforeRun != nil {
+			e.beforeRun(vctx, p.RunID)
+		}
+		f, err := prog.Run(vctx, q.Submission, q.Metadata)
+		resc <- result{f, err}
+	}()
+	budget := time.NewTimer(e.fastBudget)
+	defer budget.Stop()
+	var res result
+	select {
+	case res = <-resc:
+	case <-budget.C:
+		return false, nil // too long to run without a lease: cancelled, claimed, run again
+	}
+	out := models.Outcome{RunID: p.RunID, StartedAt: started}
+	switch {
+	case errors.Is(res.err, validate.ErrLimitExceeded),
+		errors.Is(res.err, validate.ErrInvalidSubmission), errors.Is(res.err, validate.ErrInvalidMetadata):
+		out.Status, out.Error = models.RunError, res.err.Error()
+	case res.err != nil:
+		return false, nil
+	default:
+		out.Status = models.RunPassed
+		if validate.Failed(res.findings) {
+			out.Status = models.RunFailed
+		}
+		out.Findings = make([]models.Finding, len(res.findings))
+		for i, f := range res.findings {
+			out.Findings[i] = models.Finding{Step: f.Step, Severity: f.Severity, Path: f.Path, Message: f.Message}
+		}
+	}
+	ended, err := e.fin.finish(out)
+	switch {
+	case err != nil:
+		return false, nil // the claimed path retries it, and sorts out what happened
+	case !ended:
+		e.log.InfoContext(ctx, "run no longer queued; fast result discarded (another delivery has it)", "run_id", p.RunID)
+		return true, nil
+	}
+	e.m.runsEnded.WithLabelValues(out.Status).Inc()
+	return true, nil
+}
+
+// claimed executes a run under a claim.
+func (e *RunExecutor) claimed(ctx context.Context, runID string) error {
+	p := RunPayload{RunID: runID}
 	run, err := e.runs.Claim(ctx, p.RunID, e.lease, e.maxAttempts)
 	var leased *models.RunLeasedError
 	switch {
@@ -344,19 +440,36 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 func (e *RunExecutor) program(run *models.ClaimedRun) (*validate.Program, error) {
-	if p, ok := e.programs.Load(run.WorkflowID); ok {
+	return e.compile(run.WorkflowID, run.Schema, run.Assertions)
+}
+
+// programOf is the workflow's program, read from the database when this
+// worker has not compiled it yet.
+func (e *RunExecutor) programOf(ctx context.Context, workflowID string) (*validate.Program, error) {
+	if p, ok := e.programs.Load(workflowID); ok {
 		return p.(*validate.Program), nil
 	}
-	var assertions []validate.Assertion
-	if len(run.Assertions) > 0 {
-		if err := json.Unmarshal(run.Assertions, &assertions); err != nil {
-			return nil, err
-		}
-	}
-	p, _, err := validate.Compile(json.RawMessage(run.Schema), assertions)
+	schema, assertions, err := e.runs.Rules(ctx, workflowID)
 	if err != nil {
 		return nil, err
 	}
-	e.programs.Store(run.WorkflowID, p)
+	return e.compile(workflowID, schema, assertions)
+}
+
+func (e *RunExecutor) compile(workflowID string, schema, rawAssertions models.JSON) (*validate.Program, error) {
+	if p, ok := e.programs.Load(workflowID); ok {
+		return p.(*validate.Program), nil
+	}
+	var assertions []validate.Assertion
+	if len(rawAssertions) > 0 {
+		if err := json.Unmarshal(rawAssertions, &assertions); err != nil {
+			return nil, err
+		}
+	}
+	p, _, err := validate.Compile(json.RawMessage(schema), assertions)
+	if err != nil {
+		return nil, err
+	}
+	e.programs.Store(workflowID, p)
 	return p, nil
 }

@@ -8,39 +8,51 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/valruns/valruns/models"
 )
 
 // Sweeper keeps every accepted run re-deliverable until it is final. The
-// enqueuer deletes a staged job once Redis has its task, so from then on
-// Redis alone remembers the run: a restart without persistence or a
-// failover loses it, and a worker that dies mid-run leaves its task active
-// in asynq for minutes. PostgreSQL knows better: every few seconds the
-// sweeper lists the runs that are not final and that nothing seems to be
-// delivering (queued for a while, or running with a lease that ran out),
-// asks asynq whether the run's latest task is still waiting to be
-// delivered, and if not, enqueues a new task for it.
+// API hands a run to Redis after its start commits, and from then on Redis
+// alone remembers it: a hand-off that failed (Redis down, the API process
+// killed), a restart without persistence or a failover loses it, and a
+// worker that dies mid-run leaves its run running. PostgreSQL knows better:
+// every interval the sweeper lists the runs that are not final and that
+// nothing seems to be delivering, and enqueues a new task for each:
+//
+//   - running runs whose lease ran out (their worker died or stopped);
+//   - queued runs older than after whose latest task is not in Redis, read
+//     straight from asynq's task hashes, a page at a time in one pipelined
+//     round trip. A task that is pending, scheduled, retrying or active is
+//     left alone: an active task whose worker died goes back to pending
+//     when asynq's own lease of it runs out. The queued runs are paged
+//     through at most once per after, so a backlog costs a read per run
+//     every after, not every interval.
 //
 // Each redelivery has the TaskID validation_run:<id>:redeliver:<n>, n
-// counted in the run's row: a new ID each time (a completed task keeps its
-// ID for its retention, so reusing one would be refused), the same ID for
-// every sweeper that redelivers the same run at the same moment (asynq
-// refuses the duplicates). Executing a run twice is prevented by the
+// counted in the run's row (MarkRedelivered): a new ID each time, the same
+// ID for every sweeper that redelivers the same run at the same moment
+// (asynq refuses the duplicates). Executing a run twice is prevented by the
 // claim's attempt fencing, not by TaskIDs: a redundant delivery finds the
 // run finished or held, and does nothing.
 type Sweeper struct {
 	runs   *models.RunStore
-	insp   *asynq.Inspector
+	redis  redis.UniversalClient
 	client *asynq.Client
-	// opts are the options of a run task (retries, timeout, retention).
-	opts func() []asynq.Option
-	// interval between sweeps; after is how old a queued run must be, and
-	// how long since a sweep last looked at a run, before it is looked at.
+	// opts are the options of a run task (retries, timeout).
+	opts []asynq.Option
+	// interval between sweeps; after is how old a queued run must be
+	// before it is looked at, and how often the queued runs are paged.
 	interval, after time.Duration
 	batch           int
 	log             *slog.Logger
 	m               *metrics
+
+	// the queued runs' pass: where it is, and when the last one began.
+	cursor     *models.RunCursor
+	passBegan  time.Time
+	passActive bool
 }
 
 // Run sweeps every interval until ctx is done.
@@ -62,63 +74,116 @@ func (s *Sweeper) Run(ctx context.Context) {
 	}
 }
 
-// Sweep looks at every stranded run once and re-enqueues those whose task
-// is gone; it returns how many it re-enqueued.
+// Sweep re-enqueues the running runs whose lease ran out and, at most
+// once per after, every queued run older than after whose task is gone; it
+// returns how many it re-enqueued.
 func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
-	redelivered := 0
+	n := 0
 	for {
-		rs, err := s.runs.Stranded(ctx, s.after, models.RunTaskIDPrefix, s.batch)
+		rs, err := s.runs.StrandedRunning(ctx, s.batch)
 		if err != nil {
-			return redelivered, err
+			return n, err
 		}
 		for _, r := range rs {
-			sent, err := s.redeliver(ctx, r)
+			ok, err := s.redeliver(ctx, r, "lease_expired")
 			if err != nil {
-				return redelivered, fmt.Errorf("redeliver run %s: %w", r.ID, err)
+				return n, err
 			}
-			counted, err := s.runs.MarkSwept(ctx, r, sent)
-			if err != nil {
-				return redelivered, err
-			}
-			if sent && counted {
-				redelivered++
-				reason := "queued"
-				if r.Status == models.RunRunning {
-					reason = "lease_expired"
-				}
-				s.m.redelivered.WithLabelValues(reason).Inc()
-				s.log.InfoContext(ctx, "stranded run re-enqueued", "run_id", r.ID, "status", r.Status,
-					"reason", reason, "redelivery", r.Redeliveries+1)
+			if ok {
+				n++
 			}
 		}
 		if len(rs) < s.batch {
-			return redelivered, nil
+			break
+		}
+	}
+	if !s.passActive && time.Since(s.passBegan) < s.after {
+		return n, nil
+	}
+	if !s.passActive {
+		s.passActive, s.passBegan, s.cursor = true, time.Now(), nil
+	}
+	for {
+		rs, next, err := s.runs.QueuedSince(ctx, s.after, s.cursor, s.batch)
+		if err != nil {
+			return n, err
+		}
+		lost, err := s.lost(ctx, rs)
+		if err != nil {
+			return n, err
+		}
+		for _, r := range lost {
+			ok, err := s.redeliver(ctx, r, "queued")
+			if err != nil {
+				return n, err
+			}
+			if ok {
+				n++
+			}
+		}
+		s.cursor = next
+		if next == nil {
+			s.passActive = false
+			return n, nil
 		}
 	}
 }
 
-// redeliver enqueues a new task for r unless its latest task is still
-// waiting in the queue; it reports whether it enqueued one. A task that is
-// active counts as gone: its worker may have died with it, and if not, the
-// extra delivery finds the run held or finished.
-func (s *Sweeper) redeliver(ctx context.Context, r models.StrandedRun) (bool, error) {
-	info, err := s.insp.GetTaskInfo(queue, runTaskID(r.ID, r.Redeliveries))
-	switch {
-	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
-	case err != nil:
-		return false, err
-	case info.State == asynq.TaskStatePending, info.State == asynq.TaskStateScheduled, info.State == asynq.TaskStateRetry:
-		return false, nil
+// taskKey is where asynq keeps a task of the default queue: a hash whose
+// field "state" says pending, active, scheduled, retry, archived or
+// completed (TestTaskStatesReadsAsynq pins it to the asynq in go.mod).
+func taskKey(taskID string) string { return "asynq:{" + queue + "}:t:" + taskID }
+
+// lost returns the runs of rs whose latest task Redis does not hold as
+// pending, scheduled, retrying or active, in one pipelined round trip.
+func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun) ([]models.StrandedRun, error) {
+	if len(rs) == 0 {
+		return nil, nil
 	}
-	task, _, err := NewRunTask(r.ID)
+	cmds := make([]*redis.StringCmd, len(rs))
+	_, err := s.redis.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range rs {
+			cmds[i] = p.HGet(ctx, taskKey(runTaskID(r.ID, r.Redeliveries)), "state")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("read task states: %w", err)
+	}
+	var out []models.StrandedRun
+	for i, c := range cmds {
+		switch st, err := c.Result(); {
+		case errors.Is(err, redis.Nil):
+			out = append(out, rs[i])
+		case err != nil:
+			return nil, fmt.Errorf("read task state: %w", err)
+		case st == "pending", st == "active", st == "scheduled", st == "retry":
+		default: // archived, completed: nothing will deliver it again
+			out = append(out, rs[i])
+		}
+	}
+	return out, nil
+}
+
+// redeliver enqueues a new task for r and counts it; false when another
+// sweeper counted it first, or the run finished meanwhile.
+func (s *Sweeper) redeliver(ctx context.Context, r models.StrandedRun, reason string) (bool, error) {
+	task, err := newRunTask(RunPayload{RunID: r.ID, Redelivery: true}, nil)
 	if err != nil {
 		return false, err
 	}
-	opts := append(s.opts(), asynq.TaskID(runTaskID(r.ID, r.Redeliveries+1)))
+	opts := append(s.opts[:len(s.opts):len(s.opts)], asynq.TaskID(runTaskID(r.ID, r.Redeliveries+1)))
 	_, err = s.client.EnqueueContext(ctx, task, opts...)
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) { // a conflict: another sweeper sent it
+		return false, fmt.Errorf("redeliver run %s: %w", r.ID, err)
+	}
+	counted, err := s.runs.MarkRedelivered(ctx, r)
+	if err != nil || !counted {
 		return false, err
 	}
+	s.m.redelivered.WithLabelValues(reason).Inc()
+	s.log.InfoContext(ctx, "stranded run re-enqueued", "run_id", r.ID, "status", r.Status,
+		"reason", reason, "redelivery", r.Redeliveries+1)
 	return true, nil
 }
 
@@ -126,7 +191,7 @@ func (s *Sweeper) redeliver(ctx context.Context, r models.StrandedRun) (bool, er
 const queue = "default"
 
 // runTaskID is the TaskID of a run's n-th redelivery; the 0th is the
-// enqueuer's task.
+// API's hand-off.
 func runTaskID(runID string, n int) string {
 	if n == 0 {
 		return models.RunTaskIDPrefix + runID

@@ -1,15 +1,15 @@
 // Package tasks is the background side of valruns, on asynq: the task types
 // and their handlers (executing a validation run, deleting expired
-// idempotency keys), the mux, the periodic cleanup registration, the
-// staged-job enqueuer that moves jobs written by request transactions into
-// Redis after they commit, and the sweeper that re-enqueues the runs Redis
-// lost or whose worker died: PostgreSQL, not Redis, is what says a run still
-// has to be executed.
+// idempotency keys), the mux, the periodic cleanup, the dispatcher that
+// hands committed runs to Redis right after their start, and the sweeper
+// that re-enqueues the runs Redis lost or whose worker died: PostgreSQL,
+// not Redis, is what says a run still has to be executed.
 package tasks
 
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -24,18 +24,39 @@ const (
 	TypeCleanup = "idempotency:cleanup"
 )
 
-// RunPayload is the payload of TypeRunExecute (the staged job's job_args).
+// RunPayload is the payload of TypeRunExecute.
 type RunPayload struct {
 	RunID string `json:"run_id"`
+	// Redelivery: the sweeper sent it (the run was lost, or its worker
+	// died); it is executed under a claim, never by the fast path.
+	Redelivery bool `json:"redelivery,omitempty"`
+	// What executing the run needs, carried when small (inlineMax), so the
+	// worker does not read the run back: its workflow, submission and
+	// metadata as written.
+	WorkflowID string          `json:"workflow_id,omitempty"`
+	Submission json.RawMessage `json:"submission,omitempty"`
+	Metadata   json.RawMessage `json:"metadata,omitempty"`
+	CreatedAt  time.Time       `json:"created_at,omitzero"`
 }
 
-// NewRunTask builds the task executing a run, with the TaskID the enqueuer
-// uses, so enqueuing it twice yields one task (the sweeper gives its
-// redeliveries TaskIDs of their own).
-func NewRunTask(runID string) (*asynq.Task, asynq.Option, error) {
-	b, err := json.Marshal(RunPayload{RunID: runID})
-	if err != nil {
-		return nil, nil, fmt.Errorf("run task: %w", err)
+// inlineMax is the largest submission plus metadata a task carries.
+const inlineMax = 8 << 10
+
+// newRunTask builds the task executing a run; q, when set and small
+// enough, is carried in it.
+func newRunTask(p RunPayload, q *models.QueuedRun) (*asynq.Task, error) {
+	if q != nil && len(q.Submission)+len(q.Metadata) <= inlineMax {
+		p.WorkflowID, p.Submission, p.Metadata, p.CreatedAt = q.WorkflowID, json.RawMessage(q.Submission), json.RawMessage(q.Metadata), q.CreatedAt
 	}
-	return asynq.NewTask(TypeRunExecute, b), asynq.TaskID(models.RunTaskIDPrefix + runID), nil
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("run task: %w", err)
+	}
+	return asynq.NewTask(TypeRunExecute, b), nil
+}
+
+// runTaskOptions are the options of every run task. No retention: a task
+// that completed leaves Redis at once.
+func runTaskOptions(maxRetry int, timeout time.Duration) []asynq.Option {
+	return []asynq.Option{asynq.MaxRetry(maxRetry), asynq.Timeout(timeout)}
 }

@@ -21,10 +21,8 @@ import (
 
 // Config configures a Worker; zero values take the defaults named.
 type Config struct {
-	// DB is the PostgreSQL pool; DBURL the same database's URL, for the
-	// enqueuer's LISTEN connection.
-	DB    *gorm.DB
-	DBURL string
+	// DB is the PostgreSQL pool.
+	DB *gorm.DB
 	// Redis is where asynq keeps its queues.
 	Redis asynq.RedisConnOpt
 	// Concurrency is how many tasks run at once; 0 means 10.
@@ -56,8 +54,11 @@ type Config struct {
 	// RedeliverAfter is how long a run may stay queued, and how long the
 	// sweeper waits before looking at the same run again; 0 means 10s.
 	RedeliverAfter time.Duration
-	// PollInterval is the enqueuer's fallback poll; 0 means 1s.
-	PollInterval time.Duration
+	// FastBudget is how long a run's first delivery may validate it
+	// without claiming it (the fast path: one write per run); past it, the
+	// run is claimed and validated under a lease. 0 means min(1s,
+	// RunHeartbeat); a negative value turns the fast path off.
+	FastBudget time.Duration
 	// ShutdownTimeout is how long in-flight tasks may finish at shutdown
 	// before they are handed back to the queue; 0 means 20s.
 	ShutdownTimeout time.Duration
@@ -69,7 +70,7 @@ type Config struct {
 
 // Worker is the background side of valruns in one process: an asynq server
 // with its mux, an asynq scheduler registering the periodic cleanup, and the
-// staged-job enqueuer.
+// sweeper.
 type Worker struct {
 	cfg       Config
 	log       *slog.Logger
@@ -77,8 +78,7 @@ type Worker struct {
 	scheduler *asynq.Scheduler
 	client    *asynq.Client
 	inspector *asynq.Inspector
-	redis     redis.UniversalClient // the enqueuer's and Ping's
-	enqueuer  *Enqueuer
+	redis     redis.UniversalClient // the sweeper's and Ping's
 	sweeper   *Sweeper
 	runs      *RunExecutor
 	cleanup   *Cleanup
@@ -98,7 +98,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	cfg.RunTimeout = cmp.Or(cfg.RunTimeout, 5*time.Minute)
 	cfg.SweepInterval = cmp.Or(cfg.SweepInterval, 5*time.Second)
 	cfg.RedeliverAfter = cmp.Or(cfg.RedeliverAfter, 10*time.Second)
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, time.Second)
+	cfg.FastBudget = cmp.Or(cfg.FastBudget, min(time.Second, cfg.RunHeartbeat))
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 20*time.Second)
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
@@ -114,34 +114,22 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	staged := models.NewStagedJobStore(cfg.DB)
-	m := newMetrics(cfg.Registry, staged)
+	m := newMetrics(cfg.Registry)
 	w := &Worker{cfg: cfg, log: log}
 	runs := models.NewRunStore(cfg.DB)
 	w.runs = &RunExecutor{runs: runs, lease: cfg.RunLease, heartbeat: cfg.RunHeartbeat,
-		maxAttempts: cfg.RunMaxRetry + 1, timeout: cfg.RunTimeout, log: log, m: m}
+		maxAttempts: cfg.RunMaxRetry + 1, timeout: cfg.RunTimeout, log: log, m: m,
+		fastBudget: max(cfg.FastBudget, 0), fin: &finisher{runs: runs}}
 	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), batch: cfg.CleanupBatchSize, log: log, m: m}
 	w.client = asynq.NewClient(cfg.Redis)
 	w.inspector = asynq.NewInspector(cfg.Redis)
-	runOpts := func() []asynq.Option {
-		return []asynq.Option{asynq.MaxRetry(cfg.RunMaxRetry), asynq.Timeout(cfg.RunTimeout), asynq.Retention(24 * time.Hour)}
-	}
 	rc, ok := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	if !ok {
 		return nil, errors.New("redis: unsupported connection option")
 	}
 	w.redis = rc
-	w.enqueuer = &Enqueuer{
-		wake: make(chan struct{}, 1), staged: staged, client: w.client, ping: func(ctx context.Context) error { return rc.Ping(ctx).Err() }, dbURL: cfg.DBURL, batch: 100, poll: cfg.PollInterval, log: log, m: m,
-		opts: func(j models.StagedJob) []asynq.Option {
-			if j.JobName != TypeRunExecute {
-				return nil
-			}
-			return runOpts()
-		},
-	}
-	w.sweeper = &Sweeper{runs: runs, insp: w.inspector, client: w.client, opts: runOpts,
-		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, batch: 100, log: log, m: m}
+	w.sweeper = &Sweeper{runs: runs, redis: rc, client: w.client, opts: runTaskOptions(cfg.RunMaxRetry, cfg.RunTimeout),
+		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, batch: 500, log: log, m: m}
 	w.server = asynq.NewServer(cfg.Redis, asynq.Config{
 		Concurrency:     cfg.Concurrency,
 		ShutdownTimeout: cfg.ShutdownTimeout,
@@ -218,7 +206,7 @@ func (w *Worker) Mux() *asynq.ServeMux {
 // Ping checks Redis.
 func (w *Worker) Ping(ctx context.Context) error { return w.redis.Ping(ctx).Err() }
 
-// Start runs the server, the scheduler and the enqueuer in the background.
+// Start runs the server, the scheduler and the sweeper in the background.
 func (w *Worker) Start(ctx context.Context) error {
 	if err := w.server.Start(w.Mux()); err != nil {
 		return fmt.Errorf("start task server: %w", err)
@@ -228,11 +216,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("start scheduler: %w", err)
 	}
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	w.wg.Add(2)
-	go func() {
-		defer w.wg.Done()
-		w.enqueuer.Run(ctx)
-	}()
+	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
 		w.sweeper.Run(ctx)
@@ -257,13 +241,6 @@ func (w *Worker) Shutdown() {
 	_ = w.redis.Close()
 	w.log.Info("worker stopped")
 }
-
-// WakeEnqueuer makes the staged-job enqueuer drain now (an API in this
-// process calls it when a start commits).
-func (w *Worker) WakeEnqueuer() { w.enqueuer.Wake() }
-
-// Enqueuer returns the staged-job enqueuer (tests drain it by hand).
-func (w *Worker) Enqueuer() *Enqueuer { return w.enqueuer }
 
 // Sweeper returns the stranded-run sweeper (tests sweep by hand).
 func (w *Worker) Sweeper() *Sweeper { return w.sweeper }

@@ -1,0 +1,359 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"gorm.io/gorm"
+)
+
+// The start's fast path. A start is nearly always one statement in one
+// round trip, in autocommit: it takes the key's lock, checks the key and
+// the workflow, bills a usage slot, and writes the key row with its answer
+// and the run, all or nothing. Concurrent starts share that statement: a
+// few writers each send whatever starts are waiting, up to startBatchMax,
+// as one statement over arrays (startBatchSQL). PostgreSQL's work per start
+// then shrinks to its rows, without a statement, a round trip and a commit
+// (one WAL flush) of its own; at low load a start goes alone, at once.
+//
+// The answer is rendered before the SQL: the run's id (UUIDv7, so new runs
+// land at the right edge of the primary key) and creation time are made
+// here. Whatever the statement cannot decide alone (an unknown workflow, a
+// new month or quota to rebalance, the quota's edge, an error), it leaves
+// to the transactional slow path (RunStore.Start on a RequestTx).
+
+// NewRunID makes a run's id: a UUIDv7, time-ordered.
+func NewRunID() string { return uuid.Must(uuid.NewV7()).String() }
+
+// NewRunTime is a run's creation time as stored (microseconds, UTC).
+func NewRunTime() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// KeyWrite is the finished key row a keyed start writes with its run.
+type KeyWrite struct {
+	Endpoint, Key string
+	LockID        int64
+	RequestHash   []byte
+	Method, Path  string
+	Status        int
+	Body          []byte
+	// Headers is the JSON object of the stored headers.
+	Headers                        []byte
+	RequestID, ClientIP, UserAgent string
+	TTL                            time.Duration
+}
+
+// OneResult is what the fast path did with one start; exactly one of Done,
+// InFlight, Stored and Slow holds.
+type OneResult struct {
+	// Done: the run (and its key row) committed; Expires is when the key
+	// expires, Replaced whether it took over an expired row.
+	Done     bool
+	Expires  time.Time
+	Replaced bool
+	// InFlight: another request holds the key.
+	InFlight bool
+	// Stored is the live key row that answers the request.
+	Stored *StoredKey
+	// Slow: nothing was written; take the transactional path.
+	Slow bool
+}
+
+const (
+	// startBatchMax is the most starts one statement carries.
+	startBatchMax = 64
+	// startWriters is how many statements of starts may be under way at
+	// once: enough to keep PostgreSQL's two cores busy while one batch
+	// travels, few enough that starts wait in batches, not in connections.
+	startWriters = 4
+)
+
+type startReq struct {
+	p    StartParams
+	k    *KeyWrite
+	done chan struct{}
+	res  OneResult
+	err  error
+}
+
+// startBatcher sends waiting starts in batches. Writers exist only while
+// there is work: a start that finds fewer than startWriters at work starts
+// one, and a writer that finds nothing waiting ends.
+type startBatcher struct {
+	db      *gorm.DB
+	timeout time.Duration
+	mu      sync.Mutex
+	queue   []*startReq
+	active  int
+}
+
+func (b *startBatcher) submit(r *startReq) {
+	b.mu.Lock()
+	b.queue = append(b.queue, r)
+	spawn := b.active < startWriters
+	if spawn {
+		b.active++
+	}
+	b.mu.Unlock()
+	if spawn {
+		go b.write()
+	}
+}
+
+func (b *startBatcher) write() {
+	for {
+		b.mu.Lock()
+		if len(b.queue) == 0 {
+			b.active--
+			b.mu.Unlock()
+			return
+		}
+		// Two starts of one key never share a statement: the second waits
+		// for the next one, where it finds the first's row (or its lock).
+		batch := make([]*startReq, 0, min(len(b.queue), startBatchMax))
+		locks := map[int64]bool{}
+		rest := b.queue[:0]
+		for _, r := range b.queue {
+			dup := r.k != nil && locks[r.k.LockID]
+			if dup || len(batch) == startBatchMax {
+				rest = append(rest, r)
+				continue
+			}
+			if r.k != nil {
+				locks[r.k.LockID] = true
+			}
+			batch = append(batch, r)
+		}
+		clear(b.queue[len(rest):])
+		b.queue = rest
+		b.mu.Unlock()
+		b.send(batch)
+	}
+}
+
+// send runs one batch; when it fails for another reason than an
+// unreachable database, each start is tried alone, so one bad start (or a
+// key another request finished meanwhile) fails alone.
+func (b *startBatcher) send(batch []*startReq) {
+	err := b.exec(batch)
+	if err != nil && len(batch) > 1 && !IsUnavailable(err) {
+		for _, r := range batch {
+			if err := b.exec([]*startReq{r}); err != nil {
+				r.err = err
+			}
+			close(r.done)
+		}
+		return
+	}
+	for _, r := range batch {
+		if err != nil {
+			r.err = err
+		}
+		close(r.done)
+	}
+}
+
+func (b *startBatcher) exec(batch []*startReq) error {
+	n := len(batch)
+	var (
+		ids, orgs, wfs, subs, metas, reqIDs   = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		created                               = make([]time.Time, n)
+		periods                               = make([]time.Time, n)
+		quotas, locks, ttls                   = make([]int64, n), make([]*int64, n), make([]int64, n)
+		offs, statuses                        = make([]int32, n), make([]int32, n)
+		tokens, keys, endpoints               = make([]*string, n), make([]*string, n), make([]*string, n)
+		methods, paths, headers, krids, ips, uas = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		hashes, bodies                        = make([][]byte, n), make([][]byte, n)
+	)
+	for i, r := range batch {
+		p := r.p
+		ids[i], orgs[i], wfs[i], subs[i], reqIDs[i] = p.ID, p.OrgID, p.WorkflowID, string(p.Submission), truncate(p.RequestID, 200)
+		metas[i] = "{}"
+		if len(p.Metadata) > 0 {
+			metas[i] = string(p.Metadata)
+		}
+		created[i], periods[i], quotas[i], offs[i] = p.CreatedAt, UsagePeriod(p.CreatedAt), p.Quota, int32(slotOffset())
+		tokens[i] = nullable(p.TokenID)
+		if k := r.k; k != nil {
+			keys[i], endpoints[i], locks[i] = &k.Key, &k.Endpoint, &k.LockID
+			hashes[i], methods[i], paths[i], statuses[i], bodies[i] = k.RequestHash, k.Method, truncate(k.Path, 2000), int32(k.Status), k.Body
+			headers[i], krids[i], ips[i], uas[i] = string(k.Headers), truncate(k.RequestID, 200), truncate(k.ClientIP, 100), truncate(k.UserAgent, 1000)
+			ttls[i] = k.TTL.Microseconds()
+		} else {
+			hashes[i], bodies[i], headers[i], methods[i], paths[i], krids[i] = []byte{}, []byte{}, "{}", "-", "-", "-"
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout+txGrace)
+	defer cancel()
+	seen := 0
+	err := withConn(ctx, b.db, func(c *pgx.Conn) error {
+		var pb pgx.Batch
+		// One implicit transaction up to the Sync: the settings are the
+		// statement's own, as a request transaction's are.
+		pb.Queue(`SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true)`,
+			strconv.FormatInt(max(b.timeout.Milliseconds(), 1), 10), clientCheckMS)
+		pb.Queue(startBatchSQL, ids, created, orgs, wfs, subs, metas, quotas, tokens, reqIDs, keys, endpoints, locks,
+			hashes, methods, paths, statuses, bodies, headers, krids, ips, uas, ttls, periods, offs).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var (
+					i                          int64
+					outcome                    string
+					expires, created, lexpires *time.Time
+					replaced                   *bool
+					key, method, path, reqID   *string
+					status                     *int
+					st                         StoredKey
+				)
+				if err := rows.Scan(&i, &outcome, &expires, &replaced, &key, &st.RequestHash, &method,
+					&path, &status, &st.ResponseBody, &st.ResponseHeaders, &st.ValidationRunID,
+					&reqID, &created, &lexpires); err != nil {
+					return err
+				}
+				if i < 1 || int(i) > n {
+					return fmt.Errorf("start batch: row %d of %d", i, n)
+				}
+				res := &batch[i-1].res
+				switch outcome {
+				case "done":
+					res.Done = true
+					if expires != nil {
+						res.Expires = *expires
+					}
+					res.Replaced = replaced != nil && *replaced
+				case "stored":
+					st.OrgID, st.Endpoint = batch[i-1].p.OrgID, batch[i-1].k.Endpoint
+					st.Key, st.RequestMethod, st.RequestPath, st.RequestID = *key, *method, *path, *reqID
+					st.ResponseStatus, st.CreatedAt, st.ExpiresAt = *status, *created, *lexpires
+					res.Stored = &st
+				case "inflight":
+					res.InFlight = true
+				default:
+					res.Slow = true
+				}
+				seen++
+			}
+			return rows.Err()
+		})
+		return c.SendBatch(ctx, &pb).Close()
+	})
+	if err != nil {
+		for _, r := range batch {
+			r.res = OneResult{}
+		}
+		return fmt.Errorf("start run: %w", translate(err))
+	}
+	if seen != n {
+		return fmt.Errorf("start run: %d answers for %d starts", seen, n)
+	}
+	return nil
+}
+
+// txGrace lets a statement's statement_timeout fire before its context's
+// deadline does (see idempotency.Config.TxTimeout).
+const txGrace = 2 * time.Second
+
+// startBatchSQL starts the runs of a batch: one element of each array per
+// start. For each, in one snapshot:
+//   - a keyed start whose key has a live row is answered by it (stored);
+//     otherwise it tries the key's lock (pg_try_advisory_xact_lock, held
+//     to the statement's end): taken elsewhere, it is in flight;
+//   - a start whose workflow is not its organisation's goes slow;
+//   - the starts of one organisation, period and quota bill one usage
+//     slot that has room for all of them, held by no other transaction
+//     (SKIP LOCKED); none: they go slow;
+//   - the rest write their key row (taking over an expired one) and run.
+//
+// A key row that another request committed after this snapshot (it held
+// the lock until then) makes the upsert write nothing: then the statement
+// fails (idempotency_key_taken) and writes nothing, and each start is
+// tried alone.
+const startBatchSQL = `
+WITH input AS (
+	SELECT * FROM unnest(CAST($1 AS uuid[]), CAST($2 AS timestamptz[]), CAST($3 AS uuid[]), CAST($4 AS uuid[]),
+		CAST($5 AS text[]), CAST($6 AS text[]), CAST($7 AS bigint[]), CAST($8 AS uuid[]), CAST($9 AS text[]),
+		CAST($10 AS text[]), CAST($11 AS text[]), CAST($12 AS bigint[]), CAST($13 AS bytea[]), CAST($14 AS text[]),
+		CAST($15 AS text[]), CAST($16 AS integer[]), CAST($17 AS bytea[]), CAST($18 AS text[]), CAST($19 AS text[]),
+		CAST($20 AS text[]), CAST($21 AS text[]), CAST($22 AS bigint[]), CAST($23 AS date[]), CAST($24 AS integer[]))
+	WITH ORDINALITY AS t(id, created_at, org, wf, submission, metadata, quota, token, request_id, key, endpoint, lock,
+		hash, method, path, status, body, headers, key_request_id, ip, ua, ttl, period, off, i)
+), checked AS MATERIALIZED (
+	SELECT t.*, live.key AS live_key, live.request_hash AS live_hash, live.request_method AS live_method,
+		live.request_path AS live_path, live.response_status AS live_status, live.response_body AS live_body,
+		live.response_headers AS live_headers, live.validation_run_id AS live_run, live.request_id AS live_request,
+		live.created_at AS live_created, live.expires_at AS live_expires,
+		CASE WHEN t.key IS NULL THEN true
+		     WHEN live.key IS NOT NULL THEN false
+		     ELSE pg_try_advisory_xact_lock(t.lock) END AS locked,
+		EXISTS (SELECT 1 FROM workflows w WHERE w.id = t.wf AND w.org_id = t.org) AS wf_ok
+	FROM input t
+	LEFT JOIN LATERAL (
+		SELECT k.* FROM idempotency_keys k
+		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key AND k.expires_at > now()
+		OFFSET 0) live ON true
+), going AS (
+	SELECT * FROM checked WHERE locked AND live_key IS NULL AND wf_ok
+), slots AS (
+	SELECT g.org, g.period, g.quota, g.n, s.slot
+	FROM (SELECT org, period, quota, count(*) AS n, min(off) AS off FROM going GROUP BY org, period, quota) g
+	CROSS JOIN LATERAL (
+		SELECT u.slot FROM usage_slots u
+		WHERE u.org_id = g.org AND u.period = g.period AND u.quota = g.quota
+		  AND (g.quota = 0 OR u.runs + g.n <= u.cap)
+		ORDER BY (u.slot + g.off) % 64
+		LIMIT 1 FOR UPDATE SKIP LOCKED) s
+), bump AS (
+	UPDATE usage_slots u SET runs = u.runs + s.n FROM slots s
+	WHERE u.org_id = s.org AND u.period = s.period AND u.slot = s.slot
+	RETURNING u.org_id, u.period, u.quota
+), ran AS (
+	SELECT g.* FROM going g JOIN bump b ON b.org_id = g.org AND b.period = g.period AND b.quota = g.quota
+), keys AS (
+	INSERT INTO idempotency_keys AS k (org_id, endpoint, key, request_hash, request_method, request_path,
+		response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
+		created_at, expires_at)
+	SELECT org, endpoint, key, hash, method, path, status, body, CAST(headers AS jsonb), id, key_request_id,
+		ip, ua, now(), now() + ttl * interval '1 microsecond'
+	FROM ran WHERE key IS NOT NULL
+	ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
+		request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
+		request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
+		response_body = EXCLUDED.response_body, response_headers = EXCLUDED.response_headers,
+		validation_run_id = EXCLUDED.validation_run_id, request_id = EXCLUDED.request_id,
+		client_ip = EXCLUDED.client_ip, user_agent = EXCLUDED.user_agent,
+		created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+	WHERE k.expires_at <= now()
+	RETURNING k.validation_run_id AS run, k.expires_at, k.xmax <> 0 AS replaced
+), runs AS (
+	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
+		token_id, request_id, idempotency_key)
+	SELECT id, org, wf, 'queued', CAST(submission AS json), CAST(metadata AS json), created_at,
+		token, request_id, key
+	FROM ran
+	RETURNING id
+)
+SELECT c.i,
+	CASE WHEN c.live_key IS NOT NULL THEN 'stored'
+	     WHEN NOT c.locked THEN 'inflight'
+	     WHEN r.id IS NULL THEN 'slow'
+	     WHEN c.key IS NOT NULL AND k.run IS NULL THEN CAST(idempotency_key_taken() AS text)
+	     ELSE 'done' END,
+	k.expires_at, k.replaced,
+	c.live_key, c.live_hash, c.live_method, c.live_path, c.live_status, c.live_body, c.live_headers,
+	c.live_run, c.live_request, c.live_created, c.live_expires
+FROM checked c
+LEFT JOIN ran r ON r.i = c.i
+LEFT JOIN keys k ON k.run = r.id`
+
+// StartOne starts a run by the fast path (see startBatchSQL), with its key
+// row when k is set. It waits for its statement, whatever ctx does: the
+// statement has its own deadline, and its outcome must be known to answer.
+func (s *RunStore) StartOne(ctx context.Context, p StartParams, k *KeyWrite) (OneResult, error) {
+	r := &startReq{p: p, k: k, done: make(chan struct{})}
+	s.batcher.submit(r)
+	<-r.done
+	return r.res, r.err
+}
