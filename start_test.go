@@ -74,7 +74,7 @@ func makeRunServer(t *testing.T, bin, dir string) (db *gorm.DB, addr, token, wf 
 	addr = proctest.FreeAddr(t)
 	apiURL := "http://" + addr
 	serverEnv := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testRedisURL(), "HTTP_ADDR=" + addr,
-		"MIGRATE_ON_START=true", "ENQUEUE_POLL_INTERVAL=100ms", "LOG_FORMAT=json", "LOG_LEVEL=warn", "WORKER_CONCURRENCY=2"}
+		"MIGRATE_ON_START=true", "LOG_FORMAT=json", "LOG_LEVEL=warn", "WORKER_CONCURRENCY=2"}
 	log := &proctest.Log{}
 	srv := exec.Command(bin, "serve", "--worker")
 	srv.Env = proctest.Env(serverEnv...)

@@ -42,7 +42,6 @@ var documented = config.Config{
 	AuthCacheTTL:           30 * time.Second,
 	ShutdownTimeout:        20 * time.Second,
 	WorkerConcurrency:      10,
-	EnqueuePollInterval:    time.Second,
 	RunLease:               15 * time.Second,
 	RunHeartbeat:           5 * time.Second, // RUN_HEARTBEAT=0: a third of RUN_LEASE
 	RunMaxRetry:            5,
@@ -260,8 +259,6 @@ func TestBadValues(t *testing.T) {
 		{"SHUTDOWN_TIMEOUT", "later"},
 		{"WORKER_CONCURRENCY", "0"},
 		{"WORKER_CONCURRENCY", "-3"},
-		{"ENQUEUE_POLL_INTERVAL", "0s"},
-		{"ENQUEUE_POLL_INTERVAL", "1"},
 		{"RUN_LEASE", "100ms"},
 		{"RUN_LEASE", "-5m"},
 		{"RUN_HEARTBEAT", "15s"}, // not shorter than RUN_LEASE's default

@@ -145,12 +145,12 @@ func TestStartStormSameKey(t *testing.T) {
 				}
 			}
 			require.Equal(t, 1, fresh, "exactly one request executed")
-			require.Equal(t, idemCounts{Runs: int64(round), Usage: int64(round), Audits: int64(round), Staged: int64(round), Keys: int64(round)},
+			require.Equal(t, idemCounts{Runs: int64(round), Usage: int64(round), Audits: int64(round), Keys: int64(round)},
 				f.counts(t, f.org.ID))
 			k := idemKeyRow(t, f.e, f.org.ID, handlers.ScopeWorkflowStart, key)
 			require.NotNil(t, k)
 			require.Equal(t, body, string(k.ResponseBody))
-			require.EqualValues(t, 1, idemCount(t, f.e, `SELECT count(*) FROM validation_runs WHERE idempotency_key_id = ?`, k.ID))
+			require.EqualValues(t, 1, idemCount(t, f.e, `SELECT count(*) FROM validation_runs WHERE org_id = ? AND idempotency_key = ?`, f.org.ID, key))
 			// Once the storm is over, everyone gets the replay.
 			r := f.start(idemBody, idemKey(key)...)
 			require.Equal(t, http.StatusCreated, r.Status)
@@ -184,7 +184,7 @@ func TestStartStormSameKeyTwoBodies(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, fresh)
-	require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 1}, f.counts(t, f.org.ID))
+	require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Keys: 1}, f.counts(t, f.org.ID))
 }
 
 // TestStartStormDistinctKeys: 50 clients with a key each: 50 runs, billed 50
@@ -203,7 +203,7 @@ func TestStartStormDistinctKeys(t *testing.T) {
 		ids[a.Body] = true
 	}
 	require.Len(t, ids, clients, "50 different runs")
-	require.Equal(t, idemCounts{Runs: clients, Usage: clients, Audits: clients, Staged: clients, Keys: clients}, f.counts(t, f.org.ID))
+	require.Equal(t, idemCounts{Runs: clients, Usage: clients, Audits: clients, Keys: clients}, f.counts(t, f.org.ID))
 }
 
 // TestStartStormQuota: quota 10, 40 keys at once: exactly 10 runs and 30
@@ -221,7 +221,7 @@ func TestStartStormQuota(t *testing.T) {
 			require.Equal(t, "quota_exceeded", a.Code)
 		}
 	}
-	require.Equal(t, idemCounts{Runs: 10, Usage: 10, Audits: 10, Staged: 10, Keys: 40}, f.counts(t, f.org.ID))
+	require.Equal(t, idemCounts{Runs: 10, Usage: 10, Audits: 10, Keys: 40}, f.counts(t, f.org.ID))
 	require.EqualValues(t, 30, idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys WHERE response_status = 429`))
 }
 
@@ -260,11 +260,11 @@ func TestQuotaExactUnder64Connections(t *testing.T) {
 
 	setQuota(q)
 	require.Equal(t, map[int]int{201: q, 429: 2 * q}, storm("first", 3*q))
-	require.Equal(t, idemCounts{Runs: q, Usage: q, Audits: q, Staged: q, Keys: 3 * q}, f.counts(t, f.org.ID))
+	require.Equal(t, idemCounts{Runs: q, Usage: q, Audits: q, Keys: 3 * q}, f.counts(t, f.org.ID))
 
 	setQuota(q + 30)
 	require.Equal(t, map[int]int{201: 30, 429: 90}, storm("raised", 120))
-	require.Equal(t, idemCounts{Runs: q + 30, Usage: q + 30, Audits: q + 30, Staged: q + 30, Keys: 3*q + 120}, f.counts(t, f.org.ID))
+	require.Equal(t, idemCounts{Runs: q + 30, Usage: q + 30, Audits: q + 30, Keys: 3*q + 120}, f.counts(t, f.org.ID))
 
 	setQuota(q / 2)
 	require.Equal(t, map[int]int{429: 40}, storm("lowered", 40))
@@ -299,14 +299,14 @@ func idemScenarioTxTimeout(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, r.Status, "body %s", r.Body)
 	require.Equal(t, idempotency.CodeTimeout, idemProblem(t, r).Code)
 	require.NotEmpty(t, r.Header.Get("Retry-After"))
-	require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 0}, f.counts(t, f.org.ID), "nothing stored, no run")
+	require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Keys: 0}, f.counts(t, f.org.ID), "nothing stored, no run")
 
 	release()
 	r = f.start(idemBody, idemKey("timeout-1")...)
 	require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
 	require.Empty(t, r.Header.Get(idempotency.HeaderReplayed), "executed afresh")
 	requireReplay(t, r, f.start(idemBody, idemKey("timeout-1")...), r.Header.Get("X-Request-Id"))
-	require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Staged: 2, Keys: 1}, f.counts(t, f.org.ID))
+	require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Keys: 1}, f.counts(t, f.org.ID))
 }
 
 // idemScenarioClientHangUp: the client hangs up while its request is blocked
@@ -363,5 +363,5 @@ func idemScenarioClientHangUp(t *testing.T) {
 	require.Equal(t, "true", r.Header.Get(idempotency.HeaderReplayed), "the retry gets the stored answer")
 	k := idemKeyRow(t, f.e, f.org.ID, handlers.ScopeWorkflowStart, "hangup-1")
 	require.Equal(t, *k.ValidationRunID, idemRunID(t, r))
-	require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Staged: 2, Keys: 1}, f.counts(t, f.org.ID), "exactly one new run")
+	require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Keys: 1}, f.counts(t, f.org.ID), "exactly one new run")
 }

@@ -69,7 +69,7 @@ func idemKey(key string, more ...string) []string {
 
 // idemCounts is everything a start writes for an organisation.
 type idemCounts struct {
-	Runs, Usage, Audits, Staged, Keys int64
+	Runs, Usage, Audits, Keys int64
 }
 
 func idemCount(t *testing.T, e *apitest.Env, q string, args ...any) int64 {
@@ -85,8 +85,6 @@ func (f *idemFixture) counts(t *testing.T, orgID string) idemCounts {
 		Runs:   idemCount(t, f.e, `SELECT count(*) FROM validation_runs WHERE org_id = ?`, orgID),
 		Usage:  idemCount(t, f.e, `SELECT coalesce(sum(runs), 0) FROM usage_slots WHERE org_id = ?`, orgID),
 		Audits: idemCount(t, f.e, `SELECT count(*) FROM audit_records WHERE org_id = ? AND action = 'validation_run.start'`, orgID),
-		Staged: idemCount(t, f.e, `SELECT count(*) FROM staged_jobs WHERE job_args->>'run_id' IN
-			(SELECT id::text FROM validation_runs WHERE org_id = ?)`, orgID),
 		Keys: idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys WHERE org_id = ? AND endpoint = ?`, orgID, handlers.ScopeWorkflowStart),
 	}
 }
@@ -204,13 +202,13 @@ func TestIdempotencyContract(t *testing.T) {
 				f := newIdemFixture(t, nil)
 				r := f.start(idemBody)
 				requireExecuted(t, r)
-				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 0}, f.counts(t, f.org.ID))
-				require.Nil(t, idemRun(t, f.e, idemRunID(t, r)).IdempotencyKeyID)
+				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Keys: 0}, f.counts(t, f.org.ID))
+				require.Nil(t, idemRun(t, f.e, idemRunID(t, r)).IdempotencyKey)
 				// Without a key every request executes.
 				r2 := f.start(idemBody)
 				require.Equal(t, http.StatusCreated, r2.Status)
 				require.NotEqual(t, idemRunID(t, r), idemRunID(t, r2))
-				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Staged: 2, Keys: 0}, f.counts(t, f.org.ID))
+				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Keys: 0}, f.counts(t, f.org.ID))
 				require.Zero(t, idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys`))
 			},
 		},
@@ -235,7 +233,7 @@ func TestIdempotencyContract(t *testing.T) {
 				// With a key it is processed.
 				r = f.start(idemBody, idemKey("required-1")...)
 				require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
-				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 1}, f.counts(t, f.org.ID))
+				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Keys: 1}, f.counts(t, f.org.ID))
 			},
 		},
 		{
@@ -318,14 +316,14 @@ func TestIdempotencyContract(t *testing.T) {
 				require.Equal(t, "contract-test/1", k.UserAgent)
 				require.Len(t, k.RequestHash, 32)
 				var ttl float64
-				require.NoError(t, f.e.DB.Raw(`SELECT extract(epoch FROM expires_at - created_at) FROM idempotency_keys WHERE id = ?`, k.ID).Scan(&ttl).Error)
+				require.NoError(t, f.e.DB.Raw(`SELECT extract(epoch FROM expires_at - created_at) FROM idempotency_keys WHERE org_id = ? AND endpoint = ? AND key = ?`, k.OrgID, k.Endpoint, k.Key).Scan(&ttl).Error)
 				require.Equal(t, (24 * time.Hour).Seconds(), ttl)
 				require.WithinDuration(t, time.Now(), k.CreatedAt, time.Minute)
 
 				run := idemRun(t, f.e, runID)
-				require.NotNil(t, run.IdempotencyKeyID)
-				require.Equal(t, k.ID, *run.IdempotencyKeyID)
-				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 1}, f.counts(t, f.org.ID))
+				require.NotNil(t, run.IdempotencyKey)
+				require.Equal(t, k.Key, *run.IdempotencyKey)
+				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Keys: 1}, f.counts(t, f.org.ID))
 			},
 		},
 		{
@@ -422,7 +420,7 @@ func TestIdempotencyContract(t *testing.T) {
 				require.NotNil(t, k)
 				require.Equal(t, http.StatusTooManyRequests, k.ResponseStatus)
 				require.Nil(t, k.ValidationRunID)
-				want := idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 2}
+				want := idemCounts{Runs: 1, Usage: 1, Audits: 1, Keys: 2}
 				require.Equal(t, want, f.counts(t, f.org.ID))
 
 				r2 := f.start(idemBody, idemKey("q-2")...)
@@ -437,7 +435,7 @@ func TestIdempotencyContract(t *testing.T) {
 				requireReplay(t, r, r3, r.Header.Get("X-Request-Id"))
 				r4 := f.start(idemBody, idemKey("q-3")...)
 				require.Equal(t, http.StatusCreated, r4.Status, "body %s", r4.Body)
-				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Staged: 2, Keys: 3}, f.counts(t, f.org.ID))
+				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Keys: 3}, f.counts(t, f.org.ID))
 			},
 		},
 		{
@@ -447,7 +445,7 @@ func TestIdempotencyContract(t *testing.T) {
 				first := f.start(idemBody, idemKey("replay-1", "X-Request-Id", "orig-req-42")...)
 				require.Equal(t, http.StatusCreated, first.Status, "body %s", first.Body)
 				after := f.counts(t, f.org.ID)
-				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 1}, after)
+				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Keys: 1}, after)
 
 				variants := []struct {
 					name, path, body string
@@ -521,7 +519,7 @@ func TestIdempotencyContract(t *testing.T) {
 				release()
 				r := f.start(idemBody, idemKey("flight-1")...)
 				requireExecuted(t, r)
-				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Staged: 2, Keys: 2}, f.counts(t, f.org.ID))
+				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Keys: 2}, f.counts(t, f.org.ID))
 			},
 		},
 		{
@@ -565,11 +563,11 @@ func TestIdempotencyContract(t *testing.T) {
 				k := idemKeyRow(t, f.e, f.org.ID, handlers.ScopeWorkflowStart, "exp-1")
 				require.NotNil(t, k.ValidationRunID)
 				require.Equal(t, run2, *k.ValidationRunID, "the key now points to the new run")
-				require.NotEqual(t, old.ID, k.ID)
+				require.NotEqual(t, *old.ValidationRunID, *k.ValidationRunID)
 				require.Equal(t, string(second.Body), string(k.ResponseBody))
-				require.Equal(t, k.ID, *idemRun(t, f.e, run2).IdempotencyKeyID)
-				require.Nil(t, idemRun(t, f.e, run1).IdempotencyKeyID, "the old run is unlinked")
-				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Staged: 2, Keys: 1}, f.counts(t, f.org.ID))
+				require.Equal(t, k.Key, *idemRun(t, f.e, run2).IdempotencyKey)
+				require.Equal(t, k.Key, *idemRun(t, f.e, run1).IdempotencyKey, "the old run still names the key that started it")
+				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Keys: 1}, f.counts(t, f.org.ID))
 				// The new answer replays.
 				requireReplay(t, second, f.start(idemBody, idemKey("exp-1")...), second.Header.Get("X-Request-Id"))
 
@@ -577,7 +575,7 @@ func TestIdempotencyContract(t *testing.T) {
 				expire("exp-1")
 				third := f.start(idemBodyB, idemKey("exp-1")...)
 				requireExecuted(t, third)
-				require.Equal(t, idemCounts{Runs: 3, Usage: 3, Audits: 3, Staged: 3, Keys: 1}, f.counts(t, f.org.ID))
+				require.Equal(t, idemCounts{Runs: 3, Usage: 3, Audits: 3, Keys: 1}, f.counts(t, f.org.ID))
 			},
 		},
 		{
@@ -595,8 +593,8 @@ func TestIdempotencyContract(t *testing.T) {
 
 				requireReplay(t, a, f.start(idemBody, idemKey("shared")...), a.Header.Get("X-Request-Id"))
 				requireReplay(t, b, f.e.Do(http.MethodPost, idemStartPath(wfB), orgB.Token, idemBody, idemKey("shared")...), b.Header.Get("X-Request-Id"))
-				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 1}, f.counts(t, f.org.ID))
-				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Staged: 1, Keys: 1}, f.counts(t, orgB.ID))
+				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Keys: 1}, f.counts(t, f.org.ID))
+				require.Equal(t, idemCounts{Runs: 1, Usage: 1, Audits: 1, Keys: 1}, f.counts(t, orgB.ID))
 
 				// Org B with the same key on org A's workflow: its own key, another
 				// path, so 422; never org A's run. With a fresh key: 404, no leak.

@@ -2,6 +2,7 @@ package models
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -55,14 +56,29 @@ const (
 const startSlowSQL = `
 INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
 	token_id, request_id, idempotency_key)
-VALUES ($1, $2, $3, 'queued', CAST($4 AS json), CAST($5 AS json), $6, $7, $8, $9)`
+VALUES ($3, $1, $2, 'queued', CAST($4 AS json), CAST($5 AS json), $6, $7, $8, $9)`
+
+// startTxFastSQL claims a slot without waiting and inserts the run, in one
+// statement (see claimSlotFast): $1 workflow, $2 org, $3 period, $4 quota,
+// $5 slot offset, $6 slots, then the run's id, submission, metadata,
+// creation time, token, request id and key.
+const startTxFastSQL = `WITH ` + claimSlotFast + `, run AS (
+	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
+		token_id, request_id, idempotency_key)
+	SELECT $7, $2, $1, 'queued', CAST($8 AS json), CAST($9 AS json), $10, $11, $12, $13 FROM bump
+	RETURNING id
+) SELECT id FROM run`
 
 // Start creates the queued run p on tx, billed to its usage of the period:
-// the slow path of a start, for what the fast path (StartOne) leaves to a
-// transaction. It checks the workflow, claims a usage slot, waiting for
-// other starts and rebalancing the slots if need be (refused past the
-// quota), and inserts the run. If it refuses, nothing is written, so the
-// caller can answer 404 or 429 on the same transaction.
+// a start in a transaction, for what the one-step path (StartOne) leaves to
+// one. Nearly always one statement that takes no lock another start of the
+// organisation needs (a usage slot no other transaction holds, FOR UPDATE
+// SKIP LOCKED, see migration 0002). Only when no slot could be claimed that
+// way (an unknown workflow, a new month, a changed quota, the quota's edge,
+// or more starts of one organisation in flight than slots) does it check
+// the workflow, and claim a slot, waiting for other starts and rebalancing
+// the slots if need be (refused past the quota). If it refuses, nothing is
+// written, so the caller can answer 404 or 429 on the same transaction.
 //
 // Returns ErrNotFound when the workflow is not the organisation's, and
 // ErrQuotaExceeded past the quota.
@@ -71,6 +87,25 @@ func (s *RunStore) Start(tx *RequestTx, p StartParams) error {
 	if len(meta) == 0 {
 		meta = []byte("{}")
 	}
+	ctx := tx.Context()
+	period := UsagePeriod(p.CreatedAt)
+	runArgs := []any{p.ID, string(p.Submission), string(meta), p.CreatedAt,
+		nullable(p.TokenID), nullable(truncate(p.RequestID, 200)), nullable(p.IdempotencyKey)}
+	found := false
+	err := tx.pgx(func(c *pgx.Conn) error {
+		var id string
+		args := append([]any{p.WorkflowID, p.OrgID, period, p.Quota, slotOffset(), UsageSlots}, runArgs...)
+		err := c.QueryRow(ctx, startTxFastSQL, args...).Scan(&id)
+		found = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err != nil || found {
+		return translateStart(err)
+	}
+
 	db := tx.DB()
 	var n int64
 	if err := db.Raw(`SELECT count(*) FROM workflows WHERE id = ? AND org_id = ?`, p.WorkflowID, p.OrgID).Scan(&n).Error; err != nil {
@@ -79,15 +114,16 @@ func (s *RunStore) Start(tx *RequestTx, p StartParams) error {
 	if n == 0 {
 		return fmt.Errorf("start run: workflow %s: %w", p.WorkflowID, ErrNotFound)
 	}
-	if err := claimSlot(db, p.OrgID, UsagePeriod(p.CreatedAt), p.Quota); err != nil {
+	if err := claimSlot(db, p.OrgID, period, p.Quota); err != nil {
 		return fmt.Errorf("start run: %w", err)
 	}
-	ctx := tx.Context()
-	err := tx.pgx(func(c *pgx.Conn) error {
-		_, err := c.Exec(ctx, startSlowSQL, p.ID, p.OrgID, p.WorkflowID, string(p.Submission), string(meta), p.CreatedAt,
-			nullable(p.TokenID), nullable(truncate(p.RequestID, 200)), nullable(p.IdempotencyKey))
+	return translateStart(tx.pgx(func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, startSlowSQL, append([]any{p.OrgID, p.WorkflowID}, runArgs...)...)
 		return err
-	})
+	}))
+}
+
+func translateStart(err error) error {
 	if err != nil {
 		return fmt.Errorf("start run: %w", translate(err))
 	}

@@ -42,11 +42,9 @@ func (f *usageFixture) begin(t *testing.T) *models.RequestTx {
 }
 
 func (f *usageFixture) start(tx *models.RequestTx, quota int64, now time.Time) error {
-	_, err := f.runs.Start(tx, models.StartParams{
-		OrgID: f.org, WorkflowID: f.wf, Submission: []byte(`{}`), Quota: quota,
-		JobName: models.RunJobName, TaskIDPrefix: models.RunTaskIDPrefix, Now: now,
+	return f.runs.Start(tx, models.StartParams{
+		ID: models.NewRunID(), CreatedAt: now, OrgID: f.org, WorkflowID: f.wf, Submission: []byte(`{}`), Quota: quota,
 	})
-	return err
 }
 
 // startCommitted starts one run in a transaction of its own and commits it.
