@@ -62,7 +62,10 @@ func procStart(t *testing.T, bin, name, dbURL string, env ...string) *procServer
 	addr := proctest.FreeAddr(t)
 	s := &procServer{name: name, url: "http://" + addr, log: &proctest.Log{}, exited: make(chan struct{})}
 	s.cmd = exec.Command(bin, "serve")
-	s.cmd.Env = proctest.Env(append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "LOG_FORMAT=json", "AUTH_CACHE_TTL=0"}, env...)...)
+	// No Redis: these tests are about the API; the runs it hands off are
+	// dropped (a worker's sweeper would enqueue them).
+	s.cmd.Env = proctest.Env(append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "LOG_FORMAT=json", "AUTH_CACHE_TTL=0",
+		"REDIS_URL=redis://127.0.0.1:1/0"}, env...)...)
 	s.cmd.Stdout = s.log
 	s.cmd.Stderr = s.log
 	require.NoError(t, s.cmd.Start())
@@ -169,16 +172,15 @@ func (f *procFixture) count(t *testing.T, q string, args ...any) int64 {
 	return n
 }
 
-// procCounts is what starts wrote: runs, usage, staged jobs, start keys.
-type procCounts struct{ Runs, Usage, Staged, Keys int64 }
+// procCounts is what starts wrote: runs, usage, start keys.
+type procCounts struct{ Runs, Usage, Keys int64 }
 
 func (f *procFixture) counts(t *testing.T) procCounts {
 	t.Helper()
 	return procCounts{
-		Runs:   f.count(t, `SELECT count(*) FROM validation_runs`),
-		Usage:  f.count(t, `SELECT coalesce(sum(runs), 0) FROM usage_slots`),
-		Staged: f.count(t, `SELECT count(*) FROM staged_jobs`),
-		Keys:   f.count(t, `SELECT count(*) FROM idempotency_keys WHERE endpoint = 'workflow_start'`),
+		Runs:  f.count(t, `SELECT count(*) FROM validation_runs`),
+		Usage: f.count(t, `SELECT coalesce(sum(runs), 0) FROM usage_slots`),
+		Keys:  f.count(t, `SELECT count(*) FROM idempotency_keys WHERE endpoint = 'workflow_start'`),
 	}
 }
 
@@ -237,7 +239,7 @@ func procTwoProcessStorm(t *testing.T, bin string) {
 		t.Logf("round %d: answers by status %v", round, tally)
 		require.Equal(t, 1, fresh, "exactly one request executed")
 		n := int64(round)
-		require.Equal(t, procCounts{Runs: n, Usage: n, Staged: n, Keys: n}, f.counts(t))
+		require.Equal(t, procCounts{Runs: n, Usage: n, Keys: n}, f.counts(t))
 		require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = ?`, key))
 	}
 }
@@ -265,7 +267,7 @@ func procCrash(t *testing.T, bin string) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, r.Status, "a prior run creates the usage slots: %s", r.Body)
 	before := f.counts(t)
-	require.Equal(t, procCounts{Runs: 1, Usage: 1, Staged: 1, Keys: 0}, before)
+	require.Equal(t, procCounts{Runs: 1, Usage: 1, Keys: 0}, before)
 
 	// Hold every usage slot, so A's start blocks inside its transaction
 	// with the key's advisory lock taken.
@@ -374,8 +376,8 @@ func procCrash(t *testing.T, bin string) {
 	mu.Unlock()
 	require.Equal(t, http.StatusCreated, got.status, "body %s", got.body)
 	require.Empty(t, got.header.Get("Idempotent-Replayed"), "executed, not replayed")
-	require.Equal(t, procCounts{Runs: 2, Usage: 2, Staged: 2, Keys: 1}, f.counts(t))
-	require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM validation_runs WHERE idempotency_key_id IS NOT NULL`), "exactly one run for the key")
+	require.Equal(t, procCounts{Runs: 2, Usage: 2, Keys: 1}, f.counts(t))
+	require.EqualValues(t, 1, f.count(t, `SELECT count(*) FROM validation_runs WHERE idempotency_key = 'crash-1'`), "exactly one run for the key")
 	require.Zero(t, f.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`), "no advisory lock left")
 
@@ -384,5 +386,5 @@ func procCrash(t *testing.T, bin string) {
 	require.Equal(t, http.StatusCreated, r2.Status)
 	require.Equal(t, "true", r2.Header.Get("Idempotent-Replayed"))
 	require.Equal(t, got.body, string(r2.Body))
-	require.Equal(t, procCounts{Runs: 2, Usage: 2, Staged: 2, Keys: 1}, f.counts(t))
+	require.Equal(t, procCounts{Runs: 2, Usage: 2, Keys: 1}, f.counts(t))
 }

@@ -41,7 +41,7 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 		RunMaxRetry: a.cfg.RunMaxRetry, RetryDelay: a.cfg.RunRetryDelay, RunTimeout: a.cfg.RunTimeout,
 		SweepInterval: a.cfg.RunSweepInterval, RedeliverAfter: a.cfg.RunRedeliverAfter,
 		ShutdownTimeout: a.cfg.ShutdownTimeout,
-		Registry: reg, Log: a.log,
+		Registry:        reg, Log: a.log,
 	})
 	if err != nil {
 		return nil, err

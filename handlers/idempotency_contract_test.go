@@ -85,7 +85,7 @@ func (f *idemFixture) counts(t *testing.T, orgID string) idemCounts {
 		Runs:   idemCount(t, f.e, `SELECT count(*) FROM validation_runs WHERE org_id = ?`, orgID),
 		Usage:  idemCount(t, f.e, `SELECT coalesce(sum(runs), 0) FROM usage_slots WHERE org_id = ?`, orgID),
 		Audits: idemCount(t, f.e, `SELECT count(*) FROM audit_records WHERE org_id = ? AND action = 'validation_run.start'`, orgID),
-		Keys: idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys WHERE org_id = ? AND endpoint = ?`, orgID, handlers.ScopeWorkflowStart),
+		Keys:   idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys WHERE org_id = ? AND endpoint = ?`, orgID, handlers.ScopeWorkflowStart),
 	}
 }
 

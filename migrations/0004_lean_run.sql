@@ -9,10 +9,15 @@
 -- * No staged job: the API hands a committed run to the queue itself, and
 --   the sweeper re-enqueues any run that a crash or Redis lost (the run row
 --   is the outbox; its partial index finds the unfinished ones).
--- * Keys are found by their scoped key only: no surrogate id, no index of
---   their own besides the primary key; a run names its key by value.
+-- * Keys are found by their scoped key only: no surrogate id (its index
+--   and default), the scoped key is the primary key; a run names its key
+--   by value, the key its run by id (ON DELETE SET NULL, as before).
 -- * Submissions and metadata are stored as json (the text as validated),
 --   not parsed into jsonb on every insert.
+
+-- Checks of the deferred foreign key that the statements below fire must not
+-- wait for the commit: the table is altered after them.
+SET CONSTRAINTS ALL IMMEDIATE;
 
 ALTER TABLE validation_runs ADD COLUMN findings json;
 UPDATE validation_runs r SET findings = coalesce((
@@ -42,12 +47,8 @@ DROP TABLE staged_jobs;
 
 ALTER TABLE validation_runs DROP COLUMN idempotency_key_id; -- with its index and foreign key
 ALTER TABLE idempotency_keys DROP COLUMN id;
-ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_validation_run_id_fkey;
 ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_org_id_endpoint_key_key;
 ALTER TABLE idempotency_keys ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (org_id, endpoint, key);
--- The cleanup deletes expired keys in insertion order, which is nearly
--- expiry order: it needs no index of its own.
-DROP INDEX idempotency_keys_expires_at_idx;
 
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION idempotency_key_taken() RETURNS timestamptz LANGUAGE plpgsql AS $$
@@ -62,6 +63,7 @@ ALTER TABLE validation_runs ALTER COLUMN metadata DROP DEFAULT;
 ALTER TABLE validation_runs DROP CONSTRAINT validation_runs_metadata_check;
 ALTER TABLE validation_runs ALTER COLUMN metadata TYPE json USING metadata::json;
 ALTER TABLE validation_runs ALTER COLUMN metadata SET DEFAULT '{}';
+ALTER TABLE validation_runs ADD CONSTRAINT validation_runs_metadata_check CHECK (json_typeof(metadata) = 'object');
 
 -- The sweeper pages through the unfinished runs by (status, created_at, id).
 DROP INDEX validation_runs_unfinished_idx;
@@ -71,6 +73,7 @@ ALTER TABLE validation_runs DROP COLUMN swept_at;
 
 -- +goose Down
 ALTER TABLE validation_runs ADD COLUMN swept_at timestamptz;
+ALTER TABLE validation_runs DROP CONSTRAINT validation_runs_metadata_check;
 DROP INDEX validation_runs_unfinished_idx;
 CREATE INDEX validation_runs_unfinished_idx ON validation_runs (created_at)
 	WHERE status IN ('queued', 'running');
@@ -81,15 +84,10 @@ ALTER TABLE validation_runs ALTER COLUMN metadata SET DEFAULT '{}';
 ALTER TABLE validation_runs ADD CONSTRAINT validation_runs_metadata_check CHECK (jsonb_typeof(metadata) = 'object');
 ALTER TABLE validation_runs ALTER COLUMN submission TYPE jsonb USING submission::jsonb;
 
-CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
 ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey;
 ALTER TABLE idempotency_keys ADD CONSTRAINT idempotency_keys_org_id_endpoint_key_key UNIQUE (org_id, endpoint, key);
 ALTER TABLE idempotency_keys ADD COLUMN id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY;
 ALTER TABLE idempotency_keys ALTER COLUMN id DROP DEFAULT;
-UPDATE idempotency_keys k SET validation_run_id = NULL
-WHERE validation_run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM validation_runs r WHERE r.id = k.validation_run_id);
-ALTER TABLE idempotency_keys ADD CONSTRAINT idempotency_keys_validation_run_id_fkey
-	FOREIGN KEY (validation_run_id) REFERENCES validation_runs (id) ON DELETE SET NULL;
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION idempotency_key_taken() RETURNS timestamptz LANGUAGE plpgsql AS $$
 BEGIN

@@ -18,14 +18,15 @@ import (
 	"github.com/valruns/valruns/models"
 )
 
-// contractTables is every table CONTRACT.md's schema names.
+// contractTables is every table (or view) of the schema: CONTRACT.md's,
+// less what migration 0004 (the lean run) folded into the runs: findings
+// (a column), staged_jobs (the run row is the outbox), and audit_records
+// (now a view over the runs).
 var contractTables = []string{
 	"api_tokens",
 	"audit_records",
-	"findings",
 	"idempotency_keys",
 	"organizations",
-	"staged_jobs",
 	"usage_slots",
 	"validation_runs",
 	"workflows",
@@ -43,7 +44,7 @@ func tables(t *testing.T, db *sql.DB) []string {
 	t.Helper()
 	rows, err := db.QueryContext(context.Background(), `
 		SELECT table_name FROM information_schema.tables
-		WHERE table_schema = 'public' AND table_type = 'BASE TABLE' AND table_name = ANY($1)
+		WHERE table_schema = 'public' AND table_type IN ('BASE TABLE', 'VIEW') AND table_name = ANY($1)
 		ORDER BY table_name`, contractTables)
 	require.NoError(t, err)
 	defer rows.Close()
@@ -244,4 +245,66 @@ func TestConstraints(t *testing.T) {
 			require.Equal(t, tt.wantCode, pgErr.Code, pgErr.Message)
 		})
 	}
+}
+
+// Migration 0004 (the lean run) keeps what was written: findings rows
+// become the run's findings column, audit records the columns of the runs
+// the view shows, a key's link to its run is kept both ways; and its Down
+// gives them back, with a staged job for each run not final.
+func TestLeanRunMigrationKeepsData(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := emptyDB(t)
+	p, err := migrations.NewProvider(db)
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 3)
+	require.NoError(t, err)
+	var org, wf, token, done, queued, key string
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&org))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO workflows (org_id, name) VALUES ($1, 'wf') RETURNING id`, org).Scan(&wf))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO api_tokens (org_id, token_hash, display) VALUES ($1, sha256('t'), 't') RETURNING id`, org).Scan(&token))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO validation_runs (org_id, workflow_id, status, submission, finished_at)
+		VALUES ($1, $2, 'failed', '{"a": 1}', now()) RETURNING id`, org, wf).Scan(&done))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO validation_runs (org_id, workflow_id, submission)
+		VALUES ($1, $2, '{"b": 2}') RETURNING id`, org, wf).Scan(&queued))
+	_, err = db.ExecContext(ctx, `INSERT INTO findings (run_id, position, step, severity, path, message) VALUES
+		($1, 1, 'assertion:x', 'warning', '', 'second'), ($1, 0, 'schema', 'error', '/a', 'first')`, done)
+	require.NoError(t, err)
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO idempotency_keys (org_id, endpoint, key, request_hash, request_method,
+		request_path, response_status, response_body, validation_run_id, request_id, expires_at)
+		VALUES ($1, 'workflow_start', 'k1', sha256('r'), 'POST', '/p', 201, 'x', $2, 'req-1', now() + interval '1 day') RETURNING id`,
+		org, done).Scan(&key))
+	_, err = db.ExecContext(ctx, `UPDATE validation_runs SET idempotency_key_id = $1 WHERE id = $2`, key, done)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `INSERT INTO audit_records (org_id, action, subject_type, subject_id, token_id, request_id)
+		SELECT org_id, 'validation_run.start', 'validation_run', id, $2, 'req-' || id FROM validation_runs WHERE org_id = $1`, org, token)
+	require.NoError(t, err)
+
+	_, err = p.UpTo(ctx, 4)
+	require.NoError(t, err)
+	var findings, idemKey string
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT findings::text, idempotency_key FROM validation_runs WHERE id = $1`, done).Scan(&findings, &idemKey))
+	require.JSONEq(t, `[{"step":"schema","severity":"error","path":"/a","message":"first"},
+		{"step":"assertion:x","severity":"warning","path":"","message":"second"}]`, findings)
+	require.Equal(t, "k1", idemKey)
+	var audits int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM audit_records WHERE token_id = $1 AND request_id = 'req-' || subject_id`, token).Scan(&audits))
+	require.Equal(t, 2, audits, "the audit trail shows both runs, who started them and with which request")
+	var linked string
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT validation_run_id FROM idempotency_keys WHERE key = 'k1'`).Scan(&linked))
+	require.Equal(t, done, linked)
+
+	_, err = p.DownTo(ctx, 3)
+	require.NoError(t, err)
+	var rows, staged int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM findings WHERE run_id = $1 AND
+		((position = 0 AND message = 'first') OR (position = 1 AND message = 'second'))`, done).Scan(&rows))
+	require.Equal(t, 2, rows, "the findings rows are back, in order")
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM staged_jobs WHERE task_id = 'validation_run:' || $1`, queued).Scan(&staged))
+	require.Equal(t, 1, staged, "the run not final is staged again")
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM validation_runs r JOIN idempotency_keys k ON k.id = r.idempotency_key_id
+		WHERE r.id = $1 AND k.validation_run_id = r.id`, done).Scan(&rows))
+	require.Equal(t, 1, rows, "the run and its key are linked both ways again")
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM audit_records WHERE token_id = $1`, token).Scan(&audits))
+	require.Equal(t, 2, audits)
 }

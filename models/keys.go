@@ -68,9 +68,9 @@ LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5
 func scanKey(row pgx.Row, k *StoredKey, extra ...any) error {
 	var (
 		key, method, path, requestID *string
-		status                      *int
-		created, expires            *time.Time
-		expired                     *bool
+		status                       *int
+		created, expires             *time.Time
+		expired                      *bool
 	)
 	dest := append([]any{&key, &k.RequestHash, &method, &path, &status, &k.ResponseBody,
 		&k.ResponseHeaders, &k.ValidationRunID, &requestID, &created, &expires, &expired}, extra...)
@@ -154,14 +154,13 @@ func truncate(s string, n int) string {
 // transaction of its own. SKIP LOCKED: rows a concurrent request is
 // overwriting (or another cleaner is deleting) are left for the next batch,
 // so the cleanup never waits on, or blocks, a request. Runs keep existing
-// (and the key they were started with). Keys are deleted by their physical
-// place (ctid): found by a scan from the table's start, where the oldest,
-// so the first to expire, are; no index on expires_at is kept for it.
+// (and the key they were started with). A key has no id: the batch found
+// by the expires_at index is deleted by the rows' places (ctid).
 func (s *KeyStore) DeleteExpiredBatch(ctx context.Context, n int) (int64, error) {
 	res := s.db.WithContext(ctx).Exec(`
 DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM idempotency_keys WHERE expires_at <= now()
-	LIMIT ? FOR UPDATE SKIP LOCKED))`, n)
+	ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED))`, n)
 	if res.Error != nil {
 		return 0, fmt.Errorf("delete expired keys: %w", translate(res.Error))
 	}

@@ -83,18 +83,18 @@ const (
 
 // ValidationRun is one execution of a workflow over a submission.
 type ValidationRun struct {
-	ID               string `gorm:"primaryKey;type:uuid;default:gen_random_uuid()"`
-	OrgID            string
-	WorkflowID       string
-	Status           string
-	Submission       JSON `gorm:"type:json"`
-	Metadata         JSON `gorm:"type:json"`
-	Attempts         int
-	LeaseExpiresAt   *time.Time
-	Error            *string
-	CreatedAt        time.Time
-	StartedAt        *time.Time
-	FinishedAt       *time.Time
+	ID             string `gorm:"primaryKey;type:uuid;default:gen_random_uuid()"`
+	OrgID          string
+	WorkflowID     string
+	Status         string
+	Submission     JSON `gorm:"type:json"`
+	Metadata       JSON `gorm:"type:json"`
+	Attempts       int
+	LeaseExpiresAt *time.Time
+	Error          *string
+	CreatedAt      time.Time
+	StartedAt      *time.Time
+	FinishedAt     *time.Time
 	// Findings is the JSON array of the run's findings ([]Finding), once
 	// it has finished; NULL before.
 	Findings JSON `gorm:"type:json"`

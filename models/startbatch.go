@@ -160,14 +160,14 @@ func (b *startBatcher) send(batch []*startReq) {
 func (b *startBatcher) exec(batch []*startReq) error {
 	n := len(batch)
 	var (
-		ids, orgs, wfs, subs, metas, reqIDs   = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		created                               = make([]time.Time, n)
-		periods                               = make([]time.Time, n)
-		quotas, locks, ttls                   = make([]int64, n), make([]*int64, n), make([]int64, n)
-		offs, statuses                        = make([]int32, n), make([]int32, n)
-		tokens, keys, endpoints               = make([]*string, n), make([]*string, n), make([]*string, n)
+		ids, orgs, wfs, subs, metas, reqIDs      = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		created                                  = make([]time.Time, n)
+		periods                                  = make([]time.Time, n)
+		quotas, locks, ttls                      = make([]int64, n), make([]*int64, n), make([]int64, n)
+		offs, statuses                           = make([]int32, n), make([]int32, n)
+		tokens, keys, endpoints                  = make([]*string, n), make([]*string, n), make([]*string, n)
 		methods, paths, headers, krids, ips, uas = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		hashes, bodies                        = make([][]byte, n), make([][]byte, n)
+		hashes, bodies                           = make([][]byte, n), make([][]byte, n)
 	)
 	for i, r := range batch {
 		p := r.p
