@@ -44,6 +44,10 @@ type Options struct {
 	Tracer pgx.QueryTracer
 	// MaxOpenConns of the pool; 0 means models.Open's default.
 	MaxOpenConns int
+	// HandOff receives each run a start committed (handlers.Deps.HandOff),
+	// such as a tasks.Dispatcher's; nil: runs stay queued until a sweeper
+	// finds them.
+	HandOff func(*models.QueuedRun)
 }
 
 // New builds the API on a fresh database.
@@ -65,13 +69,13 @@ func New(t testing.TB, opts ...Options) *Env {
 	reg := prometheus.NewRegistry()
 	// Errors the API logs (the causes behind 5xx answers) show in the test's log.
 	log := slog.New(slog.NewTextHandler(newTestLog(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	h := handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log})
+	h := handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, HandOff: o.HandOff})
 	return &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, Handler: h}
 }
 
 // testLog writes log lines to the test's log while the test runs. Lines
-// after its end are dropped: the server's background goroutines (the
-// JobWaker's NOTIFY after a commit) may still log once the test is over,
+// after its end are dropped: the server's background goroutines may still
+// log once the test is over,
 // and testing forbids t.Log then (its end is set without a lock, a race).
 type testLog struct {
 	t     testing.TB
