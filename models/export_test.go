@@ -1,0 +1,17 @@
+package models
+
+// StartBatch sends the starts ps (with their key rows ks, nil for none) as
+// one statement of the start's fast path, as a batcher's writer would, and
+// returns each start's result: for tests of startBatchSQL.
+func (s *RunStore) StartBatch(ps []StartParams, ks []*KeyWrite) ([]OneResult, error) {
+	batch := make([]*startReq, len(ps))
+	for i := range ps {
+		batch[i] = &startReq{p: ps[i], k: ks[i], done: make(chan struct{})}
+	}
+	err := s.batcher.exec(batch)
+	out := make([]OneResult, len(ps))
+	for i, r := range batch {
+		out[i] = r.res
+	}
+	return out, err
+}

@@ -1,0 +1,137 @@
+package models_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/models"
+)
+
+// keyWrite is a finished key row for a start.
+func keyWrite(org, key string) *models.KeyWrite {
+	return &models.KeyWrite{Endpoint: "workflow_start", Key: key, LockID: models.LockID(org, "workflow_start", key),
+		RequestHash: make([]byte, 32), Method: "POST", Path: "/p", Status: 201, Body: []byte(`{"answer":"` + key + `"}`),
+		Headers: []byte(`{}`), RequestID: "req-" + key, TTL: time.Hour}
+}
+
+func (f *usageFixture) params(org, wf string, quota int64) models.StartParams {
+	return models.StartParams{ID: models.NewRunID(), CreatedAt: f.now, OrgID: org, WorkflowID: wf,
+		Submission: []byte(`{"n":1}`), Quota: quota, RequestID: "req"}
+}
+
+// One statement decides every kind of start at once: new keys and no key
+// commit their runs and key rows, a live key answers with its stored row,
+// a key locked elsewhere is in flight, an unknown workflow and starts that
+// do not fit their organisation's usage slots go to the slow path, and
+// only what committed is billed.
+func TestStartBatchDecidesEachStart(t *testing.T) {
+	t.Parallel()
+	f := newUsageFixture(t)
+	ctx := context.Background()
+	runs := f.runs
+	// The first start of the period balances the slots (slow path).
+	require.NoError(t, f.startCommitted(t, 0, f.now))
+	var small string // an organisation whose quota leaves room for two more runs
+	require.NoError(t, f.db.Raw(`INSERT INTO organizations (name, slug) VALUES ('Small', 'small') RETURNING id`).Scan(&small).Error)
+	var smallWF string
+	require.NoError(t, f.db.Raw(`INSERT INTO workflows (org_id, name) VALUES (?, 'wf') RETURNING id`, small).Scan(&smallWF).Error)
+	tx := f.begin(t)
+	require.NoError(t, f.runs.Start(tx, models.StartParams{ID: models.NewRunID(), CreatedAt: f.now, OrgID: small, WorkflowID: smallWF,
+		Submission: []byte(`{}`), Quota: models.UsageSlots * 2}))
+	require.NoError(t, tx.Commit(ctx))
+	// "live" has a stored answer; "busy" is held by another transaction.
+	res, err := runs.StartBatch([]models.StartParams{f.params(f.org, f.wf, 0)}, []*models.KeyWrite{keyWrite(f.org, "live")})
+	require.NoError(t, err)
+	require.True(t, res[0].Done)
+	holder, _, err := models.BeginRequest(ctx, f.db, 10*time.Second, &models.KeyRef{OrgID: f.org, Endpoint: "workflow_start", Key: "busy",
+		LockID: models.LockID(f.org, "workflow_start", "busy")})
+	require.NoError(t, err)
+	require.NotNil(t, holder)
+	defer holder.Rollback()
+	before := f.usage(t, f.now)
+
+	ps := []models.StartParams{
+		f.params(f.org, f.wf, 0),                                   // 0 no key
+		f.params(f.org, f.wf, 0),                                   // 1 new key
+		f.params(f.org, f.wf, 0),                                   // 2 new key
+		f.params(f.org, f.wf, 0),                                   // 3 live key
+		f.params(f.org, f.wf, 0),                                   // 4 in flight
+		f.params(f.org, "00000000-0000-4000-8000-000000000000", 0), // 5 unknown workflow
+		f.params(small, smallWF, models.UsageSlots*2),              // 6, 7, 8: three runs of small: no slot has room for 3
+		f.params(small, smallWF, models.UsageSlots*2),
+		f.params(small, smallWF, models.UsageSlots*2),
+	}
+	ks := []*models.KeyWrite{nil, keyWrite(f.org, "new-1"), keyWrite(f.org, "new-2"), keyWrite(f.org, "live"),
+		keyWrite(f.org, "busy"), keyWrite(f.org, "wf-unknown"), nil, nil, nil}
+	res, err = runs.StartBatch(ps, ks)
+	require.NoError(t, err)
+	for _, i := range []int{0, 1, 2} {
+		require.True(t, res[i].Done, "start %d: %+v", i, res[i])
+	}
+	require.WithinDuration(t, time.Now().Add(time.Hour), res[1].Expires, 5*time.Minute)
+	require.NotNil(t, res[3].Stored, "a live key answers")
+	require.Equal(t, `{"answer":"live"}`, string(res[3].Stored.ResponseBody))
+	require.True(t, res[4].InFlight, "a key held elsewhere is in flight")
+	for _, i := range []int{5, 6, 7, 8} {
+		require.True(t, res[i].Slow, "start %d goes to the slow path: %+v", i, res[i])
+	}
+	require.Equal(t, before+3, f.usage(t, f.now), "three runs billed, once each")
+	var n int64
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs WHERE id IN ?`, []string{ps[0].ID, ps[1].ID, ps[2].ID}).Scan(&n).Error)
+	require.EqualValues(t, 3, n)
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs WHERE id IN ?`, []string{ps[3].ID, ps[4].ID, ps[5].ID, ps[6].ID}).Scan(&n).Error)
+	require.Zero(t, n, "nothing written for the others")
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM idempotency_keys k JOIN validation_runs r ON r.id = k.validation_run_id
+		AND r.idempotency_key = k.key WHERE k.key IN ('new-1', 'new-2')`).Scan(&n).Error)
+	require.EqualValues(t, 2, n, "each new key row and its run, linked both ways")
+}
+
+// Concurrent statements carrying the same new key, each beside a key of
+// its own: the key's lock lets one of them write it (the others see it in
+// flight, or its stored row once committed); every other start commits;
+// each run is billed once.
+func TestStartBatchConcurrentKeyOneRun(t *testing.T) {
+	t.Parallel()
+	f := newUsageFixture(t)
+	require.NoError(t, f.startCommitted(t, 0, f.now))
+	var wg sync.WaitGroup
+	results := make([][]models.OneResult, 8)
+	errs := make([]error, len(results))
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = f.runs.StartBatch([]models.StartParams{f.params(f.org, f.wf, 0), f.params(f.org, f.wf, 0)},
+				[]*models.KeyWrite{keyWrite(f.org, "shared"), keyWrite(f.org, fmt.Sprintf("own-%d", i))})
+		}()
+	}
+	wg.Wait()
+	done, own := 0, 0
+	for i, r := range results {
+		if errs[i] != nil {
+			// the key-taken race: the whole statement failed and wrote nothing
+			require.ErrorIs(t, errs[i], models.ErrConflict)
+			continue
+		}
+		if r[0].Done {
+			done++
+		} else {
+			require.True(t, r[0].InFlight || r[0].Stored != nil, "statement %d: %+v", i, r[0])
+		}
+		require.True(t, r[1].Done, "statement %d: its own key", i)
+		own++
+	}
+	require.Equal(t, 1, done, "one start of the shared key committed")
+	var n int64
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs WHERE idempotency_key = 'shared'`).Scan(&n).Error)
+	require.EqualValues(t, 1, n, "one run for the key")
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs WHERE idempotency_key LIKE 'own-%'`).Scan(&n).Error)
+	require.EqualValues(t, own, n)
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs`).Scan(&n).Error)
+	require.Equal(t, n, f.usage(t, f.now), "every run billed once, nothing else billed")
+}
