@@ -151,7 +151,7 @@ func (x *experimentLog) markdown() string {
 func (x *experimentLog) writePgWork(b *strings.Builder) {
 	fmt.Fprintf(b, "\n### PostgreSQL work per run\n\n")
 	fmt.Fprintf(b, "%d new-key starts (8 clients) with `valruns serve` alone, then `valruns worker` alone executing them (and the template's one queued run), each process behind the capture proxy and measured between two WAL positions on a database of its own. "+
-		"WAL, records, full-page images, heap and index writes are this database's own WAL records (pg_walinspect: records on its relations and the rest of their transactions); cluster WAL is the plain pg_current_wal_lsn() difference, every database of this shared server included (noise). "+
+		"WAL, records, full-page images, heap and index writes are this database's own WAL records (pg_walinspect: records on its relations and the rest of their transactions); cluster WAL is the plain difference of the flushed WAL position (pg_current_wal_flush_lsn()), every database of this shared server included (noise). "+
 		"Rows are pg_stat_user_tables, read after the process exited. Statements and round trips include the process's background work in the phase (the worker's polls, enqueuer, sweeper), divided by the runs.\n\n", x.PgWorkRuns)
 	var sides []pgWorkResult
 	for _, p := range x.PgWork {

@@ -11,7 +11,7 @@ package main
 // WAL figures are this database's own records, read back with
 // pg_walinspect (PostgreSQL 15+): every record on one of its relations,
 // plus the records of the same transactions (their commits). The plain
-// pg_current_wal_lsn() difference, every database included, is kept beside
+// WAL position difference (pg_current_wal_flush_lsn()), every database included, is kept beside
 // them; when pg_walinspect is missing, it is all there is.
 
 import (
@@ -41,7 +41,7 @@ type tableWork struct {
 // phaseWork is PostgreSQL's work in one phase.
 type phaseWork struct {
 	Runs       int   // what the phase did: runs started, or runs executed
-	ClusterWAL int64 // pg_current_wal_lsn() difference, every database included
+	ClusterWAL int64 // WAL position difference, every database included
 	// This database's WAL by "rmgr/type" (nil without pg_walinspect).
 	WAL        map[string]walKind
 	Tables     []tableWork
@@ -309,9 +309,11 @@ func waitBackendsGone(ctx context.Context, conn *pgx.Conn, db string) error {
 	}
 }
 
+// walLSN is the WAL position flushed so far: pg_walinspect (15) reads no
+// further, and the measured processes' commits are flushed (synchronous_commit).
 func walLSN(ctx context.Context, conn *pgx.Conn) (string, error) {
 	var lsn string
-	err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn)
+	err := conn.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&lsn)
 	return lsn, err
 }
 
