@@ -5,8 +5,8 @@
 # database's own limit (pgbench replaying the SQL a start sends, captured at
 # run time), and writes bench/RESULTS.md with the ratios and their targets.
 #
-#   scripts/bench.sh            full run (about 12 minutes on 2 cores)
-#   QUICK=1 scripts/bench.sh    short runs at 32 clients only (under 2 minutes)
+#   scripts/bench.sh            full run (about 45 minutes on 2 cores, the experiment log included)
+#   QUICK=1 scripts/bench.sh    short runs at 32 clients only (about 5 minutes)
 #   scripts/bench.sh e2e        the experiment log only (make bench-e2e): PostgreSQL work
 #                               per run, end to end, backlog drain, beside the baseline
 #                               (BENCH_BASELINE, default 0b107b5); replaces that section
