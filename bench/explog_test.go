@@ -330,3 +330,18 @@ func TestBuildBaselineRefusesAnUnknownRef(t *testing.T) {
 	entries, _ := os.ReadDir(dir)
 	require.Empty(t, entries, "nothing built")
 }
+
+// TestOnlyExperiments: a run of the experiment log alone replaces its
+// section; a full run writes it at the end of the whole results.
+func TestOnlyExperiments(t *testing.T) {
+	t.Parallel()
+	r := &results{Exp: exampleLog()}
+	require.True(t, r.onlyExperiments())
+	r.Rows = []row{rps("valruns", "start, new key", 900)}
+	require.False(t, r.onlyExperiments())
+	md := r.markdown()
+	require.Contains(t, md, "## Ratios")
+	require.Contains(t, md, "\n"+expHeading+"\n")
+	require.Greater(t, strings.Index(md, expHeading), strings.Index(md, "## All runs"))
+	require.False(t, (&results{}).onlyExperiments(), "nothing measured: nothing to splice")
+}
