@@ -10,7 +10,7 @@ export REDIS_URL ?= redis://127.0.0.1:6379/0
 export TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 export HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: run test test-tools reliability build services docs docs-check swag bench bench-go fmt vet
+.PHONY: run test test-tools reliability build services docs docs-check swag bench bench-e2e bench-go fmt vet
 
 # The first build on a machine downloads and compiles every module, for
 # minutes and silently: say so before it starts.
@@ -67,10 +67,19 @@ reliability:
 	$(GO) test -race -count=1 -v -timeout 10m -run TestReliability ./reliability/
 
 # bench: valruns beside the Node peer and the database limit (pgbench of the
-# captured start SQL); writes bench/RESULTS.md. QUICK=1: short runs (< 2 min).
+# captured start SQL), then the experiment log (PostgreSQL work per run, end
+# to end, backlog drain, beside the baseline BENCH_BASELINE, default
+# 0b107b5); writes bench/RESULTS.md. QUICK=1: short runs (about 5 min).
 QUICK ?=
 bench: services
 	@QUICK=$(QUICK) scripts/bench.sh
+
+# bench-e2e: the experiment log alone (about 35 min; QUICK=1 about 3 min);
+# replaces its section of bench/RESULTS.md. BENCH_ARGS passes harness flags,
+# e.g. BENCH_ARGS='-e2e-duration 30s -drain-runs 20000 -baseline HEAD~3'.
+BENCH_ARGS ?=
+bench-e2e: services
+	@QUICK=$(QUICK) scripts/bench.sh e2e -- $(BENCH_ARGS)
 
 # bench-go: the Go micro-benchmarks (handlers through the router, no HTTP).
 bench-go: services

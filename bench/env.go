@@ -85,7 +85,7 @@ func openEnv(ctx context.Context, root, bin, logDir string, norgs int, port int)
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	e := &env{root: root, bin: bin, logDir: logDir, baseURL: u, pg: pg,
-		prefix: fmt.Sprintf("valruns_bench_%d", os.Getpid()), created: map[string]bool{}, port: port}
+		prefix: cmpOr(os.Getenv("BENCH_DB_PREFIX"), "valruns_bench") + fmt.Sprintf("_%d", os.Getpid()), created: map[string]bool{}, port: port}
 	e.serverEnv = strings.Fields(os.Getenv("BENCH_SERVER_ENV"))
 	admin := *u
 	admin.Path = "/postgres"
@@ -323,6 +323,11 @@ func (e *env) startServer(ctx context.Context, db string, worker bool, extra ...
 }
 
 func (e *env) startServerURL(ctx context.Context, dbURL string, worker bool, extra ...string) (*proc, string, error) {
+	return e.startServerBin(ctx, e.bin, dbURL, worker, extra...)
+}
+
+// startServerBin is startServerURL with another valruns binary (a baseline's).
+func (e *env) startServerBin(ctx context.Context, bin, dbURL string, worker bool, extra ...string) (*proc, string, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", e.port)
 	kv := append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "REDIS_URL=" + e.redisURL}, e.serverEnv...)
 	kv = append(kv, extra...)
@@ -330,7 +335,7 @@ func (e *env) startServerURL(ctx context.Context, dbURL string, worker bool, ext
 	if worker {
 		args = append(args, "--worker")
 	}
-	p, err := startProc("serve", e.logDir, e.root, childEnv(kv...), e.bin, args...)
+	p, err := startProc("serve", e.logDir, e.root, childEnv(kv...), bin, args...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -344,9 +349,16 @@ func (e *env) startServerURL(ctx context.Context, dbURL string, worker bool, ext
 
 // startWorker runs `valruns worker` on database db.
 func (e *env) startWorker(ctx context.Context, db string) (*proc, error) {
+	return e.startWorkerBin(ctx, e.bin, e.dbURL(db))
+}
+
+// startWorkerBin runs `valruns worker` of binary bin on the database at
+// dbURL, with extra settings (such as WORKER_CONCURRENCY=50).
+func (e *env) startWorkerBin(ctx context.Context, bin, dbURL string, extra ...string) (*proc, error) {
 	metrics := fmt.Sprintf("127.0.0.1:%d", e.port+2)
-	kv := append([]string{"DATABASE_URL=" + e.dbURL(db), "REDIS_URL=" + e.redisURL, "WORKER_METRICS_ADDR=" + metrics}, e.serverEnv...)
-	p, err := startProc("worker", e.logDir, e.root, childEnv(kv...), e.bin, "worker")
+	kv := append([]string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + e.redisURL, "WORKER_METRICS_ADDR=" + metrics}, e.serverEnv...)
+	kv = append(kv, extra...)
+	p, err := startProc("worker", e.logDir, e.root, childEnv(kv...), bin, "worker")
 	if err != nil {
 		return nil, err
 	}

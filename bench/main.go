@@ -35,6 +35,12 @@ type plan struct {
 	Samples     int // start-to-running
 	Orgs        int
 	Only        map[string]bool
+	// The experiment log (issue 15).
+	E2E        timing
+	E2EClients int
+	PgWorkRuns int
+	DrainRuns  int
+	DrainConc  []int
 }
 
 func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
@@ -42,10 +48,12 @@ func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
 func makePlan(quick bool) plan {
 	if quick {
 		return plan{Quick: true, Levels: []int{32}, HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second},
-			PG: timing{Warm: time.Second, Dur: 2 * time.Second}, CleanupKeys: 100_000, Samples: 20, Orgs: 100}
+			PG: timing{Warm: time.Second, Dur: 2 * time.Second}, CleanupKeys: 100_000, Samples: 20, Orgs: 100,
+			E2E: timing{Warm: time.Second, Dur: 10 * time.Second}, E2EClients: 32, PgWorkRuns: 300, DrainRuns: 3_000, DrainConc: []int{10, 50}}
 	}
 	return plan{Levels: []int{1, 8, 32, 128}, HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second},
-		PG: timing{Warm: time.Second, Dur: 5 * time.Second}, CleanupKeys: 1_000_000, Samples: 100, Orgs: 100}
+		PG: timing{Warm: time.Second, Dur: 5 * time.Second}, CleanupKeys: 1_000_000, Samples: 100, Orgs: 100,
+		E2E: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, E2EClients: 32, PgWorkRuns: 2_000, DrainRuns: 100_000, DrainConc: []int{10, 20, 50, 100}}
 }
 
 func main() {
@@ -68,22 +76,45 @@ func run(ctx context.Context) error {
 	scratch := flag.String("scratch", "bench/results", "logs, the pgbench script and results.json")
 	levels := flag.String("clients", "", "comma-separated client counts (default: 1,8,32,128; quick: 32)")
 	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
-	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,cleanup,latency (default all)")
+	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,cleanup,latency,pgwork,e2e,drain (default all; e2e includes the peer's)")
+	baseline := flag.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
+	e2eDur := flag.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 60s; quick 10s)")
+	e2eClients := flag.Int("e2e-clients", 0, "clients of the end-to-end loop (default 32)")
+	pgworkRuns := flag.Int("pgwork-runs", 0, "runs started and executed to measure PostgreSQL's work per run (default 2000; quick 300)")
+	drainRuns := flag.Int("drain-runs", 0, "runs queued for the backlog drain (default 100000; quick 3000)")
+	drainConc := flag.String("drain-concurrency", "", "WORKER_CONCURRENCY values the drain sweeps (default 10,20,50,100; quick 10,50)")
 	flag.Parse()
 
 	p := makePlan(*quick)
 	if *levels != "" {
 		p.Levels = nil
-		for _, f := range strings.Split(*levels, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 {
-				return fmt.Errorf("-clients %q: want numbers such as 1,8,32", *levels)
-			}
-			p.Levels = append(p.Levels, n)
+		ls, err := parseInts(*levels)
+		if err != nil {
+			return fmt.Errorf("-clients: %w", err)
 		}
+		p.Levels = ls
 	}
 	if *dur > 0 {
 		p.HTTP.Dur = *dur
+	}
+	if *e2eDur > 0 {
+		p.E2E.Dur = *e2eDur
+	}
+	if *e2eClients > 0 {
+		p.E2EClients = *e2eClients
+	}
+	if *pgworkRuns > 0 {
+		p.PgWorkRuns = *pgworkRuns
+	}
+	if *drainRuns > 0 {
+		p.DrainRuns = *drainRuns
+	}
+	if *drainConc != "" {
+		cs, err := parseInts(*drainConc)
+		if err != nil {
+			return fmt.Errorf("-drain-concurrency: %w", err)
+		}
+		p.DrainConc = cs
 	}
 	if *only != "" {
 		p.Only = map[string]bool{}
@@ -195,6 +226,10 @@ func run(ctx context.Context) error {
 		}
 	}
 
+	if (p.want("pgwork") || p.want("e2e") || p.want("drain")) && ctx.Err() == nil {
+		res.Exp = runExperiments(ctx, e, p, *baseline, root, scratchDir)
+	}
+
 	if p.want("cleanup") && ctx.Err() == nil {
 		say("cleanup: %d expired keys", p.CleanupKeys)
 		c := e.measureCleanup(ctx, p.CleanupKeys, ratioClients, p.HTTP)
@@ -222,6 +257,15 @@ func run(ctx context.Context) error {
 	res.Machine.LoadEnd = loadavg()
 
 	md := res.markdown()
+	if res.onlyExperiments() {
+		// Only the experiment log ran: replace its section of the
+		// existing results, keep the rest as it was measured.
+		old, err := os.ReadFile(*out)
+		if err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		md = spliceSection(string(old), expHeading, res.Exp.markdown())
+	}
 	if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
 		return err
 	}
@@ -229,12 +273,22 @@ func run(ctx context.Context) error {
 	_ = os.WriteFile(filepath.Join(scratchDir, "results.json"), raw, 0o644)
 
 	fmt.Println()
-	for _, c := range res.checks() {
+	checks := res.checks()
+	if res.onlyExperiments() {
+		checks = nil // the start table was not measured: its checks would all say "no data"
+	}
+	for _, c := range checks {
 		r := "MISS"
 		if c.Pass {
 			r = "PASS"
 		}
 		fmt.Printf("  %-4s %-62s %s (target %s)\n", r, c.Name, c.Measured, c.Target)
+	}
+	if res.Exp != nil {
+		for _, c := range res.Exp.checks() {
+			r := map[bool]string{true: "PASS", false: "MISS"}[c.Pass]
+			fmt.Printf("  %-4s %-62s %s (target %s)\n", r, c.Name, c.Measured, c.Target)
+		}
 	}
 	fmt.Printf("\nwrote %s in %s\n", *out, res.Elapsed.Round(time.Second))
 	if n := res.totalErrors(); n > 0 {
@@ -243,6 +297,11 @@ func run(ctx context.Context) error {
 	for _, r := range res.Rows {
 		if r.Failed != "" {
 			return fmt.Errorf("some runs failed: see %s", *out)
+		}
+	}
+	if res.Exp != nil {
+		if err := res.Exp.failure(); err != nil {
+			return fmt.Errorf("%v: see %s", err, *out)
 		}
 	}
 	return nil
@@ -262,4 +321,17 @@ func progress(r row) {
 		bad = fmt.Sprintf("  ERRORS %d/%d/%d", r.Errors, r.Non2xx, r.Unexpect)
 	}
 	say("%-8s %-28s c=%-3d %8.0f rps  p50 %6s  p99 %7s ms%s", r.Section, r.Scenario, r.Clients, r.RPS, ms(r.P50), ms(r.P99), bad)
+}
+
+// parseInts reads a comma-separated list of positive numbers.
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q: want positive numbers such as 10,20,50", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -84,4 +85,86 @@ func TestPeerStartsAndReplays(t *testing.T) {
 		require.Equal(t, first, again)
 	}
 	require.Equal(t, 2, runs(), "replays inserted nothing")
+}
+
+// TestPeerWorkerWritesTheResult: the peer end to end does what its rows
+// claim: the start enqueues a BullMQ job after its INSERT, and the worker
+// (in the server's process, or as worker.js) validates the submission with
+// ajv against the workflow's JSON Schema and writes the run's status, times
+// and findings.
+func TestPeerWorkerWritesTheResult(t *testing.T) {
+	t.Parallel()
+	peerDir, err := filepath.Abs("peer")
+	require.NoError(t, err)
+	needTool(t, "peer")
+	needTool(t, "redis-server")
+	for _, separate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one process", true: "worker.js"}[separate], func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db, dbURL := testdb.New(t)
+			var org, wf string
+			require.NoError(t, db.Raw(`INSERT INTO organizations (name, slug) VALUES ('peer', 'peer') RETURNING id`).Scan(&org).Error)
+			require.NoError(t, db.Raw(`INSERT INTO workflows (org_id, name, schema) VALUES (?, 'peer',
+				'{"type":"object","required":["customer","total"],"properties":{"total":{"type":"number"}}}') RETURNING id`, org).Scan(&wf).Error)
+
+			logDir := t.TempDir()
+			rport := proctest.FreePort(t)
+			redis, err := startProc("redis", logDir, logDir, childEnv(), "redis-server", "--port", strconv.Itoa(rport),
+				"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", logDir)
+			require.NoError(t, err)
+			t.Cleanup(func() { redis.Stop(5 * time.Second) })
+			redisURL := fmt.Sprintf("redis://127.0.0.1:%d/0", rport)
+
+			port := proctest.FreePort(t)
+			kv := []string{"PORT=" + strconv.Itoa(port), "HOST=127.0.0.1", "DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL, "ORG_ID=" + org}
+			if !separate {
+				kv = append(kv, "PEER_WORKER=1")
+			}
+			peer, err := startProc("peer", logDir, peerDir, childEnv(kv...), "node", "server.js")
+			require.NoError(t, err)
+			t.Cleanup(func() { peer.Stop(5 * time.Second) })
+			base := fmt.Sprintf("http://127.0.0.1:%d", port)
+			require.NoError(t, peer.waitHTTP(base+"/healthz", 30*time.Second))
+			if separate {
+				hport := proctest.FreePort(t)
+				w, err := startProc("peer-worker", logDir, peerDir, childEnv("HEALTH_PORT="+strconv.Itoa(hport), "HOST=127.0.0.1",
+					"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL), "node", "worker.js")
+				require.NoError(t, err)
+				t.Cleanup(func() { w.Stop(5 * time.Second) })
+				require.NoError(t, w.waitHTTP(fmt.Sprintf("http://127.0.0.1:%d/healthz", hport), 30*time.Second))
+			}
+
+			start := func(body string) string {
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/workflows/"+wf+"/start/", strings.NewReader(body))
+				require.NoError(t, err)
+				req.Header = headerFor("", "")
+				resp, err := http.DefaultClient.Do(req)
+				require.NoError(t, err)
+				b := readAll(resp)
+				require.Equal(t, http.StatusCreated, resp.StatusCode, string(b))
+				var run struct{ ID string }
+				require.NoError(t, json.Unmarshal(b, &run))
+				return run.ID
+			}
+			good := start(startBody)
+			bad := start(`{"submission":{"total":"forty-two"}}`)
+			type final struct {
+				Status   string
+				Started  bool
+				Finished bool
+				Findings int
+			}
+			read := func(id string) final {
+				var f final
+				require.NoError(t, db.Raw(`SELECT status, started_at IS NOT NULL AS started, finished_at IS NOT NULL AS finished,
+					(SELECT count(*) FROM findings WHERE run_id = r.id) AS findings FROM validation_runs r WHERE id = ?`, id).Scan(&f).Error)
+				return f
+			}
+			require.Eventually(t, func() bool { return read(good).Finished && read(bad).Finished }, 20*time.Second, 50*time.Millisecond,
+				"the worker never finished the runs; peer log:\n%s", peer.Tail())
+			require.Equal(t, final{Status: "passed", Started: true, Finished: true}, read(good))
+			require.Equal(t, final{Status: "failed", Started: true, Finished: true, Findings: 2}, read(bad)) // customer missing, total not a number
+		})
+	}
 }

@@ -29,6 +29,7 @@ type results struct {
 	PeerCapture captured
 	Cleanup     *cleanupResult
 	Latency     *latencyResult
+	Exp         *experimentLog
 }
 
 // check is one ratio or limit with its target.
@@ -355,6 +356,9 @@ func (r *results) markdown() string {
 				count(len(pc.A.Stmts), "statement"), count(pc.A.RoundTrips-pc.A.PrepareRoundTrips, "round trip"), pgbenchPeerScenario)
 			writeStatements(&b, pc.A)
 		}
+	}
+	if r.Exp != nil {
+		b.WriteString("\n" + r.Exp.markdown())
 	}
 	return b.String()
 }

@@ -341,12 +341,22 @@ func (e *env) startPeer(ctx context.Context, db string) (*proc, string, error) {
 	return e.startPeerURL(ctx, e.dbURL(db))
 }
 
-// startPeerURL runs the Node peer on the database at dbURL.
+// startPeerURL runs the Node peer on the database at dbURL (no worker: the
+// start measurements leave its queue to grow, as valruns' leave staged jobs).
 func (e *env) startPeerURL(ctx context.Context, dbURL string) (*proc, string, error) {
+	return e.startPeerOpts(ctx, dbURL, e.orgs[0], false)
+}
+
+// startPeerOpts runs the Node peer for org on the database at dbURL, with
+// its BullMQ worker in the same process when worker.
+func (e *env) startPeerOpts(ctx context.Context, dbURL string, org benchOrg, worker bool) (*proc, string, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", e.port+1)
 	dir := filepath.Join(e.root, "bench", "peer")
 	kv := []string{"PORT=" + fmt.Sprint(e.port+1), "HOST=127.0.0.1", "DATABASE_URL=" + dbURL,
-		"REDIS_URL=" + e.redisURL, "ORG_ID=" + e.orgs[0].ID, "NODE_ENV=production"}
+		"REDIS_URL=" + e.redisURL, "ORG_ID=" + org.ID, "NODE_ENV=production"}
+	if worker {
+		kv = append(kv, "PEER_WORKER=1")
+	}
 	p, err := startProc("peer", e.logDir, dir, childEnv(kv...), "node", "server.js")
 	if err != nil {
 		return nil, "", err
@@ -357,6 +367,23 @@ func (e *env) startPeerURL(ctx context.Context, dbURL string) (*proc, string, er
 		return nil, "", err
 	}
 	return p, base, nil
+}
+
+// startPeerWorker runs the peer's BullMQ worker as a process of its own
+// (node worker.js), its health check on the harness's third port.
+func (e *env) startPeerWorker(ctx context.Context, dbURL string) (*proc, error) {
+	dir := filepath.Join(e.root, "bench", "peer")
+	kv := []string{"HEALTH_PORT=" + fmt.Sprint(e.port+2), "HOST=127.0.0.1", "DATABASE_URL=" + dbURL,
+		"REDIS_URL=" + e.redisURL, "NODE_ENV=production"}
+	p, err := startProc("peer-worker", e.logDir, dir, childEnv(kv...), "node", "worker.js")
+	if err != nil {
+		return nil, err
+	}
+	if err := p.waitHTTP(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.port+2), 30*time.Second); err != nil {
+		p.Stop(5 * time.Second)
+		return nil, err
+	}
+	return p, nil
 }
 
 // threads is pgbench's -j for c clients.

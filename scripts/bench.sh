@@ -5,8 +5,12 @@
 # database's own limit (pgbench replaying the SQL a start sends, captured at
 # run time), and writes bench/RESULTS.md with the ratios and their targets.
 #
-#   scripts/bench.sh            full run (about 12 minutes on 2 cores)
-#   QUICK=1 scripts/bench.sh    short runs at 32 clients only (under 2 minutes)
+#   scripts/bench.sh            full run (about 45 minutes on 2 cores, the experiment log included)
+#   QUICK=1 scripts/bench.sh    short runs at 32 clients only (about 5 minutes)
+#   scripts/bench.sh e2e        the experiment log only (make bench-e2e): PostgreSQL work
+#                               per run, end to end, backlog drain, beside the baseline
+#                               (BENCH_BASELINE, default 0b107b5); replaces that section
+#                               of bench/RESULTS.md (QUICK=1: short, about 3 minutes)
 #   scripts/bench.sh go         the Go micro-benchmarks of the handlers (make bench-go)
 #   scripts/bench.sh -- ARGS    pass ARGS to the harness (e.g. -- -only valruns,peer -clients 8,32)
 #
@@ -45,10 +49,16 @@ micro() {
 	  }' "$out"
 }
 
+parts=()
 case "${1:-}" in
 go | micro)
 	micro
 	exit 0
+	;;
+e2e)
+	parts=(-only pgwork,e2e,drain)
+	shift
+	[ "${1:-}" != -- ] || shift
 	;;
 --) shift ;;
 "") ;;
@@ -56,7 +66,7 @@ go | micro)
 	sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
 	exit 0
 	;;
-*) die "usage: $0 [go | -- HARNESS-ARGS]" ;;
+*) die "usage: $0 [go | e2e | -- HARNESS-ARGS]" ;;
 esac
 
 # pgbench, node and npm, redis-server (unless BENCH_REDIS_URL) and the peer's packages.
@@ -68,4 +78,4 @@ go build -o bin/valruns-bench ./bench
 
 args=()
 if [ -n "${QUICK:-}" ] && [ "${QUICK}" != 0 ]; then args+=(-quick); fi
-exec bin/valruns-bench "${args[@]}" "$@"
+exec bin/valruns-bench "${args[@]}" "${parts[@]}" "$@"

@@ -2,8 +2,11 @@
 // for an idempotent "start a run" endpoint in Node.js. Express, the
 // express-idempotency middleware storing responses in Redis through
 // express-idempotency-redis-adapter, and pg inserting the same run row into
-// the same validation_runs table, with one INSERT per start. No auth, no
-// quota, no audit, no staged job: it does less than valruns, on purpose.
+// the same validation_runs table, with one INSERT per start; after the
+// INSERT, the run's job is added to a BullMQ queue on the same Redis
+// (worker.js executes it). No auth, no quota, no audit, no outbox (a crash
+// between the INSERT and the enqueue leaves a run that never runs): it does
+// less than valruns, on purpose.
 //
 // Environment (set by the bench harness):
 //   PORT, HOST        where to listen (default 127.0.0.1:18081)
@@ -11,12 +14,16 @@
 //   REDIS_URL         Redis for the idempotency adapter (a private server or DB)
 //   ORG_ID            the organisation the runs belong to
 //   PG_POOL_MAX       pg pool size (default 20, like valruns' pool)
+//   PEER_WORKER=1     also run the BullMQ worker (worker.js) in this process
 'use strict';
 
 const express = require('express');
 const { idempotency, getSharedIdempotencyService } = require('express-idempotency');
 const RedisAdapter = require('express-idempotency-redis-adapter').default;
 const { Pool } = require('pg');
+const { Queue } = require('bullmq');
+const IORedis = require('ioredis');
+const { startWorker, QUEUE } = require('./worker');
 
 const need = (name) => {
   const v = process.env[name];
@@ -35,6 +42,10 @@ const pool = new Pool({
   max: Number(process.env.PG_POOL_MAX || 20),
 });
 const adapter = new RedisAdapter({ connectionConfig: { url: need('REDIS_URL') } });
+const queue = new Queue(QUEUE, {
+  connection: new IORedis(need('REDIS_URL'), { maxRetriesPerRequest: null }),
+  defaultJobOptions: { removeOnComplete: true, removeOnFail: 1000, attempts: 3, backoff: { type: 'exponential', delay: 1000 } },
+});
 
 const insertRun = `INSERT INTO validation_runs (org_id, workflow_id, submission, metadata)
 VALUES ($1, $2, $3, $4)
@@ -64,6 +75,7 @@ app.post('/api/workflows/:id/start', idempotency({ dataAdapter: adapter }), asyn
       JSON.stringify(body.metadata || {}),
     ]);
     const run = r.rows[0];
+    await queue.add('run', { runId: run.id, workflowId: run.workflow_id, submission: body.submission }, { jobId: run.id });
     res.status(201).location(`/api/runs/${run.id}/`).json(run);
   } catch (err) {
     await svc.reportError(req).catch(() => {});
@@ -79,12 +91,13 @@ app.use((err, req, res, next) => {
   res.status(status).json({ error: err.message });
 });
 
-adapter
-  .connect()
-  .then(() => {
+Promise.all([adapter.connect(), queue.waitUntilReady(), process.env.PEER_WORKER === '1' ? startWorker() : null])
+  .then(([, , inline]) => {
     const server = app.listen(port, host, () => console.log(`peer listening on ${host}:${port}`));
     server.keepAliveTimeout = 120000;
-    const stop = () => server.close(() => Promise.all([pool.end(), adapter.disconnect()]).finally(() => process.exit(0)));
+    const closeAll = () =>
+      Promise.all([pool.end(), adapter.disconnect(), queue.close(), inline ? inline.close() : null]);
+    const stop = () => server.close(() => closeAll().finally(() => process.exit(0)));
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
   })

@@ -1,0 +1,243 @@
+package main
+
+// End to end: what a user of a validation service feels. A closed loop of
+// new-key starts for a while, then the runs' own timestamps in the
+// database say how many runs were started and finished per second and how
+// long a run took from its start (created_at) to its final state
+// (finished_at), and to running (started_at).
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// e2eMode is how the runs are executed.
+type e2eMode struct {
+	Name     string
+	Separate bool // a separate worker process beside the API
+}
+
+var (
+	modeInline   = e2eMode{Name: "serve --worker"}
+	modeSeparate = e2eMode{Name: "serve + worker", Separate: true}
+	peerInline   = e2eMode{Name: "peer, one process"}
+	peerSeparate = e2eMode{Name: "peer + worker.js", Separate: true}
+)
+
+// e2eResult is one end-to-end loop.
+type e2eResult struct {
+	Side    string // now, baseline, peer
+	Mode    string
+	Clients int
+	Window  time.Duration
+	// From the load generator: the 201s inside the window and their latency.
+	Answers            int
+	StartP50, StartP99 time.Duration
+	Errors             int // transport errors, non-2xx and unexpected answers
+	// From the database.
+	Started  int // runs created inside the window
+	Finished int // runs that reached a final state inside the window (any run)
+	// Of the runs created inside the window, after the drain wait:
+	Final, Unfinished    int
+	FinalP50, FinalP99   time.Duration // created_at -> finished_at
+	RunningP50           time.Duration // created_at -> started_at (0 when not recorded)
+	HasRunning           bool
+	DrainedAfter         time.Duration // from the window's end to the last run's finished_at
+	ServerCPU, WorkerCPU time.Duration // per run started
+	PeakRSSKB            int64
+	Failed               string
+}
+
+func (r e2eResult) StartedPerSec() float64  { return perSec(r.Started, r.Window) }
+func (r e2eResult) FinishedPerSec() float64 { return perSec(r.Finished, r.Window) }
+
+// Ratio is runs finished over runs started in the window (1 when the
+// worker keeps up; below it, a backlog grows).
+func (r e2eResult) Ratio() float64 {
+	if r.Started == 0 {
+		return 0
+	}
+	return float64(r.Finished) / float64(r.Started)
+}
+
+func perSec(n int, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+// e2eTarget is what a loop runs against.
+type e2eTarget struct {
+	side *side // nil for the peer
+	peer bool
+	mode e2eMode
+}
+
+// measureE2E runs the closed loop of new-key starts against t for dur
+// (after warm), then waits up to drainWait for the window's runs to end.
+func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, dur, drainWait time.Duration, extra ...string) (r e2eResult) {
+	r = e2eResult{Mode: t.mode.Name, Clients: clients}
+	tmpl, org := e.tmpl, e.orgs[0]
+	if t.peer {
+		r.Side = "peer"
+	} else {
+		r.Side = t.side.Name
+		tmpl, org = t.side.tmpl, t.side.org
+	}
+	fail := func(err error) e2eResult {
+		r.Failed = err.Error()
+		fmt.Fprintf(os.Stderr, "bench: e2e %s %s: %v\n", r.Side, r.Mode, err)
+		return r
+	}
+	db, err := e.freshFrom(ctx, tmpl)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = e.dropDB(ctx, db) }()
+	if err := e.flushRedis(ctx); err != nil {
+		return fail(err)
+	}
+	var srv, worker *proc
+	var base string
+	switch {
+	case t.peer:
+		srv, base, err = e.startPeerOpts(ctx, e.dbURL(db), org, !t.mode.Separate)
+	default:
+		srv, base, err = e.startServerBin(ctx, t.side.bin, e.dbURL(db), !t.mode.Separate, extra...)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	defer srv.Stop(20 * time.Second)
+	if t.mode.Separate {
+		if t.peer {
+			worker, err = e.startPeerWorker(ctx, e.dbURL(db))
+		} else {
+			worker, err = e.startWorkerBin(ctx, t.side.bin, e.dbURL(db), extra...)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		defer worker.Stop(20 * time.Second)
+	}
+	conn, err := e.connect(ctx, db)
+	if err != nil {
+		return fail(err)
+	}
+	defer conn.Close(context.Background())
+
+	token := org.Token
+	if t.peer {
+		token = ""
+	}
+	url := base + org.startPath()
+	body := []byte(startBody)
+	run := time.Now().UnixNano()
+	next := func(c, i int) request {
+		return request{"POST", url, headerFor(token, fmt.Sprintf("e2e-%d-%d-%d", run, c, i)), body}
+	}
+	sm := &usageMeter{pid: srv.Pid()}
+	var wm *usageMeter
+	if worker != nil {
+		wm = &usageMeter{pid: worker.Pid()}
+	}
+	var from, to time.Time
+	var clockErr error
+	dbNow := func() time.Time {
+		var ts time.Time
+		if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&ts); err != nil {
+			clockErr = err
+		}
+		return ts
+	}
+	res := runLoad(ctx, clients, warm, dur, next, nil, nil, func(open bool) {
+		if open {
+			from = dbNow()
+			sm.open()
+			if wm != nil {
+				wm.open()
+			}
+			return
+		}
+		to = dbNow()
+		sm.close()
+		if wm != nil {
+			wm.close()
+		}
+	})
+	if clockErr != nil {
+		return fail(clockErr)
+	}
+	if srv.Exited() {
+		return fail(fmt.Errorf("the server exited during the run: %v\n%s", srv.err, srv.Tail()))
+	}
+	r.Window = to.Sub(from)
+	r.Answers = res.Requests
+	r.StartP50, r.StartP99 = res.Percentile(.5), res.Percentile(.99)
+	r.Errors = res.Errors + res.Non2xx + res.Unexpected
+	r.PeakRSSKB = sm.usage.PeakRSS
+
+	if err := conn.QueryRow(ctx, `SELECT
+		count(*) FILTER (WHERE created_at >= $1 AND created_at < $2),
+		count(*) FILTER (WHERE finished_at >= $1 AND finished_at < $2)
+		FROM validation_runs`, from, to).Scan(&r.Started, &r.Finished); err != nil {
+		return fail(err)
+	}
+	if r.Started > 0 {
+		r.ServerCPU = sm.usage.CPU / time.Duration(r.Started)
+		if wm != nil {
+			r.WorkerCPU = wm.usage.CPU / time.Duration(r.Started)
+		}
+	}
+	// The drain: the window's runs end after the load has stopped.
+	deadline := time.Now().Add(drainWait)
+	for {
+		var left int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM validation_runs
+			WHERE created_at >= $1 AND created_at < $2 AND finished_at IS NULL`, from, to).Scan(&left); err != nil {
+			return fail(err)
+		}
+		if left == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := e2eTimes(ctx, conn, from, to, &r); err != nil {
+		return fail(err)
+	}
+	return r
+}
+
+// e2eTimes reads the window's runs' start-to-final and start-to-running
+// times from their own timestamps.
+func e2eTimes(ctx context.Context, conn *pgx.Conn, from, to time.Time, r *e2eResult) error {
+	var p50, p99, run50, last *float64
+	err := conn.QueryRow(ctx, `SELECT
+		count(*) FILTER (WHERE finished_at IS NOT NULL),
+		count(*) FILTER (WHERE finished_at IS NULL),
+		percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) FILTER (WHERE finished_at IS NOT NULL),
+		percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) FILTER (WHERE finished_at IS NOT NULL),
+		percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)) FILTER (WHERE started_at IS NOT NULL),
+		extract(epoch FROM max(finished_at) - $2::timestamptz)
+		FROM validation_runs WHERE created_at >= $1 AND created_at < $2`, from, to).
+		Scan(&r.Final, &r.Unfinished, &p50, &p99, &run50, &last)
+	if err != nil {
+		return err
+	}
+	r.FinalP50, r.FinalP99 = secs(p50), secs(p99)
+	r.RunningP50, r.HasRunning = secs(run50), run50 != nil
+	r.DrainedAfter = max(0, secs(last))
+	return nil
+}
+
+func secs(f *float64) time.Duration {
+	if f == nil {
+		return 0
+	}
+	return time.Duration(*f * float64(time.Second))
+}
