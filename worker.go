@@ -39,7 +39,7 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 		Concurrency: a.cfg.WorkerConcurrency, CleanupSchedule: a.cfg.CleanupSchedule,
 		CleanupBatchSize: a.cfg.CleanupBatchSize, RunLease: a.cfg.RunLease, RunHeartbeat: a.cfg.RunHeartbeat,
 		RunMaxRetry: a.cfg.RunMaxRetry, RetryDelay: a.cfg.RunRetryDelay, RunTimeout: a.cfg.RunTimeout,
-		SweepInterval: a.cfg.RunSweepInterval, RedeliverAfter: a.cfg.RunRedeliverAfter,
+		SweepInterval: a.cfg.RunSweepInterval, RedeliverAfter: a.cfg.RunRedeliverAfter, FastBudget: fastBudget(a.cfg.RunFastPath),
 		ShutdownTimeout: a.cfg.ShutdownTimeout,
 		Registry:        reg, Log: a.log,
 	})
@@ -55,6 +55,14 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 		return nil, err
 	}
 	return &workerProcess{w: w, registry: reg}, nil
+}
+
+// fastBudget is RUN_FAST_PATH as tasks.Config.FastBudget takes it.
+func fastBudget(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1 // off
+	}
+	return d
 }
 
 // startDispatcher starts the hand-off of committed runs to the queue.

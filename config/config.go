@@ -89,6 +89,11 @@ type Config struct {
 	// checks that its task is still in Redis, and how long before it looks at
 	// the same run again (RUN_REDELIVER_AFTER).
 	RunRedeliverAfter time.Duration
+	// RunFastPath is how long a run's first delivery may validate it
+	// without claiming it, writing it once from queued to final; past it
+	// the run is claimed and validated under a lease. 0: every run is
+	// claimed first (RUN_FAST_PATH).
+	RunFastPath time.Duration
 	// WorkerMetricsAddr is where `valruns worker` serves /metrics and /healthz (WORKER_METRICS_ADDR).
 	WorkerMetricsAddr string
 	// PprofAddr, when set, is where serve and worker serve net/http/pprof;
@@ -129,6 +134,7 @@ var Vars = []Var{
 	{"RUN_RETRY_DELAY", "1s", "delay before a failing run task's first retry, doubled per retry up to 1m; a database outage is retried at this pace without spending retries"},
 	{"RUN_TIMEOUT", "5m", "longest one execution of a run may take, behind the validation engine's own limits; past it the run ends `error`"},
 	{"RUN_SWEEP_INTERVAL", "5s", "how often each worker looks for stranded runs (queued with their task lost, or running with an expired lease) and re-enqueues them"},
+	{"RUN_FAST_PATH", "1s", "how long a run's first delivery may validate it without claiming it (one write per run; at most RUN_HEARTBEAT); past it the run is claimed and validated under a lease; 0 claims every run first"},
 	{"RUN_REDELIVER_AFTER", "10s", "how long a run may stay queued before the sweeper checks that Redis still has its task; also how long before it looks at the same run again"},
 	{"WORKER_METRICS_ADDR", "127.0.0.1:9091", "where `valruns worker` serves /metrics and /healthz (`serve --worker` uses the API's /metrics)"},
 	{"PPROF_ADDR", "", "`host:port` where `serve` and `worker` serve Go's /debug/pprof/ for profiling; empty (the default) serves nothing. Keep it on loopback"},
@@ -180,6 +186,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		RunTimeout:             p.duration("RUN_TIMEOUT", time.Second),
 		RunSweepInterval:       p.duration("RUN_SWEEP_INTERVAL", 100*time.Millisecond),
 		RunRedeliverAfter:      p.duration("RUN_REDELIVER_AFTER", 100*time.Millisecond),
+		RunFastPath:            p.duration("RUN_FAST_PATH", 0),
 		WorkerMetricsAddr:      p.addr("WORKER_METRICS_ADDR"),
 		PprofAddr:              p.optionalAddr("PPROF_ADDR"),
 	}

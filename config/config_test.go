@@ -48,6 +48,7 @@ var documented = config.Config{
 	RunRetryDelay:          time.Second,
 	RunTimeout:             5 * time.Minute,
 	RunSweepInterval:       5 * time.Second,
+	RunFastPath:            time.Second,
 	RunRedeliverAfter:      10 * time.Second,
 	WorkerMetricsAddr:      "127.0.0.1:9091",
 }

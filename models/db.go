@@ -58,6 +58,12 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 	if opt.StatementTimeout > 0 {
 		cfg.RuntimeParams["statement_timeout"] = fmt.Sprint(opt.StatementTimeout.Milliseconds())
 	}
+	// A backend whose process died while one of its statements waits (on a
+	// lock, say) exits within a second instead of finishing that statement,
+	// which, in autocommit, would commit for a client that is gone: a
+	// killed worker's final write, a killed API's start (see
+	// ClientCheckInterval; PostgreSQL 14+).
+	cfg.RuntimeParams["client_connection_check_interval"] = clientCheckMS
 	sqlDB := stdlib.OpenDB(*cfg)
 	maxOpen := opt.MaxOpenConns
 	if maxOpen == 0 {

@@ -1,8 +1,29 @@
 package tasks
 
-import "context"
+import (
+	"context"
+
+	"github.com/hibiken/asynq"
+)
 
 // SetBeforeRun makes w's run executor call f with the execution's context
 // just before it validates a run: it stands in for a validation that takes
 // long (and stops when its context ends).
 func SetBeforeRun(w *Worker, f func(ctx context.Context, runID string)) { w.runs.beforeRun = f }
+
+// NewRunTask is the task executing runID, as the hand-off (or, with
+// redelivery, the sweeper) enqueues it, without its data inline: the
+// worker reads the run.
+func NewRunTask(runID string, redelivery bool) *asynq.Task {
+	t, err := newRunTask(RunPayload{RunID: runID, Redelivery: redelivery}, nil)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// RunTaskID is the TaskID of a run's n-th delivery (0: the hand-off's).
+func RunTaskID(runID string, n int) string { return runTaskID(runID, n) }
+
+// TaskKey is where asynq keeps the task taskID of the default queue.
+func TaskKey(taskID string) string { return taskKey(taskID) }

@@ -197,9 +197,8 @@ func newWorker(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt, edit fu
 	logs := &proctest.Log{}
 	reg := prometheus.NewRegistry()
 	cfg := tasks.Config{
-		DB: env.DB, DBURL: env.DBURL, Redis: opt,
+		DB: env.DB, Redis: opt,
 		Concurrency:     4,
-		PollInterval:    50 * time.Millisecond,
 		RetryDelay:      100 * time.Millisecond,
 		ShutdownTimeout: 10 * time.Second,
 		Registry:        reg,
@@ -218,13 +217,29 @@ func newWorker(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt, edit fu
 	return &testWorker{Worker: w, Registry: reg, Redis: opt}
 }
 
-// startWorker builds and starts a worker; it is shut down at cleanup.
+// startWorker builds and starts a worker, and makes env's API hand its
+// runs to the same Redis (as serve --worker does); it is shut down at
+// cleanup.
 func startWorker(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt, edit func(*tasks.Config)) *testWorker {
 	t.Helper()
 	w := newWorker(t, env, opt, edit)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
+	handOff(t, env, opt)
 	return w
+}
+
+// handOff makes env's API hand each committed run to Redis opt, through a
+// tasks.Dispatcher closed at cleanup.
+func handOff(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt) *tasks.Dispatcher {
+	t.Helper()
+	d := tasks.NewDispatcher(tasks.DispatcherConfig{Redis: opt, MaxRetry: 5, Timeout: time.Minute, GiveUp: 10 * time.Second})
+	env.SetHandOff(d.HandOff)
+	t.Cleanup(func() {
+		env.SetHandOff(nil)
+		d.Close()
+	})
+	return d
 }
 
 // fastSweep makes a worker take over stranded runs within about a second:
@@ -235,6 +250,10 @@ func fastSweep(c *tasks.Config) {
 	c.SweepInterval = 100 * time.Millisecond
 	c.RedeliverAfter = 500 * time.Millisecond
 }
+
+// claimedPath turns the fast path off: every delivery claims its run and
+// validates it under a lease (for tests of the lease, heartbeat, hand-back).
+func claimedPath(c *tasks.Config) { c.FastBudget = -1 }
 
 // idleRedis is a connection option for workers that are never started
 // (their handlers are called directly): nothing connects to it.
@@ -378,23 +397,36 @@ type dbRun struct {
 	Error      *string
 	FinishedAt *time.Time
 	LeaseSet   bool
-	KeyID      *string
+	Key        *string
 }
 
 func readRun(t testing.TB, env *apitest.Env, id string) dbRun {
 	t.Helper()
 	var r dbRun
 	require.NoError(t, env.DB.Raw(`SELECT status, attempts, error, finished_at, lease_expires_at IS NOT NULL AS lease_set,
-		idempotency_key_id AS key_id FROM validation_runs WHERE id = ?`, id).Scan(&r).Error)
+		idempotency_key AS key FROM validation_runs WHERE id = ?`, id).Scan(&r).Error)
 	return r
 }
 
-// dbFindings lists a run's findings rows in position order.
+// dbFindings lists a run's findings as stored, in order (nil before it finished).
 func dbFindings(t testing.TB, env *apitest.Env, id string) []finding {
 	t.Helper()
-	var fs []finding
-	require.NoError(t, env.DB.Raw(`SELECT step, severity, path, message FROM findings WHERE run_id = ? ORDER BY position`, id).Scan(&fs).Error)
+	var raw *string
+	require.NoError(t, env.DB.Raw(`SELECT findings::text FROM validation_runs WHERE id = ?`, id).Scan(&raw).Error)
+	if raw == nil {
+		return nil
+	}
+	fs := []finding{}
+	require.NoError(t, json.Unmarshal([]byte(*raw), &fs))
 	return fs
+}
+
+// countFindings counts the findings stored for all runs.
+func countFindings(t testing.TB, env *apitest.Env) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, env.DB.Raw(`SELECT coalesce(sum(json_array_length(findings)), 0) FROM validation_runs`).Scan(&n).Error)
+	return n
 }
 
 // insertKeys inserts n idempotency keys of org in one statement: expired
@@ -421,16 +453,4 @@ func eventuallyMetric(t testing.TB, reg prometheus.Gatherer, want float64, name 
 	t.Helper()
 	apitest.Eventually(t, 10*time.Second, func() bool { return metricValue(t, reg, name, labels...) == want },
 		fmt.Sprintf("%s%v == %v (now %v)", name, labels, want, metricValue(t, reg, name, labels...)))
-}
-
-// waitListening waits until the worker's enqueuer LISTENs on env's
-// database, so a start's NOTIFY cannot be missed.
-func waitListening(t testing.TB, env *apitest.Env) {
-	t.Helper()
-	apitest.Eventually(t, 20*time.Second, func() bool {
-		var n int64
-		require.NoError(t, env.DB.Raw(`SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&n).Error)
-		return n > 0
-	}, "the enqueuer listens for NOTIFY")
 }

@@ -129,11 +129,11 @@ func (p *workerProcess) stop() {
 // takes a second or two, where asynq's own recovery of the task takes about
 // 1.5 minutes), and the run finishes exactly once.
 //
-// The run is held mid-execution deterministically: before the worker
-// starts, the test inserts (uncommitted) the finding at position 0 of the
-// run, so the worker's Finish transaction — which has already updated the
-// run's row — blocks on the unique (run_id, position) index until the test
-// rolls back. The worker is killed while blocked there.
+// The run is held mid-execution deterministically (holdFinish): the
+// worker's Finish, after its claim committed, blocks on a lock the test
+// holds until it rolls back. The worker is killed while blocked there. The
+// worker claims every run (RUN_FAST_PATH=0): this is about a run held under
+// a lease.
 func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	t.Parallel()
 	bin := proctest.Binary(t)
@@ -143,7 +143,7 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	rdb := newRedis(t)
 	ctx := context.Background()
 
-	// Staged; no worker runs yet.
+	// Queued; no worker runs yet.
 	id := startRun(t, env, org, wf, invalidOrder)
 	other := startRun(t, env, org, wf, validOrder) // an ordinary run the first worker completes
 
@@ -161,24 +161,25 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 			return true
 		}
 		return false
-	}, "the worker's Finish blocks on the test's uncommitted finding")
+	}, "the worker's Finish blocks on the test's lock")
 	var query string
 	require.NoError(t, env.DB.Raw(`SELECT query FROM pg_stat_activity WHERE pid = ?`, workerPID).Scan(&query).Error)
-	require.Contains(t, query, "findings", "blocked in the INSERT of the findings")
+	require.Contains(t, query, "findings", "blocked in the UPDATE that writes the findings")
 	mid := readRun(t, env, id)
 	require.Equal(t, "running", mid.Status, "the claim committed")
 	require.Equal(t, 1, mid.Attempts)
 
 	require.Contains(t, w1.out.String(), `"msg":"worker running"`, "LOG_FORMAT=json")
 	w1.kill(t)
-	require.NoError(t, tx.Rollback(ctx))
-	// The dead worker's backend sees its client gone and aborts: nothing of
+	// The dead worker's backend sees its client gone while its statement
+	// still waits, and exits (client_connection_check_interval): nothing of
 	// the first attempt is committed.
 	apitest.Eventually(t, 30*time.Second, func() bool {
 		var n int64
 		require.NoError(t, env.DB.Raw(`SELECT count(*) FROM pg_stat_activity WHERE pid = ?`, workerPID).Scan(&n).Error)
 		return n == 0
-	}, "the killed worker's database session ends")
+	}, "the killed worker's database session ends while its Finish is still blocked")
+	require.NoError(t, tx.Rollback(ctx))
 	mid = readRun(t, env, id)
 	require.Equal(t, "running", mid.Status)
 	require.Equal(t, 1, mid.Attempts)
@@ -197,19 +198,17 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	require.Nil(t, run.Error)
 	require.Equal(t, "passed", waitRun(t, env, org, other, 20*time.Second).Status)
 	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"), "no run left running")
-	require.EqualValues(t, 0, env.Count("staged_jobs", ""))
 }
 
 // fastRecovery are settings under which a dead worker's runs are taken over
 // within seconds, for tests about what happens rather than how fast.
-var fastRecovery = []string{"RUN_LEASE=1s", "RUN_SWEEP_INTERVAL=100ms", "RUN_REDELIVER_AFTER=500ms",
-	"ENQUEUE_POLL_INTERVAL=100ms"}
+var fastRecovery = []string{"RUN_LEASE=1s", "RUN_SWEEP_INTERVAL=100ms", "RUN_REDELIVER_AFTER=500ms", "RUN_FAST_PATH=0"}
 
 // Finding: a killed worker's runs stayed running for the whole RUN_LEASE
 // (5 min): 10 runs finished about 305 s after the kill. Here, with the
 // default settings, two workers run; the first holds ten runs mid-execution
-// (each run's Finish waits on a finding the test inserted, uncommitted, at
-// its position 0) and is killed with SIGKILL. Every run must be final within
+// under their claims (RUN_FAST_PATH=0 for it; each run's Finish waits on a
+// lock the test holds) and is killed with SIGKILL. Every run must be final within
 // 60 s of the kill, taken over once (attempt 2), its findings written once.
 func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
 	t.Parallel()
@@ -227,19 +226,26 @@ func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
 	}
 	tx, blockerPID := holdFinish(t, env, `true`)
 
-	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
+	w1 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb), "RUN_FAST_PATH=0")
 	var workerPIDs []int
 	apitest.Eventually(t, 60*time.Second, func() bool {
 		workerPIDs = nil
 		require.NoError(t, env.DB.Raw(`SELECT pid FROM pg_stat_activity WHERE ? = ANY (pg_blocking_pids(pid))`,
 			blockerPID).Scan(&workerPIDs).Error)
 		return len(workerPIDs) == n
-	}, "the first worker's ten Finish transactions block on the test's findings")
+	}, "the first worker's ten Finish statements block on the test's lock")
 	require.EqualValues(t, n, env.Count("validation_runs", "status = 'running' AND attempts = 1"))
 	w2 := startWorkerProcess(t, bin, env.DBURL, redisURL(rdb))
 
 	w1.kill(t)
 	killed := time.Now()
+	// Its backends exit while their statements still wait
+	// (client_connection_check_interval): nothing of theirs commits.
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		var n int64
+		require.NoError(t, env.DB.Raw(`SELECT count(*) FROM pg_stat_activity WHERE pid IN ?`, workerPIDs).Scan(&n).Error)
+		return n == 0
+	}, "the killed worker's sessions end while their Finish statements are still blocked")
 	require.NoError(t, tx.Rollback(ctx))
 	for _, id := range ids {
 		run := waitRun(t, env, org, id, time.Until(killed.Add(60*time.Second)))
@@ -259,14 +265,28 @@ func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
 	require.Equal(t, strconv.Itoa(n), w2.metric(t, `valruns_runs_redelivered_total{reason="lease_expired"}`))
 }
 
-// holdFinish inserts, in a transaction it keeps open until the test ends
-// (or until the caller rolls it back), a finding at position 0 of every run
-// matching where: a worker's Finish of such a run then blocks on the unique
-// (run_id, position) until the transaction ends. It returns the transaction
-// and its backend's pid.
+// holdFinish makes a worker's Finish of every run matching where block
+// until the returned transaction ends (the caller rolls it back, or the
+// test ends): a trigger on the UPDATE that writes a run's findings of such a
+// run waits for an advisory lock the transaction holds. The claim, which
+// writes no findings, does not wait. It returns the transaction and its
+// backend's pid.
 func holdFinish(t *testing.T, env *apitest.Env, where string, args ...any) (pgx.Tx, int) {
 	t.Helper()
 	ctx := context.Background()
+	require.NoError(t, env.DB.Exec(`
+CREATE TABLE test_held (id uuid PRIMARY KEY);
+CREATE FUNCTION test_hold_finish() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM test_held WHERE id = NEW.id) THEN
+		PERFORM pg_advisory_xact_lock_shared(7407);
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER test_hold_finish BEFORE UPDATE ON validation_runs FOR EACH ROW
+	WHEN (NEW.findings IS NOT NULL AND OLD.findings IS NULL) EXECUTE FUNCTION test_hold_finish();`).Error)
+	require.NoError(t, env.DB.Exec(`INSERT INTO test_held SELECT id FROM validation_runs WHERE `+
+		strings.ReplaceAll(where, "$1", "?"), args...).Error)
 	blocker, err := pgx.Connect(ctx, env.DBURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = blocker.Close(ctx) })
@@ -274,9 +294,6 @@ func holdFinish(t *testing.T, env *apitest.Env, where string, args ...any) (pgx.
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
 	var pid int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-	_, err = tx.Exec(ctx, `INSERT INTO findings (run_id, position, step, severity, message)
-		SELECT id, 0, 'test-blocker', 'info', 'holds the worker''s Finish' FROM validation_runs WHERE `+where, args...)
-	require.NoError(t, err)
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid(), pg_advisory_xact_lock(7407)`).Scan(&pid, nil))
 	return tx, pid
 }

@@ -45,7 +45,7 @@ func startBodies(t *testing.T, env *apitest.Env, org apitest.Org, wf, prefix str
 
 // requireFinishedOnce checks that every run ended with its expected status,
 // as attempt 1, with its findings written once, and that nothing is left
-// queued, running or staged.
+// queued or running.
 func requireFinishedOnce(t *testing.T, env *apitest.Env, org apitest.Org, want map[string]string) {
 	t.Helper()
 	for id, status := range want {
@@ -60,12 +60,11 @@ func requireFinishedOnce(t *testing.T, env *apitest.Env, org apitest.Org, want m
 		require.Equal(t, len(wantFindings), len(dbFindings(t, env, id)), "run %s: findings written once", id)
 	}
 	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"), "no run left behind")
-	require.EqualValues(t, 0, env.Count("staged_jobs", ""))
 }
 
-// Finding: a billed run was never executed. The enqueuer had moved the
-// staged jobs to Redis and deleted their rows, then Redis restarted without
-// persistence and the tasks died with it; the runs stayed queued forever.
+// Finding: a billed run was never executed. Its task was in Redis only,
+// then Redis restarted without persistence and the tasks died with it; the
+// runs stayed queued forever.
 // Here the worker keeps running through the loss: its queue is paused so
 // the tasks wait in Redis, Redis is killed and started again empty (which
 // also forgets the pause), and every run must still finish, once. The
@@ -79,7 +78,6 @@ func TestRedisLossAfterEnqueueRunsStillFinish(t *testing.T) {
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
 	w := startWorker(t, env, rdb, fastSweep)
-	waitListening(t, env)
 	require.Equal(t, "passed", waitRun(t, env, org, startRun(t, env, org, wf, validOrder), 20*time.Second).Status)
 
 	insp := asynq.NewInspector(rdb)
@@ -87,11 +85,10 @@ func TestRedisLossAfterEnqueueRunsStillFinish(t *testing.T) {
 	require.NoError(t, insp.PauseQueue("default"))
 	const n = 10
 	ids, want := startBodies(t, env, org, wf, "lost", n)
-	apitest.Eventually(t, 20*time.Second, func() bool { return env.Count("staged_jobs", "") == 0 },
-		"the enqueuer moves every staged job to Redis and deletes its row")
-	pending, err := insp.ListPendingTasks("default", asynq.PageSize(100))
-	require.NoError(t, err)
-	require.Len(t, pending, n, "the tasks wait in Redis only")
+	apitest.Eventually(t, 20*time.Second, func() bool {
+		pending, err := insp.ListPendingTasks("default", asynq.PageSize(100))
+		return err == nil && len(pending) == n
+	}, "the API hands every run to Redis; the tasks wait there only")
 	require.EqualValues(t, n, env.Count("validation_runs", "status = 'queued'"))
 
 	srv.stop() // SIGKILL, no persistence: every task is gone
@@ -126,12 +123,11 @@ BEGIN
 	RETURN NEW;
 END $$;
 CREATE TRIGGER test_fail_claim BEFORE UPDATE ON validation_runs FOR EACH ROW
-	WHEN (OLD.status = 'queued' AND NEW.status = 'running') EXECUTE FUNCTION test_fail_claim();`).Error)
+	WHEN (OLD.status = 'queued' AND NEW.status <> 'queued') EXECUTE FUNCTION test_fail_claim();`).Error)
 	w := startWorker(t, env, newRedis(t), func(c *tasks.Config) {
 		c.RunMaxRetry = 1
 		c.RetryDelay = 0 // the default
 	})
-	waitListening(t, env)
 
 	id := startRun(t, env, org, wf, validOrder)
 	run := waitRun(t, env, org, id, 20*time.Second)
@@ -139,48 +135,41 @@ CREATE TRIGGER test_fail_claim BEFORE UPDATE ON validation_runs FOR EACH ROW
 	require.Equal(t, 1, run.Attempts, "the failed claims were rolled back")
 	var calls int64
 	require.NoError(t, env.DB.Raw(`SELECT last_value FROM test_claim_failures`).Scan(&calls).Error)
-	require.EqualValues(t, 4, calls, "three failed claims, then the one that succeeded")
+	require.EqualValues(t, 4, calls, "three failed writes, then the one that succeeded")
 	eventuallyMetric(t, w.Registry, 3, "valruns_tasks_failed_total", "type", tasks.TypeRunExecute)
 	eventuallyMetric(t, w.Registry, 1, "valruns_runs_finished_total", "status", "passed")
 }
 
-// Finding: after Redis came back with no new traffic, the staged backlog
-// waited out the enqueuer's doubled backoff. While Redis is down, runs are
-// started every 250 ms for 6 s: each start's NOTIFY wakes the enqueuer,
-// whose drain fails (and, before the fix, doubled its backoff up to 30 s).
-// Then the starts stop, and Redis comes back to no traffic at all: with the
-// default poll interval (1 s), the backlog must drain within a few seconds.
-func TestStagedBacklogDrainsPromptlyAfterRedisReturns(t *testing.T) {
+// Runs started while Redis is down are not lost: the API cannot hand them
+// off (it keeps trying until RUN_REDELIVER_AFTER), they stay queued in
+// PostgreSQL, and once Redis answers again the hand-off or the sweeper
+// enqueues each, and each finishes, once.
+func TestRunsHandedOffWhileRedisIsDownFinishOnceItReturns(t *testing.T) {
 	t.Parallel()
 	srv := startRedisServer(t, proctest.FreePort(t))
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	startWorker(t, env, asynq.RedisClientOpt{Addr: srv.addr()}, func(c *tasks.Config) { c.PollInterval = 0 })
-	waitListening(t, env)
+	w := startWorker(t, env, asynq.RedisClientOpt{Addr: srv.addr()}, fastSweep)
 	require.Equal(t, "passed", waitRun(t, env, org, startRun(t, env, org, wf, validOrder), 20*time.Second).Status)
 
 	srv.stop()
 	var ids []string
-	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+	for range 10 {
 		ids = append(ids, startRun(t, env, org, wf, validOrder))
 	}
-	// The drains the last starts woke (a failing Redis call takes up to
-	// about 2 s) are over.
-	time.Sleep(4 * time.Second)
-	require.EqualValues(t, len(ids), env.Count("staged_jobs", ""), "nothing moves while Redis is down")
+	require.EqualValues(t, len(ids), env.Count("validation_runs", "status = 'queued'"), "nothing runs while Redis is down")
 
 	srv.start()
 	back := time.Now()
-	apitest.Eventually(t, 3*time.Second, func() bool { return env.Count("staged_jobs", "") == 0 },
-		"the staged backlog drains within a few seconds of Redis returning, with no new traffic")
-	t.Logf("%d staged jobs drained %s after Redis answered again", len(ids), time.Since(back).Round(10*time.Millisecond))
 	want := map[string]string{}
 	for _, id := range ids {
-		waitRun(t, env, org, id, 20*time.Second)
+		waitRun(t, env, org, id, 60*time.Second)
 		want[id] = "passed"
 	}
+	t.Logf("%d runs final %s after Redis answered again", len(ids), time.Since(back).Round(10*time.Millisecond))
 	requireFinishedOnce(t, env, org, want)
+	eventuallyMetric(t, w.Registry, float64(len(ids)+1), "valruns_runs_finished_total")
 }
 
 // A run that executes for several leases keeps its lease by heartbeating:
@@ -193,7 +182,7 @@ func TestHeartbeatKeepsALongRunLeased(t *testing.T) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	w := newWorker(t, env, newRedis(t), fastSweep)
+	w := newWorker(t, env, newRedis(t), func(c *tasks.Config) { fastSweep(c); claimedPath(c) })
 	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, _ string) {
 		select { // a validation that takes three leases
 		case <-ctx.Done():
@@ -202,6 +191,7 @@ func TestHeartbeatKeepsALongRunLeased(t *testing.T) {
 	})
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
+	handOff(t, env, w.Redis)
 
 	id := startRun(t, env, org, wf, validOrder)
 	run := waitRun(t, env, org, id, 20*time.Second)
@@ -222,6 +212,7 @@ func TestLostLeaseStopsTheExecution(t *testing.T) {
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
 	w := newWorker(t, env, idleRedis(), func(c *tasks.Config) {
+		claimedPath(c)
 		c.RunLease = time.Second
 		c.RunHeartbeat = 100 * time.Millisecond
 	})
@@ -240,9 +231,7 @@ func TestLostLeaseStopsTheExecution(t *testing.T) {
 		}
 	})
 	id := startRun(t, env, org, wf, invalidOrder)
-	task, _, err := tasks.NewRunTask(id)
-	require.NoError(t, err)
-	require.NoError(t, w.Mux().ProcessTask(context.Background(), task), "losing the run is not an error")
+	require.NoError(t, w.Mux().ProcessTask(context.Background(), tasks.NewRunTask(id, false)), "losing the run is not an error")
 
 	require.True(t, stopped, "the execution's context ended when the lease was lost")
 	run := readRun(t, env, id)
@@ -271,7 +260,12 @@ func TestSweepersRedeliverEachLostRunOnce(t *testing.T) {
 	}
 	_, want := startBodies(t, env, org, wf, "sweep", n)
 	ctx := context.Background()
-	require.NoError(t, ws[0].Enqueuer().DrainAll(ctx))
+	client := asynq.NewClient(rdb)
+	defer client.Close()
+	for id := range want { // as the API's hand-off does
+		_, err := client.Enqueue(tasks.NewRunTask(id, false), asynq.TaskID(tasks.RunTaskID(id, 0)))
+		require.NoError(t, err)
+	}
 	time.Sleep(300 * time.Millisecond) // the runs are older than RedeliverAfter
 
 	sweepAll := func() int {
@@ -341,7 +335,6 @@ func TestRunStartedTooOftenEndsInError(t *testing.T) {
 	// Two workers claimed it and died: its second lease has run out.
 	require.NoError(t, env.DB.Exec(`UPDATE validation_runs SET status = 'running', attempts = 2, started_at = now(),
 		lease_expires_at = now() - interval '1 second' WHERE id = ?`, id).Error)
-	require.NoError(t, env.DB.Exec(`DELETE FROM staged_jobs`).Error)
 
 	w := startWorker(t, env, newRedis(t), func(c *tasks.Config) {
 		fastSweep(c)
@@ -368,6 +361,7 @@ func TestShutdownHandsTheRunBackAtOnce(t *testing.T) {
 	wf := env.NewWorkflow(org, orderWorkflow)
 	rdb := newRedis(t)
 	w1 := newWorker(t, env, rdb, func(c *tasks.Config) {
+		claimedPath(c)
 		c.RunLease = time.Minute
 		c.RunMaxRetry = 1
 		c.ShutdownTimeout = 300 * time.Millisecond
@@ -379,6 +373,7 @@ func TestShutdownHandsTheRunBackAtOnce(t *testing.T) {
 	})
 	require.NoError(t, w1.Start(context.Background()))
 	t.Cleanup(w1.Stop)
+	handOff(t, env, w1.Redis)
 
 	id := startRun(t, env, org, wf, validOrder)
 	select {
@@ -406,10 +401,11 @@ func TestRunPastItsTimeoutEndsInError(t *testing.T) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	w := newWorker(t, env, newRedis(t), func(c *tasks.Config) { c.RunTimeout = time.Second })
+	w := newWorker(t, env, newRedis(t), func(c *tasks.Config) { claimedPath(c); c.RunTimeout = time.Second })
 	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, _ string) { <-ctx.Done() })
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
+	handOff(t, env, w.Redis)
 
 	id := startRun(t, env, org, wf, validOrder)
 	run := waitRun(t, env, org, id, 20*time.Second)
@@ -429,7 +425,7 @@ func TestPanicInARunReleasesItsLease(t *testing.T) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	w := newWorker(t, env, newRedis(t), nil)
+	w := newWorker(t, env, newRedis(t), claimedPath)
 	var calls atomic.Int32
 	tasks.SetBeforeRun(w.Worker, func(context.Context, string) {
 		if calls.Add(1) == 1 {
@@ -438,6 +434,7 @@ func TestPanicInARunReleasesItsLease(t *testing.T) {
 	})
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
+	handOff(t, env, w.Redis)
 
 	id := startRun(t, env, org, wf, validOrder)
 	run := waitRun(t, env, org, id, 10*time.Second)

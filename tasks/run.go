@@ -80,6 +80,10 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.RunID == "" {
 		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
 	}
+	// RUN_TIMEOUT is the worker's own, whatever timeout the task was
+	// enqueued with (asynq's deadline, when sooner, still applies).
+	ctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
 	if !p.Redelivery && e.fastBudget > 0 {
 		if done, err := e.fast(ctx, p); done {
 			return err
@@ -153,11 +157,15 @@ func (e *RunExecutor) fast(ctx context.Context, p RunPayload) (done bool, err er
 	}
 	ended, err := e.fin.finish(out)
 	switch {
+	case models.IsTransient(err):
+		return true, err // asynq retries it soon, without spending a retry
 	case err != nil:
 		return false, nil // the claimed path retries it, and sorts out what happened
 	case !ended:
-		e.log.InfoContext(ctx, "run no longer queued; fast result discarded (another delivery has it)", "run_id", p.RunID)
-		return true, nil
+		// Not queued: claimed by another delivery (left to it, if it still
+		// holds it), finished, or handed back by a worker that stopped (then
+		// this delivery claims it).
+		return false, nil
 	}
 	e.m.runsEnded.WithLabelValues(out.Status).Inc()
 	return true, nil
@@ -397,7 +405,9 @@ func (e *RunExecutor) failed(ctx context.Context, run *models.ClaimedRun, err er
 	switch {
 	case errors.Is(err, asynq.SkipRetry):
 		e.end(ctx, run, err.Error())
-	case lastTry(ctx, err):
+	case lastTry(ctx, err), run.Attempts >= e.maxAttempts && !notAFailure(err) && ctx.Err() == nil:
+		// The worker's RUN_MAX_RETRY decides too, whatever the task was
+		// enqueued with.
 		e.end(ctx, run, fmt.Sprintf("gave up after %d attempts: %v", run.Attempts, err))
 	default:
 		rctx, cancel := detached(ctx)

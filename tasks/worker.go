@@ -98,7 +98,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	cfg.RunTimeout = cmp.Or(cfg.RunTimeout, 5*time.Minute)
 	cfg.SweepInterval = cmp.Or(cfg.SweepInterval, 5*time.Second)
 	cfg.RedeliverAfter = cmp.Or(cfg.RedeliverAfter, 10*time.Second)
-	cfg.FastBudget = cmp.Or(cfg.FastBudget, min(time.Second, cfg.RunHeartbeat))
+	cfg.FastBudget = min(cmp.Or(cfg.FastBudget, time.Second), cfg.RunHeartbeat)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 20*time.Second)
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()

@@ -18,17 +18,16 @@ import (
 	"github.com/valruns/valruns/tasks"
 )
 
-// A run started through the API is moved to asynq by the enqueuer (woken by
-// NOTIFY), executed by the asynq server, and ends passed or failed with
-// exactly the engine's findings.
-func TestRunsExecuteThroughEnqueuerAndServer(t *testing.T) {
+// A run started through the API is handed to asynq after its commit,
+// executed by the asynq server, and ends passed or failed with exactly the
+// engine's findings, written once, in one write (the fast path).
+func TestRunsExecuteThroughHandOffAndServer(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	// PollInterval of a minute: runs are only prompt if NOTIFY wakes the enqueuer.
-	w := startWorker(t, env, newRedis(t), func(c *tasks.Config) { c.PollInterval = time.Minute })
-	waitListening(t, env)
+	// A sweep only after a minute: runs are prompt because the API hands them off.
+	w := startWorker(t, env, newRedis(t), func(c *tasks.Config) { c.SweepInterval, c.RedeliverAfter = time.Minute, time.Minute })
 
 	tests := []struct {
 		name    string
@@ -65,13 +64,12 @@ func TestRunsExecuteThroughEnqueuerAndServer(t *testing.T) {
 	require.Equal(t, "true", r.Header.Get("Idempotent-Replayed"))
 	require.Equal(t, ids[tests[0].name], r.Map(t)["id"])
 	require.EqualValues(t, len(tests), env.Count("validation_runs", ""))
-	require.EqualValues(t, 0, env.Count("staged_jobs", ""))
-	require.EqualValues(t, 2+2+1, env.Count("findings", ""), "each run's findings once")
+	require.EqualValues(t, 2+2+1, countFindings(t, env), "each run's findings once")
 	eventuallyMetric(t, w.Registry, float64(len(tests)), "valruns_tasks_processed_total", "type", tasks.TypeRunExecute)
 }
 
-// The same run delivered twice (two staged jobs with different TaskIDs, so
-// two asynq tasks) is executed once: findings written once, one attempt.
+// The same run delivered twice (two asynq tasks with different TaskIDs) is
+// executed once: findings written once, one attempt.
 func TestDuplicateDeliveryExecutesOnce(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
@@ -79,11 +77,14 @@ func TestDuplicateDeliveryExecutesOnce(t *testing.T) {
 	wf := env.NewWorkflow(org, orderWorkflow)
 	rdb := newRedis(t)
 
-	// Staged before any worker runs, so both deliveries are queued together.
+	// Both queued before any worker runs, so both deliveries wait together.
 	id := startRun(t, env, org, wf, invalidOrder)
-	require.NoError(t, env.DB.Exec(`INSERT INTO staged_jobs (job_name, job_args, task_id)
-		SELECT job_name, job_args, task_id || ':duplicate' FROM staged_jobs WHERE task_id = ?`, models.RunTaskIDPrefix+id).Error)
-	require.EqualValues(t, 2, env.Count("staged_jobs", ""))
+	client := asynq.NewClient(rdb)
+	defer client.Close()
+	for _, tid := range []string{models.RunTaskIDPrefix + id, models.RunTaskIDPrefix + id + ":duplicate"} {
+		_, err := client.Enqueue(tasks.NewRunTask(id, false), asynq.TaskID(tid), asynq.Retention(time.Hour))
+		require.NoError(t, err)
+	}
 
 	w := startWorker(t, env, rdb, func(c *tasks.Config) { c.RunLease = 2 * time.Second })
 	insp := asynq.NewInspector(rdb)
@@ -117,8 +118,7 @@ func TestProcessTaskOfFinishedRunIsANoop(t *testing.T) {
 	wf := env.NewWorkflow(org, orderWorkflow)
 	w := newWorker(t, env, idleRedis(), nil)
 	id := startRun(t, env, org, wf, invalidOrder)
-	task, _, err := tasks.NewRunTask(id)
-	require.NoError(t, err)
+	task := tasks.NewRunTask(id, false)
 	ctx := context.Background()
 
 	require.NoError(t, w.Mux().ProcessTask(ctx, task))
@@ -138,9 +138,10 @@ func TestProcessTaskOfFinishedRunIsANoop(t *testing.T) {
 	require.EqualValues(t, 1, metricValue(t, w.Registry, "valruns_runs_finished_total"))
 
 	// A run that does not exist (deleted meanwhile) is dropped, not retried.
-	gone, _, err := tasks.NewRunTask("00000000-0000-0000-0000-000000000000")
-	require.NoError(t, err)
-	require.NoError(t, w.Mux().ProcessTask(ctx, gone))
+	for _, redelivery := range []bool{false, true} {
+		gone := tasks.NewRunTask("00000000-0000-0000-0000-000000000000", redelivery)
+		require.NoError(t, w.Mux().ProcessTask(ctx, gone))
+	}
 	// A payload that names no run can never succeed.
 	require.ErrorIs(t, w.Mux().ProcessTask(ctx, asynq.NewTask(tasks.TypeRunExecute, []byte(`{}`))), asynq.SkipRetry)
 }
@@ -156,8 +157,7 @@ func TestConcurrentDeliveriesExecuteOnce(t *testing.T) {
 	const rounds = 10
 	for i := range rounds {
 		id := startRun(t, env, org, wf, invalidOrder)
-		task, _, err := tasks.NewRunTask(id)
-		require.NoError(t, err)
+		task := tasks.NewRunTask(id, i%2 == 1) // the fast path, then the claimed one
 		start := make(chan struct{})
 		errs := make([]error, 2)
 		var wg sync.WaitGroup
@@ -206,8 +206,6 @@ func TestWorkerMetrics(t *testing.T) {
 	eventuallyMetric(t, reg, 1, "valruns_tasks_processed_total", "type", tasks.TypeCleanup)
 	eventuallyMetric(t, reg, 2, "valruns_runs_finished_total", "status", "passed")
 	eventuallyMetric(t, reg, 1, "valruns_runs_finished_total", "status", "failed")
-	eventuallyMetric(t, reg, 3, "valruns_staged_jobs_enqueued_total")
-	eventuallyMetric(t, reg, 0, "valruns_staged_jobs_backlog")
 	eventuallyMetric(t, reg, 25, "valruns_idempotency_keys_deleted_total")
 	require.EqualValues(t, 0, metricValue(t, reg, "valruns_runs_finished_total", "status", "error"))
 	require.EqualValues(t, 0, metricValue(t, reg, "valruns_tasks_failed_total"))
@@ -339,9 +337,7 @@ func TestLongFindingsAreTruncatedAndStored(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			wf := env.NewWorkflow(org, tt.workflow)
 			id := startRun(t, env, org, wf, map[string]any{"submission": tt.submission})
-			task, _, err := tasks.NewRunTask(id)
-			require.NoError(t, err)
-			require.NoError(t, w.Mux().ProcessTask(context.Background(), task))
+			require.NoError(t, w.Mux().ProcessTask(context.Background(), tasks.NewRunTask(id, false)))
 			require.Equal(t, "failed", readRun(t, env, id).Status)
 			fs := dbFindings(t, env, id)
 			require.Len(t, fs, 1)
@@ -351,9 +347,9 @@ func TestLongFindingsAreTruncatedAndStored(t *testing.T) {
 }
 
 // A run claimed by a worker that then died (its lease is never renewed):
-// the next delivery finds it held and leaves it to the holder; once the
-// lease has run out, the sweeper re-enqueues it (TaskID :redeliver:1), and
-// that delivery claims it and finishes it once, as attempt 2.
+// once the lease has run out, the sweeper re-enqueues it (TaskID
+// :redeliver:1), and that delivery claims it and finishes it once, as
+// attempt 2.
 func TestDeadWorkersRunIsRedeliveredWhenItsLeaseRunsOut(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
@@ -368,19 +364,13 @@ func TestDeadWorkersRunIsRedeliveredWhenItsLeaseRunsOut(t *testing.T) {
 	w := startWorker(t, env, rdb, fastSweep)
 	insp := asynq.NewInspector(rdb)
 	t.Cleanup(func() { _ = insp.Close() })
-	apitest.Eventually(t, 20*time.Second, func() bool {
-		info, err := insp.GetTaskInfo("default", models.RunTaskIDPrefix+id)
-		return err == nil && info.State == asynq.TaskStateCompleted
-	}, "the enqueued task completes, leaving the run to its holder")
-	require.Equal(t, 1, readRun(t, env, id).Attempts)
-
 	run := waitRun(t, env, org, id, 30*time.Second)
 	require.Equal(t, "failed", run.Status)
 	require.Equal(t, 2, readRun(t, env, id).Attempts, "taken over as attempt 2")
 	require.Equal(t, invalidOrderFindings, dbFindings(t, env, id), "findings written once")
-	info, err := insp.GetTaskInfo("default", models.RunTaskIDPrefix+id+":redeliver:1")
-	require.NoError(t, err, "the sweeper's task")
-	require.Equal(t, asynq.TaskStateCompleted, info.State)
+	// Its task leaves Redis once completed (no retention): the sweeper's was the one.
+	_, err = insp.GetTaskInfo("default", models.RunTaskIDPrefix+id+":redeliver:1")
+	require.ErrorIs(t, err, asynq.ErrTaskNotFound)
 	eventuallyMetric(t, w.Registry, 1, "valruns_runs_redelivered_total", "reason", "lease_expired")
 	require.EqualValues(t, 0, metricValue(t, w.Registry, "valruns_runs_redelivered_total", "reason", "queued"))
 }

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,6 +35,18 @@ type Env struct {
 	Config   config.Config
 	Registry *prometheus.Registry
 	Handler  http.Handler
+	// handOff is where the API hands each committed run (SetHandOff).
+	handOff atomic.Pointer[func(*models.QueuedRun)]
+}
+
+// SetHandOff makes the API hand each run a start committed to f (as
+// serve does to its tasks.Dispatcher), from now on; nil stops it.
+func (e *Env) SetHandOff(f func(*models.QueuedRun)) {
+	if f == nil {
+		e.handOff.Store(nil)
+		return
+	}
+	e.handOff.Store(&f)
 }
 
 // Options tunes New.
@@ -45,8 +58,8 @@ type Options struct {
 	// MaxOpenConns of the pool; 0 means models.Open's default.
 	MaxOpenConns int
 	// HandOff receives each run a start committed (handlers.Deps.HandOff),
-	// such as a tasks.Dispatcher's; nil: runs stay queued until a sweeper
-	// finds them.
+	// such as a tasks.Dispatcher's (see also Env.SetHandOff); nil: runs
+	// stay queued until a sweeper finds them.
 	HandOff func(*models.QueuedRun)
 }
 
@@ -69,8 +82,14 @@ func New(t testing.TB, opts ...Options) *Env {
 	reg := prometheus.NewRegistry()
 	// Errors the API logs (the causes behind 5xx answers) show in the test's log.
 	log := slog.New(slog.NewTextHandler(newTestLog(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	h := handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, HandOff: o.HandOff})
-	return &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, Handler: h}
+	e := &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg}
+	e.SetHandOff(o.HandOff)
+	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, HandOff: func(q *models.QueuedRun) {
+		if f := e.handOff.Load(); f != nil {
+			(*f)(q)
+		}
+	}})
+	return e
 }
 
 // testLog writes log lines to the test's log while the test runs. Lines
