@@ -17,6 +17,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -177,6 +178,15 @@ func (e *env) measurePgWork(ctx context.Context, s *side, runs, clients int) (re
 			return p, err
 		}
 		defer pr.Stop(20 * time.Second)
+		if res.Walinspect {
+			// A temporary replication slot keeps the phase's WAL until it is
+			// read: on a busy server a checkpoint would recycle it first.
+			slot := fmt.Sprintf("valruns_bench_%d_%d", os.Getpid(), time.Now().UnixNano())
+			if _, err := conn.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true, true)`, slot); err != nil {
+				return p, fmt.Errorf("reserve the phase's WAL: %w", err)
+			}
+			defer func() { _, _ = conn.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot) }()
+		}
 		lsn0, err := walLSN(ctx, conn)
 		if err != nil {
 			return p, err
