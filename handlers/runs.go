@@ -145,8 +145,8 @@ func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idem
 		in.Metadata = nil
 	}
 	p := principalOf(req.Gin)
-	wfID := req.Gin.Param("id")
-	if !validID(wfID) {
+	wfID, ok := canonicalID(req.Gin.Param("id"))
+	if !ok {
 		return idempotency.Problem(req, notFound("Workflow")), nil
 	}
 	quota := h.defaultQuota
@@ -197,8 +197,8 @@ func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idem
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/{id}/ [get]
 func (h *runHandlers) get(c *gin.Context) {
-	id := c.Param("id")
-	if !validID(id) {
+	id, ok := canonicalID(c.Param("id"))
+	if !ok {
 		problem.Write(c, notFound("Run"))
 		return
 	}
@@ -240,7 +240,10 @@ func (h *runHandlers) list(c *gin.Context) {
 		return
 	}
 	wf := c.Query("workflow_id")
-	if wf != "" && !validID(wf) {
+	if wf != "" {
+		wf, ok = canonicalID(wf)
+	}
+	if !ok {
 		problem.Write(c, badRequest("workflow_id must be a UUID.", problem.FieldError{Field: "workflow_id", Message: "must be a UUID"}))
 		return
 	}

@@ -195,8 +195,8 @@ func (h *workflowHandlers) list(c *gin.Context) {
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/ [get]
 func (h *workflowHandlers) get(c *gin.Context) {
-	id := c.Param("id")
-	if !validID(id) {
+	id, ok := canonicalID(c.Param("id"))
+	if !ok {
 		problem.Write(c, notFound("Workflow"))
 		return
 	}
