@@ -40,7 +40,9 @@ type Config struct {
 	// for the in-flight request with its key; 0 disables waiting (IDEMPOTENCY_MAX_WAIT).
 	IdempotencyMaxWait time.Duration
 	// IdempotencyMaxWaiters caps the requests waiting at once per API
-	// process; past it the answer is 409 at once (IDEMPOTENCY_MAX_WAITERS).
+	// process; past it the answer is 409 at once. An organisation holds at
+	// most a quarter of them, and one with no request waiting always gets
+	// one (IDEMPOTENCY_MAX_WAITERS).
 	IdempotencyMaxWaiters int
 	// DefaultMonthlyRunQuota is the number of runs an organisation may start
 	// per calendar month (UTC) unless it has its own quota; 0 means unlimited
@@ -115,7 +117,7 @@ var Vars = []Var{
 	{"IDEMPOTENCY_TX_TIMEOUT", "30s", "deadline of the request transaction (it ignores client hang-ups)"},
 	{"IDEMPOTENCY_KEY_REQUIRED", "false", "`true`: a request without Idempotency-Key on an idempotent route is 400 `idempotency_key_missing`"},
 	{"IDEMPOTENCY_MAX_WAIT", "10s", "longest a request with `Prefer: wait=N` waits for the in-flight request with its key (then 409); 0 disables waiting"},
-	{"IDEMPOTENCY_MAX_WAITERS", "64", "requests that may wait at once per API process (`Prefer: wait`); past it, 409 at once"},
+	{"IDEMPOTENCY_MAX_WAITERS", "64", "requests that may wait at once per API process (`Prefer: wait`), shared among organisations: one holds at most a quarter, and one with none waiting always gets one; past it, 409 at once"},
 	{"DEFAULT_MONTHLY_RUN_QUOTA", "0", "runs per organisation per calendar month (UTC); 0 = unlimited; an org's own quota wins"},
 	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},

@@ -92,6 +92,11 @@ func NewRouter(d Deps) *gin.Engine {
 		Observe:      m.observeIdempotency,
 	})
 
+	d.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "valruns_idempotency_waiting",
+		Help: "Requests of this process waiting (Prefer: wait) for the in-flight request with their Idempotency-Key.",
+	}, func() float64 { return float64(idem.Waiting()) }))
+
 	health := &healthHandlers{db: d.DB, ready: d.Ready}
 	get(r, "/healthz", health.live)
 	get(r, "/readyz", health.readyz)
