@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -61,6 +62,7 @@ const (
 	CodeResponseTooLarge = "response_too_large"
 	CodeInternal         = "internal_error"
 	CodeTimeout          = "request_timeout"
+	CodeBodyTimeout      = "request_body_timeout"
 	CodeUnavailable      = "service_unavailable"
 )
 
@@ -411,7 +413,16 @@ func (k *call) readBody() bool {
 				fmt.Sprintf("The request body exceeds the limit of %d bytes.", tooBig.Limit))
 			return false
 		}
-		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body could not be read.")
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The client sent its body slower than the server's read
+			// timeout: nothing was wrong with the request, and it may be
+			// sent again (408, RFC 9110 15.5.9). The connection is done.
+			k.c.Header("Connection", "close")
+			k.reject(http.StatusRequestTimeout, CodeBodyTimeout,
+				"The request body did not arrive in time; nothing was done. Send the request again.")
+			return false
+		}
+		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body could not be read: "+err.Error()+".")
 		return false
 	}
 	canonical, err := CanonicalizeBounded(body, k.w.cfg.MaxBodyBytes)
