@@ -24,6 +24,15 @@ type Config struct {
 	// DatabaseMaxConns caps each process's connections to PostgreSQL
 	// (DATABASE_MAX_CONNS).
 	DatabaseMaxConns int
+	// DatabaseAcquireTimeout bounds how long a request waits for a database
+	// connection, connecting included; past it the answer is 503
+	// service_unavailable (DATABASE_ACQUIRE_TIMEOUT).
+	DatabaseAcquireTimeout time.Duration
+	// DatabaseAnswerTimeout bounds how long a request waits for the
+	// database's answer to its first statement; past it the answer is 503
+	// service_unavailable, so a hung database does not hang requests
+	// (DATABASE_ANSWER_TIMEOUT).
+	DatabaseAnswerTimeout time.Duration
 	// RedisURL is the Redis connection string used by asynq (REDIS_URL).
 	RedisURL string
 	// HTTPAddr is the listen address of `valruns serve` (HTTP_ADDR).
@@ -111,6 +120,8 @@ type Var struct {
 var Vars = []Var{
 	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable", "PostgreSQL connection string"},
 	{"DATABASE_MAX_CONNS", "12", "connections each process keeps to PostgreSQL at most; requests beyond them queue for one. More is not faster: a few per database core keep PostgreSQL busiest (see Performance)"},
+	{"DATABASE_ACQUIRE_TIMEOUT", "5s", "longest a request waits for a database connection (connecting included); past it, 503 `service_unavailable` with `Retry-After`"},
+	{"DATABASE_ANSWER_TIMEOUT", "5s", "longest a request waits for the database's answer to its first statement (a read: to its statements); past it, 503 `service_unavailable` with `Retry-After`, so a hung PostgreSQL does not hang requests. Later statements of a start are bounded by `IDEMPOTENCY_TX_TIMEOUT`"},
 	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis connection string (asynq)"},
 	{"HTTP_ADDR", "127.0.0.1:8080", "listen address of `valruns serve`"},
 	{"IDEMPOTENCY_TTL", "24h", "how long a stored response is replayed; an older key is processed as new"},
@@ -162,6 +173,8 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	c := Config{
 		DatabaseURL:            p.url("DATABASE_URL", "postgres", "postgresql"),
 		DatabaseMaxConns:       int(p.int("DATABASE_MAX_CONNS", 1)),
+		DatabaseAcquireTimeout: p.duration("DATABASE_ACQUIRE_TIMEOUT", 10*time.Millisecond),
+		DatabaseAnswerTimeout:  p.duration("DATABASE_ANSWER_TIMEOUT", 10*time.Millisecond),
 		RedisURL:               p.url("REDIS_URL", "redis", "rediss"),
 		HTTPAddr:               p.addr("HTTP_ADDR"),
 		IdempotencyTTL:         p.duration("IDEMPOTENCY_TTL", time.Second),

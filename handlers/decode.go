@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -253,7 +254,7 @@ const codeUnavailable = idempotency.CodeUnavailable
 // service_unavailable while the database cannot be reached, 500 otherwise.
 // Both can be retried as they are, and say so with Retry-After.
 func internalError(c *gin.Context, err error) {
-	if models.IsUnavailable(err) {
+	if models.IsUnavailable(err) || errors.Is(context.Cause(c.Request.Context()), models.ErrStalled) {
 		unavailable(c, err)
 		return
 	}
