@@ -338,9 +338,13 @@ func (rec *exRecorder) recordInFlight() {
 
 // recordTimeouts records 503 request_timeout: a request whose transaction
 // outlives IDEMPOTENCY_TX_TIMEOUT, blocked behind locks the test holds.
+// Only those requests go through an API with a 300 ms transaction deadline
+// (they outlive it whatever the machine's speed); the setup has the default
+// budget, so a slow machine cannot time it out.
 func (rec *exRecorder) recordTimeouts() {
 	t := rec.t
-	e := apitest.New(t, apitest.Options{Config: func(c *config.Config) { c.IdempotencyTxTimeout = 300 * time.Millisecond }})
+	e := apitest.New(t)
+	short := e.WithConfig(func(c *config.Config) { c.IdempotencyTxTimeout = 300 * time.Millisecond })
 	org := e.NewOrg("Acme")
 	wf := e.NewWorkflow(org, exWorkflowBody)
 	rec.ids[wf] = exWorkflowID
@@ -351,11 +355,11 @@ func (rec *exRecorder) recordTimeouts() {
 	situation := "a request whose transaction ran past IDEMPOTENCY_TX_TIMEOUT (it was rolled back)"
 	release := exLockTable(t, e, "workflows")
 	rec.also(opCreateWF, 503, idempotency.CodeTimeout, situation,
-		rec.send(e, "create timeout", http.MethodPost, "/api/workflows/", org.Token, exWorkflowBody, idempotency.HeaderKey, "timeout-1"))
+		rec.send(short, "create timeout", http.MethodPost, "/api/workflows/", org.Token, exWorkflowBody, idempotency.HeaderKey, "timeout-1"))
 	release()
 	release = idemLockUsage(t, e, org.ID)
 	rec.also(opStart, 503, idempotency.CodeTimeout, situation,
-		rec.send(e, "start timeout", http.MethodPost, start, org.Token, exStartBody, idempotency.HeaderKey, "timeout-1"))
+		rec.send(short, "start timeout", http.MethodPost, start, org.Token, exStartBody, idempotency.HeaderKey, "timeout-1"))
 	release()
 }
 
