@@ -628,11 +628,12 @@ func (rec *exRecorder) check(op string, status int, code string, r exResponse) {
 }
 
 // headerNames are the names of h but Content-Type (the example's media
-// type) and Vary (of /metrics, about content negotiation).
+// type), Vary (of /metrics, about content negotiation) and Connection (a
+// hop-by-hop header of the connection, not of the API: a 413 closes it).
 func headerNames(h http.Header) []string {
 	var out []string
 	for name := range h {
-		if name != "Content-Type" && name != "Vary" {
+		if name != "Content-Type" && name != "Vary" && name != "Connection" {
 			out = append(out, name)
 		}
 	}
