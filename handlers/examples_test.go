@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"regexp"
@@ -191,6 +192,10 @@ func (rec *exRecorder) recordMain() {
 			rec.send(e, o.op+" empty key", http.MethodPost, o.path, tok, exStartBody, idempotency.HeaderKey, ""))
 		rec.also(o.op, 400, idempotency.CodeKeyTooLong, "an Idempotency-Key of 256 characters",
 			rec.send(e, o.op+" long key", http.MethodPost, o.path, tok, exStartBody, idempotency.HeaderKey, strings.Repeat("k", 256)))
+		rec.example(o.op, 408, idempotency.CodeBodyTimeout, "a body that arrived slower than the server's read timeout",
+			rec.send(e, o.op+" slow body", http.MethodPost, o.path, tok, io.MultiReader(strings.NewReader(`{"submission":`), exTimedOut{})))
+		rec.example(o.op, 415, "unsupported_content_encoding", "a body sent with Content-Encoding: br",
+			rec.send(e, o.op+" br", http.MethodPost, o.path, tok, exStartBody, "Content-Encoding", "br"))
 		rec.example(o.op, 413, idempotency.CodeBodyTooLarge, "a body one byte over MAX_BODY_BYTES (1 MiB)",
 			rec.send(e, o.op+" too large", http.MethodPost, o.path, tok,
 				`{"submission":"`+strings.Repeat("x", int(e.Config.MaxBodyBytes)-16)+`"}`))
@@ -626,6 +631,11 @@ func (rec *exRecorder) check(op string, status int, code string, r exResponse) {
 	d := idemProblem(rec.t, r.Response)
 	require.Equal(rec.t, code, d.Code, "%s: %s", op, r.Body)
 }
+
+// exTimedOut is a body whose reading hits the server's read deadline.
+type exTimedOut struct{}
+
+func (exTimedOut) Read([]byte) (int, error) { return 0, os.ErrDeadlineExceeded }
 
 // headerNames are the names of h but Content-Type (the example's media
 // type), Vary (of /metrics, about content negotiation) and Connection (a

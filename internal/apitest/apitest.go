@@ -155,7 +155,7 @@ func (r Response) Map(t testing.TB) map[string]any {
 }
 
 // Do sends a request through the router. body is sent as is when it is a
-// string or []byte, JSON-encoded otherwise (nil: no body). headers are
+// string, []byte or io.Reader, JSON-encoded otherwise (nil: no body). headers are
 // name/value pairs; token "" sends no Authorization.
 func (e *Env) Do(method, path, token string, body any, headers ...string) Response {
 	e.T.Helper()
@@ -166,6 +166,8 @@ func (e *Env) Do(method, path, token string, body any, headers ...string) Respon
 		rd = strings.NewReader(b)
 	case []byte:
 		rd = bytes.NewReader(b)
+	case io.Reader:
+		rd = b
 	default:
 		j, err := json.Marshal(b)
 		if err != nil {
