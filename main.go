@@ -465,7 +465,8 @@ func open(ctx context.Context, p purpose) (*app, error) {
 	log := newLogger(cfg, os.Stderr)
 	// For work, a statement never outlives the request transaction's
 	// deadline (see idempotency.Config.TxTimeout).
-	opt := models.DBOptions{MaxOpenConns: cfg.DatabaseMaxConns}
+	opt := models.DBOptions{MaxOpenConns: cfg.DatabaseMaxConns,
+		AcquireTimeout: cfg.DatabaseAcquireTimeout, AnswerTimeout: cfg.DatabaseAnswerTimeout}
 	if p == forWork {
 		opt.StatementTimeout = cfg.IdempotencyTxTimeout
 	}

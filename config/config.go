@@ -24,6 +24,15 @@ type Config struct {
 	// DatabaseMaxConns caps each process's connections to PostgreSQL
 	// (DATABASE_MAX_CONNS).
 	DatabaseMaxConns int
+	// DatabaseAcquireTimeout bounds how long a request waits for a database
+	// connection, connecting included; past it the answer is 503
+	// service_unavailable (DATABASE_ACQUIRE_TIMEOUT).
+	DatabaseAcquireTimeout time.Duration
+	// DatabaseAnswerTimeout bounds how long a request waits for the
+	// database's answer to its first statement; past it the answer is 503
+	// service_unavailable, so a hung database does not hang requests
+	// (DATABASE_ANSWER_TIMEOUT).
+	DatabaseAnswerTimeout time.Duration
 	// RedisURL is the Redis connection string used by asynq (REDIS_URL).
 	RedisURL string
 	// HTTPAddr is the listen address of `valruns serve` (HTTP_ADDR).
@@ -40,7 +49,9 @@ type Config struct {
 	// for the in-flight request with its key; 0 disables waiting (IDEMPOTENCY_MAX_WAIT).
 	IdempotencyMaxWait time.Duration
 	// IdempotencyMaxWaiters caps the requests waiting at once per API
-	// process; past it the answer is 409 at once (IDEMPOTENCY_MAX_WAITERS).
+	// process; past it the answer is 409 at once. An organisation holds at
+	// most a quarter of them, and one with no request waiting always gets
+	// one (IDEMPOTENCY_MAX_WAITERS).
 	IdempotencyMaxWaiters int
 	// DefaultMonthlyRunQuota is the number of runs an organisation may start
 	// per calendar month (UTC) unless it has its own quota; 0 means unlimited
@@ -111,13 +122,15 @@ type Var struct {
 var Vars = []Var{
 	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable", "PostgreSQL connection string"},
 	{"DATABASE_MAX_CONNS", "12", "connections each process keeps to PostgreSQL at most; requests beyond them queue for one. More is not faster: a few per database core keep PostgreSQL busiest (see Performance)"},
+	{"DATABASE_ACQUIRE_TIMEOUT", "5s", "longest a request waits for a database connection (connecting included); past it, 503 `service_unavailable` with `Retry-After`"},
+	{"DATABASE_ANSWER_TIMEOUT", "5s", "longest a request waits for the database's answer to its first statement (a read: to its statements); past it, 503 `service_unavailable` with `Retry-After`, so a hung PostgreSQL does not hang requests. Later statements of a start are bounded by `IDEMPOTENCY_TX_TIMEOUT`"},
 	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis connection string (asynq)"},
 	{"HTTP_ADDR", "127.0.0.1:8080", "listen address of `valruns serve`"},
 	{"IDEMPOTENCY_TTL", "24h", "how long a stored response is replayed; an older key is processed as new"},
 	{"IDEMPOTENCY_TX_TIMEOUT", "30s", "deadline of the request transaction (it ignores client hang-ups)"},
 	{"IDEMPOTENCY_KEY_REQUIRED", "false", "`true`: a request without Idempotency-Key on an idempotent route is 400 `idempotency_key_missing`"},
 	{"IDEMPOTENCY_MAX_WAIT", "10s", "longest a request with `Prefer: wait=N` waits for the in-flight request with its key (then 409); 0 disables waiting"},
-	{"IDEMPOTENCY_MAX_WAITERS", "64", "requests that may wait at once per API process (`Prefer: wait`); past it, 409 at once"},
+	{"IDEMPOTENCY_MAX_WAITERS", "64", "requests that may wait at once per API process (`Prefer: wait`), shared among organisations: one holds at most a quarter, and one with none waiting always gets one; past it, 409 at once"},
 	{"DEFAULT_MONTHLY_RUN_QUOTA", "0", "runs per organisation per calendar month (UTC); 0 = unlimited; an org's own quota wins"},
 	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
@@ -162,6 +175,8 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	c := Config{
 		DatabaseURL:            p.url("DATABASE_URL", "postgres", "postgresql"),
 		DatabaseMaxConns:       int(p.int("DATABASE_MAX_CONNS", 1)),
+		DatabaseAcquireTimeout: p.duration("DATABASE_ACQUIRE_TIMEOUT", 10*time.Millisecond),
+		DatabaseAnswerTimeout:  p.duration("DATABASE_ANSWER_TIMEOUT", 10*time.Millisecond),
 		RedisURL:               p.url("REDIS_URL", "redis", "rediss"),
 		HTTPAddr:               p.addr("HTTP_ADDR"),
 		IdempotencyTTL:         p.duration("IDEMPOTENCY_TTL", time.Second),

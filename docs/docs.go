@@ -1360,6 +1360,38 @@ const docTemplate = `{
                             }
                         }
                     },
+                    "408": {
+                        "description": "` + "`" + `request_body_timeout` + "`" + `: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again.\n\nExample: a body that arrived slower than the server's read timeout.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBodyTimeout"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "title": "Request Timeout",
+                                "status": 408,
+                                "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
+                                "code": "request_body_timeout",
+                                "instance": "/api/workflows",
+                                "request_id": "1c5afbc3c3c37b909acc57eb"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "title": "Request Timeout",
+                                "status": 408,
+                                "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
+                                "code": "request_body_timeout",
+                                "instance": "/api/workflows",
+                                "request_id": "1c5afbc3c3c37b909acc57eb"
+                            }
+                        }
+                    },
                     "409": {
                         "description": "` + "`" + `idempotency_key_in_progress` + "`" + `: a request with this key is still being processed; retry after ` + "`" + `Retry-After` + "`" + ` seconds, or send ` + "`" + `Prefer: wait=N` + "`" + `.\n\nExample: the Idempotency-Key of a request still being processed.",
                         "schema": {
@@ -1425,6 +1457,42 @@ const docTemplate = `{
                                 "code": "request_body_too_large",
                                 "instance": "/api/workflows",
                                 "request_id": "f5335578c5f245b7347876a0"
+                            }
+                        }
+                    },
+                    "415": {
+                        "description": "` + "`" + `unsupported_content_encoding` + "`" + `: a Content-Encoding other than gzip (a gzip body is decoded, and MAX_BODY_BYTES counts the decoded bytes); nothing is stored.\n\nExample: a body sent with Content-Encoding: br.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnsupportedEncoding"
+                        },
+                        "headers": {
+                            "Accept-Encoding": {
+                                "type": "string",
+                                "description": "` + "`" + `gzip` + "`" + `: the one Content-Encoding accepted."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "title": "Unsupported Media Type",
+                                "status": 415,
+                                "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
+                                "code": "unsupported_content_encoding",
+                                "instance": "/api/workflows",
+                                "request_id": "93d5f66525be1aa9349c26a3"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "title": "Unsupported Media Type",
+                                "status": 415,
+                                "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
+                                "code": "unsupported_content_encoding",
+                                "instance": "/api/workflows",
+                                "request_id": "93d5f66525be1aa9349c26a3"
                             }
                         }
                     },
@@ -1983,6 +2051,38 @@ const docTemplate = `{
                             }
                         }
                     },
+                    "408": {
+                        "description": "` + "`" + `request_body_timeout` + "`" + `: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again.\n\nExample: a body that arrived slower than the server's read timeout.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBodyTimeout"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "title": "Request Timeout",
+                                "status": 408,
+                                "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
+                                "code": "request_body_timeout",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "a83167f7aab372d965efde86"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "title": "Request Timeout",
+                                "status": 408,
+                                "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
+                                "code": "request_body_timeout",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "a83167f7aab372d965efde86"
+                            }
+                        }
+                    },
                     "409": {
                         "description": "` + "`" + `idempotency_key_in_progress` + "`" + `: a request with this key is still being processed; retry after ` + "`" + `Retry-After` + "`" + ` seconds, or send ` + "`" + `Prefer: wait=N` + "`" + `.\n\nExample: the Idempotency-Key of a request still being processed.",
                         "schema": {
@@ -2048,6 +2148,42 @@ const docTemplate = `{
                                 "code": "request_body_too_large",
                                 "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
                                 "request_id": "0feaa40e0037102f39c80963"
+                            }
+                        }
+                    },
+                    "415": {
+                        "description": "` + "`" + `unsupported_content_encoding` + "`" + `: a Content-Encoding other than gzip (a gzip body is decoded, and MAX_BODY_BYTES counts the decoded bytes); nothing is stored.\n\nExample: a body sent with Content-Encoding: br.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnsupportedEncoding"
+                        },
+                        "headers": {
+                            "Accept-Encoding": {
+                                "type": "string",
+                                "description": "` + "`" + `gzip` + "`" + `: the one Content-Encoding accepted."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "title": "Unsupported Media Type",
+                                "status": 415,
+                                "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
+                                "code": "unsupported_content_encoding",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "edeb619097c01adf1072cd81"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "title": "Unsupported Media Type",
+                                "status": 415,
+                                "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
+                                "code": "unsupported_content_encoding",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "request_id": "edeb619097c01adf1072cd81"
                             }
                         }
                     },
@@ -2258,7 +2394,7 @@ const docTemplate = `{
                             }
                         },
                         "examples": {
-                            "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 5\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
+                            "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 6\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
                         }
                     }
                 }
@@ -2570,6 +2706,61 @@ const docTemplate = `{
                     "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
                     "type": "string",
                     "example": "https://valruns.dev/problems/validation_error"
+                }
+            }
+        },
+        "handlers.ProblemBodyTimeout": {
+            "description": "An RFC 9457 problem document (problem.Details) answered with 408, Content-Type application/problem+json.",
+            "type": "object",
+            "required": [
+                "code",
+                "detail",
+                "status",
+                "title",
+                "type"
+            ],
+            "properties": {
+                "code": {
+                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
+                    "type": "string",
+                    "example": "request_body_timeout"
+                },
+                "detail": {
+                    "description": "Detail explains this occurrence, for people.",
+                    "type": "string",
+                    "example": "The request body did not arrive in time; nothing was done. Send the request again."
+                },
+                "errors": {
+                    "description": "Errors lists per-field problems of a 400, when there are several.",
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/problem.FieldError"
+                    }
+                },
+                "instance": {
+                    "description": "Instance is the request path.",
+                    "type": "string",
+                    "example": "/api/workflows/7c0e.../start/"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "type": "string",
+                    "example": "4f1c2b9e8a7d6c5b"
+                },
+                "status": {
+                    "description": "Status repeats the HTTP status code.",
+                    "type": "integer",
+                    "example": 408
+                },
+                "title": {
+                    "description": "Title is the HTTP status text.",
+                    "type": "string",
+                    "example": "Request Timeout"
+                },
+                "type": {
+                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "type": "string",
+                    "example": "https://valruns.dev/problems/request_body_timeout"
                 }
             }
         },
@@ -3120,6 +3311,61 @@ const docTemplate = `{
                     "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
                     "type": "string",
                     "example": "https://valruns.dev/problems/service_unavailable"
+                }
+            }
+        },
+        "handlers.ProblemUnsupportedEncoding": {
+            "description": "An RFC 9457 problem document (problem.Details) answered with 415, Content-Type application/problem+json.",
+            "type": "object",
+            "required": [
+                "code",
+                "detail",
+                "status",
+                "title",
+                "type"
+            ],
+            "properties": {
+                "code": {
+                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
+                    "type": "string",
+                    "example": "unsupported_content_encoding"
+                },
+                "detail": {
+                    "description": "Detail explains this occurrence, for people.",
+                    "type": "string",
+                    "example": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded."
+                },
+                "errors": {
+                    "description": "Errors lists per-field problems of a 400, when there are several.",
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/problem.FieldError"
+                    }
+                },
+                "instance": {
+                    "description": "Instance is the request path.",
+                    "type": "string",
+                    "example": "/api/workflows/7c0e.../start/"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "type": "string",
+                    "example": "4f1c2b9e8a7d6c5b"
+                },
+                "status": {
+                    "description": "Status repeats the HTTP status code.",
+                    "type": "integer",
+                    "example": 415
+                },
+                "title": {
+                    "description": "Title is the HTTP status text.",
+                    "type": "string",
+                    "example": "Unsupported Media Type"
+                },
+                "type": {
+                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "type": "string",
+                    "example": "https://valruns.dev/problems/unsupported_content_encoding"
                 }
             }
         },

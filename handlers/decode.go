@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -208,13 +209,12 @@ func notFound(what string) problem.Details {
 	return problem.New(http.StatusNotFound, "not_found", what+" not found.")
 }
 
-// validID reports whether id can be a row id; anything else is a 404 without
-// asking the database.
-func validID(id string) bool { return uuid.Validate(id) == nil }
-
-// canonicalID is id, in any form uuid.Parse takes, as PostgreSQL prints a
-// uuid (lower case, dashed); ok is false when it is not a UUID.
-func canonicalID(id string) (string, bool) {
+// canonicalID parses an id from a path or a query once, at the edge: every
+// form uuid.Parse accepts (upper case, braces, no dashes, urn:uuid:) becomes
+// the canonical lower-case dashed form that the stores and PostgreSQL get,
+// so each form answers as the canonical one does. ok is false for anything
+// else, which is a 404 (or a 400) without asking the database.
+func canonicalID(id string) (canonical string, ok bool) {
 	u, err := uuid.Parse(id)
 	if err != nil {
 		return "", false
@@ -254,7 +254,7 @@ const codeUnavailable = idempotency.CodeUnavailable
 // service_unavailable while the database cannot be reached, 500 otherwise.
 // Both can be retried as they are, and say so with Retry-After.
 func internalError(c *gin.Context, err error) {
-	if models.IsUnavailable(err) {
+	if models.IsUnavailable(err) || errors.Is(context.Cause(c.Request.Context()), models.ErrStalled) {
 		unavailable(c, err)
 		return
 	}

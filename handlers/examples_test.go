@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"regexp"
@@ -191,6 +192,10 @@ func (rec *exRecorder) recordMain() {
 			rec.send(e, o.op+" empty key", http.MethodPost, o.path, tok, exStartBody, idempotency.HeaderKey, ""))
 		rec.also(o.op, 400, idempotency.CodeKeyTooLong, "an Idempotency-Key of 256 characters",
 			rec.send(e, o.op+" long key", http.MethodPost, o.path, tok, exStartBody, idempotency.HeaderKey, strings.Repeat("k", 256)))
+		rec.example(o.op, 408, idempotency.CodeBodyTimeout, "a body that arrived slower than the server's read timeout",
+			rec.send(e, o.op+" slow body", http.MethodPost, o.path, tok, io.MultiReader(strings.NewReader(`{"submission":`), exTimedOut{})))
+		rec.example(o.op, 415, "unsupported_content_encoding", "a body sent with Content-Encoding: br",
+			rec.send(e, o.op+" br", http.MethodPost, o.path, tok, exStartBody, "Content-Encoding", "br"))
 		rec.example(o.op, 413, idempotency.CodeBodyTooLarge, "a body one byte over MAX_BODY_BYTES (1 MiB)",
 			rec.send(e, o.op+" too large", http.MethodPost, o.path, tok,
 				`{"submission":"`+strings.Repeat("x", int(e.Config.MaxBodyBytes)-16)+`"}`))
@@ -338,9 +343,13 @@ func (rec *exRecorder) recordInFlight() {
 
 // recordTimeouts records 503 request_timeout: a request whose transaction
 // outlives IDEMPOTENCY_TX_TIMEOUT, blocked behind locks the test holds.
+// Only those requests go through an API with a 300 ms transaction deadline
+// (they outlive it whatever the machine's speed); the setup has the default
+// budget, so a slow machine cannot time it out.
 func (rec *exRecorder) recordTimeouts() {
 	t := rec.t
-	e := apitest.New(t, apitest.Options{Config: func(c *config.Config) { c.IdempotencyTxTimeout = 300 * time.Millisecond }})
+	e := apitest.New(t)
+	short := e.WithConfig(func(c *config.Config) { c.IdempotencyTxTimeout = 300 * time.Millisecond })
 	org := e.NewOrg("Acme")
 	wf := e.NewWorkflow(org, exWorkflowBody)
 	rec.ids[wf] = exWorkflowID
@@ -351,11 +360,11 @@ func (rec *exRecorder) recordTimeouts() {
 	situation := "a request whose transaction ran past IDEMPOTENCY_TX_TIMEOUT (it was rolled back)"
 	release := exLockTable(t, e, "workflows")
 	rec.also(opCreateWF, 503, idempotency.CodeTimeout, situation,
-		rec.send(e, "create timeout", http.MethodPost, "/api/workflows/", org.Token, exWorkflowBody, idempotency.HeaderKey, "timeout-1"))
+		rec.send(short, "create timeout", http.MethodPost, "/api/workflows/", org.Token, exWorkflowBody, idempotency.HeaderKey, "timeout-1"))
 	release()
 	release = idemLockUsage(t, e, org.ID)
 	rec.also(opStart, 503, idempotency.CodeTimeout, situation,
-		rec.send(e, "start timeout", http.MethodPost, start, org.Token, exStartBody, idempotency.HeaderKey, "timeout-1"))
+		rec.send(short, "start timeout", http.MethodPost, start, org.Token, exStartBody, idempotency.HeaderKey, "timeout-1"))
 	release()
 }
 
@@ -623,12 +632,18 @@ func (rec *exRecorder) check(op string, status int, code string, r exResponse) {
 	require.Equal(rec.t, code, d.Code, "%s: %s", op, r.Body)
 }
 
+// exTimedOut is a body whose reading hits the server's read deadline.
+type exTimedOut struct{}
+
+func (exTimedOut) Read([]byte) (int, error) { return 0, os.ErrDeadlineExceeded }
+
 // headerNames are the names of h but Content-Type (the example's media
-// type) and Vary (of /metrics, about content negotiation).
+// type), Vary (of /metrics, about content negotiation) and Connection (a
+// hop-by-hop header of the connection, not of the API: a 413 closes it).
 func headerNames(h http.Header) []string {
 	var out []string
 	for name := range h {
-		if name != "Content-Type" && name != "Vary" {
+		if name != "Content-Type" && name != "Vary" && name != "Connection" {
 			out = append(out, name)
 		}
 	}

@@ -289,13 +289,19 @@ func TestQuotaExactUnder64Connections(t *testing.T) {
 // IDEMPOTENCY_TX_TIMEOUT (blocked on the usage counter row the test holds)
 // answers 503 request_timeout and commits nothing; once the row is free the
 // retry executes, exactly once. Run by TestIdempotencyContract.
+//
+// Only the blocked request goes through an API with a 300 ms transaction
+// deadline, which it outlives whatever the machine's speed (it waits on a
+// lock held until its answer); every other request has the default budget,
+// so a slow machine cannot time it out.
 func idemScenarioTxTimeout(t *testing.T) {
 	t.Parallel()
-	f := newIdemFixture(t, func(c *config.Config) { c.IdempotencyTxTimeout = 300 * time.Millisecond })
+	f := newIdemFixture(t, nil)
+	short := f.e.WithConfig(func(c *config.Config) { c.IdempotencyTxTimeout = 300 * time.Millisecond })
 	require.Equal(t, http.StatusCreated, f.start(idemBody).Status, "a prior run creates the usage slots")
 	release := idemLockUsage(t, f.e, f.org.ID)
 
-	r := f.start(idemBody, idemKey("timeout-1")...)
+	r := short.Do(http.MethodPost, idemStartPath(f.wf), f.org.Token, idemBody, idemKey("timeout-1")...)
 	require.Equal(t, http.StatusServiceUnavailable, r.Status, "body %s", r.Body)
 	require.Equal(t, idempotency.CodeTimeout, idemProblem(t, r).Code)
 	require.NotEmpty(t, r.Header.Get("Retry-After"))

@@ -1,12 +1,16 @@
 package handlers
 
 import (
+	"compress/gzip"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -84,11 +88,92 @@ func logRequests(log *slog.Logger) gin.HandlerFunc {
 // (a GET) never pays for it. The idempotent routes answer the 413
 // themselves, so that it is counted among their outcomes; the reader stops
 // at n+1 bytes however large the declared or sent body.
+//
+// A declared Content-Length over n fails the first read without touching
+// the connection, so a client sending Expect: 100-continue gets the 413
+// without being invited to send the body. A gzip body (Content-Encoding:
+// gzip) is decoded, and the limit counts the decoded bytes; a body in any
+// other encoding is 415 at once, naming the one encoding accepted.
 func limitBody(n int64) gin.HandlerFunc {
 	return func(c *gin.Context) {
+		r := c.Request
+		enc := strings.ToLower(strings.TrimSpace(strings.Join(r.Header.Values("Content-Encoding"), ",")))
+		hasBody := r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
+		switch {
+		case !hasBody || enc == "" || enc == "identity":
+			enc = ""
+		case enc == "gzip" || enc == "x-gzip":
+		default:
+			c.Header("Accept-Encoding", "gzip")
+			problem.Abort(c, http.StatusUnsupportedMediaType, "unsupported_content_encoding",
+				fmt.Sprintf("Content-Encoding %q is not accepted: send the body as is, or gzip-encoded.", bounded(enc, 64)))
+			return
+		}
 		if n > 0 {
-			c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, n)
+			switch {
+			case enc == "" && r.ContentLength > n:
+				r.Body = tooLarge{n}
+				// The body stays on the wire unread: the connection ends
+				// with the answer (net/http would otherwise read the body,
+				// inviting it with 100 Continue, to reuse the connection).
+				c.Header("Connection", "close")
+			case enc != "":
+				r.Body = http.MaxBytesReader(c.Writer, &gunzip{raw: r.Body}, n)
+			default:
+				r.Body = http.MaxBytesReader(c.Writer, r.Body, n)
+			}
+		} else if enc != "" {
+			r.Body = &gunzip{raw: r.Body}
+		}
+		if enc != "" {
+			r.Header.Del("Content-Encoding")
+			r.ContentLength = -1
 		}
 		c.Next()
 	}
 }
+
+// bounded is s cut to at most n bytes, for a detail that quotes a client.
+func bounded(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// tooLarge is the body of a request whose Content-Length is over the limit:
+// it fails as http.MaxBytesReader would, without reading the connection.
+type tooLarge struct{ limit int64 }
+
+func (b tooLarge) Read([]byte) (int, error) { return 0, &http.MaxBytesError{Limit: b.limit} }
+func (b tooLarge) Close() error             { return nil }
+
+// gunzip decodes a gzip body as it is read; the gzip header is read on the
+// first Read, so a handler that does not read its body never decodes it.
+type gunzip struct {
+	raw io.ReadCloser
+	zr  *gzip.Reader
+	err error
+}
+
+func (g *gunzip) Read(p []byte) (int, error) {
+	if g.zr == nil && g.err == nil {
+		g.zr, g.err = gzip.NewReader(g.raw)
+		if g.err != nil {
+			g.err = fmt.Errorf("%w: %v", errNotGzip, g.err)
+		}
+	}
+	if g.err != nil {
+		return 0, g.err
+	}
+	n, err := g.zr.Read(p)
+	if err != nil && err != io.EOF {
+		err = fmt.Errorf("%w: %v", errNotGzip, err)
+	}
+	return n, err
+}
+
+func (g *gunzip) Close() error { return g.raw.Close() }
+
+// errNotGzip is the error of a body labelled gzip that is not.
+var errNotGzip = errors.New("the body is labelled Content-Encoding: gzip but is not valid gzip")

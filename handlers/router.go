@@ -94,6 +94,11 @@ func NewRouter(d Deps) *gin.Engine {
 		Observe:      m.observeIdempotency,
 	})
 
+	d.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "valruns_idempotency_waiting",
+		Help: "Requests of this process waiting (Prefer: wait) for the in-flight request with their Idempotency-Key.",
+	}, func() float64 { return float64(idem.Waiting()) }))
+
 	health := &healthHandlers{db: d.DB, ready: d.Ready}
 	get(r, "/healthz", health.live)
 	get(r, "/readyz", health.readyz)
@@ -101,7 +106,7 @@ func NewRouter(d Deps) *gin.Engine {
 	get(r, "/", index)
 	get(r, "/swagger/*any", swaggerUI())
 
-	api := r.Group("/api", authenticate(orgs, d.Config.AuthCacheTTL))
+	api := r.Group("/api", firstAnswer(d.DB), authenticate(orgs, d.Config.AuthCacheTTL))
 	api.POST("/workflows", idem.Wrap(ScopeWorkflowCreate, wf.create))
 	get(api, "/workflows", wf.list)
 	get(api, "/workflows/:id", wf.get)
@@ -118,6 +123,24 @@ func NewRouter(d Deps) *gin.Engine {
 func get(r gin.IRoutes, path string, h gin.HandlerFunc) {
 	r.GET(path, h)
 	r.HEAD(path, h)
+}
+
+// firstAnswer bounds the database work of an /api/ read (GET, HEAD) by
+// DATABASE_ACQUIRE_TIMEOUT plus DATABASE_ANSWER_TIMEOUT: a hung database is
+// a 503 service_unavailable in seconds, not a request that hangs. (A start
+// bounds its first answer in models.BeginRequest, and the token check in
+// models.TokenStore.Authenticate.)
+func firstAnswer(db *gorm.DB) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if db == nil || (c.Request.Method != http.MethodGet && c.Request.Method != http.MethodHead) {
+			c.Next()
+			return
+		}
+		ctx, cancel := models.FirstAnswer(c.Request.Context(), db)
+		defer cancel()
+		c.Request = c.Request.WithContext(ctx)
+		c.Next()
+	}
 }
 
 // StripTrailingSlash serves /a/b/ as /a/b, so every route answers with and

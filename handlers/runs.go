@@ -118,7 +118,9 @@ func utc(t *time.Time) *time.Time {
 //	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
 //	@Failure		404				{object}	ProblemWorkflowNotFound	"`not_found`: no such workflow in your organisation (stored and replayed like any answer)."
 //	@Failure		409				{object}	ProblemInProgress		"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
+//	@Failure		408				{object}	ProblemBodyTimeout		"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."
 //	@Failure		413				{object}	ProblemTooLarge			"`request_body_too_large`: the body exceeds MAX_BODY_BYTES (nothing is stored)."
+//	@Failure		415				{object}	ProblemUnsupportedEncoding	"`unsupported_content_encoding`: a Content-Encoding other than gzip (a gzip body is decoded, and MAX_BODY_BYTES counts the decoded bytes); nothing is stored."
 //	@Failure		422				{object}	ProblemKeyReused		"`idempotency_key_reused`: the key was used for a different request (another body or another workflow) within 24 h; use a new key."
 //	@Failure		429				{object}	ProblemQuotaExceeded	"`quota_exceeded`: the organisation has used its monthly run quota (stored and replayed like any answer)."
 //	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done, billed or stored; retry, with the same key."
@@ -129,6 +131,7 @@ func utc(t *time.Time) *time.Time {
 //	@Header			201,400,404,422,429	{string}	Idempotency-Key-Expires	"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
 //	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500,503		{integer}	Retry-After				"Seconds to wait before retrying."
+//	@Header			415				{string}	Accept-Encoding			"`gzip`: the one Content-Encoding accepted."
 //	@Header			401				{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
 //	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/start/ [post]
@@ -245,8 +248,8 @@ func (h *runHandlers) created(p models.StartParams) (idempotency.Response, error
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/{id}/ [get]
 func (h *runHandlers) get(c *gin.Context) {
-	id := c.Param("id")
-	if !validID(id) {
+	id, ok := canonicalID(c.Param("id"))
+	if !ok {
 		problem.Write(c, notFound("Run"))
 		return
 	}
@@ -288,7 +291,10 @@ func (h *runHandlers) list(c *gin.Context) {
 		return
 	}
 	wf := c.Query("workflow_id")
-	if wf != "" && !validID(wf) {
+	if wf != "" {
+		wf, ok = canonicalID(wf)
+	}
+	if !ok {
 		problem.Write(c, badRequest("workflow_id must be a UUID.", problem.FieldError{Field: "workflow_id", Message: "must be a UUID"}))
 		return
 	}

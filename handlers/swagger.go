@@ -272,6 +272,40 @@ type ProblemTooLarge struct {
 	Code string `json:"code" binding:"required" example:"request_body_too_large"`
 }
 
+// ProblemBodyTimeout is a 408 problem: the body arrived slower than the server's read timeout.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 408, Content-Type application/problem+json.
+type ProblemBodyTimeout struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/request_body_timeout"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Request Timeout"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"408"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"The request body did not arrive in time; nothing was done. Send the request again."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"request_body_timeout"`
+}
+
+// ProblemUnsupportedEncoding is a 415 problem: a Content-Encoding the server does not decode.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 415, Content-Type application/problem+json.
+type ProblemUnsupportedEncoding struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/unsupported_content_encoding"`
+	// Title is the HTTP status text.
+	Title string `json:"title" binding:"required" example:"Unsupported Media Type"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" binding:"required" example:"415"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" binding:"required" example:"Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" binding:"required" example:"unsupported_content_encoding"`
+}
+
 // ProblemKeyReused is a 422 problem: the idempotency key was used with another request.
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 422, Content-Type application/problem+json.

@@ -79,7 +79,9 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@Failure		400				{object}	ProblemInvalidWorkflow	"The body is not what the route needs: `invalid_workflow` (a schema or expression does not compile), `validation_error` (name missing or too long, a field the route does not take), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; `invalid_workflow` and `validation_error` with a key are stored and replayed."
 //	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
 //	@Failure		409				{object}	ProblemInProgress		"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
+//	@Failure		408				{object}	ProblemBodyTimeout		"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."
 //	@Failure		413				{object}	ProblemTooLarge			"`request_body_too_large`: the body exceeds MAX_BODY_BYTES (nothing is stored)."
+//	@Failure		415				{object}	ProblemUnsupportedEncoding	"`unsupported_content_encoding`: a Content-Encoding other than gzip (a gzip body is decoded, and MAX_BODY_BYTES counts the decoded bytes); nothing is stored."
 //	@Failure		422				{object}	ProblemKeyReused		"`idempotency_key_reused`: the key was used for a different request (another body) within 24 h; use a new key."
 //	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done and nothing stored; retry, with the same key."
 //	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached) or `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back); nothing was done: retry, with the same key."
@@ -89,6 +91,7 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@Header			201,400,422		{string}	Idempotency-Key-Expires	"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key creates a new workflow."
 //	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500,503		{integer}	Retry-After				"Seconds to wait before retrying."
+//	@Header			415				{string}	Accept-Encoding			"`gzip`: the one Content-Encoding accepted."
 //	@Header			401				{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
 //	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/ [post]
@@ -195,8 +198,8 @@ func (h *workflowHandlers) list(c *gin.Context) {
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/ [get]
 func (h *workflowHandlers) get(c *gin.Context) {
-	id := c.Param("id")
-	if !validID(id) {
+	id, ok := canonicalID(c.Param("id"))
+	if !ok {
 		problem.Write(c, notFound("Workflow"))
 		return
 	}

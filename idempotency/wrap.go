@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -61,6 +62,7 @@ const (
 	CodeResponseTooLarge = "response_too_large"
 	CodeInternal         = "internal_error"
 	CodeTimeout          = "request_timeout"
+	CodeBodyTimeout      = "request_body_timeout"
 	CodeUnavailable      = "service_unavailable"
 )
 
@@ -184,7 +186,16 @@ type Config struct {
 	// a request is 409 at once. 0 means 64. A waiter holds no database
 	// connection while it waits: it looks again now and then, and is woken
 	// at once when the first request runs in this same process.
+	//
+	// The slots are shared fairly among tenants: one tenant holds at most
+	// MaxWaitersPerTenant of them, and a tenant with no request waiting
+	// always gets one, even when the others hold every slot; so one tenant
+	// can never take waiting away from another, and at most MaxWaiters plus
+	// one per tenant wait at once.
 	MaxWaiters int
+	// MaxWaitersPerTenant caps one tenant's share of MaxWaiters; 0 means a
+	// quarter of MaxWaiters (at least 1).
+	MaxWaitersPerTenant int
 	// Tenant returns the organisation a request belongs to (set by the auth
 	// middleware). Keys are unique per tenant and scope.
 	Tenant func(*gin.Context) string
@@ -200,9 +211,9 @@ type Wrapper struct {
 	db      *gorm.DB
 	keys    *models.KeyStore
 	cfg     Config
-	waiters chan struct{} // one token per request waiting on a key in flight
-	flights sync.Map      // lock id -> *flight, for keyed requests executing in this process
-	recent  *recentKeys   // keys this process answered lately: their retries try the fast path
+	waiters *waitSlots  // the requests waiting on a key in flight, per tenant
+	flights sync.Map    // lock id -> *flight, for keyed requests executing in this process
+	recent  *recentKeys // keys this process answered lately: their retries try the fast path
 }
 
 // recentKeysSize bounds recentKeys: up to twice this many keys (16 bytes each).
@@ -219,6 +230,7 @@ func New(db *gorm.DB, keys *models.KeyStore, cfg Config) *Wrapper {
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, 1)
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, 1<<20)
 	cfg.MaxWaiters = cmp.Or(cfg.MaxWaiters, 64)
+	cfg.MaxWaitersPerTenant = cmp.Or(cfg.MaxWaitersPerTenant, max(1, cfg.MaxWaiters/4))
 	cfg.Log = cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
 	if cfg.Observe == nil {
 		cfg.Observe = func(string, string) {}
@@ -226,7 +238,53 @@ func New(db *gorm.DB, keys *models.KeyStore, cfg Config) *Wrapper {
 	if cfg.Tenant == nil {
 		panic("idempotency: Config.Tenant is required")
 	}
-	return &Wrapper{db: db, keys: keys, cfg: cfg, waiters: make(chan struct{}, cfg.MaxWaiters), recent: newRecentKeys(recentKeysSize)}
+	return &Wrapper{db: db, keys: keys, cfg: cfg, waiters: newWaitSlots(cfg.MaxWaiters, cfg.MaxWaitersPerTenant), recent: newRecentKeys(recentKeysSize)}
+}
+
+// Waiting is how many requests wait at once on a key in flight
+// (`Prefer: wait`), for a gauge.
+func (w *Wrapper) Waiting() int { return w.waiters.count() }
+
+// waitSlots are the places of requests waiting on a key in flight, shared
+// among tenants (see Config.MaxWaiters).
+type waitSlots struct {
+	mu        sync.Mutex
+	max, each int
+	total     int
+	byTenant  map[string]int
+}
+
+func newWaitSlots(max, each int) *waitSlots {
+	return &waitSlots{max: max, each: each, byTenant: map[string]int{}}
+}
+
+// take reports whether tenant's request may wait, and if so holds a slot
+// until give.
+func (s *waitSlots) take(tenant string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.byTenant[tenant]
+	if n >= s.each || (n > 0 && s.total >= s.max) {
+		return false
+	}
+	s.byTenant[tenant] = n + 1
+	s.total++
+	return true
+}
+
+func (s *waitSlots) give(tenant string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.total--
+	if s.byTenant[tenant]--; s.byTenant[tenant] <= 0 {
+		delete(s.byTenant, tenant)
+	}
+}
+
+func (s *waitSlots) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.total
 }
 
 // call is one request going through the wrapper.
@@ -322,13 +380,11 @@ func (k *call) serve(prep Preparer, h Handler) {
 			return
 		}
 		if k.waited == 0 {
-			select {
-			case k.w.waiters <- struct{}{}:
-				defer func() { <-k.w.waiters }()
-			default: // enough requests wait already
+			if !k.w.waiters.take(k.tenant) { // enough requests wait already
 				k.inProgress()
 				return
 			}
+			defer k.w.waiters.give(k.tenant)
 			k.waited = wait
 			deadline = time.Now().Add(wait)
 			k.c.Header(HeaderPreferenceApplied, "wait="+strconv.Itoa(int((wait+time.Second-1)/time.Second)))
@@ -380,7 +436,16 @@ func (k *call) readBody() bool {
 				fmt.Sprintf("The request body exceeds the limit of %d bytes.", tooBig.Limit))
 			return false
 		}
-		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body could not be read.")
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The client sent its body slower than the server's read
+			// timeout: nothing was wrong with the request, and it may be
+			// sent again (408, RFC 9110 15.5.9). The connection is done.
+			k.c.Header("Connection", "close")
+			k.reject(http.StatusRequestTimeout, CodeBodyTimeout,
+				"The request body did not arrive in time; nothing was done. Send the request again.")
+			return false
+		}
+		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body could not be read: "+err.Error()+".")
 		return false
 	}
 	canonical, err := CanonicalizeBounded(body, k.w.cfg.MaxBodyBytes)
@@ -450,9 +515,17 @@ func (k *call) preferredWait() time.Duration {
 			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
 				continue
 			}
-			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(value), `"`))
-			if err != nil || n <= 0 {
+			v := strings.Trim(strings.TrimSpace(value), `"`)
+			n, err := strconv.ParseInt(v, 10, 64)
+			switch {
+			case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(v, "-"):
+				return k.w.cfg.MaxWait // more seconds than an int64 holds: above any cap
+			case err != nil || n <= 0:
 				return 0
+			case n > int64(k.w.cfg.MaxWait/time.Second):
+				// Compared in seconds: n*time.Second overflows past
+				// 9223372036 and would wrap below the cap, or below 0.
+				return k.w.cfg.MaxWait
 			}
 			return min(time.Duration(n)*time.Second, k.w.cfg.MaxWait)
 		}

@@ -31,6 +31,10 @@ var (
 	ErrConflict = errors.New("conflict")
 	// ErrQuotaExceeded: the organisation has used its monthly run quota.
 	ErrQuotaExceeded = errors.New("monthly run quota exceeded")
+	// ErrStalled: the database did not hand out a connection, or did not
+	// answer a request's first statement, within DBOptions.AcquireTimeout or
+	// AnswerTimeout (a hung or overwhelmed server). IsUnavailable holds for it.
+	ErrStalled = errors.New("the database did not answer in time")
 )
 
 // DBOptions tunes Open. The zero value is fine for production.
@@ -44,6 +48,14 @@ type DBOptions struct {
 	// connection stays usable, so a rollback (which releases the request's
 	// advisory lock) completes before the caller answers.
 	StatementTimeout time.Duration
+	// AcquireTimeout bounds how long a request waits for a connection
+	// (connecting included); 0 means no bound but the request's own.
+	AcquireTimeout time.Duration
+	// AnswerTimeout bounds how long a request waits for the database's
+	// answer to its first statement; 0 means no bound but the request's
+	// own. Later statements of a request transaction are bounded by its
+	// deadline only: they may wait on locks.
+	AnswerTimeout time.Duration
 }
 
 // Open connects to PostgreSQL through pgx and GORM and pings it.
@@ -55,6 +67,9 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
 	cfg.Tracer = opt.Tracer
+	if opt.AcquireTimeout > 0 {
+		cfg.ConnectTimeout = opt.AcquireTimeout
+	}
 	if opt.StatementTimeout > 0 {
 		cfg.RuntimeParams["statement_timeout"] = fmt.Sprint(opt.StatementTimeout.Milliseconds())
 	}
@@ -72,6 +87,7 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 	sqlDB.SetMaxOpenConns(maxOpen)
 	sqlDB.SetMaxIdleConns(maxOpen)
 	connGates.Store(sqlDB, make(chan struct{}, maxOpen))
+	poolLimits.Store(sqlDB, opt)
 	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
 	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -94,6 +110,44 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 // connGates are the admission gates of the pools Open made, by pool.
 var connGates sync.Map // *sql.DB -> chan struct{}
 
+// poolLimits are the options of the pools Open made, by pool.
+var poolLimits sync.Map // *sql.DB -> DBOptions
+
+func optionsOf(db *gorm.DB) DBOptions {
+	o, _ := poolLimits.Load(SQLDB(db))
+	opt, _ := o.(DBOptions)
+	return opt
+}
+
+// stallBound returns ctx bounded by d, ending with cause ErrStalled (d 0:
+// ctx as it is).
+func stallBound(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeoutCause(ctx, d, ErrStalled)
+}
+
+// stalled is err, or ErrStalled when bounded ran out while ctx (the
+// caller's) had time left.
+func stalled(ctx, bounded context.Context, err error) error {
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(bounded), ErrStalled) {
+		return fmt.Errorf("%w: %v", ErrStalled, err)
+	}
+	return err
+}
+
+// FirstAnswer bounds ctx, for a request's statements that make its first
+// round trip (a read of one statement), by the pool's AcquireTimeout plus
+// AnswerTimeout, with ErrStalled as its cause.
+func FirstAnswer(ctx context.Context, db *gorm.DB) (context.Context, context.CancelFunc) {
+	opt := optionsOf(db)
+	if opt.AcquireTimeout <= 0 || opt.AnswerTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return stallBound(ctx, opt.AcquireTimeout+opt.AnswerTimeout)
+}
+
 // requestConn takes a connection of db's pool for a request's statements,
 // first come, first served, and returns the function that gives it back.
 //
@@ -109,21 +163,23 @@ var connGates sync.Map // *sql.DB -> chan struct{}
 func requestConn(ctx context.Context, db *gorm.DB) (*sql.Conn, func(), error) {
 	pool := SQLDB(db)
 	gate, _ := connGates.Load(pool)
+	actx, cancel := stallBound(ctx, optionsOf(db).AcquireTimeout)
+	defer cancel()
 	var leave func()
 	if g, ok := gate.(chan struct{}); ok {
 		select {
 		case g <- struct{}{}:
 			leave = func() { <-g }
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+		case <-actx.Done():
+			return nil, nil, stalled(ctx, actx, fmt.Errorf("wait for a connection: %w", actx.Err()))
 		}
 	}
-	conn, err := pool.Conn(ctx)
+	conn, err := pool.Conn(actx)
 	if err != nil {
 		if leave != nil {
 			leave()
 		}
-		return nil, nil, err
+		return nil, nil, stalled(ctx, actx, err)
 	}
 	return conn, func() {
 		_ = conn.Close()
@@ -169,6 +225,9 @@ func translate(err error) error {
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
+	}
+	if errors.Is(err, ErrStalled) {
+		return true
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {

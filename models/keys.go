@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -42,8 +43,10 @@ func (k *StoredKey) Found() bool { return k.Key != "" }
 func (s *KeyStore) Lookup(ctx context.Context, orgID, endpoint, key string) (*StoredKey, error) {
 	lockID := uint64(LockID(orgID, endpoint, key))
 	k := &StoredKey{IdempotencyKey: IdempotencyKey{OrgID: orgID, Endpoint: endpoint}}
-	err := withConn(ctx, s.db, func(c *pgx.Conn) error {
-		return scanKey(c.QueryRow(ctx, `
+	actx, cancel := FirstAnswer(ctx, s.db)
+	defer cancel()
+	err := withConn(actx, s.db, func(c *pgx.Conn) error {
+		return scanKey(c.QueryRow(actx, `
 SELECT k.key, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
 	k.response_headers, k.validation_run_id, k.request_id, k.created_at, k.expires_at,
 	k.expires_at <= now() AS expired,
@@ -57,6 +60,9 @@ FROM (SELECT 1) AS one
 LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5`,
 			int64(lockID>>32), int64(lockID&0xffffffff), orgID, endpoint, key), k, &k.InFlight)
 	})
+	if err = stalled(ctx, actx, err); errors.Is(err, ErrStalled) {
+		return nil, fmt.Errorf("lookup idempotency key: %w", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("lookup idempotency key: %w", translate(err))
 	}

@@ -186,10 +186,15 @@ func (s *TokenStore) Authenticate(ctx context.Context, token string) (*Principal
 		return nil, fmt.Errorf("authenticate: %w", ErrNotFound)
 	}
 	var p Principal
-	res := s.db.WithContext(ctx).Raw(`
+	actx, cancel := FirstAnswer(ctx, s.db)
+	defer cancel()
+	res := s.db.WithContext(actx).Raw(`
 		SELECT o.id AS org_id, o.slug AS org_slug, t.id AS token_id, o.monthly_run_quota
 		FROM api_tokens t JOIN organizations o ON o.id = t.org_id
 		WHERE t.token_hash = ? AND t.revoked_at IS NULL`, HashToken(token)).Scan(&p)
+	if err := stalled(ctx, actx, res.Error); errors.Is(err, ErrStalled) {
+		return nil, fmt.Errorf("authenticate: %w", err)
+	}
 	if res.Error != nil {
 		return nil, fmt.Errorf("authenticate: %w", translate(res.Error))
 	}

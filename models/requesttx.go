@@ -83,6 +83,9 @@ LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5
 // expired row is being taken over.
 func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, key *KeyRef) (t *RequestTx, stored *StoredKey, err error) {
 	conn, done, err := requestConn(ctx, db)
+	if errors.Is(err, ErrStalled) {
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("begin: %w", translate(err))
 	}
@@ -106,8 +109,16 @@ func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, key *
 				})
 		}
 		t.open = true
-		return c.SendBatch(ctx, &b).Close()
+		// The first answer has its own short deadline: a hung database
+		// is a 503 in seconds, not at the transaction's deadline.
+		actx, cancel := stallBound(ctx, optionsOf(db).AnswerTimeout)
+		defer cancel()
+		return stalled(ctx, actx, c.SendBatch(actx, &b).Close())
 	})
+	if errors.Is(err, ErrStalled) {
+		t.Rollback()
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
 	if err != nil {
 		t.Rollback()
 		return nil, nil, fmt.Errorf("begin: %w", translate(err))

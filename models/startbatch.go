@@ -2,6 +2,7 @@ package models
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -140,7 +141,7 @@ func (b *startBatcher) write() {
 // key another request finished meanwhile) fails alone.
 func (b *startBatcher) send(batch []*startReq) {
 	err := b.exec(batch)
-	if err != nil && len(batch) > 1 && !IsUnavailable(err) {
+	if err != nil && len(batch) > 1 && !IsUnavailable(err) && !errors.Is(err, ErrStalled) {
 		for _, r := range batch {
 			if err := b.exec([]*startReq{r}); err != nil {
 				r.err = err
@@ -238,11 +239,19 @@ func (b *startBatcher) exec(batch []*startReq) error {
 			}
 			return rows.Err()
 		})
-		return c.SendBatch(ctx, &pb).Close()
+		// The answer has its own short deadline (DATABASE_ANSWER_TIMEOUT),
+		// as a request transaction's first round trip does: a hung
+		// database is a 503 in seconds.
+		actx, cancel := stallBound(ctx, optionsOf(b.db).AnswerTimeout)
+		defer cancel()
+		return stalled(ctx, actx, c.SendBatch(actx, &pb).Close())
 	})
 	if err != nil {
 		for _, r := range batch {
 			r.res = OneResult{}
+		}
+		if errors.Is(err, ErrStalled) {
+			return fmt.Errorf("start run: %w", err)
 		}
 		return fmt.Errorf("start run: %w", translate(err))
 	}

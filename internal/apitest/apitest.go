@@ -92,6 +92,19 @@ func New(t testing.TB, opts ...Options) *Env {
 	return e
 }
 
+// WithConfig returns the API on the same database with its configuration
+// edited, such as a short IDEMPOTENCY_TX_TIMEOUT for the one request meant
+// to outlive it, while every other request of the test keeps the default
+// budget and so passes however slow the machine is. It has its own metrics.
+func (e *Env) WithConfig(edit func(*config.Config)) *Env {
+	cfg := e.Config
+	edit(&cfg)
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(newTestLog(e.T), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return &Env{T: e.T, DB: e.DB, DBURL: e.DBURL, Config: cfg, Registry: reg,
+		Handler: handlers.New(handlers.Deps{Config: cfg, DB: e.DB, Registry: reg, Log: log})}
+}
+
 // testLog writes log lines to the test's log while the test runs. Lines
 // after its end are dropped: the server's background goroutines may still
 // log once the test is over,
@@ -165,7 +178,7 @@ func (r Response) Map(t testing.TB) map[string]any {
 }
 
 // Do sends a request through the router. body is sent as is when it is a
-// string or []byte, JSON-encoded otherwise (nil: no body). headers are
+// string, []byte or io.Reader, JSON-encoded otherwise (nil: no body). headers are
 // name/value pairs; token "" sends no Authorization.
 func (e *Env) Do(method, path, token string, body any, headers ...string) Response {
 	e.T.Helper()
@@ -176,6 +189,8 @@ func (e *Env) Do(method, path, token string, body any, headers ...string) Respon
 		rd = strings.NewReader(b)
 	case []byte:
 		rd = bytes.NewReader(b)
+	case io.Reader:
+		rd = b
 	default:
 		j, err := json.Marshal(b)
 		if err != nil {

@@ -1,0 +1,210 @@
+package handlers_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/idempotency"
+	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/models"
+)
+
+// freezer is a TCP proxy to PostgreSQL that the test can freeze: while
+// frozen it passes no byte either way, as a SIGSTOPped server answers
+// nothing (the kernel still accepts connections).
+type freezer struct {
+	ln     net.Listener
+	mu     sync.Mutex
+	cond   *sync.Cond
+	frozen bool
+	conns  []net.Conn
+}
+
+func newFreezer(t *testing.T, upstream string) *freezer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	f := &freezer{ln: ln}
+	f.cond = sync.NewCond(&f.mu)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", upstream)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, c, u)
+			f.mu.Unlock()
+			go f.pipe(c, u)
+			go f.pipe(u, c)
+		}
+	}()
+	t.Cleanup(func() {
+		f.set(false)
+		_ = ln.Close()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, c := range f.conns {
+			_ = c.Close()
+		}
+	})
+	return f
+}
+
+func (f *freezer) pipe(from, to net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		f.mu.Lock()
+		for f.frozen {
+			f.cond.Wait()
+		}
+		f.mu.Unlock()
+		if n > 0 {
+			if _, werr := to.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = to.Close()
+			return
+		}
+	}
+}
+
+func (f *freezer) set(frozen bool) {
+	f.mu.Lock()
+	f.frozen = frozen
+	f.mu.Unlock()
+	f.cond.Broadcast()
+}
+
+// answerWithin sends the request in the background and returns its answer,
+// failing if none comes within bound: a bound on a loaded machine, far
+// below what a hung request would wait (IDEMPOTENCY_TX_TIMEOUT is 10 min).
+func answerWithin(t *testing.T, bound time.Duration, send func() apitest.Response) apitest.Response {
+	t.Helper()
+	ch := waitFor(send)
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(bound):
+		t.Fatalf("no answer within %s: the request hangs on the database", bound)
+		return apitest.Response{}
+	}
+}
+
+func requireUnavailable(t *testing.T, r apitest.Response, what string) {
+	t.Helper()
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s: %s", what, r.Body)
+	require.Equal(t, idempotency.CodeUnavailable, r.Map(t)["code"], what)
+	require.NotEmpty(t, r.Header.Get("Retry-After"), what)
+}
+
+// A hung PostgreSQL (every byte held by a frozen proxy, as SIGSTOP does)
+// answers 503 service_unavailable with Retry-After while it is still hung:
+// the first answer has its own deadline (DATABASE_ANSWER_TIMEOUT), and so
+// has getting a connection (DATABASE_ACQUIRE_TIMEOUT), whatever the
+// request transaction's (10 min here). Nothing is stored: once the database
+// answers again, the same key executes, once. Before, requests waited for
+// IDEMPOTENCY_TX_TIMEOUT.
+func TestHungDatabaseIs503(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t)
+	acme, globex := e.NewOrg("acme"), e.NewOrg("globex")
+	wf := e.NewWorkflow(acme, idemWorkflowBody)
+
+	u, err := url.Parse(e.DBURL)
+	require.NoError(t, err)
+	fz := newFreezer(t, u.Host)
+	u.Host = fz.ln.Addr().String()
+	db, err := models.Open(context.Background(), u.String(), models.DBOptions{
+		MaxOpenConns: 4, AcquireTimeout: time.Second, AnswerTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = models.SQLDB(db).Close() })
+	cfg := e.Config
+	cfg.IdempotencyTxTimeout = 10 * time.Minute
+	h := handlers.New(handlers.Deps{Config: cfg, DB: db})
+	stalled := &apitest.Env{T: t, DB: db, Config: cfg, Handler: h}
+
+	start := func(key string) apitest.Response {
+		return stalled.Do(http.MethodPost, "/api/workflows/"+wf+"/start/", acme.Token, `{"submission":1}`, idempotency.HeaderKey, key)
+	}
+	// acme's token is verified (and cached), the pool holds connections.
+	require.Equal(t, http.StatusOK, stalled.Do(http.MethodGet, "/api/workflows/"+wf, acme.Token, nil).Status)
+
+	fz.set(true)
+	for _, tt := range []struct {
+		what string
+		send func() apitest.Response
+	}{
+		{"a start with a key", func() apitest.Response { return start("stall-1") }},
+		{"a start without a key", func() apitest.Response {
+			return stalled.Do(http.MethodPost, "/api/workflows/"+wf+"/start/", acme.Token, `{"submission":1}`)
+		}},
+		{"a read", func() apitest.Response {
+			return stalled.Do(http.MethodGet, "/api/runs/?workflow_id="+wf, acme.Token, nil)
+		}},
+		{"a token not yet verified", func() apitest.Response { return stalled.Do(http.MethodGet, "/api/usage", globex.Token, nil) }},
+	} {
+		for range 3 { // more than the pool holds: some wait for a connection
+			requireUnavailable(t, answerWithin(t, 30*time.Second, tt.send), tt.what)
+		}
+	}
+	fz.set(false)
+
+	require.Zero(t, e.Count("idempotency_keys", ""), "nothing stored")
+	require.Zero(t, e.Count("validation_runs", ""), "nothing started")
+	var r apitest.Response
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		r = start("stall-1") // a connection broken by the stall may take one 503
+		return r.Status != http.StatusServiceUnavailable
+	}, "the database answers again")
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	require.Equal(t, http.StatusCreated, start("stall-1").Status)
+	require.EqualValues(t, 1, e.Count("validation_runs", ""))
+}
+
+// With every connection of the pool taken (here by the test), a request is
+// 503 service_unavailable once DATABASE_ACQUIRE_TIMEOUT has passed, not a
+// request that waits for the transaction's deadline.
+func TestNoConnectionIs503(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t)
+	acme := e.NewOrg("acme")
+	wf := e.NewWorkflow(acme, idemWorkflowBody)
+	db, err := models.Open(context.Background(), e.DBURL, models.DBOptions{
+		MaxOpenConns: 1, AcquireTimeout: time.Second, AnswerTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = models.SQLDB(db).Close() })
+	cfg := e.Config
+	cfg.IdempotencyTxTimeout = 10 * time.Minute
+	busy := &apitest.Env{T: t, DB: db, Config: cfg, Handler: handlers.New(handlers.Deps{Config: cfg, DB: db})}
+	require.Equal(t, http.StatusOK, busy.Do(http.MethodGet, "/api/workflows/"+wf, acme.Token, nil).Status)
+
+	held, err := models.SQLDB(db).Conn(context.Background())
+	require.NoError(t, err)
+	for _, send := range []func() apitest.Response{
+		func() apitest.Response {
+			return busy.Do(http.MethodPost, "/api/workflows/"+wf+"/start/", acme.Token, `{"submission":1}`, idempotency.HeaderKey, "busy-1")
+		},
+		func() apitest.Response { return busy.Do(http.MethodGet, "/api/runs/", acme.Token, nil) },
+	} {
+		requireUnavailable(t, answerWithin(t, 30*time.Second, send), "no connection")
+	}
+	require.NoError(t, held.Close())
+	r := busy.Do(http.MethodPost, "/api/workflows/"+wf+"/start/", acme.Token, `{"submission":1}`, idempotency.HeaderKey, "busy-1")
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+}
