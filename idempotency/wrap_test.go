@@ -551,9 +551,9 @@ func TestWrapLostInsertRaceReplaysWinner(t *testing.T) {
 	winner := e.db.Begin()
 	require.NoError(t, winner.Error)
 	defer winner.Rollback()
-	require.NoError(t, winner.Exec(`INSERT INTO idempotency_keys (id, org_id, endpoint, key, request_hash,
+	require.NoError(t, winner.Exec(`INSERT INTO idempotency_keys (org_id, endpoint, key, request_hash,
 		request_method, request_path, response_status, response_body, response_headers, request_id, expires_at)
-		VALUES ('8b7c1d9e-0f5a-4b2c-9d3e-6a1b2c3d4e5f', ?, ?, 'race', ?, 'POST', '/items', 201, ?,
+		VALUES (?, ?, 'race', ?, 'POST', '/items', 201, ?,
 		'{"Content-Type":"application/json"}', 'winner-request', now() + interval '1 hour')`,
 		e.org, scopeItems, hash[:], []byte(`{"winner":true}`)).Error)
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
 
@@ -82,7 +83,34 @@ const startTxFastSQL = `WITH ` + claimSlotFast + `, run AS (
 //
 // Returns ErrNotFound when the workflow is not the organisation's, and
 // ErrQuotaExceeded past the quota.
+//
+// The slow path waits for slots other starts hold, and a statement claiming
+// a slot may wait for one that a waiting claim holds (PostgreSQL follows a
+// slot's newer version even under SKIP LOCKED): PostgreSQL may then break a
+// deadlock by failing one of them. Everything here runs under a savepoint,
+// so such a failure is rolled back, nothing held, and tried again.
 func (s *RunStore) Start(tx *RequestTx, p StartParams) error {
+	for try := 1; ; try++ {
+		err := s.startOnce(tx, p)
+		if err == nil || !isDeadlock(err) || try == 5 {
+			return err
+		}
+		if rerr := tx.pgx(func(c *pgx.Conn) error {
+			_, err := c.Exec(tx.Context(), `ROLLBACK TO SAVEPOINT start_run`)
+			return err
+		}); rerr != nil {
+			return err
+		}
+	}
+}
+
+// isDeadlock reports whether err is PostgreSQL's deadlock_detected.
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
+}
+
+func (s *RunStore) startOnce(tx *RequestTx, p StartParams) error {
 	meta := p.Metadata
 	if len(meta) == 0 {
 		meta = []byte("{}")
@@ -93,13 +121,27 @@ func (s *RunStore) Start(tx *RequestTx, p StartParams) error {
 		nullable(p.TokenID), nullable(truncate(p.RequestID, 200)), nullable(p.IdempotencyKey)}
 	found := false
 	err := tx.pgx(func(c *pgx.Conn) error {
-		var id string
+		// A slot this statement locked but passed over (another start
+		// filled it meanwhile) stays locked until its transaction ends, and
+		// the slow path may then wait for the slots' rebalancing lock, whose
+		// holder may wait for that slot: a deadlock. Rolled back to the
+		// savepoint, the statement holds nothing.
+		var b pgx.Batch
+		b.Queue(`SAVEPOINT start_run`)
 		args := append([]any{p.WorkflowID, p.OrgID, period, p.Quota, slotOffset(), UsageSlots}, runArgs...)
-		err := c.QueryRow(ctx, startTxFastSQL, args...).Scan(&id)
-		found = err == nil
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+		b.Queue(startTxFastSQL, args...).QueryRow(func(row pgx.Row) error {
+			var id string
+			err := row.Scan(&id)
+			found = err == nil
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
+		})
+		if err := c.SendBatch(ctx, &b).Close(); err != nil || found {
+			return err
 		}
+		_, err := c.Exec(ctx, `ROLLBACK TO SAVEPOINT start_run`)
 		return err
 	})
 	if err != nil || found {

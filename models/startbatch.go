@@ -143,8 +143,12 @@ func (b *startBatcher) send(batch []*startReq) {
 	err := b.exec(batch)
 	if err != nil && len(batch) > 1 && !IsUnavailable(err) && !errors.Is(err, ErrStalled) {
 		for _, r := range batch {
-			if err := b.exec([]*startReq{r}); err != nil {
-				r.err = err
+			for try := 1; ; try++ {
+				err := b.exec([]*startReq{r})
+				if err == nil || !isDeadlock(err) || try == 5 {
+					r.err = err
+					break
+				}
 			}
 			close(r.done)
 		}
