@@ -679,3 +679,52 @@ func BenchmarkRunReadmeWorkflow(b *testing.B) {
 		}
 	}
 }
+
+// TestTimeLimitsCountWorkNotLostTime: a worker stopped (SIGSTOP, a paused VM) or starved of
+// CPU in the middle of a validation loses wall time without doing work. The time limits
+// count the validating thread's CPU time, so a submission well within its budget passes
+// exactly as on an idle worker; only a stop longer than StallTimeout stops the validation,
+// and then as the worker's fault (ErrWorkerStalled), which the worker retries, never as a
+// limit of the submission. The stop is a sleep inside the validation (SetLostTime): it
+// loses wall time on purpose, whatever the machine's speed.
+func TestTimeLimitsCountWorkNotLostTime(t *testing.T) {
+	t.Parallel()
+	const limit = time.Second
+	sub := []byte("[" + strings.Repeat("1,", 9_999) + "1]")
+	compile := func(t *testing.T) *validate.Program {
+		p := mustCompile(t, `{"items": {"type": "integer"}}`,
+			validate.Assertion{Name: "scan", Expr: "submission.all(x, x >= 0)"})
+		validate.SetSchemaTimeout(p, limit)
+		validate.SetEvalTimeout(p, limit)
+		return p
+	}
+	want, err := compile(t).Run(context.Background(), sub, nil)
+	require.NoError(t, err)
+
+	t.Run("stopped for longer than the limits", func(t *testing.T) {
+		t.Parallel()
+		p := compile(t)
+		stops := 0
+		validate.SetLostTime(p, func() {
+			stops++
+			if stops == 1 || stops == 3 { // once in the schema, once in the assertion
+				time.Sleep(limit + limit/2)
+			}
+		})
+		got, err := runGuarded(t, context.Background(), p, sub)
+		require.NoError(t, err, "the worker lost the time, the submission used little of its budget")
+		require.Equal(t, want, got)
+		require.Greater(t, stops, 3, "the validation looked at the clocks after each stop")
+	})
+
+	t.Run("stopped past StallTimeout", func(t *testing.T) {
+		t.Parallel()
+		p := compile(t)
+		validate.SetStallTimeout(p, limit)
+		validate.SetLostTime(p, func() { time.Sleep(limit + limit/2) })
+		got, err := runGuarded(t, context.Background(), p, sub)
+		require.Nil(t, got)
+		require.ErrorIs(t, err, validate.ErrWorkerStalled)
+		require.NotErrorIs(t, err, validate.ErrLimitExceeded, "the worker's fault, not the submission's")
+	})
+}
