@@ -154,7 +154,7 @@ type budget struct {
 	// the clocks and stands in for a worker that is stopped meanwhile.
 	stall    time.Duration
 	lostTime func()
-	memory    int64  // bytes built by the assertions of this run
+	memory   int64 // bytes built by the assertions of this run
 	// err is why the work was aborted: a *LimitError, or the context's error.
 	err error
 }
