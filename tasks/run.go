@@ -99,6 +99,7 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		e.failedBeforeClaim(ctx, p.RunID, err)
 		return err
 	}
+	e.log.InfoContext(ctx, "run claimed", "run_id", run.ID, "attempt", run.Attempts)
 	err = e.safeExecute(ctx, run)
 	if err != nil {
 		e.failed(ctx, run, err)
