@@ -108,14 +108,16 @@ LIMIT @limit`, map[string]any{"after": after.Microseconds(), "prefix": stagedPre
 // MarkSwept records that a sweep looked at run r, which had r.Redeliveries
 // redeliveries, and re-enqueued it (redelivered) or found its task still
 // waiting in the queue. It returns false when another sweep marked the run
-// first, or the run is final: a redelivery is counted once.
+// first: a redelivery is counted once. A run its redelivery already
+// finished is marked too (under load that delivery can be quicker than this
+// statement), so every redelivery is counted.
 func (s *RunStore) MarkSwept(ctx context.Context, r StrandedRun, redelivered bool) (bool, error) {
 	next := r.Redeliveries
 	if redelivered {
 		next++
 	}
 	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET swept_at = now(), redeliveries = ?
-		WHERE id = ? AND redeliveries = ? AND status IN ('queued', 'running')`, next, r.ID, r.Redeliveries)
+		WHERE id = ? AND redeliveries = ?`, next, r.ID, r.Redeliveries)
 	if res.Error != nil {
 		return false, fmt.Errorf("mark run %s swept: %w", r.ID, translate(res.Error))
 	}
