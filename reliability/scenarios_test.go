@@ -410,8 +410,10 @@ func workerStarved(t *testing.T, s *suite, res *result) {
 	var stop atomic.Bool
 	var hogs sync.WaitGroup
 	for range 2 * runtime.NumCPU() {
+		// Not locked to a thread: a goroutine that ends locked ends its
+		// thread, and a child started from that thread (the suite's Redis,
+		// restarted by redis_restart) gets its Pdeathsig.
 		hogs.Go(func() {
-			runtime.LockOSThread()
 			for !stop.Load() {
 			}
 		})
