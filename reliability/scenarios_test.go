@@ -281,7 +281,10 @@ func workerKill(t *testing.T, s *suite, res *result) {
 func stillHeld(c *cluster, held map[string]int) map[string]int {
 	out := map[string]int{}
 	for id, attempt := range held {
-		if n, err := c.count(`SELECT count(*) FROM validation_runs WHERE id = $1 AND status = 'running' AND attempts = $2`,
+		// Not a run whose Finish transaction is open (its row locked): that
+		// write passed the fence while the lease was live.
+		if n, err := c.count(`SELECT count(*) FROM (SELECT 1 FROM validation_runs
+			WHERE id = $1 AND status = 'running' AND attempts = $2 FOR SHARE SKIP LOCKED) r`,
 			id, attempt); err == nil && n == 1 {
 			out[id] = attempt
 		}
