@@ -19,8 +19,9 @@ type ClaimedRun struct {
 // Claim takes a run for execution: a queued run, or a running one whose
 // lease has expired (its worker died or stopped heartbeating), becomes
 // running with attempts+1 and a lease of lease, which the executing worker
-// renews with Heartbeat. The attempt number fences Heartbeat, Finish,
-// FailAttempt and Release: a delivery that lost its lease cannot write.
+// renews with Heartbeat. The attempt number and a live lease fence
+// Heartbeat, Finish, FailAttempt and Release: a delivery that lost its
+// lease, taken over or not, cannot write.
 // A run that has already been started maxAttempts times is not started
 // again (ErrAttemptsExhausted): a submission that kills its worker every
 // time must end, not be redelivered forever. ErrRunFinished / ErrRunLeased /
@@ -73,13 +74,14 @@ RETURNING r.*, w.schema, w.assertions`, lease.Microseconds(), runID, maxAttempts
 
 // Finish ends the attempt-th execution of a run with status (passed or
 // failed) and its findings, in one transaction. It writes nothing and
-// returns false when that attempt no longer owns the run (another delivery
-// took it over, or it already finished): findings are written once.
+// returns false when that attempt no longer holds a live lease on the run
+// (another delivery took it over, it already finished, or its lease ran
+// out): findings are written once, by a delivery that still held the run.
 func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status string, findings []Finding) (bool, error) {
 	var owned bool
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		res := tx.Exec(`UPDATE validation_runs SET status = ?, finished_at = now(), lease_expires_at = NULL
-			WHERE id = ? AND status = 'running' AND attempts = ?`, status, runID, attempt)
+			WHERE id = ? AND `+liveLease, status, runID, attempt)
 		if res.Error != nil {
 			return res.Error
 		}

@@ -205,8 +205,9 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 var fastRecovery = []string{"RUN_LEASE=1s", "RUN_SWEEP_INTERVAL=100ms", "RUN_REDELIVER_AFTER=500ms",
 	"ENQUEUE_POLL_INTERVAL=100ms"}
 
-// Finding: a killed worker's runs stayed running for the whole RUN_LEASE
-// (5 min): 10 runs finished about 305 s after the kill. Here, with the
+// Finding: a killed worker's runs stayed running for the whole run lease,
+// then 5 min: 10 runs finished about 305 s after the kill. RUN_LEASE is now
+// 15 s (the default, which this test uses). Here, with the
 // default settings, two workers run; the first holds ten runs mid-execution
 // (each run's Finish waits on a finding the test inserted, uncommitted, at
 // its position 0) and is killed with SIGKILL. Every run must be final within

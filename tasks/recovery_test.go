@@ -78,7 +78,7 @@ func TestRedisLossAfterEnqueueRunsStillFinish(t *testing.T) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	w := startWorker(t, env, rdb, fastSweep)
+	startWorker(t, env, rdb, fastSweep)
 	waitListening(t, env)
 	require.Equal(t, "passed", waitRun(t, env, org, startRun(t, env, org, wf, validOrder), 20*time.Second).Status)
 
@@ -101,8 +101,11 @@ func TestRedisLossAfterEnqueueRunsStillFinish(t *testing.T) {
 		waitRun(t, env, org, id, 60*time.Second)
 	}
 	t.Logf("all %d runs final %s after Redis answered again", n, time.Since(back).Round(100*time.Millisecond))
+	// The promise: every run final, executed once. Not which path got it
+	// there: a run can also finish without the sweeper (a task of it that
+	// survived in asynq's own bookkeeping), so the redelivery count is not
+	// asserted.
 	requireFinishedOnce(t, env, org, want)
-	eventuallyMetric(t, w.Registry, n, "valruns_runs_redelivered_total", "reason", "queued")
 }
 
 // Finding: a PostgreSQL restart delayed runs by 26-39 s: the claim failed
@@ -158,7 +161,13 @@ func TestStagedBacklogDrainsPromptlyAfterRedisReturns(t *testing.T) {
 	wf := env.NewWorkflow(org, orderWorkflow)
 	startWorker(t, env, asynq.RedisClientOpt{Addr: srv.addr()}, func(c *tasks.Config) { c.PollInterval = 0 })
 	waitListening(t, env)
-	require.Equal(t, "passed", waitRun(t, env, org, startRun(t, env, org, wf, validOrder), 20*time.Second).Status)
+	// How long this machine, now, takes from a start to its staged job
+	// gone to Redis: the unit of the deadline below.
+	started := time.Now()
+	first := startRun(t, env, org, wf, validOrder)
+	apitest.Eventually(t, 20*time.Second, func() bool { return env.Count("staged_jobs", "") == 0 }, "the first job is moved")
+	moveTook := time.Since(started)
+	require.Equal(t, "passed", waitRun(t, env, org, first, 20*time.Second).Status)
 
 	srv.stop()
 	var ids []string
@@ -172,8 +181,18 @@ func TestStagedBacklogDrainsPromptlyAfterRedisReturns(t *testing.T) {
 
 	srv.start()
 	back := time.Now()
-	apitest.Eventually(t, 3*time.Second, func() bool { return env.Count("staged_jobs", "") == 0 },
-		"the staged backlog drains within a few seconds of Redis returning, with no new traffic")
+	rc := redisClient(asynq.RedisClientOpt{Addr: srv.addr()})
+	apitest.Eventually(t, 20*time.Second, func() bool { return rc.Ping(context.Background()).Err() == nil }, "Redis answers again")
+	_ = rc.Close()
+	// Prompt: one poll (1 s, the default) after Redis answers, plus a few
+	// times what moving a job took on this machine; far below the doubled
+	// backoff (up to 30 s) the bug waited out.
+	deadline := time.Since(back) + time.Second + 10*moveTook + 2*time.Second
+	if deadline >= 20*time.Second {
+		t.Skipf("this machine is too slow now (%s to move one job) to tell a prompt drain from the backoff", moveTook)
+	}
+	apitest.Eventually(t, deadline, func() bool { return env.Count("staged_jobs", "") == 0 },
+		"the staged backlog drains within a poll of Redis returning, with no new traffic")
 	t.Logf("%d staged jobs drained %s after Redis answered again", len(ids), time.Since(back).Round(10*time.Millisecond))
 	want := map[string]string{}
 	for _, id := range ids {
@@ -185,26 +204,37 @@ func TestStagedBacklogDrainsPromptlyAfterRedisReturns(t *testing.T) {
 
 // A run that executes for several leases keeps its lease by heartbeating:
 // the sweeper (looking every 100 ms) never takes it over, no second attempt
-// starts, and it finishes as attempt 1. Without the heartbeat, the lease
-// (1 s) would run out mid-run and the sweeper would hand the run to another
-// delivery.
+// starts, and it finishes as attempt 1. The validation lasts until the
+// lease its claim took has been over for a whole lease (read from the
+// database, so on any machine the run outlives two leases); without the
+// heartbeat, the sweeper would hand the run to another delivery.
 func TestHeartbeatKeepsALongRunLeased(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	w := newWorker(t, env, newRedis(t), fastSweep)
-	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, _ string) {
-		select { // a validation that takes three leases
-		case <-ctx.Done():
-		case <-time.After(3 * time.Second):
+	var lease time.Duration
+	w := newWorker(t, env, newRedis(t), func(c *tasks.Config) { fastSweep(c); lease = c.RunLease })
+	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, id string) {
+		var claimed time.Time
+		require.NoError(t, env.DB.Raw(`SELECT lease_expires_at FROM validation_runs WHERE id = ?`, id).Scan(&claimed).Error)
+		for ctx.Err() == nil {
+			var past bool
+			require.NoError(t, env.DB.Raw(`SELECT clock_timestamp() > ?`, claimed.Add(lease)).Scan(&past).Error)
+			if past {
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 	})
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
 
 	id := startRun(t, env, org, wf, validOrder)
-	run := waitRun(t, env, org, id, 20*time.Second)
+	run := waitRun(t, env, org, id, 60*time.Second)
 	require.Equal(t, "passed", run.Status)
 	require.Equal(t, 1, run.Attempts, "never taken over")
 	require.EqualValues(t, 0, metricValue(t, w.Registry, "valruns_runs_redelivered_total"))
