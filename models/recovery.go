@@ -22,14 +22,22 @@ import (
 // is not started again (Claim), and should end in error.
 var ErrAttemptsExhausted = errors.New("run started too many times")
 
+// liveLease is the fence of every write of a delivery: the run is still
+// running, by this attempt, and its lease has not run out. clock_timestamp,
+// not now(): the time the row is looked at, not when a transaction began.
+// A delivery whose lease ran out may have been stopped or starved for any
+// time, and the sweeper may already have re-enqueued the run: it writes
+// nothing, whether or not another delivery has claimed the run yet.
+const liveLease = `status = 'running' AND attempts = ? AND lease_expires_at > clock_timestamp()`
+
 // Heartbeat renews the lease of the attempt-th execution of a running run
 // for another lease. It returns false, changing nothing, when that attempt
-// no longer owns the run: another delivery took it over after the lease ran
-// out, or it finished. A lease that ran out but that nobody took over is
-// renewed: the attempt still owns the run.
+// no longer holds a live lease: another delivery took the run over, it
+// finished, or the lease ran out (a heartbeat never revives an expired
+// lease: the run may be re-enqueued already).
 func (s *RunStore) Heartbeat(ctx context.Context, runID string, attempt int, lease time.Duration) (bool, error) {
-	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET lease_expires_at = now() + ? * interval '1 microsecond'
-		WHERE id = ? AND status = 'running' AND attempts = ?`, lease.Microseconds(), runID, attempt)
+	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET lease_expires_at = clock_timestamp() + ? * interval '1 microsecond'
+		WHERE id = ? AND `+liveLease, lease.Microseconds(), runID, attempt)
 	if res.Error != nil {
 		return false, fmt.Errorf("heartbeat run %s: %w", runID, translate(res.Error))
 	}
@@ -39,9 +47,10 @@ func (s *RunStore) Heartbeat(ctx context.Context, runID string, attempt int, lea
 // Release gives up the attempt-th execution's lease at once (its lease ends
 // now), so the task's next delivery claims the run without waiting for the
 // lease to run out: the execution failed, or its worker is shutting down.
+// Like every write of a delivery, it needs the attempt's live lease.
 func (s *RunStore) Release(ctx context.Context, runID string, attempt int) error {
-	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET lease_expires_at = now()
-		WHERE id = ? AND status = 'running' AND attempts = ?`, runID, attempt)
+	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET lease_expires_at = clock_timestamp()
+		WHERE id = ? AND `+liveLease, runID, attempt)
 	if res.Error != nil {
 		return fmt.Errorf("release run %s: %w", runID, translate(res.Error))
 	}
@@ -51,12 +60,12 @@ func (s *RunStore) Release(ctx context.Context, runID string, attempt int) error
 // FailAttempt ends the attempt-th execution of a run with status error and
 // the reason (the run went past a limit, or its task failed for good). Like
 // Finish, it writes nothing and returns false when that attempt no longer
-// owns the run.
+// holds a live lease on the run.
 func (s *RunStore) FailAttempt(ctx context.Context, runID string, attempt int, reason string) (bool, error) {
 	reason = truncate(reason, 2000)
 	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET status = 'error', error = ?,
 		finished_at = now(), lease_expires_at = NULL
-		WHERE id = ? AND status = 'running' AND attempts = ?`, reason, runID, attempt)
+		WHERE id = ? AND `+liveLease, reason, runID, attempt)
 	if res.Error != nil {
 		return false, fmt.Errorf("fail run %s: %w", runID, translate(res.Error))
 	}
@@ -120,11 +129,12 @@ WHERE status = 'queued' AND created_at < now() - @after * interval '1 microsecon
 }
 
 // MarkRedelivered counts a redelivery of run r, which had r.Redeliveries.
-// It returns false when another sweep counted it first, or the run is
-// final: a redelivery is counted once.
+// It returns false when another sweep counted it first: a redelivery is
+// counted once. A run its redelivery already finished is counted too (under
+// load that delivery can be quicker than this statement).
 func (s *RunStore) MarkRedelivered(ctx context.Context, r StrandedRun) (bool, error) {
 	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET redeliveries = redeliveries + 1
-		WHERE id = ? AND redeliveries = ? AND status IN ('queued', 'running')`, r.ID, r.Redeliveries)
+		WHERE id = ? AND redeliveries = ?`, r.ID, r.Redeliveries)
 	if res.Error != nil {
 		return false, fmt.Errorf("mark run %s redelivered: %w", r.ID, translate(res.Error))
 	}

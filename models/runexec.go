@@ -19,8 +19,9 @@ type ClaimedRun struct {
 // Claim takes a run for execution: a queued run, or a running one whose
 // lease has expired (its worker died or stopped heartbeating), becomes
 // running with attempts+1 and a lease of lease, which the executing worker
-// renews with Heartbeat. The attempt number fences Heartbeat, Finish,
-// FailAttempt and Release: a delivery that lost its lease cannot write.
+// renews with Heartbeat. The attempt number and a live lease fence
+// Heartbeat, Finish, FailAttempt and Release: a delivery that lost its
+// lease, taken over or not, cannot write.
 // A run that has already been started maxAttempts times is not started
 // again (ErrAttemptsExhausted): a submission that kills its worker every
 // time must end, not be redelivered forever. ErrRunFinished / ErrRunLeased /
@@ -83,8 +84,7 @@ func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status
 	}
 	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET status = ?, findings = CAST(? AS json),
 		finished_at = now(), lease_expires_at = NULL
-		WHERE id = ? AND status = 'running' AND attempts = ? AND lease_expires_at > clock_timestamp()`,
-		status, fs, runID, attempt)
+		WHERE id = ? AND `+liveLease, status, fs, runID, attempt)
 	if res.Error != nil {
 		return false, fmt.Errorf("finish run %s: %w", runID, translate(res.Error))
 	}

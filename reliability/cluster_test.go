@@ -76,14 +76,13 @@ func (s *suite) adminExec(t testing.TB, stmt string) {
 // lacks is logged, and the scenarios run all the same, so they fail on their
 // merits rather than being skipped.
 var wantSettings = []struct{ name, value string }{
-	{"AUTH_CACHE_TTL", "1s"},           // revoked tokens stop working fast; auth reads the database often
-	{"ENQUEUE_POLL_INTERVAL", "200ms"}, // staged jobs move soon after an outage
-	{"RUN_LEASE", "5s"},                // a run held by a dead worker is free soon
-	{"RUN_HEARTBEAT", "1s"},            // ... while a live worker keeps it
-	{"RUN_SWEEP_INTERVAL", "2s"},       // lost runs are looked for often
-	{"RUN_REDELIVER_AFTER", "2s"},      // ... and redelivered soon
-	{"RUN_RETRY_DELAY", "500ms"},       // a transient failure is retried soon
-	{"WORKER_CONCURRENCY", "2"},        // slow runs are CPU-bound: 2 cores
+	{"AUTH_CACHE_TTL", "1s"},      // revoked tokens stop working fast; auth reads the database often
+	{"RUN_LEASE", "5s"},           // a run held by a dead worker is free soon
+	{"RUN_HEARTBEAT", "1s"},       // ... while a live worker keeps it
+	{"RUN_SWEEP_INTERVAL", "2s"},  // lost runs are looked for often
+	{"RUN_REDELIVER_AFTER", "2s"}, // ... and redelivered soon
+	{"RUN_RETRY_DELAY", "500ms"},  // a transient failure is retried soon
+	{"WORKER_CONCURRENCY", "2"},   // slow runs are CPU-bound: 2 cores
 	{"SHUTDOWN_TIMEOUT", "2s"},
 	{"IDEMPOTENCY_TX_TIMEOUT", "10s"},
 	{"MAX_BODY_BYTES", "1048576"},

@@ -29,6 +29,8 @@ var scenarios = []scenario{
 	{"postgres_restart", postgresRestart},
 	{"redis_restart", redisRestart},
 	{"worker_kill", workerKill},
+	{"worker_pause", workerPause},
+	{"worker_starved", workerStarved},
 	{"hostile_input", hostileInput},
 	{"tenant_probing", tenantProbing},
 }

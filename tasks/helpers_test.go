@@ -242,11 +242,15 @@ func handOff(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt) *tasks.Di
 	return d
 }
 
-// fastSweep makes a worker take over stranded runs within about a second:
-// for tests about what happens, not how fast.
+// fastSweep makes a worker take over stranded runs within a few seconds:
+// for tests about what happens, not how fast. The lease is thirty
+// heartbeats long, so a delivery loses a live run only when its worker
+// cannot renew for about 3 s: a pause under -race beside a CPU hog is not
+// enough (a 1 s lease with a 200 ms heartbeat was, and a run was then
+// executed twice).
 func fastSweep(c *tasks.Config) {
-	c.RunLease = time.Second
-	c.RunHeartbeat = 200 * time.Millisecond
+	c.RunLease = 3 * time.Second
+	c.RunHeartbeat = 100 * time.Millisecond
 	c.SweepInterval = 100 * time.Millisecond
 	c.RedeliverAfter = 500 * time.Millisecond
 }

@@ -77,7 +77,7 @@ func TestRedisLossAfterEnqueueRunsStillFinish(t *testing.T) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	w := startWorker(t, env, rdb, fastSweep)
+	startWorker(t, env, rdb, fastSweep)
 	require.Equal(t, "passed", waitRun(t, env, org, startRun(t, env, org, wf, validOrder), 20*time.Second).Status)
 
 	insp := asynq.NewInspector(rdb)
@@ -98,8 +98,11 @@ func TestRedisLossAfterEnqueueRunsStillFinish(t *testing.T) {
 		waitRun(t, env, org, id, 60*time.Second)
 	}
 	t.Logf("all %d runs final %s after Redis answered again", n, time.Since(back).Round(100*time.Millisecond))
+	// The promise: every run final, executed once. Not which path got it
+	// there: a run can also finish without the sweeper (a task of it that
+	// survived in asynq's own bookkeeping), so the redelivery count is not
+	// asserted.
 	requireFinishedOnce(t, env, org, want)
-	eventuallyMetric(t, w.Registry, n, "valruns_runs_redelivered_total", "reason", "queued")
 }
 
 // Finding: a PostgreSQL restart delayed runs by 26-39 s: the claim failed
@@ -174,19 +177,30 @@ func TestRunsHandedOffWhileRedisIsDownFinishOnceItReturns(t *testing.T) {
 
 // A run that executes for several leases keeps its lease by heartbeating:
 // the sweeper (looking every 100 ms) never takes it over, no second attempt
-// starts, and it finishes as attempt 1. Without the heartbeat, the lease
-// (1 s) would run out mid-run and the sweeper would hand the run to another
-// delivery.
+// starts, and it finishes as attempt 1. The validation lasts until the
+// lease its claim took has been over for a whole lease (read from the
+// database, so on any machine the run outlives two leases); without the
+// heartbeat, the sweeper would hand the run to another delivery.
 func TestHeartbeatKeepsALongRunLeased(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	w := newWorker(t, env, newRedis(t), func(c *tasks.Config) { fastSweep(c); claimedPath(c) })
-	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, _ string) {
-		select { // a validation that takes three leases
-		case <-ctx.Done():
-		case <-time.After(3 * time.Second):
+	var lease time.Duration
+	w := newWorker(t, env, newRedis(t), func(c *tasks.Config) { fastSweep(c); claimedPath(c); lease = c.RunLease })
+	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, id string) {
+		var claimed time.Time
+		require.NoError(t, env.DB.Raw(`SELECT lease_expires_at FROM validation_runs WHERE id = ?`, id).Scan(&claimed).Error)
+		for ctx.Err() == nil {
+			var past bool
+			require.NoError(t, env.DB.Raw(`SELECT clock_timestamp() > ?`, claimed.Add(lease)).Scan(&past).Error)
+			if past {
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 	})
 	require.NoError(t, w.Start(context.Background()))
@@ -194,7 +208,7 @@ func TestHeartbeatKeepsALongRunLeased(t *testing.T) {
 	handOff(t, env, w.Redis)
 
 	id := startRun(t, env, org, wf, validOrder)
-	run := waitRun(t, env, org, id, 20*time.Second)
+	run := waitRun(t, env, org, id, 60*time.Second)
 	require.Equal(t, "passed", run.Status)
 	require.Equal(t, 1, run.Attempts, "never taken over")
 	require.EqualValues(t, 0, metricValue(t, w.Registry, "valruns_runs_redelivered_total"))

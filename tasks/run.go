@@ -66,8 +66,14 @@ var (
 )
 
 // notAFailure reports whether a task's error is no fault of the task:
-// asynq retries it after about RetryDelay without spending a retry.
-func notAFailure(err error) bool { return models.IsTransient(err) || errors.Is(err, errHandedBack) }
+// asynq retries it after about RetryDelay without spending a retry. A
+// validation the worker lost the time for (it was stopped or starved of
+// CPU: validate.ErrWorkerStalled) is the worker's fault, not the
+// submission's: the run is retried, and Claim's attempt limit still bounds
+// how often.
+func notAFailure(err error) bool {
+	return models.IsTransient(err) || errors.Is(err, errHandedBack) || errors.Is(err, validate.ErrWorkerStalled)
+}
 
 // ProcessTask executes one run. A first delivery validates the run
 // straight from the queue, without claiming it, and writes its outcome once,
@@ -197,6 +203,7 @@ func (e *RunExecutor) claimed(ctx context.Context, runID string) error {
 		e.failedBeforeClaim(ctx, p.RunID, err)
 		return err
 	}
+	e.log.InfoContext(ctx, "run claimed", "run_id", run.ID, "attempt", run.Attempts)
 	err = e.safeExecute(ctx, run)
 	if err != nil {
 		e.failed(ctx, run, err)
@@ -242,6 +249,10 @@ func (e *RunExecutor) execute(ctx context.Context, run *models.ClaimedRun) error
 	case errors.Is(err, validate.ErrLimitExceeded):
 		e.end(ctx, run, err.Error())
 		return nil
+	case errors.Is(err, validate.ErrWorkerStalled):
+		e.log.WarnContext(ctx, "the worker lost the time of a validation; the run is retried",
+			"run_id", run.ID, "attempt", run.Attempts, "error", err)
+		return fmt.Errorf("run %s: %w", run.ID, err)
 	case errors.Is(err, validate.ErrInvalidSubmission), errors.Is(err, validate.ErrInvalidMetadata):
 		return fmt.Errorf("run %s: %w: %w", run.ID, err, asynq.SkipRetry)
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):

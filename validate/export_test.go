@@ -7,3 +7,10 @@ func SetEvalTimeout(p *Program, d time.Duration) { p.evalTimeout = d }
 
 // SetSchemaTimeout lets tests reach the schema time limit without waiting SchemaTimeout.
 func SetSchemaTimeout(p *Program, d time.Duration) { p.schemaTimeout = d }
+
+// SetStallTimeout lets tests reach StallTimeout without waiting it.
+func SetStallTimeout(p *Program, d time.Duration) { p.stallTimeout = d }
+
+// SetLostTime makes p call f at each look at the clocks during Run: f stands in for the
+// worker being stopped (sleeping loses wall time and uses no CPU time).
+func SetLostTime(p *Program, f func()) { p.lostTime = f }

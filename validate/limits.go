@@ -2,6 +2,7 @@ package validate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -54,8 +55,10 @@ const (
 	// every value is wrong.
 	MaxSchemaSteps = 2_000_000
 
-	// SchemaTimeout bounds the wall time of schema validation: a backstop behind
-	// MaxSchemaSteps, the one schema limit whose outcome depends on the machine's speed.
+	// SchemaTimeout bounds the CPU time of schema validation (the time the validating thread
+	// ran, not the wall clock: a worker stopped or starved of CPU does not use it up): a
+	// backstop behind MaxSchemaSteps, the one schema limit whose outcome depends on the
+	// machine's speed.
 	SchemaTimeout = 5 * time.Second
 
 	// CostLimit bounds the work of evaluating one assertion, in steps: one per function call
@@ -80,11 +83,22 @@ const (
 	// still alive, so it errs on the safe side.
 	MemoryLimit = 128 << 20
 
-	// EvalTimeout bounds the wall time of one assertion evaluation: a backstop behind
-	// CostLimit, MaxValueSize and MemoryLimit, the one CEL limit whose outcome depends on
-	// the machine's speed.
+	// EvalTimeout bounds the CPU time of one assertion evaluation, as SchemaTimeout does the
+	// schema's: a backstop behind CostLimit, MaxValueSize and MemoryLimit, the one CEL limit
+	// whose outcome depends on the machine's speed.
 	EvalTimeout = 5 * time.Second
+
+	// StallTimeout bounds the wall time of the schema validation or of one assertion: far
+	// more than SchemaTimeout and EvalTimeout of CPU time, it is reached only when the worker
+	// was stopped (SIGSTOP, a paused VM) or starved of CPU. That is the worker's fault, not
+	// the submission's: Run returns an error wrapping ErrWorkerStalled, and the run is retried.
+	StallTimeout = time.Minute
 )
+
+// ErrWorkerStalled is wrapped by the error Run returns when a validation went past
+// StallTimeout of wall time without using up its CPU time: the worker lost the time, the
+// submission is not to blame, and the same submission may pass on a retry.
+var ErrWorkerStalled = errors.New("validate: the worker was stopped or starved of CPU")
 
 // MaxSchemaFindings is the most schema findings a run lists: past it, the first ones in path
 // order are listed, then one finding says how many errors were left out. It is not an error:
@@ -107,7 +121,7 @@ func (e *LimitError) Error() string { return ErrLimitExceeded.Error() + ": " + e
 // Unwrap makes errors.Is(err, ErrLimitExceeded) hold.
 func (e *LimitError) Unwrap() error { return ErrLimitExceeded }
 
-// checkEvery is how many steps may pass between two looks at the clock and the context.
+// checkEvery is how many steps may pass between two looks at the clocks and the context.
 const checkEvery = 1024
 
 // abortSignal is the panic that unwinds a validation from inside the library's recursion
@@ -128,16 +142,25 @@ type budget struct {
 	maxSteps  int64
 	stepLimit string // "MaxSchemaSteps" or "CostLimit"
 	nextCheck int64
-	deadline  time.Time
+	// cpuStart is the thread's CPU time when the step started (cpuOK: it could be read;
+	// otherwise timeout is measured on the wall clock). wallStart is the wall clock then.
+	cpuStart  time.Duration
+	cpuOK     bool
+	wallStart time.Time
 	timeout   time.Duration
 	timeLimit string // "SchemaTimeout" or "EvalTimeout"
-	memory    int64  // bytes built by the assertions of this run
+	// stall is the wall time after which the worker, not the submission, is deemed to have
+	// lost the time (StallTimeout); lostTime, when set (tests), runs before each look at
+	// the clocks and stands in for a worker that is stopped meanwhile.
+	stall    time.Duration
+	lostTime func()
+	memory   int64 // bytes built by the assertions of this run
 	// err is why the work was aborted: a *LimitError, or the context's error.
 	err error
 }
 
-func (b *budget) startRun(ctx context.Context) {
-	*b = budget{ctx: ctx}
+func (b *budget) startRun(ctx context.Context, stall time.Duration, lostTime func()) {
+	*b = budget{ctx: ctx, stall: stall, lostTime: lostTime}
 }
 
 func (b *budget) startSchema(timeout time.Duration) {
@@ -154,7 +177,8 @@ func (b *budget) start(step, assertion string, maxSteps int64, stepLimit string,
 	b.steps, b.maxSteps, b.stepLimit = 0, maxSteps, stepLimit
 	b.nextCheck = checkEvery
 	b.timeout, b.timeLimit = timeout, timeLimit
-	b.deadline = time.Now().Add(timeout)
+	b.wallStart = time.Now()
+	b.cpuStart, b.cpuOK = threadCPU()
 	b.err = nil
 }
 
@@ -189,9 +213,25 @@ func (b *budget) checkTime() {
 		panic(abortSignal{})
 	default:
 	}
-	if time.Now().After(b.deadline) {
-		b.abort(b.timeLimit, fmt.Sprintf("%s took longer than %v (%s): the rule is too costly for this submission, "+
-			"or the worker too busy; simplify the rule or send smaller submissions", b.subject(), b.timeout, b.timeLimit))
+	if b.lostTime != nil {
+		b.lostTime()
+	}
+	wall := time.Since(b.wallStart)
+	used := wall
+	if b.cpuOK {
+		now, ok := threadCPU()
+		if ok {
+			used = now - b.cpuStart
+		}
+	}
+	if used > b.timeout {
+		b.abort(b.timeLimit, fmt.Sprintf("%s needed more than %v of CPU time (%s): the rule is too costly for this "+
+			"submission; simplify the rule or send smaller submissions", b.subject(), b.timeout, b.timeLimit))
+	}
+	if b.stall > 0 && wall > b.stall {
+		b.err = fmt.Errorf("%w: %s took %v of wall time but only %v of CPU time (StallTimeout %v)",
+			ErrWorkerStalled, b.subject(), wall.Round(time.Millisecond), used.Round(time.Millisecond), b.stall)
+		panic(abortSignal{})
 	}
 }
 

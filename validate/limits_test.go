@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -678,4 +679,101 @@ func BenchmarkRunReadmeWorkflow(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestTimeLimitsCountWorkNotLostTime: a worker stopped (SIGSTOP, a paused VM) or starved of
+// CPU in the middle of a validation loses wall time without doing work. The time limits
+// count the validating thread's CPU time, so a submission well within its budget passes
+// exactly as on an idle worker; only a stop longer than StallTimeout stops the validation,
+// and then as the worker's fault (ErrWorkerStalled), which the worker retries, never as a
+// limit of the submission. The stop is a sleep inside the validation (SetLostTime): it
+// loses wall time on purpose, whatever the machine's speed.
+func TestTimeLimitsCountWorkNotLostTime(t *testing.T) {
+	t.Parallel()
+	const limit = time.Second
+	sub := []byte("[" + strings.Repeat("1,", 9_999) + "1]")
+	compile := func(t *testing.T) *validate.Program {
+		p := mustCompile(t, `{"items": {"type": "integer"}}`,
+			validate.Assertion{Name: "scan", Expr: "submission.all(x, x >= 0)"})
+		validate.SetSchemaTimeout(p, limit)
+		validate.SetEvalTimeout(p, limit)
+		return p
+	}
+	want, err := compile(t).Run(context.Background(), sub, nil)
+	require.NoError(t, err)
+
+	t.Run("stopped for longer than the limits", func(t *testing.T) {
+		t.Parallel()
+		p := compile(t)
+		stops := 0
+		validate.SetLostTime(p, func() {
+			stops++
+			if stops == 1 || stops == 3 { // once in the schema, once in the assertion
+				time.Sleep(limit + limit/2)
+			}
+		})
+		got, err := runGuarded(t, context.Background(), p, sub)
+		require.NoError(t, err, "the worker lost the time, the submission used little of its budget")
+		require.Equal(t, want, got)
+		require.Greater(t, stops, 3, "the validation looked at the clocks after each stop")
+	})
+
+	t.Run("stopped past StallTimeout", func(t *testing.T) {
+		t.Parallel()
+		p := compile(t)
+		validate.SetStallTimeout(p, limit)
+		validate.SetLostTime(p, func() { time.Sleep(limit + limit/2) })
+		got, err := runGuarded(t, context.Background(), p, sub)
+		require.Nil(t, got)
+		require.ErrorIs(t, err, validate.ErrWorkerStalled)
+		require.NotErrorIs(t, err, validate.ErrLimitExceeded, "the worker's fault, not the submission's")
+	})
+}
+
+// TestTimeLimitsSurviveCPUStarvation: beside busy goroutines that take most of the CPU,
+// a validation takes many times its own work in wall time. Its time limit, set from
+// what an unloaded run of the same validation took, counts its work only: none of the
+// starved runs ends past a limit. (Not parallel: it sets GOMAXPROCS to 1, so that the
+// busy goroutines starve the validation on any machine, and puts it back.)
+func TestTimeLimitsSurviveCPUStarvation(t *testing.T) {
+	p := mustCompile(t, "", validate.Assertion{Name: "scan", Expr: "submission.all(x, x >= 0)"})
+	sub := []byte("[" + strings.Repeat("1,", 19_999) + "1]")
+	// An upper bound on the validation's work: the fastest of a few wall times.
+	fastest := time.Duration(1<<63 - 1)
+	for range 3 {
+		start := time.Now()
+		_, err := p.Run(context.Background(), sub, nil)
+		require.NoError(t, err)
+		fastest = min(fastest, time.Since(start))
+	}
+	validate.SetEvalTimeout(p, 2*fastest)
+
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const hogs = 15
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range hogs {
+		wg.Go(func() {
+			for !stop.Load() {
+			}
+		})
+	}
+	defer wg.Wait()
+	defer stop.Store(true)
+
+	const runs = 5
+	overLimit := 0
+	var slowest time.Duration
+	for range runs {
+		start := time.Now()
+		_, err := p.Run(context.Background(), sub, nil)
+		slowest = max(slowest, time.Since(start))
+		if errors.Is(err, validate.ErrLimitExceeded) {
+			overLimit++
+		} else {
+			require.NoError(t, err)
+		}
+	}
+	t.Logf("limit %v (twice the fastest unloaded run); slowest starved run %v", 2*fastest, slowest)
+	require.Zero(t, overLimit, "of %d starved runs, %d ended past the time limit, though their work is within it", runs, overLimit)
 }

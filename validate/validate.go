@@ -16,7 +16,10 @@
 // and EvalTimeout for each assertion; MemoryLimit for the assertions of a run together. Past
 // any of them Run stops at once, in the calling goroutine, and returns a *LimitError wrapping
 // ErrLimitExceeded: the submission cannot pass on a retry, so the run ends in error, with
-// the error's message as its reason.
+// the error's message as its reason. The time limits count the CPU time of the validating
+// thread, not the wall clock, so a worker that is stopped or starved of CPU does not blame
+// the submission; past StallTimeout of wall time it returns ErrWorkerStalled instead, and
+// the run is retried.
 //
 // A submission that an assertion cannot be evaluated on (a field missing or of another type
 // than the rule expects) is not a limit: it yields a finding, of the assertion's own
@@ -29,6 +32,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -127,9 +131,11 @@ type Program struct {
 	// so each copy is bound to one budget when compiled, and a Run takes a copy for itself.
 	// Idle copies go with the garbage collector.
 	runners sync.Pool
-	// evalTimeout and schemaTimeout are EvalTimeout and SchemaTimeout; fields so that tests
-	// can reach them without waiting for them.
-	evalTimeout, schemaTimeout time.Duration
+	// evalTimeout, schemaTimeout and stallTimeout are EvalTimeout, SchemaTimeout and
+	// StallTimeout; fields so that tests can reach them without waiting for them.
+	evalTimeout, schemaTimeout, stallTimeout time.Duration
+	// lostTime, when set (tests), runs at each look at the clocks: see budget.lostTime.
+	lostTime func()
 }
 
 // runner is one compiled copy of a Program, used by one Run at a time.
@@ -149,7 +155,7 @@ type runner struct {
 // Every failure is a *CompileError; the first problem found is reported, schema first, then
 // assertions in order.
 func Compile(schema json.RawMessage, assertions []Assertion) (*Program, []Assertion, error) {
-	p := &Program{evalTimeout: EvalTimeout, schemaTimeout: SchemaTimeout}
+	p := &Program{evalTimeout: EvalTimeout, schemaTimeout: SchemaTimeout, stallTimeout: StallTimeout}
 	first := &runner{program: p}
 	sch, err := compileSchema(schema, &first.b)
 	if err != nil {
@@ -256,7 +262,8 @@ func (p *Program) release(r *runner) {
 // A problem with the submission, including an assertion that cannot be evaluated, is a
 // finding. err is for input that is not JSON (ErrInvalidSubmission, ErrInvalidMetadata), for
 // a submission that went past a limit of time, work or memory (a *LimitError, which wraps
-// ErrLimitExceeded), and for ctx ending (ctx.Err()). Either way the validation has stopped
+// ErrLimitExceeded), for a worker that lost the time (ErrWorkerStalled: retry the run), and
+// for ctx ending (ctx.Err()). Either way the validation has stopped
 // when Run returns: nothing keeps running in another goroutine.
 func (p *Program) Run(ctx context.Context, submission, metadata []byte) ([]Finding, error) {
 	if err := ctx.Err(); err != nil {
@@ -275,7 +282,10 @@ func (p *Program) Run(ctx context.Context, submission, metadata []byte) ([]Findi
 		return nil, err
 	}
 	defer p.release(r)
-	r.b.startRun(ctx)
+	// The time limits count this thread's CPU time: the goroutine must stay on it.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	r.b.startRun(ctx, p.stallTimeout, p.lostTime)
 
 	findings := []Finding{}
 	if r.schema != nil {

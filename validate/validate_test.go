@@ -512,7 +512,7 @@ func TestRunEvalTimeout(t *testing.T) {
 	require.Nil(t, got)
 	requireLimit(t, err, "assertion:slow", "EvalTimeout")
 	require.NotErrorIs(t, err, context.DeadlineExceeded)
-	require.Contains(t, err.Error(), "took longer than 1ms")
+	require.Contains(t, err.Error(), "more than 1ms of CPU time")
 }
 
 func TestFailed(t *testing.T) {

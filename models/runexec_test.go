@@ -1,0 +1,84 @@
+package models_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/internal/testdb"
+	"github.com/valruns/valruns/models"
+)
+
+// A delivery whose lease ran out writes nothing, whether or not another
+// delivery has claimed the run yet: its worker may have been stopped for any
+// time, and the sweeper may have re-enqueued the run. A heartbeat does not
+// revive the lease; Finish, FailAttempt and Release change nothing. The run
+// is then claimed afresh and finished by its new delivery, once.
+func TestExpiredLeaseFencesEveryWrite(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	runs := models.NewRunStore(db)
+	var org, wf, id string
+	require.NoError(t, db.Raw(`INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&org).Error)
+	require.NoError(t, db.Raw(`INSERT INTO workflows (org_id, name) VALUES (?, 'wf') RETURNING id`, org).Scan(&wf).Error)
+	require.NoError(t, db.Raw(`INSERT INTO validation_runs (org_id, workflow_id, status, submission, metadata)
+		VALUES (?, ?, 'queued', '{}', '{}') RETURNING id`, org, wf).Scan(&id).Error)
+
+	type row struct {
+		Status         string
+		Attempts       int
+		LeaseExpiresAt *time.Time
+		Error          *string
+		Findings       int
+	}
+	read := func() row {
+		t.Helper()
+		var r row
+		require.NoError(t, db.Raw(`SELECT status, attempts, lease_expires_at, error,
+			(SELECT count(*) FROM findings f WHERE f.run_id = r.id) AS findings
+			FROM validation_runs r WHERE id = ?`, id).Scan(&r).Error)
+		return r
+	}
+	stale, err := runs.Claim(ctx, id, time.Minute, 5)
+	require.NoError(t, err)
+	// A live lease: the delivery's writes go through.
+	owned, err := runs.Heartbeat(ctx, id, stale.Attempts, time.Minute)
+	require.NoError(t, err)
+	require.True(t, owned, "a live lease is renewed")
+
+	// The delivery's worker is stopped past its lease.
+	require.NoError(t, db.Exec(`UPDATE validation_runs SET lease_expires_at = clock_timestamp() - interval '1 second'
+		WHERE id = ?`, id).Error)
+	expired := read()
+
+	owned, err = runs.Heartbeat(ctx, id, stale.Attempts, time.Minute)
+	require.NoError(t, err)
+	require.False(t, owned, "a heartbeat revived an expired lease")
+	ended, err := runs.FailAttempt(ctx, id, stale.Attempts, "schema validation took too long")
+	require.NoError(t, err)
+	require.False(t, ended, "a delivery with an expired lease ended the run in error")
+	require.NoError(t, runs.Release(ctx, id, stale.Attempts))
+	owned, err = runs.Finish(ctx, id, stale.Attempts, models.RunFailed,
+		[]models.Finding{{Step: "schema", Severity: "error", Message: "stale"}})
+	require.NoError(t, err)
+	require.False(t, owned, "a delivery with an expired lease finished the run")
+	require.Equal(t, expired, read(), "the stale delivery wrote to the run")
+
+	// The next delivery takes it over and finishes it; the stale one still writes nothing.
+	fresh, err := runs.Claim(ctx, id, time.Minute, 5)
+	require.NoError(t, err)
+	require.Equal(t, stale.Attempts+1, fresh.Attempts)
+	ended, err = runs.FailAttempt(ctx, id, stale.Attempts, "stale")
+	require.NoError(t, err)
+	require.False(t, ended)
+	owned, err = runs.Finish(ctx, id, fresh.Attempts, models.RunPassed, nil)
+	require.NoError(t, err)
+	require.True(t, owned)
+	got := read()
+	require.Equal(t, models.RunPassed, got.Status)
+	require.Nil(t, got.Error)
+	require.Zero(t, got.Findings)
+}
