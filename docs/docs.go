@@ -370,30 +370,30 @@ const docTemplate = `{
                                         "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
                                         "status": "failed",
                                         "submission": {
-                                            "total": -5,
-                                            "customer": ""
+                                            "customer": "",
+                                            "total": -5
                                         },
                                         "metadata": {
                                             "source": "upload"
                                         },
                                         "attempts": 1,
-                                        "created_at": "2026-11-22T10:00:04Z",
-                                        "started_at": "2026-11-22T10:00:05Z",
-                                        "finished_at": "2026-11-22T10:00:06Z"
+                                        "created_at": "2026-11-22T10:00:05Z",
+                                        "started_at": "2026-11-22T10:00:06Z",
+                                        "finished_at": "2026-11-22T10:00:07Z"
                                     },
                                     {
                                         "id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
                                         "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
                                         "status": "passed",
                                         "submission": {
-                                            "total": 42,
-                                            "customer": "ACME"
+                                            "customer": "ACME",
+                                            "total": 42
                                         },
                                         "metadata": {},
                                         "attempts": 1,
-                                        "created_at": "2026-11-22T10:00:01Z",
-                                        "started_at": "2026-11-22T10:00:02Z",
-                                        "finished_at": "2026-11-22T10:00:03Z"
+                                        "created_at": "2026-11-22T10:00:02Z",
+                                        "started_at": "2026-11-22T10:00:03Z",
+                                        "finished_at": "2026-11-22T10:00:04Z"
                                     }
                                 ]
                             }
@@ -599,8 +599,8 @@ const docTemplate = `{
                                 "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
                                 "status": "failed",
                                 "submission": {
-                                    "total": -5,
-                                    "customer": ""
+                                    "customer": "",
+                                    "total": -5
                                 },
                                 "metadata": {
                                     "source": "upload"
@@ -620,9 +620,9 @@ const docTemplate = `{
                                     }
                                 ],
                                 "attempts": 1,
-                                "created_at": "2026-11-22T10:00:04Z",
-                                "started_at": "2026-11-22T10:00:05Z",
-                                "finished_at": "2026-11-22T10:00:06Z"
+                                "created_at": "2026-11-22T10:00:05Z",
+                                "started_at": "2026-11-22T10:00:06Z",
+                                "finished_at": "2026-11-22T10:00:07Z"
                             }
                         }
                     },
@@ -1922,12 +1922,12 @@ const docTemplate = `{
                                 "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
                                 "status": "queued",
                                 "submission": {
-                                    "total": 42,
-                                    "customer": "ACME"
+                                    "customer": "ACME",
+                                    "total": 42
                                 },
                                 "metadata": {},
                                 "attempts": 0,
-                                "created_at": "2026-11-22T10:00:01Z"
+                                "created_at": "2026-11-22T10:00:02Z"
                             }
                         }
                     },
