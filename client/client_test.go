@@ -503,9 +503,8 @@ func TestWaitRun(t *testing.T) {
 	apitest.Eventually(t, 10*time.Second, sawStatus("queued"), "WaitRun reported queued")
 	require.NoError(t, s.env.DB.Exec(`UPDATE validation_runs SET status = 'running', started_at = now(), attempts = 1 WHERE id = ?`, id).Error)
 	apitest.Eventually(t, 10*time.Second, sawStatus("running"), "WaitRun reported running")
-	require.NoError(t, s.env.DB.Exec(`INSERT INTO findings (run_id, position, step, severity, path, message)
-		VALUES (?, 0, 'assertion:positive', 'error', '', 'total must be positive')`, id).Error)
-	require.NoError(t, s.env.DB.Exec(`UPDATE validation_runs SET status = 'failed', finished_at = now() WHERE id = ?`, id).Error)
+	require.NoError(t, s.env.DB.Exec(`UPDATE validation_runs SET status = 'failed', finished_at = now(),
+		findings = '[{"step":"assertion:positive","severity":"error","path":"","message":"total must be positive"}]' WHERE id = ?`, id).Error)
 	got := <-done
 	require.NoError(t, got.err)
 	require.Equal(t, client.StatusFailed, got.run.Status)
@@ -629,13 +628,23 @@ func (l *lockTries) saw(sql string, args []any) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	tried := func(key string) {
+		ch := l.chanOf(key)
+		select {
+		case <-ch:
+		default:
+			close(ch)
+		}
+	}
 	for _, a := range args {
-		if key, ok := a.(string); ok {
-			ch := l.chanOf(key)
-			select {
-			case <-ch:
-			default:
-				close(ch)
+		switch v := a.(type) {
+		case string:
+			tried(v)
+		case []*string: // the start's one statement carries its keys as an array
+			for _, key := range v {
+				if key != nil {
+					tried(*key)
+				}
 			}
 		}
 	}

@@ -38,7 +38,7 @@ func TestExpiredLeaseFencesEveryWrite(t *testing.T) {
 		t.Helper()
 		var r row
 		require.NoError(t, db.Raw(`SELECT status, attempts, lease_expires_at, error,
-			(SELECT count(*) FROM findings f WHERE f.run_id = r.id) AS findings
+			coalesce(json_array_length(r.findings), 0) AS findings
 			FROM validation_runs r WHERE id = ?`, id).Scan(&r).Error)
 		return r
 	}

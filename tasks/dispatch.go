@@ -9,6 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/valruns/valruns/models"
 )
@@ -22,6 +23,7 @@ import (
 // it after RUN_REDELIVER_AFTER: nothing is lost, it is only later.
 type Dispatcher struct {
 	client *asynq.Client
+	redis  redis.UniversalClient // the batch index (batchIndexKey)
 	opts   []asynq.Option
 	// giveUp is how long a sender keeps trying one run before leaving it
 	// to the sweeper.
@@ -57,8 +59,10 @@ func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	rc, _ := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	d := &Dispatcher{
 		client: asynq.NewClient(cfg.Redis),
+		redis:  rc,
 		opts:   runTaskOptions(cfg.MaxRetry, cfg.Timeout),
 		giveUp: max(cfg.GiveUp, time.Second),
 		in:     make(chan *models.QueuedRun, dispatchBuffer),
@@ -91,6 +95,11 @@ func (d *Dispatcher) HandOff(r *models.QueuedRun) {
 	}
 }
 
+// batchMax is the most runs one task carries.
+const batchMax = 64
+
+// send hands off runs as they come: alone when one waits, as one batch task
+// when several do (TypeRunBatch: one enqueue and one dequeue for all).
 func (d *Dispatcher) send() {
 	defer d.wg.Done()
 	for {
@@ -100,7 +109,62 @@ func (d *Dispatcher) send() {
 		case <-d.ctx.Done():
 			return
 		}
-		d.sendOne(r)
+		runs := []*models.QueuedRun{r}
+	more:
+		for len(runs) < batchMax {
+			select {
+			case r := <-d.in:
+				runs = append(runs, r)
+			default:
+				break more
+			}
+		}
+		if len(runs) == 1 || d.redis == nil {
+			for _, r := range runs {
+				d.sendOne(r)
+			}
+			continue
+		}
+		d.sendBatch(runs)
+	}
+}
+
+// sendBatch enqueues runs as one batch task, after recording which task
+// carries each (the sweeper's batchIndexKey), until Redis takes it, the
+// runs are old enough for the sweeper, or the dispatcher closes.
+func (d *Dispatcher) sendBatch(runs []*models.QueuedRun) {
+	task, err := newBatchTask(runs)
+	if err != nil {
+		d.log.Error("batch task", "error", err)
+		d.sent.WithLabelValues("dropped").Add(float64(len(runs)))
+		return
+	}
+	id := batchTaskID(runs)
+	index := make([]any, 0, 2*len(runs))
+	for _, r := range runs {
+		index = append(index, r.ID, id)
+	}
+	opts := append(d.opts[:len(d.opts):len(d.opts)], asynq.TaskID(id))
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+		err := d.redis.HSet(ctx, batchIndexKey, index...).Err()
+		if err == nil {
+			_, err = d.client.EnqueueContext(ctx, task, opts...)
+		}
+		cancel()
+		if err == nil || errors.Is(err, asynq.ErrTaskIDConflict) {
+			d.sent.WithLabelValues("queued").Add(float64(len(runs)))
+			return
+		}
+		if time.Since(runs[0].CreatedAt) > d.giveUp || d.ctx.Err() != nil {
+			d.sent.WithLabelValues("dropped").Add(float64(len(runs)))
+			d.log.Warn("runs not handed to the queue; the sweeper will enqueue them", "runs", len(runs), "error", err)
+			return
+		}
+		select {
+		case <-time.After(pause):
+		case <-d.ctx.Done():
+		}
 	}
 }
 
@@ -144,4 +208,7 @@ func (d *Dispatcher) Close() {
 	d.cancel()
 	d.wg.Wait()
 	_ = d.client.Close()
+	if d.redis != nil {
+		_ = d.redis.Close()
+	}
 }

@@ -44,6 +44,9 @@ type RunExecutor struct {
 	// claiming it (0: always claim first); fin writes those outcomes.
 	fastBudget time.Duration
 	fin        *finisher
+	// done, when set, is told the runs of a batch task it processed (the
+	// sweeper's index of batch tasks forgets them).
+	done func(ctx context.Context, runs []RunPayload)
 
 	// inflight holds the cancel function of each execution under way, so
 	// that a shutdown can hand them back (handBack); stopping is set then.
@@ -101,22 +104,60 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
 // fast is the fast path; done is false when the run must execute under a
 // claim instead (nothing was written then).
 func (e *RunExecutor) fast(ctx context.Context, p RunPayload) (done bool, err error) {
+	out, v := e.compute(ctx, p)
+	if v != fastWrite {
+		return v == fastNothing, nil
+	}
+	ended, err := e.fin.finish(out)
+	return e.afterWrite(ctx, out, ended, err)
+}
+
+// afterWrite is what a fast outcome's write means: done, or not (the run
+// goes to the claimed path), or an error asynq retries soon.
+func (e *RunExecutor) afterWrite(ctx context.Context, out models.Outcome, ended bool, err error) (done bool, _ error) {
+	switch {
+	case models.IsTransient(err):
+		return true, err // asynq retries it soon, without spending a retry
+	case err != nil:
+		e.log.WarnContext(ctx, "fast write failed; claiming the run", "run_id", out.RunID, "error", err)
+		return false, nil // the claimed path retries it, and sorts out what happened
+	case !ended:
+		// Not queued: claimed by another delivery (left to it, if it still
+		// holds it), finished, or handed back by a worker that stopped (then
+		// this delivery claims it).
+		return false, nil
+	}
+	e.m.runsEnded.WithLabelValues(out.Status).Inc()
+	return true, nil
+}
+
+// What compute found a fast delivery must do.
+const (
+	fastWrite   = iota // write the outcome
+	fastNothing        // nothing: the run does not exist
+	fastClaim          // execute the run under a claim
+)
+
+// compute validates a run for the fast path, within fastBudget.
+func (e *RunExecutor) compute(ctx context.Context, p RunPayload) (models.Outcome, int) {
+	out := models.Outcome{RunID: p.RunID}
 	q := &models.QueuedRun{ID: p.RunID, WorkflowID: p.WorkflowID, Submission: models.JSON(p.Submission), Metadata: models.JSON(p.Metadata)}
 	if p.WorkflowID == "" || p.Submission == nil {
+		var err error
 		q, err = e.runs.Queued(ctx, p.RunID)
 		switch {
 		case errors.Is(err, models.ErrNotFound):
 			e.log.WarnContext(ctx, "run does not exist", "run_id", p.RunID)
-			return true, nil
+			return out, fastNothing
 		case err != nil:
-			return false, nil
+			return out, fastClaim
 		}
 	}
 	prog, err := e.programOf(ctx, q.WorkflowID)
 	if err != nil {
-		return false, nil
+		return out, fastClaim
 	}
-	started := time.Now()
+	out.StartedAt = time.Now()
 	vctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
@@ -142,15 +183,14 @@ func (e *RunExecutor) fast(ctx context.Context, p RunPayload) (done bool, err er
 	select {
 	case res = <-resc:
 	case <-budget.C:
-		return false, nil // too long to run without a lease: cancelled, claimed, run again
+		return out, fastClaim // too long to run without a lease: cancelled, claimed, run again
 	}
-	out := models.Outcome{RunID: p.RunID, StartedAt: started}
 	switch {
 	case errors.Is(res.err, validate.ErrLimitExceeded),
 		errors.Is(res.err, validate.ErrInvalidSubmission), errors.Is(res.err, validate.ErrInvalidMetadata):
 		out.Status, out.Error = models.RunError, res.err.Error()
 	case res.err != nil:
-		return false, nil
+		return out, fastClaim
 	default:
 		out.Status = models.RunPassed
 		if validate.Failed(res.findings) {
@@ -161,20 +201,59 @@ func (e *RunExecutor) fast(ctx context.Context, p RunPayload) (done bool, err er
 			out.Findings[i] = models.Finding{Step: f.Step, Severity: f.Severity, Path: f.Path, Message: f.Message}
 		}
 	}
-	ended, err := e.fin.finish(out)
-	switch {
-	case models.IsTransient(err):
-		return true, err // asynq retries it soon, without spending a retry
-	case err != nil:
-		return false, nil // the claimed path retries it, and sorts out what happened
-	case !ended:
-		// Not queued: claimed by another delivery (left to it, if it still
-		// holds it), finished, or handed back by a worker that stopped (then
-		// this delivery claims it).
-		return false, nil
+	return out, fastWrite
+}
+
+// ProcessBatch executes the runs of a batch task (TypeRunBatch: the
+// hand-off of several runs at once): each is validated by the fast path,
+// their outcomes written in one statement; a run the fast path cannot
+// decide is executed under a claim, in turn. Every write is fenced, so a
+// batch delivered again (its worker died) executes nothing twice.
+func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
+	var b BatchPayload
+	if err := json.Unmarshal(t.Payload(), &b); err != nil || len(b.Runs) == 0 {
+		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
 	}
-	e.m.runsEnded.WithLabelValues(out.Status).Inc()
-	return true, nil
+	ctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	var outs []models.Outcome
+	var claim []string
+	for _, p := range b.Runs {
+		if p.RunID == "" {
+			continue
+		}
+		if e.fastBudget <= 0 {
+			claim = append(claim, p.RunID)
+			continue
+		}
+		switch out, v := e.compute(ctx, p); v {
+		case fastWrite:
+			outs = append(outs, out)
+		case fastClaim:
+			claim = append(claim, p.RunID)
+		}
+	}
+	if len(outs) > 0 {
+		ended, err := e.runs.FinishUnclaimed(ctx, outs)
+		if models.IsTransient(err) {
+			return err // asynq retries the batch soon, without spending a retry
+		}
+		for _, out := range outs {
+			if done, _ := e.afterWrite(ctx, out, ended[out.RunID], err); !done {
+				claim = append(claim, out.RunID)
+			}
+		}
+	}
+	var firstErr error
+	for _, id := range claim {
+		if err := e.claimed(ctx, id); err != nil && firstErr == nil {
+			firstErr = err // asynq retries the batch: what finished is not executed again
+		}
+	}
+	if e.done != nil && firstErr == nil {
+		e.done(ctx, b.Runs)
+	}
+	return firstErr
 }
 
 // claimed executes a run under a claim.

@@ -134,35 +134,65 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 // completed (TestTaskStatesReadsAsynq pins it to the asynq in go.mod).
 func taskKey(taskID string) string { return "asynq:{" + queue + "}:t:" + taskID }
 
-// lost returns the runs of rs whose latest task Redis does not hold as
-// pending, scheduled, retrying or active, in one pipelined round trip.
+// lost returns the runs of rs none of whose tasks Redis holds as pending,
+// scheduled, retrying or active: its latest single task, and the batch task
+// that carries it (batchIndexKey), if any. Two pipelined round trips.
 func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun) ([]models.StrandedRun, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
-	cmds := make([]*redis.StringCmd, len(rs))
+	states := make([]*redis.StringCmd, len(rs))
+	batches := make([]*redis.StringCmd, len(rs))
 	_, err := s.redis.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range rs {
-			cmds[i] = p.HGet(ctx, taskKey(runTaskID(r.ID, r.Redeliveries)), "state")
+			states[i] = p.HGet(ctx, taskKey(runTaskID(r.ID, r.Redeliveries)), "state")
+			batches[i] = p.HGet(ctx, batchIndexKey, r.ID)
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read task states: %w", err)
 	}
+	batchStates := make([]*redis.StringCmd, len(rs))
+	_, err = s.redis.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, c := range batches {
+			if id, err := c.Result(); err == nil {
+				batchStates[i] = p.HGet(ctx, taskKey(id), "state")
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("read batch task states: %w", err)
+	}
 	var out []models.StrandedRun
-	for i, c := range cmds {
-		switch st, err := c.Result(); {
-		case errors.Is(err, redis.Nil):
-			out = append(out, rs[i])
-		case err != nil:
-			return nil, fmt.Errorf("read task state: %w", err)
-		case st == "pending", st == "active", st == "scheduled", st == "retry":
-		default: // archived, completed: nothing will deliver it again
+	for i := range rs {
+		alive, err := waiting(states[i])
+		if err == nil && !alive && batchStates[i] != nil {
+			alive, err = waiting(batchStates[i])
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !alive {
 			out = append(out, rs[i])
 		}
 	}
 	return out, nil
+}
+
+// waiting reads a task's state: whether Redis holds it as pending,
+// scheduled, retrying or active (archived, completed or gone: nothing will
+// deliver it again).
+func waiting(c *redis.StringCmd) (bool, error) {
+	switch st, err := c.Result(); {
+	case errors.Is(err, redis.Nil):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read task state: %w", err)
+	default:
+		return st == "pending" || st == "active" || st == "scheduled" || st == "retry", nil
+	}
 }
 
 // redeliver enqueues a new task for r and counts it; false when another

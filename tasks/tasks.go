@@ -60,3 +60,40 @@ func newRunTask(p RunPayload, q *models.QueuedRun) (*asynq.Task, error) {
 func runTaskOptions(maxRetry int, timeout time.Duration) []asynq.Option {
 	return []asynq.Option{asynq.MaxRetry(maxRetry), asynq.Timeout(timeout)}
 }
+
+// TypeRunBatch executes several runs handed off together (BatchPayload):
+// one task, one dequeue and one final statement for all of them.
+const TypeRunBatch = "validation_run:batch"
+
+// BatchPayload is the payload of TypeRunBatch: each run as a single task
+// would carry it.
+type BatchPayload struct {
+	Runs []RunPayload `json:"runs"`
+}
+
+// batchIndexKey is the Redis hash from a run's id to the batch task that
+// carries it, while it waits: the sweeper reads it to know whether a queued
+// run's task still exists, the worker forgets the runs of a batch it
+// processed.
+const batchIndexKey = "valruns:run_batch_task"
+
+// batchTaskID is the TaskID of the batch task carrying runs.
+func batchTaskID(runs []*models.QueuedRun) string { return "validation_runs:" + runs[0].ID }
+
+// newBatchTask builds the task executing runs, each carried as a single
+// task would carry it.
+func newBatchTask(runs []*models.QueuedRun) (*asynq.Task, error) {
+	b := BatchPayload{Runs: make([]RunPayload, len(runs))}
+	for i, q := range runs {
+		b.Runs[i] = RunPayload{RunID: q.ID}
+		if len(q.Submission)+len(q.Metadata) <= inlineMax {
+			b.Runs[i] = RunPayload{RunID: q.ID, WorkflowID: q.WorkflowID, Submission: json.RawMessage(q.Submission),
+				Metadata: json.RawMessage(q.Metadata), CreatedAt: q.CreatedAt}
+		}
+	}
+	p, err := json.Marshal(b)
+	if err != nil {
+		return nil, fmt.Errorf("batch task: %w", err)
+	}
+	return asynq.NewTask(TypeRunBatch, p), nil
+}

@@ -128,6 +128,15 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, errors.New("redis: unsupported connection option")
 	}
 	w.redis = rc
+	w.runs.done = func(ctx context.Context, runs []RunPayload) {
+		ids := make([]string, len(runs))
+		for i, r := range runs {
+			ids[i] = r.RunID
+		}
+		if err := rc.HDel(ctx, batchIndexKey, ids...).Err(); err != nil {
+			log.WarnContext(ctx, "could not forget a batch's runs in the batch index", "error", err)
+		}
+	}
 	w.sweeper = &Sweeper{runs: runs, redis: rc, client: w.client, opts: runTaskOptions(cfg.RunMaxRetry, cfg.RunTimeout),
 		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, batch: 500, log: log, m: m}
 	w.server = asynq.NewServer(cfg.Redis, asynq.Config{
@@ -190,6 +199,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 func (w *Worker) Mux() *asynq.ServeMux {
 	mux := asynq.NewServeMux()
 	mux.Handle(TypeRunExecute, w.runs)
+	mux.HandleFunc(TypeRunBatch, w.runs.ProcessBatch)
 	mux.Handle(TypeCleanup, w.cleanup)
 	mux.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
@@ -259,7 +269,7 @@ func retryDelay(base time.Duration) asynq.RetryDelayFunc {
 		d := base
 		switch {
 		case notAFailure(err):
-		case t.Type() == TypeRunExecute:
+		case t.Type() == TypeRunExecute, t.Type() == TypeRunBatch:
 			for i := 0; i < n && d < maxRetryDelay; i++ {
 				d *= 2
 			}

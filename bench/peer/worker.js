@@ -1,8 +1,9 @@
 // The peer's worker: what a Node team would put behind the start. A BullMQ
 // worker takes the run's job, validates the submission against the
 // workflow's JSON Schema with ajv, and writes the result to the run row in
-// one statement: status, started_at, finished_at, and the findings (one row
-// each, in the same statement) when the schema found errors. It does not
+// one statement: status, started_at, finished_at, and the findings: in the
+// run's findings column (JSON) where the schema has one, else one row each
+// in the findings table, in the same statement. It does not
 // evaluate the workflow's CEL assertions (valruns does): it does less, on
 // purpose, like the rest of the peer.
 //
@@ -24,7 +25,13 @@ const { Pool } = require('pg');
 
 const QUEUE = 'runs';
 
-const finishRun = `WITH r AS (
+// finishRunColumn writes the findings into the run's own column.
+const finishRunColumn = `UPDATE validation_runs
+   SET status = $2, attempts = attempts + 1, started_at = $3, finished_at = now(), findings = $4::json
+ WHERE id = $1 AND status IN ('queued', 'running')`;
+
+// finishRunRows writes one findings row each (schemas before valruns' 0004).
+const finishRunRows = `WITH r AS (
   UPDATE validation_runs
      SET status = $2, attempts = attempts + 1, started_at = $3, finished_at = now()
    WHERE id = $1 AND status IN ('queued', 'running')
@@ -47,6 +54,9 @@ async function startWorker() {
   const pool = new Pool({ connectionString: need('DATABASE_URL'), max: Number(process.env.PG_POOL_MAX || 10) });
   const connection = new IORedis(need('REDIS_URL'), { maxRetriesPerRequest: null });
   const ajv = new Ajv({ allErrors: true, strict: false });
+  const hasColumn = await pool.query(`SELECT EXISTS (SELECT 1 FROM information_schema.columns
+    WHERE table_name = 'validation_runs' AND column_name = 'findings') AS yes`);
+  const finishRun = hasColumn.rows[0].yes ? finishRunColumn : finishRunRows;
   const validators = new Map(); // workflow id -> Promise of a compiled schema (or null)
 
   const validatorFor = (workflowID) => {
