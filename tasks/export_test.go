@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/valruns/valruns/models"
 )
 
 // SetBeforeRun makes w's run executor call f with the execution's context
@@ -27,3 +29,10 @@ func RunTaskID(runID string, n int) string { return runTaskID(runID, n) }
 
 // TaskKey is where asynq keeps the task taskID of the default queue.
 func TaskKey(taskID string) string { return taskKey(taskID) }
+
+// SendBatch hands runs off as one batch task, as the dispatcher does when
+// several wait.
+func SendBatch(d *Dispatcher, runs []*models.QueuedRun) { d.sendBatch(runs) }
+
+// BatchIndexKey is the Redis hash from a run to its batch task.
+const BatchIndexKey = batchIndexKey

@@ -456,3 +456,62 @@ func TestPanicInARunReleasesItsLease(t *testing.T) {
 	require.Equal(t, 2, run.Attempts)
 	eventuallyMetric(t, w.Registry, 1, "valruns_tasks_failed_total", "type", tasks.TypeRunExecute)
 }
+
+// Runs handed off together travel in one batch task: while it waits, no
+// sweep re-enqueues them (the sweeper finds each run's batch in the batch
+// index); once Redis has lost it, each run is re-enqueued once, and all
+// finish once. With the batch delivered, the worker forgets its runs in the
+// index.
+func TestSweepersRedeliverALostBatchOnce(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	w := newWorker(t, env, rdb, func(c *tasks.Config) { c.RedeliverAfter = 200 * time.Millisecond })
+	const n = 12
+	ids, want := startBodies(t, env, org, wf, "batch", n)
+	store := models.NewRunStore(env.DB)
+	ctx := context.Background()
+	runs := make([]*models.QueuedRun, len(ids))
+	for i, id := range ids {
+		q, err := store.Queued(ctx, id)
+		require.NoError(t, err)
+		runs[i] = q
+	}
+	d := tasks.NewDispatcher(tasks.DispatcherConfig{Redis: rdb, MaxRetry: 5, Timeout: time.Minute, GiveUp: time.Minute})
+	t.Cleanup(d.Close)
+	tasks.SendBatch(d, runs[:n/2])
+	tasks.SendBatch(d, runs[n/2:])
+	time.Sleep(300 * time.Millisecond) // the runs are older than RedeliverAfter
+
+	insp := asynq.NewInspector(rdb)
+	t.Cleanup(func() { _ = insp.Close() })
+	pending, err := insp.ListPendingTasks("default", asynq.PageSize(100))
+	require.NoError(t, err)
+	require.Len(t, pending, 2, "two tasks carry the twelve runs")
+	swept, err := w.Sweeper().Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, swept, "the batch tasks are still waiting in Redis")
+
+	require.NoError(t, insp.DeleteTask("default", pending[0].ID)) // Redis loses one batch
+	time.Sleep(300 * time.Millisecond)
+	swept, err = w.Sweeper().Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, n/2, swept, "each run of the lost batch re-enqueued, once")
+	time.Sleep(300 * time.Millisecond)
+	swept, err = w.Sweeper().Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, swept, "their redeliveries are waiting")
+
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(w.Stop)
+	for _, id := range ids {
+		waitRun(t, env, org, id, 30*time.Second)
+	}
+	requireFinishedOnce(t, env, org, want)
+	rc := redisClient(rdb)
+	defer rc.Close()
+	apitest.Eventually(t, 10*time.Second, func() bool { return rc.HLen(ctx, tasks.BatchIndexKey).Val() == 0 },
+		"the batch index forgets every run: the worker those of the batch it processed, the sweeper those it re-enqueued")
+}

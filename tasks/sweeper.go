@@ -207,6 +207,8 @@ func (s *Sweeper) redeliver(ctx context.Context, r models.StrandedRun, reason st
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) { // a conflict: another sweeper sent it
 		return false, fmt.Errorf("redeliver run %s: %w", r.ID, err)
 	}
+	// Its batch, if it had one, is gone: forget it (the redelivery is a task of its own).
+	_ = s.redis.HDel(ctx, batchIndexKey, r.ID).Err()
 	counted, err := s.runs.MarkRedelivered(ctx, r)
 	if err != nil || !counted {
 		return false, err
