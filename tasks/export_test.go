@@ -36,3 +36,21 @@ func SendBatch(d *Dispatcher, runs []*models.QueuedRun) { d.sendBatch(runs) }
 
 // BatchIndexKey is the Redis hash from a run to its batch task.
 const BatchIndexKey = batchIndexKey
+
+// NewRunTaskFor is the task the hand-off makes for q (its data inline).
+func NewRunTaskFor(q *models.QueuedRun) *asynq.Task {
+	t, err := newRunTask(RunPayload{RunID: q.ID}, q)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// NewBatchTaskFor is the batch task the hand-off makes for qs.
+func NewBatchTaskFor(qs []*models.QueuedRun) *asynq.Task {
+	t, err := newBatchTask(qs)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
