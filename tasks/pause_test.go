@@ -116,7 +116,11 @@ func TestWorkerPausedPastItsLeaseEndsRunsAsUnpaused(t *testing.T) {
 		run := waitRun(t, env, org, id, 2*time.Minute)
 		wantStatus := map[bool]string{false: "passed", true: "failed"}[bad]
 		require.Equal(t, wantStatus, run.Status, "run %s (error: %v)", id, run.Error)
-		require.Equal(t, want[bad], dbFindings(t, env, id), "run %s: findings written once, as unpaused", id)
+		got := dbFindings(t, env, id)
+		if len(got) == 0 {
+			got = nil // [] as stored: none
+		}
+		require.Equal(t, want[bad], got, "run %s: findings written once, as unpaused", id)
 	}
 	for _, id := range held {
 		require.GreaterOrEqual(t, readRun(t, env, id).Attempts, 2,

@@ -47,6 +47,10 @@ type RunExecutor struct {
 	// done, when set, is told the runs of a batch task it processed (the
 	// sweeper's index of batch tasks forgets them).
 	done func(ctx context.Context, runs []RunPayload)
+	// client and opts enqueue the runs a batch hands back as tasks of
+	// their own.
+	client *asynq.Client
+	opts   []asynq.Option
 
 	// inflight holds the cancel function of each execution under way, so
 	// that a shutdown can hand them back (handBack); stopping is set then.
@@ -205,10 +209,14 @@ func (e *RunExecutor) compute(ctx context.Context, p RunPayload) (models.Outcome
 }
 
 // ProcessBatch executes the runs of a batch task (TypeRunBatch: the
-// hand-off of several runs at once): each is validated by the fast path,
-// their outcomes written in one statement; a run the fast path cannot
-// decide is executed under a claim, in turn. Every write is fenced, so a
-// batch delivered again (its worker died) executes nothing twice.
+// hand-off of several runs at once): each is validated by the fast path and
+// their outcomes written in one statement. A run the fast path cannot
+// decide (its validation outlasts fastBudget, say) goes back to the queue
+// as a task of its own, executed under a claim by whichever worker is free,
+// and so do the batch's runs not validated yet: runs that long are better
+// spread over the workers than run one after another. Every write is
+// fenced, so a batch delivered again (its worker died) executes nothing
+// twice.
 func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 	var b BatchPayload
 	if err := json.Unmarshal(t.Payload(), &b); err != nil || len(b.Runs) == 0 {
@@ -217,20 +225,20 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	var outs []models.Outcome
-	var claim []string
+	var apart []string
 	for _, p := range b.Runs {
-		if p.RunID == "" {
+		switch {
+		case p.RunID == "":
 			continue
-		}
-		if e.fastBudget <= 0 {
-			claim = append(claim, p.RunID)
+		case e.fastBudget <= 0 || len(apart) > 0:
+			apart = append(apart, p.RunID)
 			continue
 		}
 		switch out, v := e.compute(ctx, p); v {
 		case fastWrite:
 			outs = append(outs, out)
 		case fastClaim:
-			claim = append(claim, p.RunID)
+			apart = append(apart, p.RunID)
 		}
 	}
 	if len(outs) > 0 {
@@ -240,20 +248,23 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 		}
 		for _, out := range outs {
 			if done, _ := e.afterWrite(ctx, out, ended[out.RunID], err); !done {
-				claim = append(claim, out.RunID)
+				apart = append(apart, out.RunID)
 			}
 		}
 	}
-	var firstErr error
-	for _, id := range claim {
-		if err := e.claimed(ctx, id); err != nil && firstErr == nil {
-			firstErr = err // asynq retries the batch: what finished is not executed again
+	for _, id := range apart {
+		task, err := newRunTask(RunPayload{RunID: id, Redelivery: true}, nil)
+		if err == nil {
+			_, err = e.client.EnqueueContext(ctx, task, append(e.opts[:len(e.opts):len(e.opts)], asynq.TaskID(runTaskID(id, 0)))...)
+		}
+		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+			return fmt.Errorf("hand run %s back to the queue: %w", id, err) // asynq retries the batch
 		}
 	}
-	if e.done != nil && firstErr == nil {
+	if e.done != nil {
 		e.done(ctx, b.Runs)
 	}
-	return firstErr
+	return nil
 }
 
 // claimed executes a run under a claim.

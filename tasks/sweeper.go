@@ -80,7 +80,13 @@ func (s *Sweeper) Run(ctx context.Context) {
 func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	n := 0
 	for {
-		rs, err := s.runs.StrandedRunning(ctx, s.batch)
+		all, err := s.runs.StrandedRunning(ctx, s.batch)
+		if err != nil {
+			return n, err
+		}
+		// Not again while its last redelivery waits in the queue; an active
+		// task counts as gone: its worker may have died with it.
+		rs, err := s.lost(ctx, all, false)
 		if err != nil {
 			return n, err
 		}
@@ -93,7 +99,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 				n++
 			}
 		}
-		if len(rs) < s.batch {
+		if len(all) < s.batch {
 			break
 		}
 	}
@@ -108,7 +114,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, err
 		}
-		lost, err := s.lost(ctx, rs)
+		lost, err := s.lost(ctx, rs, true)
 		if err != nil {
 			return n, err
 		}
@@ -135,9 +141,10 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 func taskKey(taskID string) string { return "asynq:{" + queue + "}:t:" + taskID }
 
 // lost returns the runs of rs none of whose tasks Redis holds as pending,
-// scheduled, retrying or active: its latest single task, and the batch task
-// that carries it (batchIndexKey), if any. Two pipelined round trips.
-func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun) ([]models.StrandedRun, error) {
+// scheduled, retrying or (with active) active: its latest single task, and
+// the batch task that carries it (batchIndexKey), if any. Two pipelined
+// round trips.
+func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun, active bool) ([]models.StrandedRun, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
@@ -167,9 +174,9 @@ func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun) ([]models.S
 	}
 	var out []models.StrandedRun
 	for i := range rs {
-		alive, err := waiting(states[i])
+		alive, err := waiting(states[i], active)
 		if err == nil && !alive && batchStates[i] != nil {
-			alive, err = waiting(batchStates[i])
+			alive, err = waiting(batchStates[i], active)
 		}
 		if err != nil {
 			return nil, err
@@ -182,16 +189,16 @@ func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun) ([]models.S
 }
 
 // waiting reads a task's state: whether Redis holds it as pending,
-// scheduled, retrying or active (archived, completed or gone: nothing will
-// deliver it again).
-func waiting(c *redis.StringCmd) (bool, error) {
+// scheduled, retrying or (with active) active (archived, completed or gone:
+// nothing will deliver it again).
+func waiting(c *redis.StringCmd, active bool) (bool, error) {
 	switch st, err := c.Result(); {
 	case errors.Is(err, redis.Nil):
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("read task state: %w", err)
 	default:
-		return st == "pending" || st == "active" || st == "scheduled" || st == "retry", nil
+		return st == "pending" || st == "scheduled" || st == "retry" || active && st == "active", nil
 	}
 }
 

@@ -128,6 +128,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, errors.New("redis: unsupported connection option")
 	}
 	w.redis = rc
+	w.runs.client, w.runs.opts = w.client, runTaskOptions(cfg.RunMaxRetry, cfg.RunTimeout)
 	w.runs.done = func(ctx context.Context, runs []RunPayload) {
 		ids := make([]string, len(runs))
 		for i, r := range runs {
