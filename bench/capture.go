@@ -643,10 +643,10 @@ type requestCapture struct {
 
 // isPing reports whether a simple query is the driver's liveness check
 // (pgx pings a connection idle for over a second with "-- ping").
-// isWake reports whether sql is the server's wake-up of the staged-job
-// enqueuers (models.JobWaker: one NOTIFY after commit, on a connection of
-// its own, at most one per few milliseconds per process). It is not part of
-// any one start's SQL, and may land in any request's capture window.
+// isWake reports whether sql is a NOTIFY sent outside any one start (the
+// baseline's wake-up of its staged-job enqueuers, after a commit, on a
+// connection of its own). It is not part of any one start's SQL, and may
+// land in any request's capture window.
 func isWake(sql string) bool {
 	return strings.HasPrefix(strings.TrimSpace(sql), "SELECT pg_notify(")
 }

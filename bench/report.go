@@ -409,13 +409,13 @@ func (r *results) whyBehind() string {
 	fmt.Fprintf(&b, "The servers' CPU per start: valruns %.3f ms, the peer %.3f ms.\n\n",
 		float64(vr.CPUPerReq.Microseconds())/1000, float64(peer.CPUPerReq.Microseconds())/1000)
 	if a := r.Capture.A; len(a.Stmts) > 0 {
-		fmt.Fprintf(&b, "valruns' start is %d statements in %d round trips, one transaction: it reads the key and takes its lock, "+
-			"bills one of the organisation's usage slots, inserts the run, its audit record and its staged job "+
-			"(the outbox row that makes a run Redis lost still run), and commits the key with its answer, so that the run and its key exist together or not at all. ",
+		fmt.Fprintf(&b, "valruns' start is %d statements in %d round trips, in autocommit: one statement reads the key and takes its lock, "+
+			"bills one of the organisation's usage slots, and writes the key with its answer and the run (the outbox that makes a run Redis lost still run), "+
+			"so that the run and its key exist together or not at all; concurrent starts share that statement. ",
 			len(a.Stmts), a.RoundTrips-a.PrepareRoundTrips)
 	}
 	if a := r.PeerCapture.A; len(a.Stmts) > 0 {
-		fmt.Fprintf(&b, "The peer's is %s in %s: the run's `INSERT`, committed on its own; no quota, no audit, no staged job, "+
+		fmt.Fprintf(&b, "The peer's is %s in %s: the run's `INSERT`, committed on its own; no quota, no audit trail, "+
 			"and its key is written to Redis after the answer is sent, so a crash between the two lets a retry run again.",
 			count(len(a.Stmts), "statement"), count(a.RoundTrips-a.PrepareRoundTrips, "round trip"))
 	}

@@ -319,21 +319,34 @@ func cmpErr(a, b error) error {
 	return b
 }
 
+// sendOnce sends a keyed start until it is answered 201: a 503 (the box
+// too busy to hand out a connection in time) or a 409 (its own retry still
+// in flight) is retried with the same key, as a client would.
 func sendOnce(ctx context.Context, hc *http.Client, url string, body []byte, h http.Header) error {
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytesReader(body))
-	if err != nil {
-		return err
+	for try := 1; ; try++ {
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytesReader(body))
+		if err != nil {
+			return err
+		}
+		r.Header = h.Clone()
+		resp, err := hc.Do(r)
+		if err != nil {
+			return err
+		}
+		b := readAll(resp)
+		switch {
+		case resp.StatusCode == http.StatusCreated:
+			return nil
+		case (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusConflict) && try < 20:
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		default:
+			return fmt.Errorf("first request of a key: %d %s", resp.StatusCode, short(string(b), 200))
+		}
 	}
-	r.Header = h.Clone()
-	resp, err := hc.Do(r)
-	if err != nil {
-		return err
-	}
-	b := readAll(resp)
-	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("first request of a key: %d %s", resp.StatusCode, short(string(b), 200))
-	}
-	return nil
 }
 
 // startPeer runs the Node peer on database db.
@@ -342,7 +355,7 @@ func (e *env) startPeer(ctx context.Context, db string) (*proc, string, error) {
 }
 
 // startPeerURL runs the Node peer on the database at dbURL (no worker: the
-// start measurements leave its queue to grow, as valruns' leave staged jobs).
+// start measurements leave its queue to grow, as valruns' leave queued runs).
 func (e *env) startPeerURL(ctx context.Context, dbURL string) (*proc, string, error) {
 	return e.startPeerOpts(ctx, dbURL, e.orgs[0], false)
 }
