@@ -10,7 +10,7 @@ export REDIS_URL ?= redis://127.0.0.1:6379/0
 export TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 export HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: run test test-tools reliability build services docs docs-check swag bench bench-e2e bench-go fmt vet
+.PHONY: run test test-under-load test-tools reliability build services docs docs-check swag bench bench-e2e bench-go fmt vet
 
 # The first build on a machine downloads and compiles every module, for
 # minutes and silently: say so before it starts.
@@ -48,6 +48,11 @@ test: services docs-check test-tools
 	@bad=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' | grep -v '^docs/')); \
 	if [ -n "$$bad" ]; then echo "gofmt needed on:"; echo "$$bad"; echo "run: make fmt"; exit 1; fi
 	$(GO) test -race -count=1 ./...
+
+# test-under-load: make test five times in a row beside a busy loop per
+# core (ROUNDS, HOGS); the tests must not depend on the machine's speed.
+test-under-load:
+	@scripts/test-under-load.sh
 
 # test-tools: what some tests need besides Go and the services, installed when
 # missing (apt-get as root; npm ci for the bench's peer): Chromium for the

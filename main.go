@@ -54,7 +54,7 @@ type command struct {
 // commands is every command of the binary, in the order the overview lists them.
 var commands = []command{
 	{name: "serve", args: "[--worker]", summary: "run the HTTP API (--worker: also the worker, single-node mode)", run: cmdServe},
-	{name: "worker", summary: "run the worker: task server, scheduler, stranded-run sweeper", run: cmdWorker},
+	{name: "worker", summary: "run the worker: task server, cleanup schedule, stranded-run sweeper", run: cmdWorker},
 	{name: "migrate", summary: "schema migrations", subs: []command{
 		{name: "up", summary: "apply every pending migration", run: cmdMigrate("up")},
 		{name: "down", summary: "roll back the last applied migration", run: cmdMigrate("down")},

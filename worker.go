@@ -77,7 +77,7 @@ func startDispatcher(a *app, reg prometheus.Registerer) (*tasks.Dispatcher, erro
 
 func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("worker", "worker", out,
-		"Runs the task server, the scheduler and the stranded-run sweeper until SIGINT or SIGTERM, and\n"+
+		"Runs the task server, the cleanup schedule and the stranded-run sweeper until SIGINT or SIGTERM, and\n"+
 			"serves /metrics and /healthz on WORKER_METRICS_ADDR.")
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/robfig/cron/v3"
 
 	"github.com/valruns/valruns/models"
 )
@@ -36,19 +35,6 @@ func (c *Cleanup) ProcessTask(ctx context.Context, _ *asynq.Task) error {
 // cleanupTaskIDPrefix + the tick's time is the TaskID of one tick's cleanup.
 const cleanupTaskIDPrefix = "idempotency:cleanup:"
 
-// tickID names the scheduled tick a scheduler fires for at now. Every worker
-// computes the same name for the same tick, so with several workers (each
-// with its own asynq Scheduler) a tick enqueues one task: the others get
-// ErrTaskIDConflict. asynq.Unique is not enough on its own: its lock is
-// released when the task completes, so a scheduler that ticks a moment
-// later would enqueue a second cleanup.
-func tickID(sched cron.Schedule, now time.Time) string {
-	// The scheduler calls us just after the tick: the tick is the first
-	// scheduled time after (now - half a second). CLEANUP_SCHEDULE's
-	// interval is at least one second, so there is exactly one.
-	tick := sched.Next(now.Add(-500 * time.Millisecond))
-	if tick.After(now.Add(500 * time.Millisecond)) { // called off-schedule: name it by the second
-		tick = now.Truncate(time.Second)
-	}
-	return cleanupTaskIDPrefix + tick.UTC().Format(time.RFC3339)
-}
+// tickID names a tick of the cleanup's schedule: every worker computes the
+// same name for the same tick (see Worker.scheduleCleanup).
+func tickID(tick time.Time) string { return cleanupTaskIDPrefix + tick.UTC().Format(time.RFC3339) }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/robfig/cron/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
@@ -69,13 +70,12 @@ type Config struct {
 }
 
 // Worker is the background side of valruns in one process: an asynq server
-// with its mux, an asynq scheduler registering the periodic cleanup, and the
-// sweeper.
+// with its mux, the periodic cleanup's schedule, and the sweeper.
 type Worker struct {
 	cfg       Config
 	log       *slog.Logger
 	server    *asynq.Server
-	scheduler *asynq.Scheduler
+	sched     cron.Schedule // the cleanup's (CLEANUP_SCHEDULE)
 	client    *asynq.Client
 	inspector *asynq.Inspector
 	redis     redis.UniversalClient // the sweeper's and Ping's
@@ -161,38 +161,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 			log.WarnContext(ctx, "task failed", "type", t.Type(), "error", err, "counts_as_retry", !notAFailure(err))
 		}),
 	})
-	w.scheduler = asynq.NewScheduler(cfg.Redis, &asynq.SchedulerOpts{
-		Location: time.UTC,
-		Logger:   slogAdapter{log},
-		LogLevel: asynq.WarnLevel,
-		// Each tick's cleanup gets the tick's TaskID (see tickID), so several
-		// workers' schedulers enqueue it once. asynq hands us the entry's
-		// option slice itself; we replace the TaskID placeholder in it.
-		PreEnqueueFunc: func(t *asynq.Task, opts []asynq.Option) {
-			if t.Type() != TypeCleanup {
-				return
-			}
-			for i, o := range opts {
-				if o.Type() == asynq.TaskIDOpt {
-					opts[i] = asynq.TaskID(tickID(sched, time.Now()))
-				}
-			}
-		},
-		PostEnqueueFunc: func(info *asynq.TaskInfo, err error) {
-			switch {
-			case errors.Is(err, asynq.ErrTaskIDConflict):
-				log.Debug("cleanup tick already enqueued by another worker")
-			case err != nil:
-				log.Warn("could not enqueue periodic task", "error", err)
-			default:
-				log.Debug("periodic task enqueued", "type", info.Type, "id", info.ID)
-			}
-		},
-	})
-	if _, err := w.scheduler.Register(cfg.CleanupSchedule, asynq.NewTask(TypeCleanup, nil),
-		asynq.TaskID(cleanupTaskIDPrefix+"placeholder"), asynq.Retention(time.Hour), asynq.MaxRetry(3)); err != nil {
-		return nil, fmt.Errorf("register cleanup: %w", err)
-	}
+	w.sched = sched
 	return w, nil
 }
 
@@ -222,15 +191,15 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.server.Start(w.Mux()); err != nil {
 		return fmt.Errorf("start task server: %w", err)
 	}
-	if err := w.scheduler.Start(); err != nil {
-		w.server.Shutdown()
-		return fmt.Errorf("start scheduler: %w", err)
-	}
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	w.wg.Add(1)
+	w.wg.Add(2)
 	go func() {
 		defer w.wg.Done()
 		w.sweeper.Run(ctx)
+	}()
+	go func() {
+		defer w.wg.Done()
+		w.scheduleCleanup(ctx)
 	}()
 	w.log.InfoContext(ctx, "worker started", "concurrency", w.cfg.Concurrency, "cleanup_schedule", w.cfg.CleanupSchedule,
 		"run_lease", w.cfg.RunLease, "run_heartbeat", w.cfg.RunHeartbeat, "sweep_interval", w.cfg.SweepInterval)
@@ -243,7 +212,6 @@ func (w *Worker) Start(ctx context.Context) error {
 func (w *Worker) Shutdown() {
 	w.cancel()
 	w.wg.Wait()
-	w.scheduler.Shutdown()
 	w.server.Stop()
 	w.runs.handBack(w.cfg.ShutdownTimeout)
 	w.server.Shutdown()
@@ -251,6 +219,34 @@ func (w *Worker) Shutdown() {
 	_ = w.client.Close()
 	_ = w.redis.Close()
 	w.log.Info("worker stopped")
+}
+
+// scheduleCleanup enqueues the cleanup at each tick of CLEANUP_SCHEDULE
+// until ctx is done. Each tick's task has the tick's TaskID (tickID), so
+// with several workers it is enqueued once: the others get
+// ErrTaskIDConflict. (asynq.Unique alone would not do: its lock is released
+// when the task completes, so a worker ticking a moment later would enqueue
+// a second cleanup. And asynq's Scheduler shares each entry's options with
+// its heartbeat, so rewriting the TaskID per tick there is a data race.)
+func (w *Worker) scheduleCleanup(ctx context.Context) {
+	for {
+		tick := w.sched.Next(time.Now())
+		t := time.NewTimer(time.Until(tick))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		_, err := w.client.EnqueueContext(ctx, asynq.NewTask(TypeCleanup, nil),
+			asynq.TaskID(tickID(tick)), asynq.Retention(time.Hour), asynq.MaxRetry(3))
+		switch {
+		case errors.Is(err, asynq.ErrTaskIDConflict):
+			w.log.Debug("cleanup tick already enqueued by another worker")
+		case err != nil && ctx.Err() == nil:
+			w.log.Warn("could not enqueue the cleanup", "error", err)
+		}
+	}
 }
 
 // Sweeper returns the stranded-run sweeper (tests sweep by hand).
