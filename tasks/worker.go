@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/robfig/cron/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"github.com/robfig/cron/v3"
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/config"
