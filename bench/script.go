@@ -443,6 +443,12 @@ func (g *scriptGen) orgArray(vals []wireParam, typ string) string {
 		}
 	}
 	arr := "ARRAY[" + strings.Join(q, ",") + "]"
+	if strings.HasSuffix(typ, "[]") {
+		// An array parameter (a statement over arrays): index the array
+		// literals' texts, then cast the one chosen (an array of arrays
+		// would be two-dimensional, and [:org] of it NULL).
+		return "CAST((" + arr + ")[:org] AS " + typ + ")"
+	}
 	if typ != "" {
 		arr = "CAST(" + arr + " AS " + typ + "[])"
 	}
@@ -470,6 +476,17 @@ func (g *scriptGen) perRequest(a, b wireParam) string {
 		g.note("differs between requests (NULL in one), written as captured", a.Text)
 		return g.literal(a)
 	}
+	if ai, bi := strings.Trim(a.Text, "{}"), strings.Trim(b.Text, "{}"); strings.HasSuffix(g.typ(a.OID), "[]") &&
+		intRe.MatchString(ai) && intRe.MatchString(bi) {
+		// A one-element array of a per-request integer (an advisory lock
+		// number in the start's statement over arrays).
+		name, ok := g.ints[ai]
+		if !ok {
+			name = g.newVar("per-request integer", ai, "random("+intRange(ai, bi)+")")
+			g.ints[ai] = name
+		}
+		return g.cast("ARRAY[:"+name+"]", a.OID)
+	}
 	if intRe.MatchString(a.Text) && intRe.MatchString(b.Text) {
 		name, ok := g.ints[a.Text]
 		if !ok {
@@ -484,7 +501,7 @@ func (g *scriptGen) perRequest(a, b wireParam) string {
 		}
 	}
 	if e, changed := g.rebuild(a.Text); changed {
-		if len(a.Text) == 36 && uuidRe.MatchString(a.Text) {
+		if len(a.Text) == 36 && uuidRe.MatchString(a.Text) && !strings.HasSuffix(g.typ(a.OID), "[]") {
 			return g.cast(g.uuidVar(a.Text), a.OID)
 		}
 		return g.cast(e, a.OID)
