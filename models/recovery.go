@@ -132,9 +132,13 @@ WHERE status = 'queued' AND created_at < now() - @after * interval '1 microsecon
 // It returns false when another sweep counted it first: a redelivery is
 // counted once. A run its redelivery already finished is counted too (under
 // load that delivery can be quicker than this statement).
+//
+// It never waits: a run whose row another statement holds (its delivery is
+// writing it) is left alone, and false returned; the sweep looks again later.
 func (s *RunStore) MarkRedelivered(ctx context.Context, r StrandedRun) (bool, error) {
 	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET redeliveries = redeliveries + 1
-		WHERE id = ? AND redeliveries = ?`, r.ID, r.Redeliveries)
+		WHERE id = (SELECT id FROM validation_runs WHERE id = ? AND redeliveries = ? FOR UPDATE SKIP LOCKED)`,
+		r.ID, r.Redeliveries)
 	if res.Error != nil {
 		return false, fmt.Errorf("mark run %s redelivered: %w", r.ID, translate(res.Error))
 	}

@@ -99,6 +99,12 @@ func TestWorkerPausedPastItsLeaseEndsRunsAsUnpaused(t *testing.T) {
 		_, after, _ := strings.Cut(string(stat), ") ")
 		return strings.HasPrefix(after, "T")
 	}, "the worker is stopped")
+	// A statement the worker sent before it stopped still runs in its
+	// backend, and commits (a write sent while the lease was live passed the
+	// fence): wait until no statement of another session is under way.
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		return env.Count("pg_stat_activity", "datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'") == 0
+	}, "the stopped worker's statements are over")
 	var held []string
 	// Not a run whose Finish transaction is open (its row locked): that
 	// write passed the fence while the lease was live, and commits on SIGCONT.

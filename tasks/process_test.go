@@ -196,7 +196,7 @@ func TestWorkerKilledMidRunIsTakenOverAndFinishesOnce(t *testing.T) {
 	require.Equal(t, invalidOrderFindings, run.Findings, "findings written once")
 	require.Equal(t, invalidOrderFindings, dbFindings(t, env, id))
 	require.Nil(t, run.Error)
-	require.Equal(t, "passed", waitRun(t, env, org, other, 20*time.Second).Status)
+	require.Equal(t, "passed", waitRun(t, env, org, other, time.Minute).Status)
 	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"), "no run left running")
 }
 

@@ -203,7 +203,9 @@ func waiting(c *redis.StringCmd, active bool) (bool, error) {
 }
 
 // redeliver enqueues a new task for r and counts it; false when another
-// sweeper counted it first, or the run finished meanwhile.
+// sweeper counted it first, or its row is busy (its delivery is writing it:
+// the count waits for a later sweep, which finds the same task ID already
+// sent). Counting never waits on a run its own redelivery is writing.
 func (s *Sweeper) redeliver(ctx context.Context, r models.StrandedRun, reason string) (bool, error) {
 	task, err := newRunTask(RunPayload{RunID: r.ID, Redelivery: true}, nil)
 	if err != nil {
