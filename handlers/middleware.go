@@ -89,8 +89,8 @@ func logRequests(log *slog.Logger) gin.HandlerFunc {
 // themselves, so that it is counted among their outcomes; the reader stops
 // at n+1 bytes however large the declared or sent body.
 //
-// A declared Content-Length over n fails the first read without touching
-// the connection, so a client sending Expect: 100-continue gets the 413
+// With Expect: 100-continue, a declared Content-Length over n fails the
+// first read without touching the connection, so the client gets the 413
 // without being invited to send the body. A gzip body (Content-Encoding:
 // gzip) is decoded, and the limit counts the decoded bytes; a body in any
 // other encoding is 415 at once, naming the one encoding accepted.
@@ -111,7 +111,10 @@ func limitBody(n int64) gin.HandlerFunc {
 		}
 		if n > 0 {
 			switch {
-			case enc == "" && r.ContentLength > n:
+			case enc == "" && r.ContentLength > n && strings.EqualFold(r.Header.Get("Expect"), "100-continue"):
+				// Only for a client that waits to be invited: one that is
+				// already sending would meet a closed connection before it
+				// reads the 413 (it gets it after the limit is read instead).
 				r.Body = tooLarge{n}
 				// The body stays on the wire unread: the connection ends
 				// with the answer (net/http would otherwise read the body,
