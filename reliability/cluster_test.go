@@ -78,7 +78,7 @@ func (s *suite) adminExec(t testing.TB, stmt string) {
 var wantSettings = []struct{ name, value string }{
 	{"AUTH_CACHE_TTL", "1s"},      // revoked tokens stop working fast; auth reads the database often
 	{"RUN_LEASE", "5s"},           // a run held by a dead worker is free soon
-	{"RUN_FAST_PATH", "100ms"},    // slow runs go under a lease soon (cheap ones finish unclaimed)
+	{"RUN_FAST_PATH", "0"},        // every run under a lease: the kill and pause scenarios catch workers holding them
 	{"RUN_HEARTBEAT", "1s"},       // ... while a live worker keeps it
 	{"RUN_SWEEP_INTERVAL", "2s"},  // lost runs are looked for often
 	{"RUN_REDELIVER_AFTER", "2s"}, // ... and redelivered soon
