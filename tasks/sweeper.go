@@ -137,7 +137,9 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 
 // taskKey is where asynq keeps a task of the default queue: a hash whose
 // field "state" says pending, active, scheduled, retry, archived or
-// completed (TestTaskStatesReadsAsynq pins it to the asynq in go.mod).
+// completed (TestSweepersRedeliverEachLostRunOnce and
+// TestSweepersRedeliverALostBatchOnce pin it to the asynq in go.mod: a
+// waiting task read as gone would be re-enqueued, and they count that).
 func taskKey(taskID string) string { return "asynq:{" + queue + "}:t:" + taskID }
 
 // lost returns the runs of rs none of whose tasks Redis holds as pending,
