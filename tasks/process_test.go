@@ -259,14 +259,15 @@ func TestKilledWorkersRunsFinishWithinAMinute(t *testing.T) {
 	require.EqualValues(t, 0, env.Count("validation_runs", "status IN ('queued', 'running')"))
 	// The promise is above: each run final, taken over once, its findings
 	// once. The second worker finished them all; its sweeper re-enqueued
-	// them (a redelivery whose run its delivery was already writing is not
-	// counted: the count never waits on a run's row).
+	// them. (Its count is not exact: a redelivery whose run its delivery was
+	// already writing may go uncounted, and a redelivery whose task was lost
+	// after the count is sent again.)
 	apitest.Eventually(t, 10*time.Second, func() bool {
 		return w2.metric(t, `valruns_runs_finished_total{status="failed"}`) == strconv.Itoa(n)
 	}, "the second worker finished each run once")
 	redelivered, err := strconv.Atoi(w2.metric(t, `valruns_runs_redelivered_total{reason="lease_expired"}`))
 	require.NoError(t, err)
-	require.True(t, redelivered >= 1 && redelivered <= n, "redeliveries counted: %d of %d runs", redelivered, n)
+	require.Positive(t, redelivered, "the second worker's sweeper re-enqueued the runs")
 }
 
 // holdFinish makes a worker's Finish of every run matching where block
