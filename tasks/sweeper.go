@@ -24,11 +24,12 @@ import (
 //   - running runs whose lease ran out (their worker died or stopped);
 //   - queued runs older than after whose latest task is not in Redis, read
 //     straight from asynq's task hashes, a page at a time in one pipelined
-//     round trip. A task that is pending, scheduled, retrying or active is
-//     left alone: an active task whose worker died goes back to pending
-//     when asynq's own lease of it runs out. The queued runs are paged
-//     through at most once per after, so a backlog costs a read per run
-//     every after, not every interval.
+//     round trip. A task that is pending, scheduled or retrying is left
+//     alone, and so is an active one, unless it has been active for longer
+//     than after: its worker died with it (asynq would give it back only
+//     when its own lease of it runs out, a minute or more later). The
+//     queued runs are paged through at most once per after, so a backlog
+//     costs a read per run every after, not every interval.
 //
 // Each redelivery has the TaskID validation_run:<id>:redeliver:<n>, n
 // counted in the run's row (MarkRedelivered): a new ID each time, the same
@@ -53,6 +54,11 @@ type Sweeper struct {
 	cursor     *models.RunCursor
 	passBegan  time.Time
 	passActive bool
+	// activeSince is when a sweep first saw a queued run's task active: a
+	// task still active after longer than after is one whose worker died
+	// with it (asynq gives it back only when its own lease of it runs out,
+	// a minute or more later), and the run is re-enqueued.
+	activeSince map[string]time.Time
 }
 
 // Run sweeps every interval until ctx is done.
@@ -175,20 +181,41 @@ func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun, active bool
 		return nil, fmt.Errorf("read batch task states: %w", err)
 	}
 	var out []models.StrandedRun
+	now := time.Now()
+	if s.activeSince == nil {
+		s.activeSince = map[string]time.Time{}
+	}
 	for i := range rs {
-		alive, err := waiting(states[i], active)
+		alive, err := waiting(states[i], false)
 		if err == nil && !alive && batchStates[i] != nil {
-			alive, err = waiting(batchStates[i], active)
+			alive, err = waiting(batchStates[i], false)
 		}
 		if err != nil {
 			return nil, err
 		}
+		if !alive && active && (isActive(states[i]) || batchStates[i] != nil && isActive(batchStates[i])) {
+			// Active: alive, unless it has been for longer than after.
+			first, seen := s.activeSince[rs[i].ID]
+			if !seen {
+				s.activeSince[rs[i].ID] = now
+			}
+			alive = !seen || now.Sub(first) < s.after
+		}
 		if !alive {
+			delete(s.activeSince, rs[i].ID)
 			out = append(out, rs[i])
+		}
+	}
+	for id, first := range s.activeSince { // runs that went on: forget them
+		if now.Sub(first) > 10*s.after {
+			delete(s.activeSince, id)
 		}
 	}
 	return out, nil
 }
+
+// isActive reports whether a task's state read says active.
+func isActive(c *redis.StringCmd) bool { st, err := c.Result(); return err == nil && st == "active" }
 
 // waiting reads a task's state: whether Redis holds it as pending,
 // scheduled, retrying or (with active) active (archived, completed or gone:
