@@ -112,18 +112,17 @@ func (s *KeyStore) TryLock(tx *gorm.DB, lockID int64) (bool, error) {
 	return ok, nil
 }
 
-// saveKeySQL writes a finished key row (see RequestTx.CommitWithKey). A row
-// of the same scoped key is replaced only if it has expired; a live one is
-// left alone, and then the statement fails with unique_violation (raised by
-// idempotency_key_taken, migration 0002), so that the COMMIT sent with it
-// does not commit the request's work.
-const saveKeySQL = `
-WITH saved AS (
+// keyInsert is the head of an INSERT of a finished key row (the columns
+// saveKeySQL and the start's statement, startBatchSQL, both write), and
+// keyTakeOver its ON CONFLICT: a row of the same scoped key is replaced
+// only if it has expired; a live one is left alone.
+const (
+	keyInsert = `
 	INSERT INTO idempotency_keys AS k (org_id, endpoint, key, request_hash, request_method, request_path,
 		response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
 		created_at, expires_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CAST($9 AS jsonb), CAST($10 AS uuid),
-		$11, $12, $13, now(), now() + $14 * interval '1 microsecond')
+`
+	keyTakeOver = `
 	ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
 		request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
 		request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
@@ -132,7 +131,17 @@ WITH saved AS (
 		client_ip = EXCLUDED.client_ip, user_agent = EXCLUDED.user_agent,
 		created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
 	WHERE k.expires_at <= now()
-	RETURNING expires_at
+`
+)
+
+// saveKeySQL writes a finished key row (see RequestTx.CommitWithKey). A row
+// of the same scoped key is replaced only if it has expired; a live one is
+// left alone, and then the statement fails with unique_violation (raised by
+// idempotency_key_taken, migration 0002), so that the COMMIT sent with it
+// does not commit the request's work.
+const saveKeySQL = `
+WITH saved AS (` + keyInsert + `	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CAST($9 AS jsonb), CAST($10 AS uuid),
+		$11, $12, $13, now(), now() + $14 * interval '1 microsecond')` + keyTakeOver + `	RETURNING expires_at
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM saved) THEN (SELECT expires_at FROM saved) ELSE idempotency_key_taken() END`
 

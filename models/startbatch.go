@@ -324,22 +324,9 @@ WITH input AS (
 	RETURNING u.org_id, u.period, u.quota
 ), ran AS (
 	SELECT g.* FROM going g JOIN bump b ON b.org_id = g.org AND b.period = g.period AND b.quota = g.quota
-), keys AS (
-	INSERT INTO idempotency_keys AS k (org_id, endpoint, key, request_hash, request_method, request_path,
-		response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
-		created_at, expires_at)
-	SELECT org, endpoint, key, hash, method, path, status, body, CAST(headers AS jsonb), id, key_request_id,
+), keys AS (` + keyInsert + `	SELECT org, endpoint, key, hash, method, path, status, body, CAST(headers AS jsonb), id, key_request_id,
 		ip, ua, now(), now() + ttl * interval '1 microsecond'
-	FROM ran WHERE key IS NOT NULL
-	ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
-		request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
-		request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
-		response_body = EXCLUDED.response_body, response_headers = EXCLUDED.response_headers,
-		validation_run_id = EXCLUDED.validation_run_id, request_id = EXCLUDED.request_id,
-		client_ip = EXCLUDED.client_ip, user_agent = EXCLUDED.user_agent,
-		created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-	WHERE k.expires_at <= now()
-	RETURNING k.validation_run_id AS run, k.expires_at, k.xmax <> 0 AS replaced
+	FROM ran WHERE key IS NOT NULL` + keyTakeOver + `	RETURNING k.validation_run_id AS run, k.expires_at, k.xmax <> 0 AS replaced
 ), runs AS (
 	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
 		token_id, request_id, idempotency_key)
