@@ -371,8 +371,9 @@ func TestDeadWorkersRunIsRedeliveredWhenItsLeaseRunsOut(t *testing.T) {
 	// Its task leaves Redis once completed (no retention): the sweeper's was the one.
 	_, err = insp.GetTaskInfo("default", models.RunTaskIDPrefix+id+":redeliver:1")
 	require.ErrorIs(t, err, asynq.ErrTaskNotFound)
-	require.EqualValues(t, 1, env.Count("validation_runs", "id = ? AND redeliveries >= 1", id), "the sweeper re-enqueued it")
-	// (The metric counts a redelivery only when its row is free: one whose
-	// delivery was already writing it may go uncounted; nothing waits on it.)
+	// Attempt 2 is the sweeper's redelivery (nothing else delivers this
+	// run). Its count is not asserted: the sweeper counts a redelivery only
+	// when the run's row is free, and one whose delivery was already writing
+	// it goes uncounted (nothing waits on it).
 	require.EqualValues(t, 0, metricValue(t, w.Registry, "valruns_runs_redelivered_total", "reason", "queued"))
 }
