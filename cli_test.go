@@ -667,16 +667,18 @@ func TestOrgList(t *testing.T) {
 	zero, five := int64(0), int64(5)
 	require.NoError(t, orgs.SetQuota(ctx, ids["globex-corp"], &zero))
 	require.NoError(t, orgs.SetQuota(ctx, ids["initech"], &five))
+	require.NoError(t, orgs.SetStartRate(ctx, ids["initech"], new(7)))
+	require.NoError(t, orgs.SetRunShare(ctx, ids["globex-corp"], new(0)))
 
 	r = runCLI(t, "org", "list")
 	require.Equal(t, 0, r.code, r.stderr)
 	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
 	require.Len(t, lines, 4, r.stdout)
-	require.Regexp(t, `^SLUG\s+ID\s+QUOTA\s+CREATED\s+NAME$`, lines[0])
+	require.Regexp(t, `^SLUG\s+ID\s+QUOTA\s+RATE\s+SHARE\s+CREATED\s+NAME$`, lines[0])
 	ts := `\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`
-	require.Regexp(t, `^acme\s+`+ids["acme"]+`\s+default\s+`+ts+`\s+Acme$`, lines[1])
-	require.Regexp(t, `^globex-corp\s+`+ids["globex-corp"]+`\s+unlimited\s+`+ts+`\s+Globex Corp$`, lines[2])
-	require.Regexp(t, `^initech\s+`+ids["initech"]+`\s+5\s+`+ts+`\s+Initech$`, lines[3])
+	require.Regexp(t, `^acme\s+`+ids["acme"]+`\s+default\s+default\s+default\s+`+ts+`\s+Acme$`, lines[1])
+	require.Regexp(t, `^globex-corp\s+`+ids["globex-corp"]+`\s+unlimited\s+default\s+unlimited\s+`+ts+`\s+Globex Corp$`, lines[2])
+	require.Regexp(t, `^initech\s+`+ids["initech"]+`\s+5\s+7/s\s+default\s+`+ts+`\s+Initech$`, lines[3])
 	require.Equal(t, strings.Index(lines[0], "QUOTA"), strings.Index(lines[2], "unlimited"), "columns align")
 
 	r = runCLI(t, "org", "list", "--json")
@@ -684,14 +686,62 @@ func TestOrgList(t *testing.T) {
 	var got []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got))
 	require.Len(t, got, 3)
-	quotas := map[string]any{}
+	quotas, rates, shares := map[string]any{}, map[string]any{}, map[string]any{}
 	for _, o := range got {
 		require.Equal(t, ids[o["slug"].(string)], o["id"])
 		_, err := time.Parse(time.RFC3339Nano, o["created_at"].(string))
 		require.NoError(t, err)
 		quotas[o["slug"].(string)] = o["monthly_run_quota"]
+		rates[o["slug"].(string)] = o["start_rate"]
+		shares[o["slug"].(string)] = o["run_share"]
 	}
 	require.Equal(t, map[string]any{"acme": nil, "globex-corp": 0.0, "initech": 5.0}, quotas)
+	require.Equal(t, map[string]any{"acme": nil, "globex-corp": nil, "initech": 7.0}, rates)
+	require.Equal(t, map[string]any{"acme": nil, "globex-corp": 0.0, "initech": nil}, shares)
+}
+
+// TestOrgRateAndShare: `org rate` and `org share` set an organisation's own
+// limits, "default" clears them, and a bad value changes nothing.
+func TestOrgRateAndShare(t *testing.T) {
+	db := migratedDB(t)
+	t.Setenv("ORG_START_RATE", "50")
+	t.Setenv("ORG_RUN_SHARE", "0")
+	r := runCLI(t, "org", "create", "Acme")
+	require.Equal(t, 0, r.code, r.stderr)
+	org := func() models.Organization {
+		t.Helper()
+		var o models.Organization
+		require.NoError(t, db.Where("slug = 'acme'").Take(&o).Error)
+		return o
+	}
+
+	r = runCLI(t, "org", "rate", "acme", "25")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "acme: start rate is now 25 starts per second\n")
+	require.Equal(t, 25, *org().StartRate)
+	r = runCLI(t, "org", "share", "acme", "unlimited")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "acme: run share is now unlimited\n")
+	require.Equal(t, 0, *org().RunShare)
+
+	for _, bad := range []string{"-1", "1.5", "2147483648", "lots"} {
+		r = runCLI(t, "org", "rate", "acme", bad)
+		require.Equal(t, 2, r.code, bad)
+		require.Contains(t, r.stderr, "want a whole number from 0 to 2147483647", bad)
+	}
+	require.Equal(t, 25, *org().StartRate, "a refused value changes nothing")
+	r = runCLI(t, "org", "rate", "nobody", "1")
+	require.NotEqual(t, 0, r.code)
+	require.Contains(t, r.stderr, `no organisation with slug "nobody"`)
+
+	r = runCLI(t, "org", "rate", "acme", "default")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "acme: start rate is now default: ORG_START_RATE of the running processes applies (50 starts per second in this environment)\n")
+	r = runCLI(t, "org", "share", "acme", "default")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "acme: run share is now default: ORG_RUN_SHARE of the running processes applies (twice the worker slots alive in this environment)\n")
+	require.Nil(t, org().StartRate)
+	require.Nil(t, org().RunShare)
 }
 
 // serveInProcess runs `valruns serve` in this process with the test's

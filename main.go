@@ -61,10 +61,12 @@ var commands = []command{
 		{name: "status", summary: "list the migrations, applied or pending", run: cmdMigrate("status")},
 	}},
 	{name: "cleanup", args: "[--dry-run]", summary: "delete expired idempotency keys once, print the count", run: cmdCleanup},
-	{name: "org", summary: "organisations and their quotas", subs: []command{
+	{name: "org", summary: "organisations, their quotas and limits", subs: []command{
 		{name: "create", args: "NAME [--slug SLUG]", summary: "create an organisation, print its slug and id", run: cmdOrgCreate},
-		{name: "list", args: "[--json]", summary: "list the organisations: slug, id, monthly run quota, created", run: cmdOrgList},
+		{name: "list", args: "[--json]", summary: "list the organisations: slug, id, monthly run quota, start rate, run share, created", run: cmdOrgList},
 		{name: "quota", args: "SLUG N|default", summary: "set an organisation's monthly run quota (0: unlimited)", run: cmdOrgQuota},
+		{name: "rate", args: "SLUG N|default", summary: "set an organisation's start rate, starts per second (0: unlimited)", run: cmdOrgRate},
+		{name: "share", args: "SLUG N|default", summary: "set how many of an organisation's runs may wait in the queue at once (0: unlimited)", run: cmdOrgShare},
 	}},
 	{name: "token", summary: "API tokens", subs: []command{
 		{name: "create", args: "--org SLUG", summary: "create an API token, print it once (only its SHA-256 is stored)", run: cmdTokenCreate},
@@ -723,14 +725,19 @@ type orgJSON struct {
 	ID   string `json:"id"`
 	Name string `json:"name"`
 	// MonthlyRunQuota: null means DEFAULT_MONTHLY_RUN_QUOTA applies, 0 unlimited.
-	MonthlyRunQuota *int64    `json:"monthly_run_quota"`
-	CreatedAt       time.Time `json:"created_at"`
+	MonthlyRunQuota *int64 `json:"monthly_run_quota"`
+	// StartRate (starts per second) and RunShare (runs in the queue at
+	// once): null means ORG_START_RATE / ORG_RUN_SHARE apply, 0 unlimited.
+	StartRate *int      `json:"start_rate"`
+	RunShare  *int      `json:"run_share"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 func cmdOrgList(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("org list", "org list [--json]", out,
-		"Lists every organisation, oldest first. QUOTA is the organisation's monthly run quota:\n"+
-			"\"default\" when DEFAULT_MONTHLY_RUN_QUOTA applies, \"unlimited\" when it is 0.")
+		"Lists every organisation, oldest first. QUOTA is the organisation's monthly run quota, RATE\n"+
+			"its starts per second, SHARE its runs in the queue at once: \"default\" when\n"+
+			"DEFAULT_MONTHLY_RUN_QUOTA, ORG_START_RATE or ORG_RUN_SHARE applies, \"unlimited\" when it is 0.")
 	asJSON := fs.Bool("json", false, "print a JSON array (monthly_run_quota: null = default, 0 = unlimited)")
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
@@ -747,7 +754,7 @@ func cmdOrgList(ctx context.Context, args []string, out io.Writer) error {
 	if *asJSON {
 		list := make([]orgJSON, len(orgs))
 		for i, o := range orgs {
-			list[i] = orgJSON{Slug: o.Slug, ID: o.ID, Name: o.Name, MonthlyRunQuota: o.MonthlyRunQuota, CreatedAt: o.CreatedAt.UTC()}
+			list[i] = orgJSON{Slug: o.Slug, ID: o.ID, Name: o.Name, MonthlyRunQuota: o.MonthlyRunQuota, StartRate: o.StartRate, RunShare: o.RunShare, CreatedAt: o.CreatedAt.UTC()}
 		}
 		return writeJSON(out, list)
 	}
@@ -756,9 +763,10 @@ func cmdOrgList(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SLUG\tID\tQUOTA\tCREATED\tNAME")
+	fmt.Fprintln(tw, "SLUG\tID\tQUOTA\tRATE\tSHARE\tCREATED\tNAME")
 	for _, o := range orgs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", o.Slug, o.ID, quotaText(o.MonthlyRunQuota), timeText(o.CreatedAt), o.Name)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.Slug, o.ID, quotaText(o.MonthlyRunQuota),
+			limitText(o.StartRate, "/s"), limitText(o.RunShare, ""), timeText(o.CreatedAt), o.Name)
 	}
 	return tw.Flush()
 }
@@ -833,6 +841,102 @@ func cmdOrgQuota(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "%s: monthly run quota is now %s\n", org.Slug, effective)
 	fmt.Fprintf(out, "Running API processes apply it within AUTH_CACHE_TTL (%s in this environment); new ones at once.\n", a.cfg.AuthCacheTTL)
 	return nil
+}
+
+func cmdOrgRate(ctx context.Context, args []string, out io.Writer) error {
+	return orgLimit{
+		name: "rate", what: "start rate", unit: " starts per second", env: "ORG_START_RATE",
+		help: "Sets how many starts per second the organisation may make, across every API process (a\n" +
+			"token bucket in Redis whose burst is one second's worth); past it a start is answered 429\n" +
+			"rate_limited with Retry-After, and nothing is stored against its Idempotency-Key.",
+		def: func(a *app) int { return a.cfg.OrgStartRate },
+		set: (*models.OrgStore).SetStartRate,
+	}.run(ctx, args, out)
+}
+
+func cmdOrgShare(ctx context.Context, args []string, out io.Writer) error {
+	return orgLimit{
+		name: "share", what: "run share", unit: " runs in the queue at once", env: "ORG_RUN_SHARE",
+		help: "Sets how many of the organisation's runs may wait in the queue (Redis) at once: another\n" +
+			"organisation's run waits behind at most this many of them. The organisation's other runs\n" +
+			"wait their turn in PostgreSQL, in order, and enter the queue as its runs finish.",
+		def:       func(a *app) int { return a.cfg.OrgRunShare },
+		zeroMeans: "twice the worker slots alive",
+		set:       (*models.OrgStore).SetRunShare,
+	}.run(ctx, args, out)
+}
+
+// orgLimit is one of an organisation's per-second or per-queue limits as
+// `org rate` and `org share` set it.
+type orgLimit struct {
+	name, what, unit, env, help string
+	def                         func(*app) int
+	// zeroMeans: what a default of 0 means, when not unlimited.
+	zeroMeans string
+	set       func(*models.OrgStore, context.Context, string, *int) error
+}
+
+func (l orgLimit) run(ctx context.Context, args []string, out io.Writer) error {
+	fs := flags("org "+l.name, "org "+l.name+" SLUG N|default", out, l.help+"\n"+
+		"  N        a whole number; 0 (or \"unlimited\") means unlimited\n"+
+		"  default  "+l.env+" of the running processes applies\n\n"+
+		"An API process trusts what it read with a token for AUTH_CACHE_TTL, so running servers apply\n"+
+		"the change within AUTH_CACHE_TTL.")
+	operands, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(operands) != 2 {
+		return badUsage("want SLUG and N|default, got %d argument(s)", len(operands))
+	}
+	slug, value := operands[0], operands[1]
+	var limit *int
+	switch value {
+	case "default":
+	case "unlimited":
+		limit = new(int)
+	default:
+		n, err := strconv.ParseInt(value, 10, 32)
+		if err != nil || n < 0 {
+			return badUsage("%s %q: want a whole number from 0 to 2147483647 (0: unlimited) or default", l.name, value)
+		}
+		limit = new(int(n))
+	}
+	a, err := open(ctx, forWork)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	orgs := models.NewOrgStore(a.db)
+	org, err := orgBySlug(ctx, orgs, slug)
+	if err != nil {
+		return err
+	}
+	if err := l.set(orgs, ctx, org.ID, limit); err != nil {
+		return err
+	}
+	effective := limitText(limit, l.unit)
+	if limit == nil {
+		def := limitText(new(l.def(a)), l.unit)
+		if l.def(a) == 0 && l.zeroMeans != "" {
+			def = l.zeroMeans
+		}
+		effective = fmt.Sprintf("default: %s of the running processes applies (%s in this environment)", l.env, def)
+	}
+	fmt.Fprintf(out, "%s: %s is now %s\n", org.Slug, l.what, effective)
+	fmt.Fprintf(out, "Running API processes apply it within AUTH_CACHE_TTL (%s in this environment); new ones at once.\n", a.cfg.AuthCacheTTL)
+	return nil
+}
+
+// limitText is a limit as the org commands show it.
+func limitText(n *int, unit string) string {
+	switch {
+	case n == nil:
+		return "default"
+	case *n == 0:
+		return "unlimited"
+	}
+	return fmt.Sprintf("%d%s", *n, unit)
 }
 
 func runsPerMonth(q int64) string {

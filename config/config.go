@@ -57,6 +57,14 @@ type Config struct {
 	// per calendar month (UTC) unless it has its own quota; 0 means unlimited
 	// (DEFAULT_MONTHLY_RUN_QUOTA).
 	DefaultMonthlyRunQuota int64
+	// OrgStartRate is how many starts per second an organisation may make,
+	// across all API processes, unless it has its own rate; 0 means
+	// unlimited (ORG_START_RATE).
+	OrgStartRate int
+	// OrgRunShare is how many of an organisation's runs may wait in the
+	// queue at once, unless it has its own share; the rest wait their turn
+	// in PostgreSQL. 0 means twice the worker slots alive (ORG_RUN_SHARE).
+	OrgRunShare int
 	// CleanupSchedule is the asynq cron spec of the expired-key cleanup (CLEANUP_SCHEDULE).
 	CleanupSchedule string
 	// CleanupBatchSize is how many expired keys one cleanup transaction deletes (CLEANUP_BATCH_SIZE).
@@ -132,6 +140,8 @@ var Vars = []Var{
 	{"IDEMPOTENCY_MAX_WAIT", "10s", "longest a request with `Prefer: wait=N` waits for the in-flight request with its key (then 409); 0 disables waiting"},
 	{"IDEMPOTENCY_MAX_WAITERS", "64", "requests that may wait at once per API process (`Prefer: wait`), shared among organisations: one holds at most a quarter, and one with none waiting always gets one; past it, 409 at once"},
 	{"DEFAULT_MONTHLY_RUN_QUOTA", "0", "runs per organisation per calendar month (UTC); 0 = unlimited; an org's own quota wins"},
+	{"ORG_START_RATE", "100", "starts per second per organisation, shared by all API processes (a token bucket in Redis, burst: one second's worth); past it, 429 `rate_limited` with `Retry-After`, not stored against the key; 0 = unlimited; an org's own rate (`valruns org rate`) wins"},
+	{"ORG_RUN_SHARE", "0", "runs of one organisation that may wait in the queue at once, so another organisation's run waits behind at most this many of its runs; the rest wait their turn in PostgreSQL, in order; 0 = twice the worker slots alive; an org's own share (`valruns org share`) wins"},
 	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
 	{"MAX_BODY_BYTES", "1048576", "largest accepted request body; larger is 413"},
@@ -185,6 +195,8 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		IdempotencyMaxWait:     p.duration("IDEMPOTENCY_MAX_WAIT", 0),
 		IdempotencyMaxWaiters:  int(p.int("IDEMPOTENCY_MAX_WAITERS", 1)),
 		DefaultMonthlyRunQuota: p.int("DEFAULT_MONTHLY_RUN_QUOTA", 0),
+		OrgStartRate:           int(p.int("ORG_START_RATE", 0)),
+		OrgRunShare:            int(p.int("ORG_RUN_SHARE", 0)),
 		CleanupSchedule:        p.schedule("CLEANUP_SCHEDULE"),
 		CleanupBatchSize:       int(p.int("CLEANUP_BATCH_SIZE", 1)),
 		MaxBodyBytes:           p.int("MAX_BODY_BYTES", 1),

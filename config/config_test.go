@@ -35,6 +35,8 @@ var documented = config.Config{
 	IdempotencyMaxWait:     10 * time.Second,
 	IdempotencyMaxWaiters:  64,
 	DefaultMonthlyRunQuota: 0,
+	OrgStartRate:           100,
+	OrgRunShare:            0,
 	CleanupSchedule:        "@hourly",
 	CleanupBatchSize:       1000,
 	MaxBodyBytes:           1 << 20,
@@ -175,6 +177,11 @@ func TestGoodValues(t *testing.T) {
 			}},
 		{"quota", map[string]string{"DEFAULT_MONTHLY_RUN_QUOTA": "500"},
 			func(t *testing.T, c config.Config) { require.EqualValues(t, 500, c.DefaultMonthlyRunQuota) }},
+		{"org limits", map[string]string{"ORG_START_RATE": "0", "ORG_RUN_SHARE": "40"},
+			func(t *testing.T, c config.Config) {
+				require.Equal(t, 0, c.OrgStartRate)
+				require.Equal(t, 40, c.OrgRunShare)
+			}},
 		{"sizes", map[string]string{"CLEANUP_BATCH_SIZE": "1", "MAX_BODY_BYTES": "1", "WORKER_CONCURRENCY": "64"},
 			func(t *testing.T, c config.Config) {
 				require.Equal(t, 1, c.CleanupBatchSize)
@@ -243,6 +250,8 @@ func TestBadValues(t *testing.T) {
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "-1"},
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "ten"},
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "1.5"},
+		{"ORG_START_RATE", "-1"},
+		{"ORG_RUN_SHARE", "many"},
 		// The worker's scheduler would refuse these at registration, long after start-up.
 		{"CLEANUP_SCHEDULE", "every hour"},
 		{"CLEANUP_SCHEDULE", "@fortnightly"},

@@ -47,7 +47,11 @@ type Organization struct {
 	Slug string
 	// MonthlyRunQuota overrides DEFAULT_MONTHLY_RUN_QUOTA; nil means the default, 0 unlimited.
 	MonthlyRunQuota *int64
-	CreatedAt       time.Time `gorm:"default:now()"`
+	// StartRate overrides ORG_START_RATE (starts per second); nil means the default, 0 unlimited.
+	StartRate *int
+	// RunShare overrides ORG_RUN_SHARE (runs in the queue at once); nil means the default, 0 unlimited.
+	RunShare  *int
+	CreatedAt time.Time `gorm:"default:now()"`
 }
 
 // APIToken authenticates requests for one organisation. Only the SHA-256

@@ -133,12 +133,30 @@ func (s *OrgStore) BySlug(ctx context.Context, slug string) (*Organization, erro
 
 // SetQuota sets the organisation's own monthly run quota (nil: the default applies).
 func (s *OrgStore) SetQuota(ctx context.Context, orgID string, quota *int64) error {
-	res := s.db.WithContext(ctx).Exec(`UPDATE organizations SET monthly_run_quota = ? WHERE id = ?`, quota, orgID)
+	return s.set(ctx, orgID, "monthly_run_quota", quota)
+}
+
+// SetStartRate sets the organisation's own start rate, in starts per second
+// (nil: the default applies, 0: unlimited).
+func (s *OrgStore) SetStartRate(ctx context.Context, orgID string, rate *int) error {
+	return s.set(ctx, orgID, "start_rate", rate)
+}
+
+// SetRunShare sets how many of the organisation's runs may wait in the
+// queue at once (nil: the default applies, 0: unlimited).
+func (s *OrgStore) SetRunShare(ctx context.Context, orgID string, share *int) error {
+	return s.set(ctx, orgID, "run_share", share)
+}
+
+// set writes one of an organisation's overrides; column is one of the
+// setters' constants, never a caller's input.
+func (s *OrgStore) set(ctx context.Context, orgID, column string, value any) error {
+	res := s.db.WithContext(ctx).Exec(`UPDATE organizations SET `+column+` = ? WHERE id = ?`, value, orgID)
 	if res.Error != nil {
-		return fmt.Errorf("set quota: %w", translate(res.Error))
+		return fmt.Errorf("set %s: %w", column, translate(res.Error))
 	}
 	if res.RowsAffected == 0 {
-		return fmt.Errorf("set quota: %w", ErrNotFound)
+		return fmt.Errorf("set %s: %w", column, ErrNotFound)
 	}
 	return nil
 }
@@ -150,6 +168,9 @@ type Principal struct {
 	TokenID string
 	// MonthlyRunQuota is the organisation's own quota; nil: the default applies.
 	MonthlyRunQuota *int64
+	// StartRate and RunShare are the organisation's own limits (starts per
+	// second; runs in the queue at once); nil: the default applies, 0: unlimited.
+	StartRate, RunShare *int
 }
 
 // TokenStore issues and verifies API tokens.
@@ -189,7 +210,7 @@ func (s *TokenStore) Authenticate(ctx context.Context, token string) (*Principal
 	actx, cancel := FirstAnswer(ctx, s.db)
 	defer cancel()
 	res := s.db.WithContext(actx).Raw(`
-		SELECT o.id AS org_id, o.slug AS org_slug, t.id AS token_id, o.monthly_run_quota
+		SELECT o.id AS org_id, o.slug AS org_slug, t.id AS token_id, o.monthly_run_quota, o.start_rate, o.run_share
 		FROM api_tokens t JOIN organizations o ON o.id = t.org_id
 		WHERE t.token_hash = ? AND t.revoked_at IS NULL`, HashToken(token)).Scan(&p)
 	if err := stalled(ctx, actx, res.Error); errors.Is(err, ErrStalled) {
