@@ -40,6 +40,7 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 		CleanupBatchSize: a.cfg.CleanupBatchSize, RunLease: a.cfg.RunLease, RunHeartbeat: a.cfg.RunHeartbeat,
 		RunMaxRetry: a.cfg.RunMaxRetry, RetryDelay: a.cfg.RunRetryDelay, RunTimeout: a.cfg.RunTimeout,
 		SweepInterval: a.cfg.RunSweepInterval, RedeliverAfter: a.cfg.RunRedeliverAfter, FastBudget: fastBudget(a.cfg.RunFastPath),
+		RunShare:        a.cfg.OrgRunShare,
 		ShutdownTimeout: a.cfg.ShutdownTimeout,
 		Registry:        reg, Log: a.log,
 	})
@@ -72,7 +73,7 @@ func startDispatcher(a *app, reg prometheus.Registerer) (*tasks.Dispatcher, erro
 		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: oneLine(err)}
 	}
 	return tasks.NewDispatcher(tasks.DispatcherConfig{Redis: redisOpt, MaxRetry: a.cfg.RunMaxRetry,
-		Timeout: a.cfg.RunTimeout, GiveUp: a.cfg.RunRedeliverAfter, Registry: reg, Log: a.log}), nil
+		Timeout: a.cfg.RunTimeout, GiveUp: a.cfg.RunRedeliverAfter, RunShare: a.cfg.OrgRunShare, Registry: reg, Log: a.log}), nil
 }
 
 func cmdWorker(ctx context.Context, args []string, out io.Writer) error {

@@ -202,7 +202,7 @@ func (h *runHandlers) startParams(req idempotency.Request) (models.StartParams, 
 	return models.StartParams{
 		ID: models.NewRunID(), CreatedAt: models.NewRunTime(), OrgID: pr.OrgID, WorkflowID: wfID,
 		Submission: in.Submission, Metadata: in.Metadata, Quota: quota,
-		TokenID: pr.TokenID, RequestID: req.RequestID, IdempotencyKey: req.Key,
+		TokenID: pr.TokenID, RequestID: req.RequestID, IdempotencyKey: req.Key, RunShare: pr.RunShare,
 	}, nil
 }
 
@@ -222,7 +222,8 @@ func (h *runHandlers) created(p models.StartParams) (idempotency.Response, error
 	resp.Header.Set("Location", "/api/runs/"+p.ID+"/")
 	resp.ValidationRunID = p.ID
 	if h.handOff != nil {
-		q := &models.QueuedRun{ID: p.ID, WorkflowID: p.WorkflowID, Submission: run.Submission, Metadata: run.Metadata, CreatedAt: p.CreatedAt}
+		q := &models.QueuedRun{ID: p.ID, WorkflowID: p.WorkflowID, Submission: run.Submission, Metadata: run.Metadata,
+			CreatedAt: p.CreatedAt, OrgID: p.OrgID, RunShare: p.RunShare}
 		resp.AfterCommit = func() { h.handOff(q) }
 	}
 	return resp, nil

@@ -76,8 +76,8 @@ func (s *RunStore) FailAttempt(ctx context.Context, runID string, attempt int, r
 // deliver it: queued with its task lost, or running with a lease that ran
 // out (its worker died).
 type StrandedRun struct {
-	ID     string
-	Status string
+	ID, OrgID string
+	Status    string
 	// Redeliveries is how often a sweep has re-enqueued the run so far.
 	Redeliveries int
 	CreatedAt    time.Time
@@ -89,7 +89,7 @@ type StrandedRun struct {
 func (s *RunStore) StrandedRunning(ctx context.Context, limit int) ([]StrandedRun, error) {
 	var rs []StrandedRun
 	err := s.db.WithContext(ctx).Raw(`
-SELECT id, status, redeliveries, created_at FROM validation_runs
+SELECT id, org_id, status, redeliveries, created_at FROM validation_runs
 WHERE status = 'running' AND coalesce(lease_expires_at < now(), true)
 ORDER BY created_at, id
 LIMIT ?`, limit).Scan(&rs).Error
@@ -110,7 +110,7 @@ type RunCursor struct {
 // the cursor of the next page (nil: this was the last).
 func (s *RunStore) QueuedSince(ctx context.Context, after time.Duration, from *RunCursor, limit int) ([]StrandedRun, *RunCursor, error) {
 	var rs []StrandedRun
-	q := `SELECT id, status, redeliveries, created_at FROM validation_runs
+	q := `SELECT id, org_id, status, redeliveries, created_at FROM validation_runs
 WHERE status = 'queued' AND created_at < now() - @after * interval '1 microsecond'`
 	args := map[string]any{"after": after.Microseconds(), "limit": limit}
 	if from != nil {

@@ -169,6 +169,10 @@ type QueuedRun struct {
 	ID, WorkflowID       string
 	Submission, Metadata JSON
 	CreatedAt            time.Time
+	// OrgID and RunShare (the organisation's own share of the queue; nil:
+	// the default) are what the queue's fair admission needs.
+	OrgID    string
+	RunShare *int
 }
 
 // Queued reads what executing a run needs; ErrNotFound if there is no run.

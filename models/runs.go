@@ -44,6 +44,9 @@ type StartParams struct {
 	Quota int64
 	// Who started it, for the audit trail (the audit_records view).
 	TokenID, RequestID, IdempotencyKey string
+	// RunShare is the organisation's own run share, handed to the queue
+	// with the run (nil: ORG_RUN_SHARE; 0: unlimited). Not written.
+	RunShare *int
 }
 
 // The asynq task that executes a run: its type, and the prefix of its

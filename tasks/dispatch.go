@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,10 +22,12 @@ import (
 // off (Redis is down, the buffer is full, the process dies first) stays
 // queued in PostgreSQL, where the worker's sweeper finds it and enqueues
 // it after RUN_REDELIVER_AFTER: nothing is lost, it is only later.
+//
+// Runs enter the queue through the gate: an organisation past its share
+// of the queue (ORG_RUN_SHARE) has its runs wait their turn, in order,
+// until its runs in the queue finish.
 type Dispatcher struct {
-	client *asynq.Client
-	redis  redis.UniversalClient // the batch index (batchIndexKey)
-	opts   []asynq.Option
+	w queueWriter
 	// giveUp is how long a sender keeps trying one run before leaving it
 	// to the sweeper.
 	giveUp time.Duration
@@ -43,7 +46,10 @@ type DispatcherConfig struct {
 	MaxRetry int
 	Timeout  time.Duration
 	// GiveUp: RUN_REDELIVER_AFTER, after which the sweeper takes over.
-	GiveUp   time.Duration
+	GiveUp time.Duration
+	// RunShare is ORG_RUN_SHARE: an organisation's share of the queue
+	// unless it has its own; 0 means twice the worker slots alive.
+	RunShare int
 	Registry prometheus.Registerer
 	Log      *slog.Logger
 }
@@ -59,20 +65,17 @@ func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	rc, _ := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	d := &Dispatcher{
-		client: asynq.NewClient(cfg.Redis),
-		redis:  rc,
-		opts:   runTaskOptions(cfg.MaxRetry, cfg.Timeout),
+		w:      newQueueWriter(cfg.Redis, cfg.MaxRetry, cfg.Timeout, cfg.RunShare),
 		giveUp: max(cfg.GiveUp, time.Second),
 		in:     make(chan *models.QueuedRun, dispatchBuffer),
 		log:    log,
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_runs_handed_off_total",
-			Help: "Runs this API process handed to the queue after their start committed, by result (queued; dropped: Redis did not take it in time or the buffer was full, so the sweeper enqueues it later).",
+			Help: "Runs this API process handed to the queue after their start committed, by result (queued; waiting: its organisation was past its share of the queue, so it waits its turn; dropped: Redis did not take it in time or the buffer was full, so the sweeper enqueues it later).",
 		}, []string{"result"}),
 	}
-	for _, r := range []string{"queued", "dropped"} {
+	for _, r := range []string{"queued", "waiting", "dropped"} {
 		d.sent.WithLabelValues(r)
 	}
 	if cfg.Registry != nil {
@@ -98,8 +101,9 @@ func (d *Dispatcher) HandOff(r *models.QueuedRun) {
 // batchMax is the most runs one task carries.
 const batchMax = 64
 
-// send hands off runs as they come: alone when one waits, as one batch task
-// when several do (TypeRunBatch: one enqueue and one dequeue for all).
+// send hands off runs as they come, several at once when several wait
+// (TypeRunBatch: one enqueue and one dequeue for all), each organisation's
+// through the gate.
 func (d *Dispatcher) send() {
 	defer d.wg.Done()
 	for {
@@ -119,41 +123,51 @@ func (d *Dispatcher) send() {
 				break more
 			}
 		}
-		if len(runs) == 1 || d.redis == nil {
-			for _, r := range runs {
-				d.sendOne(r)
+		byOrg := map[string][]*models.QueuedRun{}
+		var orgs []string
+		for _, r := range runs {
+			if byOrg[r.OrgID] == nil {
+				orgs = append(orgs, r.OrgID)
 			}
-			continue
+			byOrg[r.OrgID] = append(byOrg[r.OrgID], r)
 		}
-		d.sendBatch(runs)
+		for _, org := range orgs {
+			d.deliver(org, byOrg[org])
+		}
 	}
 }
 
-// sendBatch enqueues runs as one batch task, after recording which task
-// carries each (the sweeper's batchIndexKey), until Redis takes it, the
-// runs are old enough for the sweeper, or the dispatcher closes.
-func (d *Dispatcher) sendBatch(runs []*models.QueuedRun) {
-	task, err := newBatchTask(runs)
-	if err != nil {
-		d.log.Error("batch task", "error", err)
-		d.sent.WithLabelValues("dropped").Add(float64(len(runs)))
-		return
+// deliver admits runs of one organisation and enqueues what the gate lets
+// in, until Redis takes them, they are old enough for the sweeper, or the
+// dispatcher closes.
+func (d *Dispatcher) deliver(org string, runs []*models.QueuedRun) {
+	in := make([]RunPayload, len(runs))
+	for i, r := range runs {
+		in[i] = payloadOf(r)
 	}
-	id := batchTaskID(runs)
-	index := make([]any, 0, 2*len(runs))
-	for _, r := range runs {
-		index = append(index, r.ID, id)
-	}
-	opts := append(d.opts[:len(d.opts):len(d.opts)], asynq.TaskID(id))
+	share := d.w.gate.shareOf(runs[0].RunShare)
+	var out []RunPayload
+	admitted := false
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-		err := d.redis.HSet(ctx, batchIndexKey, index...).Err()
+		var err error
+		if !admitted {
+			out, _, err = d.w.admit(ctx, admission{org: org, share: &share, in: in})
+			admitted = err == nil
+		}
 		if err == nil {
-			_, err = d.client.EnqueueContext(ctx, task, opts...)
+			err = d.w.enqueue(ctx, out, d.w.gate.batchSize(share))
 		}
 		cancel()
-		if err == nil || errors.Is(err, asynq.ErrTaskIDConflict) {
-			d.sent.WithLabelValues("queued").Add(float64(len(runs)))
+		if err == nil {
+			waiting := len(in)
+			for _, p := range out {
+				if slices.ContainsFunc(runs, func(r *models.QueuedRun) bool { return r.ID == p.RunID }) {
+					waiting--
+				}
+			}
+			d.sent.WithLabelValues("queued").Add(float64(len(in) - waiting))
+			d.sent.WithLabelValues("waiting").Add(float64(waiting))
 			return
 		}
 		if time.Since(runs[0].CreatedAt) > d.giveUp || d.ctx.Err() != nil {
@@ -168,34 +182,101 @@ func (d *Dispatcher) sendBatch(runs []*models.QueuedRun) {
 	}
 }
 
-// sendOne enqueues r until Redis takes it, the run is old enough for the
-// sweeper, or the dispatcher closes.
-func (d *Dispatcher) sendOne(r *models.QueuedRun) {
-	task, err := newRunTask(RunPayload{RunID: r.ID}, r)
+// queueWriter admits runs through the gate and enqueues their tasks: what
+// the dispatcher, the worker (runs admitted as others finish) and the
+// sweeper share.
+type queueWriter struct {
+	client *asynq.Client
+	redis  redis.UniversalClient // the batch index (batchIndexKey), the gate
+	opts   []asynq.Option
+	gate   *gate
+}
+
+func newQueueWriter(r asynq.RedisConnOpt, maxRetry int, timeout time.Duration, share int) queueWriter {
+	rc, _ := r.MakeRedisClient().(redis.UniversalClient)
+	inspector := asynq.NewInspectorFromRedisClient(rc)
+	return queueWriter{
+		client: asynq.NewClientFromRedisClient(rc),
+		redis:  rc,
+		opts:   runTaskOptions(maxRetry, timeout),
+		gate:   &gate{redis: rc, share: share, stale: max(timeout, time.Minute), servers: inspector.Servers},
+	}
+}
+
+// admit passes a through the gate; runs without an organisation (tasks
+// enqueued before fair admission existed) are let in as they are.
+func (w queueWriter) admit(ctx context.Context, a admission) ([]RunPayload, int, error) {
+	if a.org == "" {
+		return a.in, 0, nil
+	}
+	return w.gate.pass(ctx, a)
+}
+
+// enqueue enqueues runs, up to size per task; a redelivery always alone,
+// under its own TaskID. What Redis already has (a TaskID conflict: an
+// earlier try got through) counts as enqueued.
+func (w queueWriter) enqueue(ctx context.Context, runs []RunPayload, size int) error {
+	var batch []RunPayload
+	for _, p := range runs {
+		if p.Redelivery || w.redis == nil || size <= 1 {
+			if err := w.enqueueOne(ctx, p); err != nil {
+				return err
+			}
+			continue
+		}
+		batch = append(batch, p)
+	}
+	for len(batch) > 0 {
+		n := min(size, len(batch))
+		var err error
+		if n == 1 {
+			err = w.enqueueOne(ctx, batch[0])
+		} else {
+			err = w.enqueueBatch(ctx, batch[:n])
+		}
+		if err != nil {
+			return err
+		}
+		batch = batch[n:]
+	}
+	return nil
+}
+
+// enqueueOne enqueues a run's task of its own.
+func (w queueWriter) enqueueOne(ctx context.Context, p RunPayload) error {
+	task, err := newRunTask(p)
 	if err != nil {
-		d.log.Error("run task", "run_id", r.ID, "error", err)
-		d.sent.WithLabelValues("dropped").Inc()
-		return
+		return err
 	}
-	opts := append(d.opts[:len(d.opts):len(d.opts)], asynq.TaskID(runTaskID(r.ID, 0)))
-	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
-		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-		_, err := d.client.EnqueueContext(ctx, task, opts...)
-		cancel()
-		if err == nil || errors.Is(err, asynq.ErrTaskIDConflict) {
-			d.sent.WithLabelValues("queued").Inc()
-			return
-		}
-		if time.Since(r.CreatedAt) > d.giveUp || d.ctx.Err() != nil {
-			d.sent.WithLabelValues("dropped").Inc()
-			d.log.Warn("run not handed to the queue; the sweeper will enqueue it", "run_id", r.ID, "error", err)
-			return
-		}
-		select {
-		case <-time.After(pause):
-		case <-d.ctx.Done():
-		}
+	opts := append(w.opts[:len(w.opts):len(w.opts)], asynq.TaskID(runTaskID(p.RunID, p.Redeliveries)))
+	_, err = w.client.EnqueueContext(ctx, task, opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil
 	}
+	return err
+}
+
+// enqueueBatch enqueues runs as one batch task, after recording which task
+// carries each (the sweeper's batchIndexKey).
+func (w queueWriter) enqueueBatch(ctx context.Context, runs []RunPayload) error {
+	task, err := newBatchTask(runs)
+	if err != nil {
+		return err
+	}
+	id := batchTaskID(runs)
+	index := make([]any, 0, 2*len(runs))
+	for _, r := range runs {
+		index = append(index, r.RunID, id)
+	}
+	if err := w.redis.HSet(ctx, batchIndexKey, index...).Err(); err != nil {
+		return err
+	}
+	opts := append(w.opts[:len(w.opts):len(w.opts)], asynq.TaskID(id))
+	_, err = w.client.EnqueueContext(ctx, task, opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil
+	}
+	return err
 }
 
 // Close hands off what is buffered (for up to a few seconds: the rest is
@@ -207,8 +288,6 @@ func (d *Dispatcher) Close() {
 	}
 	d.cancel()
 	d.wg.Wait()
-	_ = d.client.Close()
-	if d.redis != nil {
-		_ = d.redis.Close()
-	}
+	_ = d.w.client.Close()
+	_ = d.w.redis.Close()
 }

@@ -2,8 +2,11 @@ package tasks
 
 import (
 	"context"
+	"encoding/json"
+	"testing"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/valruns/valruns/models"
 )
@@ -13,11 +16,15 @@ import (
 // long (and stops when its context ends).
 func SetBeforeRun(w *Worker, f func(ctx context.Context, runID string)) { w.runs.beforeRun = f }
 
+// SetDequeued makes w's run executor tell f the runs of each task as soon
+// as its handler begins.
+func SetDequeued(w *Worker, f func(runIDs []string)) { w.runs.dequeued = f }
+
 // NewRunTask is the task executing runID, as the hand-off (or, with
 // redelivery, the sweeper) enqueues it, without its data inline: the
 // worker reads the run.
 func NewRunTask(runID string, redelivery bool) *asynq.Task {
-	t, err := newRunTask(RunPayload{RunID: runID, Redelivery: redelivery}, nil)
+	t, err := newRunTask(RunPayload{RunID: runID, Redelivery: redelivery})
 	if err != nil {
 		panic(err)
 	}
@@ -32,14 +39,26 @@ func TaskKey(taskID string) string { return taskKey(taskID) }
 
 // SendBatch hands runs off as one batch task, as the dispatcher does when
 // several wait.
-func SendBatch(d *Dispatcher, runs []*models.QueuedRun) { d.sendBatch(runs) }
+func SendBatch(d *Dispatcher, runs []*models.QueuedRun) {
+	if err := d.w.enqueueBatch(context.Background(), payloads(runs)); err != nil {
+		panic(err)
+	}
+}
+
+func payloads(runs []*models.QueuedRun) []RunPayload {
+	ps := make([]RunPayload, len(runs))
+	for i, q := range runs {
+		ps[i] = payloadOf(q)
+	}
+	return ps
+}
 
 // BatchIndexKey is the Redis hash from a run to its batch task.
 const BatchIndexKey = batchIndexKey
 
 // NewRunTaskFor is the task the hand-off makes for q (its data inline).
 func NewRunTaskFor(q *models.QueuedRun) *asynq.Task {
-	t, err := newRunTask(RunPayload{RunID: q.ID}, q)
+	t, err := newRunTask(payloadOf(q))
 	if err != nil {
 		panic(err)
 	}
@@ -48,9 +67,47 @@ func NewRunTaskFor(q *models.QueuedRun) *asynq.Task {
 
 // NewBatchTaskFor is the batch task the hand-off makes for qs.
 func NewBatchTaskFor(qs []*models.QueuedRun) *asynq.Task {
-	t, err := newBatchTask(qs)
+	t, err := newBatchTask(payloads(qs))
 	if err != nil {
 		panic(err)
 	}
 	return t
+}
+
+// QueueLength is how many runs wait in opt's queue (pending tasks; a batch
+// counts its runs).
+func QueueLength(t testing.TB, opt asynq.RedisClientOpt) int {
+	t.Helper()
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	n := 0
+	for page := 1; ; page++ {
+		tasks, err := insp.ListPendingTasks(queue, asynq.PageSize(1000), asynq.Page(page))
+		if err != nil || len(tasks) == 0 {
+			return n
+		}
+		for _, task := range tasks {
+			if task.Type != TypeRunBatch {
+				n++
+				continue
+			}
+			var b BatchPayload
+			if err := json.Unmarshal(task.Payload, &b); err != nil {
+				t.Fatalf("batch payload: %v", err)
+			}
+			n += len(b.Runs)
+		}
+	}
+}
+
+// GateWaiting is how many runs wait their organisation's turn at the gate.
+func GateWaiting(t testing.TB, opt asynq.RedisClientOpt) int64 {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	defer rc.Close()
+	n, err := rc.HLen(context.Background(), fairPayloads).Result()
+	if err != nil {
+		t.Fatalf("gate: %v", err)
+	}
+	return n
 }

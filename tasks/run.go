@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,6 +37,9 @@ type RunExecutor struct {
 	// beforeRun, when set (tests), is called with the execution's context
 	// just before the run is validated: it stands in for a long validation.
 	beforeRun func(ctx context.Context, runID string)
+	// dequeued, when set (tests), is told the runs of each task as soon as
+	// its handler begins, in the order asynq hands tasks out.
+	dequeued func(runIDs []string)
 
 	// programs caches compiled workflows: a workflow never changes once created.
 	programs sync.Map // workflow id -> *validate.Program
@@ -47,10 +51,11 @@ type RunExecutor struct {
 	// done, when set, is told the runs of a batch task it processed (the
 	// sweeper's index of batch tasks forgets them).
 	done func(ctx context.Context, runs []RunPayload)
-	// client and opts enqueue the runs a batch hands back as tasks of
-	// their own.
-	client *asynq.Client
-	opts   []asynq.Option
+	// queue enqueues the runs a batch hands back as tasks of their own.
+	queue queueWriter
+	// release, when set, is told the runs of an organisation that left the
+	// queue (settled): the gate lets the organisation's next runs in.
+	release func(ctx context.Context, org string, ids []string)
 
 	// inflight holds the cancel function of each execution under way, so
 	// that a shutdown can hand them back (handBack); stopping is set then.
@@ -88,11 +93,20 @@ func notAFailure(err error) bool {
 // that takes longer than fastBudget, a redelivery, and anything the fast
 // path cannot decide, executes under a claim: a lease the delivery renews,
 // so a worker that dies mid-run is noticed and its run taken over.
-func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
+func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	var p RunPayload
 	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.RunID == "" {
 		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
 	}
+	if e.dequeued != nil {
+		e.dequeued([]string{p.RunID})
+	}
+	tctx := ctx
+	defer func() {
+		if settled(tctx, err) {
+			e.settle(tctx, p.OrgID, []string{p.RunID})
+		}
+	}()
 	// RUN_TIMEOUT is the worker's own, whatever timeout the task was
 	// enqueued with (asynq's deadline, when sooner, still applies).
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
@@ -222,6 +236,13 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 	if err := json.Unmarshal(t.Payload(), &b); err != nil || len(b.Runs) == 0 {
 		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
 	}
+	if e.dequeued != nil {
+		ids := make([]string, len(b.Runs))
+		for i, p := range b.Runs {
+			ids[i] = p.RunID
+		}
+		e.dequeued(ids)
+	}
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	var outs []models.Outcome
@@ -252,19 +273,40 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 			}
 		}
 	}
-	for _, id := range apart {
-		task, err := newRunTask(RunPayload{RunID: id, Redelivery: true}, nil)
-		if err == nil {
-			_, err = e.client.EnqueueContext(ctx, task, append(e.opts[:len(e.opts):len(e.opts)], asynq.TaskID(runTaskID(id, 0)))...)
+	settledByOrg := map[string][]string{}
+	for _, p := range b.Runs {
+		if p.RunID == "" {
+			continue
 		}
-		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-			return fmt.Errorf("hand run %s back to the queue: %w", id, err) // asynq retries the batch
+		if slices.Contains(apart, p.RunID) {
+			// Still in the queue, as a task of its own.
+			if err := e.queue.enqueueOne(ctx, RunPayload{RunID: p.RunID, OrgID: p.OrgID, Redelivery: true}); err != nil {
+				return fmt.Errorf("hand run %s back to the queue: %w", p.RunID, err) // asynq retries the batch
+			}
+			continue
 		}
+		settledByOrg[p.OrgID] = append(settledByOrg[p.OrgID], p.RunID)
 	}
 	if e.done != nil {
 		e.done(ctx, b.Runs)
 	}
+	for org, ids := range settledByOrg {
+		e.settle(ctx, org, ids)
+	}
 	return nil
+}
+
+// settled reports whether a run task's delivery that returned err leaves
+// the queue: asynq will not retry it.
+func settled(ctx context.Context, err error) bool {
+	return err == nil || errors.Is(err, asynq.SkipRetry) || lastTry(ctx, err)
+}
+
+// settle tells the gate that runs of org left the queue.
+func (e *RunExecutor) settle(ctx context.Context, org string, ids []string) {
+	if e.release != nil && org != "" {
+		e.release(ctx, org, ids)
+	}
 }
 
 // claimed executes a run under a claim.

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/valruns/valruns/models"
@@ -38,11 +37,15 @@ import (
 // claim's attempt fencing, not by TaskIDs: a redundant delivery finds the
 // run finished or held, and does nothing.
 type Sweeper struct {
-	runs   *models.RunStore
-	redis  redis.UniversalClient
-	client *asynq.Client
-	// opts are the options of a run task (retries, timeout).
-	opts []asynq.Option
+	runs  *models.RunStore
+	redis redis.UniversalClient
+	// queue admits the runs it re-enqueues through the gate, and enqueues
+	// them.
+	queue queueWriter
+	// release lets an organisation's waiting runs in, as far as its share
+	// allows (the worker's): each sweep does, for every organisation with
+	// runs waiting, in case the releases of its runs did not reach Redis.
+	release func(ctx context.Context, org string, ids []string)
 	// interval between sweeps; after is how old a queued run must be
 	// before it is looked at, and how often the queued runs are paged.
 	interval, after time.Duration
@@ -85,6 +88,15 @@ func (s *Sweeper) Run(ctx context.Context) {
 // returns how many it re-enqueued.
 func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	n := 0
+	if s.release != nil {
+		orgs, err := s.queue.gate.waitingOrgs(ctx)
+		if err != nil {
+			return n, err
+		}
+		for _, org := range orgs {
+			s.release(ctx, org, nil)
+		}
+	}
 	for {
 		all, err := s.runs.StrandedRunning(ctx, s.batch)
 		if err != nil {
@@ -150,18 +162,20 @@ func taskKey(taskID string) string { return "asynq:{" + queue + "}:t:" + taskID 
 
 // lost returns the runs of rs none of whose tasks Redis holds as pending,
 // scheduled, retrying or (with active) active: its latest single task, and
-// the batch task that carries it (batchIndexKey), if any. Two pipelined
-// round trips.
+// the batch task that carries it (batchIndexKey), if any; and that do not
+// wait their turn at the gate. Two pipelined round trips.
 func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun, active bool) ([]models.StrandedRun, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
 	states := make([]*redis.StringCmd, len(rs))
 	batches := make([]*redis.StringCmd, len(rs))
+	waits := make([]*redis.BoolCmd, len(rs))
 	_, err := s.redis.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range rs {
 			states[i] = p.HGet(ctx, taskKey(runTaskID(r.ID, r.Redeliveries)), "state")
 			batches[i] = p.HGet(ctx, batchIndexKey, r.ID)
+			waits[i] = p.HExists(ctx, fairPayloads, r.ID)
 		}
 		return nil
 	})
@@ -192,6 +206,9 @@ func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun, active bool
 		}
 		if err != nil {
 			return nil, err
+		}
+		if !alive && waits[i].Val() {
+			alive = true // its organisation's turn will come
 		}
 		if !alive && active && (isActive(states[i]) || batchStates[i] != nil && isActive(batchStates[i])) {
 			// Active: alive, unless it has been for longer than after.
@@ -231,18 +248,18 @@ func waiting(c *redis.StringCmd, active bool) (bool, error) {
 	}
 }
 
-// redeliver enqueues a new task for r and counts it; false when another
-// sweeper counted it first, or its row is busy (its delivery is writing it:
-// the count waits for a later sweep, which finds the same task ID already
-// sent). Counting never waits on a run its own redelivery is writing.
+// redeliver enqueues a new task for r, through the gate (it may wait its
+// organisation's turn), and counts it; false when another sweeper counted
+// it first, or its row is busy (its delivery is writing it: the count waits
+// for a later sweep, which finds the same task ID already sent). Counting
+// never waits on a run its own redelivery is writing.
 func (s *Sweeper) redeliver(ctx context.Context, r models.StrandedRun, reason string) (bool, error) {
-	task, err := newRunTask(RunPayload{RunID: r.ID, Redelivery: true}, nil)
-	if err != nil {
-		return false, err
+	p := RunPayload{RunID: r.ID, OrgID: r.OrgID, Redelivery: true, Redeliveries: r.Redeliveries + 1, CreatedAt: r.CreatedAt}
+	out, share, err := s.queue.admit(ctx, admission{org: r.OrgID, in: []RunPayload{p}})
+	if err == nil {
+		err = s.queue.enqueue(ctx, out, s.queue.gate.batchSize(share)) // a conflict: another sweeper sent it
 	}
-	opts := append(s.opts[:len(s.opts):len(s.opts)], asynq.TaskID(runTaskID(r.ID, r.Redeliveries+1)))
-	_, err = s.client.EnqueueContext(ctx, task, opts...)
-	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) { // a conflict: another sweeper sent it
+	if err != nil {
 		return false, fmt.Errorf("redeliver run %s: %w", r.ID, err)
 	}
 	// Its batch, if it had one, is gone: forget it (the redelivery is a task of its own).

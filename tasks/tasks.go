@@ -30,6 +30,10 @@ type RunPayload struct {
 	// Redelivery: the sweeper sent it (the run was lost, or its worker
 	// died); it is executed under a claim, never by the fast path.
 	Redelivery bool `json:"redelivery,omitempty"`
+	// Redeliveries numbers a redelivery's TaskID (runTaskID).
+	Redeliveries int `json:"redeliveries,omitempty"`
+	// OrgID is the run's organisation: the queue admits runs by it (gate).
+	OrgID string `json:"org_id,omitempty"`
 	// What executing the run needs, carried when small (inlineMax), so the
 	// worker does not read the run back: its workflow, submission and
 	// metadata as written.
@@ -42,12 +46,18 @@ type RunPayload struct {
 // inlineMax is the largest submission plus metadata a task carries.
 const inlineMax = 8 << 10
 
-// newRunTask builds the task executing a run; q, when set and small
-// enough, is carried in it.
-func newRunTask(p RunPayload, q *models.QueuedRun) (*asynq.Task, error) {
-	if q != nil && len(q.Submission)+len(q.Metadata) <= inlineMax {
-		p.WorkflowID, p.Submission, p.Metadata, p.CreatedAt = q.WorkflowID, json.RawMessage(q.Submission), json.RawMessage(q.Metadata), q.CreatedAt
+// payloadOf is the task payload of a run handed off: what executing it
+// needs, carried when small enough.
+func payloadOf(q *models.QueuedRun) RunPayload {
+	p := RunPayload{RunID: q.ID, OrgID: q.OrgID, CreatedAt: q.CreatedAt}
+	if len(q.Submission)+len(q.Metadata) <= inlineMax {
+		p.WorkflowID, p.Submission, p.Metadata = q.WorkflowID, json.RawMessage(q.Submission), json.RawMessage(q.Metadata)
 	}
+	return p
+}
+
+// newRunTask builds the task executing a run.
+func newRunTask(p RunPayload) (*asynq.Task, error) {
 	b, err := json.Marshal(p)
 	if err != nil {
 		return nil, fmt.Errorf("run task: %w", err)
@@ -78,20 +88,12 @@ type BatchPayload struct {
 const batchIndexKey = "valruns:run_batch_task"
 
 // batchTaskID is the TaskID of the batch task carrying runs.
-func batchTaskID(runs []*models.QueuedRun) string { return "validation_runs:" + runs[0].ID }
+func batchTaskID(runs []RunPayload) string { return "validation_runs:" + runs[0].RunID }
 
 // newBatchTask builds the task executing runs, each carried as a single
 // task would carry it.
-func newBatchTask(runs []*models.QueuedRun) (*asynq.Task, error) {
-	b := BatchPayload{Runs: make([]RunPayload, len(runs))}
-	for i, q := range runs {
-		b.Runs[i] = RunPayload{RunID: q.ID}
-		if len(q.Submission)+len(q.Metadata) <= inlineMax {
-			b.Runs[i] = RunPayload{RunID: q.ID, WorkflowID: q.WorkflowID, Submission: json.RawMessage(q.Submission),
-				Metadata: json.RawMessage(q.Metadata), CreatedAt: q.CreatedAt}
-		}
-	}
-	p, err := json.Marshal(b)
+func newBatchTask(runs []RunPayload) (*asynq.Task, error) {
+	p, err := json.Marshal(BatchPayload{Runs: runs})
 	if err != nil {
 		return nil, fmt.Errorf("batch task: %w", err)
 	}

@@ -60,6 +60,10 @@ type Config struct {
 	// run is claimed and validated under a lease. 0 means min(1s,
 	// RunHeartbeat); a negative value turns the fast path off.
 	FastBudget time.Duration
+	// RunShare is ORG_RUN_SHARE: how many runs of an organisation without a
+	// share of its own may be in the queue at once; 0 means twice the
+	// worker slots alive.
+	RunShare int
 	// ShutdownTimeout is how long in-flight tasks may finish at shutdown
 	// before they are handed back to the queue; 0 means 20s.
 	ShutdownTimeout time.Duration
@@ -80,6 +84,7 @@ type Worker struct {
 	inspector *asynq.Inspector
 	redis     redis.UniversalClient // the sweeper's and Ping's
 	sweeper   *Sweeper
+	queue     queueWriter // the gate's and the run tasks' writer
 	runs      *RunExecutor
 	cleanup   *Cleanup
 	cancel    context.CancelFunc
@@ -128,7 +133,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, errors.New("redis: unsupported connection option")
 	}
 	w.redis = rc
-	w.runs.client, w.runs.opts = w.client, runTaskOptions(cfg.RunMaxRetry, cfg.RunTimeout)
+	w.queue = newQueueWriter(cfg.Redis, cfg.RunMaxRetry, cfg.RunTimeout, cfg.RunShare)
+	w.runs.queue, w.runs.release = w.queue, w.release
 	w.runs.done = func(ctx context.Context, runs []RunPayload) {
 		ids := make([]string, len(runs))
 		for i, r := range runs {
@@ -138,7 +144,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 			log.WarnContext(ctx, "could not forget a batch's runs in the batch index", "error", err)
 		}
 	}
-	w.sweeper = &Sweeper{runs: runs, redis: rc, client: w.client, opts: runTaskOptions(cfg.RunMaxRetry, cfg.RunTimeout),
+	w.sweeper = &Sweeper{runs: runs, redis: rc, queue: w.queue, release: w.release,
 		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, batch: 500, log: log, m: m}
 	w.server = asynq.NewServer(cfg.Redis, asynq.Config{
 		Concurrency:     cfg.Concurrency,
@@ -217,8 +223,26 @@ func (w *Worker) Shutdown() {
 	w.server.Shutdown()
 	_ = w.inspector.Close()
 	_ = w.client.Close()
+	_ = w.queue.client.Close()
+	_ = w.queue.redis.Close()
 	_ = w.redis.Close()
 	w.log.Info("worker stopped")
+}
+
+// release tells the gate that runs of org left the queue, and enqueues the
+// organisation's runs it lets in instead. Failing, it only delays them: a
+// run admitted without its task is re-enqueued by the sweeper, and each
+// sweep lets in what an organisation's share allows.
+func (w *Worker) release(ctx context.Context, org string, ids []string) {
+	ctx, cancel := detached(ctx)
+	defer cancel()
+	out, share, err := w.queue.gate.pass(ctx, admission{org: org, released: ids})
+	if err == nil && len(out) > 0 {
+		err = w.queue.enqueue(ctx, out, w.queue.gate.batchSize(share))
+	}
+	if err != nil {
+		w.log.WarnContext(ctx, "could not let an organisation's waiting runs into the queue; a sweep will", "org_id", org, "error", err)
+	}
 }
 
 // scheduleCleanup enqueues the cleanup at each tick of CLEANUP_SCHEDULE
