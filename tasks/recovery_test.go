@@ -72,13 +72,22 @@ func requireFinishedOnce(t *testing.T, env *apitest.Env, org apitest.Org, want m
 // RUN_REDELIVER_AFTER=10s) the same takes about 15 s.
 func TestRedisLossAfterEnqueueRunsStillFinish(t *testing.T) {
 	t.Parallel()
+	// share 0: every run is in asynq's queue when Redis dies; 3: three
+	// are, the other seven wait their turn at the gate, which dies too.
+	for _, share := range []int{0, 3} {
+		t.Run(fmt.Sprintf("share %d", share), func(t *testing.T) {
+			t.Parallel()
+			redisLossAfterEnqueue(t, share)
+		})
+	}
+}
+
+func redisLossAfterEnqueue(t *testing.T, share int) {
 	srv := startRedisServer(t, proctest.FreePort(t))
 	rdb := asynq.RedisClientOpt{Addr: srv.addr()}
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
-	// Its runs all go to Redis's queue at once, not some to the gate's
-	// waiting list (which Redis loses the same way).
-	require.NoError(t, models.NewOrgStore(env.DB).SetRunShare(context.Background(), org.ID, new(0)))
+	require.NoError(t, models.NewOrgStore(env.DB).SetRunShare(context.Background(), org.ID, new(share)))
 	wf := env.NewWorkflow(org, orderWorkflow)
 	startWorker(t, env, rdb, fastSweep)
 	require.Equal(t, "passed", waitRun(t, env, org, startRun(t, env, org, wf, validOrder), 20*time.Second).Status)
@@ -87,14 +96,17 @@ func TestRedisLossAfterEnqueueRunsStillFinish(t *testing.T) {
 	t.Cleanup(func() { _ = insp.Close() })
 	require.NoError(t, insp.PauseQueue("default"))
 	const n = 10
+	inQueue := n
+	if share > 0 {
+		inQueue = share
+	}
 	ids, want := startBodies(t, env, org, wf, "lost", n)
 	apitest.Eventually(t, 20*time.Second, func() bool {
-		pending, err := insp.ListPendingTasks("default", asynq.PageSize(100))
-		return err == nil && len(pending) == n
-	}, "the API hands every run to Redis; the tasks wait there only")
+		return tasks.QueueLength(t, rdb) == inQueue && tasks.GateWaiting(t, rdb) == int64(n-inQueue)
+	}, "the API hands every run to Redis (its queue, or the gate's waiting list); they wait there only")
 	require.EqualValues(t, n, env.Count("validation_runs", "status = 'queued'"))
 
-	srv.stop() // SIGKILL, no persistence: every task is gone
+	srv.stop() // SIGKILL, no persistence: every task is gone, and the gate with them
 	srv.start()
 	back := time.Now()
 	for _, id := range ids {
