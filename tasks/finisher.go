@@ -71,7 +71,10 @@ func (f *finisher) write() {
 		ended, err := f.runs.FinishUnclaimed(ctx, outs)
 		cancel()
 		for _, r := range batch {
+			// Two deliveries of one run can share a statement: the run
+			// ended once, so one of them ended it.
 			r.ended, r.err = ended[r.out.RunID], err
+			delete(ended, r.out.RunID)
 			close(r.done)
 		}
 	}
