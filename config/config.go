@@ -160,7 +160,7 @@ var Vars = []Var{
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
 	{"MAX_BODY_BYTES", "1048576", "largest accepted request body; larger is 413"},
 	{"MAX_REQUESTS_IN_FLIGHT", "256", "`/api/` requests one API process serves at once; past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After`; 0 = unlimited"},
-	{"MAX_BODY_BYTES_IN_FLIGHT", "67108864", "request bodies one API process holds at once, in bytes, each counted by its `Content-Length` (`MAX_BODY_BYTES` when unknown, chunked or gzip); past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After`, its body discarded unread; 0 = unlimited, else at least `MAX_BODY_BYTES`"},
+	{"MAX_BODY_BYTES_IN_FLIGHT", "8388608", "request bodies one API process holds at once, in bytes, each counted by its `Content-Length` (`MAX_BODY_BYTES` when unknown, chunked or gzip); past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After` (its body read and dropped, never held); 0 = unlimited, else at least `MAX_BODY_BYTES`"},
 	{"OVERLOAD_WAIT", "1s", "longest a request waits for room under `MAX_REQUESTS_IN_FLIGHT` and `MAX_BODY_BYTES_IN_FLIGHT` before 503 `overloaded`; 0 = answer at once"},
 	{"LOG_LEVEL", "info", "debug, info, warn, error"},
 	{"LOG_FORMAT", "text", "text or json"},

@@ -41,7 +41,7 @@ var documented = config.Config{
 	CleanupBatchSize:       1000,
 	MaxBodyBytes:           1 << 20,
 	MaxRequestsInFlight:    256,
-	MaxBodyBytesInFlight:   64 << 20,
+	MaxBodyBytesInFlight:   8 << 20,
 	OverloadWait:           time.Second,
 	LogLevel:               "info",
 	LogFormat:              "text",
