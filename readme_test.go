@@ -84,7 +84,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 	for _, want := range []string{
 		"HTTP/1.1 201 Created",              // the retry: the stored status...
 		"Idempotent-Replayed: true",         // ...replayed
-		`RateLimit-Policy: "org";q=100;w=1`, // the default start rate, on every answer of the start route
+		`Ratelimit-Policy: "org";q=100;w=1`, // the default start rate (Go writes the name in canonical case)
 		"\n422\n",                           // the same key, another body
 		`"status":"passed"`,                 // the run, validated
 		`"runs":1,`,                         // billed once: the replay and the 422 count nothing
