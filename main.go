@@ -558,6 +558,10 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	deps := handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker)}
+	if deps.Redis, err = rateLimitRedis(a); err != nil {
+		return err
+	}
+	defer deps.Redis.Close()
 	dispatcher, err := startDispatcher(a, deps.Registry)
 	if err != nil {
 		return err

@@ -82,14 +82,15 @@ func TestREADMEWalkthrough(t *testing.T) {
 	require.NoError(t, err, "the Quickstart failed:\n%s", out)
 	text := string(out)
 	for _, want := range []string{
-		"HTTP/1.1 201 Created",      // the retry: the stored status...
-		"Idempotent-Replayed: true", // ...replayed
-		"\n422\n",                   // the same key, another body
-		`"status":"passed"`,         // the run, validated
-		`"runs":1,`,                 // billed once: the replay and the 422 count nothing
-		`"state":"finished"`,        // the key lookup...
-		`"validation_run_id":"`,     // ...linked to its run
-		`"status": "passed"`,        // valruns start --wait, indented
+		"HTTP/1.1 201 Created",              // the retry: the stored status...
+		"Idempotent-Replayed: true",         // ...replayed
+		`Ratelimit-Policy: "org";q=100;w=1`, // the default start rate (Go writes the name in canonical case)
+		"\n422\n",                           // the same key, another body
+		`"status":"passed"`,                 // the run, validated
+		`"runs":1,`,                         // billed once: the replay and the 422 count nothing
+		`"state":"finished"`,                // the key lookup...
+		`"validation_run_id":"`,             // ...linked to its run
+		`"status": "passed"`,                // valruns start --wait, indented
 	} {
 		require.Contains(t, text, want, "the Quickstart's output:\n%s", text)
 	}

@@ -74,7 +74,8 @@ func makeRunServer(t *testing.T, bin, dir string) (db *gorm.DB, addr, token, wf 
 	addr = proctest.FreeAddr(t)
 	apiURL := "http://" + addr
 	serverEnv := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testRedisURL(), "HTTP_ADDR=" + addr,
-		"MIGRATE_ON_START=true", "LOG_FORMAT=json", "LOG_LEVEL=warn", "WORKER_CONCURRENCY=2"}
+		"MIGRATE_ON_START=true", "LOG_FORMAT=json", "LOG_LEVEL=warn", "WORKER_CONCURRENCY=2",
+		"ORG_START_RATE="} // as make run runs it: the documented default rate
 	log := &proctest.Log{}
 	srv := exec.Command(bin, "serve", "--worker")
 	srv.Env = proctest.Env(serverEnv...)

@@ -12,8 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/handlers"
 	"github.com/valruns/valruns/tasks"
 )
 
@@ -74,6 +76,30 @@ func startDispatcher(a *app, reg prometheus.Registerer) (*tasks.Dispatcher, erro
 	}
 	return tasks.NewDispatcher(tasks.DispatcherConfig{Redis: redisOpt, MaxRetry: a.cfg.RunMaxRetry,
 		Timeout: a.cfg.RunTimeout, GiveUp: a.cfg.RunRedeliverAfter, RunShare: a.cfg.OrgRunShare, Registry: reg, Log: a.log}), nil
+}
+
+// rateLimitRedis connects (lazily) to the Redis that holds the start rate
+// buckets: REDIS_URL, with timeouts no longer than the limit waits for an
+// answer (a slow Redis admits starts unlimited, it never delays them).
+func rateLimitRedis(a *app) (redis.UniversalClient, error) {
+	opt, err := asynq.ParseRedisURI(a.cfg.RedisURL)
+	if err != nil {
+		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: oneLine(err)}
+	}
+	t := handlers.RateLimitTimeout
+	switch o := opt.(type) {
+	case asynq.RedisClientOpt:
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = t, t, t
+		opt = o
+	case asynq.RedisFailoverClientOpt:
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = t, t, t
+		opt = o
+	}
+	rc, ok := opt.MakeRedisClient().(redis.UniversalClient)
+	if !ok {
+		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: "not a Redis client URL"}
+	}
+	return rc, nil
 }
 
 func cmdWorker(ctx context.Context, args []string, out io.Writer) error {

@@ -329,7 +329,9 @@ func (e *env) startServerURL(ctx context.Context, dbURL string, worker bool, ext
 // startServerBin is startServerURL with another valruns binary (a baseline's).
 func (e *env) startServerBin(ctx context.Context, bin, dbURL string, worker bool, extra ...string) (*proc, string, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", e.port)
-	kv := append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "REDIS_URL=" + e.redisURL}, e.serverEnv...)
+	// No start rate: the bench measures throughput beside an unlimited
+	// peer (BENCH_SERVER_ENV may set one).
+	kv := append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "REDIS_URL=" + e.redisURL, "ORG_START_RATE=0"}, e.serverEnv...)
 	kv = append(kv, extra...)
 	args := []string{"serve"}
 	if worker {

@@ -3,10 +3,10 @@
 // write generates ONE Idempotency-Key per logical call and keeps it, with the
 // identical body, across all of that call's retries; it retries exactly the
 // answers that are safe and useful to retry (network errors, even after the
-// request was sent; 409 idempotency_key_in_progress; 5xx; 429 other than
-// quota_exceeded), backing off exponentially with full jitter and honouring
-// Retry-After; and it turns every other answer into a typed *Error carrying
-// the problem document.
+// request was sent; 409 idempotency_key_in_progress; 5xx, such as 503
+// overloaded; 429 other than quota_exceeded, such as rate_limited), backing
+// off exponentially with full jitter and honouring Retry-After; and it turns
+// every other answer into a typed *Error carrying the problem document.
 //
 // It uses only the standard library, so a program embedding it does not pull
 // in the server's dependencies (Gin, GORM, pgx, asynq).

@@ -664,3 +664,37 @@ func (l *lockTries) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceB
 	l.saw(d.SQL, d.Args)
 }
 func (l *lockTries) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// TestRateLimitedIsRetried: past the organisation's rate (1 start per
+// second, burst 1) a start is 429 rate_limited, stored nowhere: the client
+// retries it after Retry-After with the same key, and each call starts its
+// one run. Past the quota, 429 quota_exceeded is final: one request.
+func TestRateLimitedIsRetried(t *testing.T) {
+	t.Parallel()
+	s := newServerWith(t, apitest.Options{Redis: apitest.Redis(t), Config: func(c *config.Config) {
+		c.OrgStartRate = 1
+		c.DefaultMonthlyRunQuota = 3
+	}})
+	c := s.client(client.WithMaxAttempts(20))
+	ctx := t.Context()
+	before := s.hits.Load()
+	keys := map[string]bool{}
+	for i := range 3 {
+		res, err := c.StartRun(ctx, s.wf, map[string]int{"i": i})
+		require.NoError(t, err, "start %d", i)
+		require.False(t, keys[res.Key])
+		keys[res.Key] = true
+		require.EqualValues(t, 1, s.env.Count("validation_runs", "id = ? AND idempotency_key = ?", res.Run.ID, res.Key))
+	}
+	require.Greater(t, s.hits.Load()-before, int64(3), "three starts in a row at 1 per second: some were limited and retried")
+	require.EqualValues(t, 3, s.env.Count("validation_runs", ""), "one run per call")
+
+	// The quota is used up. Once the rate has a start to spare (its bucket
+	// refills in a second), quota_exceeded is final: one request.
+	time.Sleep(2 * time.Second)
+	before = s.hits.Load()
+	_, err := c.StartRun(ctx, s.wf, map[string]int{"i": 3}, client.WithKey("over"))
+	require.ErrorIs(t, err, client.ErrQuotaExceeded)
+	require.EqualValues(t, 1, s.hits.Load()-before, "quota_exceeded is not retried")
+	require.EqualValues(t, 3, s.env.Count("validation_runs", ""))
+}

@@ -20,6 +20,10 @@ var (
 	// ErrQuotaExceeded: 429 quota_exceeded. The organisation has used its
 	// monthly run quota; a stored, final answer, never retried.
 	ErrQuotaExceeded = errors.New("valruns: monthly run quota exceeded")
+	// ErrRateLimited: 429 rate_limited. The organisation started runs faster
+	// than its rate; nothing was stored against the key. Retried after
+	// Retry-After; seen only once the attempts are spent.
+	ErrRateLimited = errors.New("valruns: start rate limited")
 	// ErrNotFound: 404, no such workflow or run in the organisation.
 	ErrNotFound = errors.New("valruns: not found")
 	// ErrUnauthorized: 401, no usable API token.
@@ -33,6 +37,8 @@ const (
 	CodeKeyReused     = "idempotency_key_reused"
 	CodeKeyInProgress = "idempotency_key_in_progress"
 	CodeQuotaExceeded = "quota_exceeded"
+	CodeRateLimited   = "rate_limited"
+	CodeOverloaded    = "overloaded"
 )
 
 // FieldError names one invalid field of a request (a problem's errors).
@@ -96,6 +102,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == CodeKeyInProgress
 	case ErrQuotaExceeded:
 		return e.Code == CodeQuotaExceeded
+	case ErrRateLimited:
+		return e.Code == CodeRateLimited
 	case ErrNotFound:
 		return e.Status == http.StatusNotFound
 	case ErrUnauthorized:

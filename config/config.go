@@ -71,6 +71,20 @@ type Config struct {
 	CleanupBatchSize int
 	// MaxBodyBytes caps request bodies; larger ones answer 413 (MAX_BODY_BYTES).
 	MaxBodyBytes int64
+	// MaxRequestsInFlight caps the /api/ requests one API process serves at
+	// once; past it a request waits up to OverloadWait, then answers 503
+	// overloaded. 0 means unlimited (MAX_REQUESTS_IN_FLIGHT).
+	MaxRequestsInFlight int
+	// MaxBodyBytesInFlight caps the request bodies one API process holds at
+	// once, each counted by its Content-Length (MaxBodyBytes when unknown);
+	// past it a request waits up to OverloadWait, then answers 503
+	// overloaded. 0 means unlimited; otherwise at least MaxBodyBytes
+	// (MAX_BODY_BYTES_IN_FLIGHT).
+	MaxBodyBytesInFlight int64
+	// OverloadWait is the longest a request waits for room under
+	// MaxRequestsInFlight and MaxBodyBytesInFlight; 0 answers 503 at once
+	// (OVERLOAD_WAIT).
+	OverloadWait time.Duration
 	// LogLevel is debug, info, warn or error (LOG_LEVEL).
 	LogLevel string
 	// LogFormat is text or json (LOG_FORMAT).
@@ -145,6 +159,9 @@ var Vars = []Var{
 	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
 	{"MAX_BODY_BYTES", "1048576", "largest accepted request body; larger is 413"},
+	{"MAX_REQUESTS_IN_FLIGHT", "256", "`/api/` requests one API process serves at once; past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After`; 0 = unlimited"},
+	{"MAX_BODY_BYTES_IN_FLIGHT", "8388608", "request bodies one API process holds at once, in bytes, each counted by its `Content-Length` (`MAX_BODY_BYTES` when unknown, chunked or gzip); past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After` (its body read and dropped, never held); 0 = unlimited, else at least `MAX_BODY_BYTES`"},
+	{"OVERLOAD_WAIT", "1s", "longest a request waits for room under `MAX_REQUESTS_IN_FLIGHT` and `MAX_BODY_BYTES_IN_FLIGHT` before 503 `overloaded`; 0 = answer at once"},
 	{"LOG_LEVEL", "info", "debug, info, warn, error"},
 	{"LOG_FORMAT", "text", "text or json"},
 	{"MIGRATE_ON_START", "false", "`true`: `serve`/`worker` apply pending migrations instead of refusing to start"},
@@ -200,6 +217,9 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		CleanupSchedule:        p.schedule("CLEANUP_SCHEDULE"),
 		CleanupBatchSize:       int(p.int("CLEANUP_BATCH_SIZE", 1)),
 		MaxBodyBytes:           p.int("MAX_BODY_BYTES", 1),
+		MaxRequestsInFlight:    int(p.int("MAX_REQUESTS_IN_FLIGHT", 0)),
+		MaxBodyBytesInFlight:   p.int("MAX_BODY_BYTES_IN_FLIGHT", 0),
+		OverloadWait:           p.duration("OVERLOAD_WAIT", 0),
 		LogLevel:               p.oneOf("LOG_LEVEL", "debug", "info", "warn", "error"),
 		LogFormat:              p.oneOf("LOG_FORMAT", "text", "json"),
 		MigrateOnStart:         p.bool("MIGRATE_ON_START"),
@@ -216,6 +236,11 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		RunFastPath:            p.duration("RUN_FAST_PATH", 0),
 		WorkerMetricsAddr:      p.addr("WORKER_METRICS_ADDR"),
 		PprofAddr:              p.optionalAddr("PPROF_ADDR"),
+	}
+	if p.err == nil && c.MaxBodyBytesInFlight != 0 && c.MaxBodyBytesInFlight < c.MaxBodyBytes {
+		// A body of MaxBodyBytes could never be admitted.
+		p.fail("MAX_BODY_BYTES_IN_FLIGHT", p.raw("MAX_BODY_BYTES_IN_FLIGHT"),
+			fmt.Sprintf("must be 0 (unlimited) or at least MAX_BODY_BYTES (%d)", c.MaxBodyBytes))
 	}
 	switch {
 	case p.err != nil:

@@ -40,6 +40,9 @@ var documented = config.Config{
 	CleanupSchedule:        "@hourly",
 	CleanupBatchSize:       1000,
 	MaxBodyBytes:           1 << 20,
+	MaxRequestsInFlight:    256,
+	MaxBodyBytesInFlight:   8 << 20,
+	OverloadWait:           time.Second,
 	LogLevel:               "info",
 	LogFormat:              "text",
 	MigrateOnStart:         false,
@@ -188,6 +191,14 @@ func TestGoodValues(t *testing.T) {
 				require.EqualValues(t, 1, c.MaxBodyBytes)
 				require.Equal(t, 64, c.WorkerConcurrency)
 			}},
+		{"overload bounds", map[string]string{"MAX_REQUESTS_IN_FLIGHT": "0", "MAX_BODY_BYTES_IN_FLIGHT": "2048", "MAX_BODY_BYTES": "1024", "OVERLOAD_WAIT": "0"},
+			func(t *testing.T, c config.Config) {
+				require.Zero(t, c.MaxRequestsInFlight)
+				require.EqualValues(t, 2048, c.MaxBodyBytesInFlight)
+				require.Zero(t, c.OverloadWait)
+			}},
+		{"no overload bounds", map[string]string{"MAX_BODY_BYTES_IN_FLIGHT": "0"},
+			func(t *testing.T, c config.Config) { require.Zero(t, c.MaxBodyBytesInFlight) }},
 		{"log level and format are case-insensitive", map[string]string{"LOG_LEVEL": "DEBUG", "LOG_FORMAT": "Json"},
 			func(t *testing.T, c config.Config) {
 				require.Equal(t, "debug", c.LogLevel)
@@ -252,6 +263,10 @@ func TestBadValues(t *testing.T) {
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "1.5"},
 		{"ORG_START_RATE", "-1"},
 		{"ORG_RUN_SHARE", "many"},
+		{"MAX_REQUESTS_IN_FLIGHT", "-1"},
+		{"MAX_BODY_BYTES_IN_FLIGHT", "1048575"}, // below MAX_BODY_BYTES: a full body could never enter
+		{"MAX_BODY_BYTES_IN_FLIGHT", "64MB"},
+		{"OVERLOAD_WAIT", "-1s"},
 		// The worker's scheduler would refuse these at registration, long after start-up.
 		{"CLEANUP_SCHEDULE", "every hour"},
 		{"CLEANUP_SCHEDULE", "@fortnightly"},

@@ -272,7 +272,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -516,7 +516,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -731,7 +731,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -883,7 +883,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -1125,7 +1125,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -1573,7 +1573,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached) or ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back); nothing was done: retry, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -1793,7 +1793,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -1838,7 +1838,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "Creates a ` + "`" + `queued` + "`" + ` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object); a worker executes it, and the run goes ` + "`" + `queued -\u003e running -\u003e passed | failed` + "`" + ` (or ` + "`" + `error` + "`" + `). Poll it at the ` + "`" + `Location` + "`" + `. Each start counts against the organisation's monthly quota: past it the answer is 429 ` + "`" + `quota_exceeded` + "`" + `.\n\n**Idempotency** (scope ` + "`" + `workflow_start` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create exactly one run, bill once and get the first answer back.\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per run you mean to start, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a start without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `).\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when. Then the same key starts a new run.\n- **Retry with the same key and request** (path and JSON body; key order, whitespace and number spelling do not matter): nothing is executed or billed again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as 404 and 429.\n- **The same key with another body, or on another workflow**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.",
+                "description": "Creates a ` + "`" + `queued` + "`" + ` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object); a worker executes it, and the run goes ` + "`" + `queued -\u003e running -\u003e passed | failed` + "`" + ` (or ` + "`" + `error` + "`" + `). Poll it at the ` + "`" + `Location` + "`" + `. Each start counts against the organisation's monthly quota: past it the answer is 429 ` + "`" + `quota_exceeded` + "`" + `.\n\n**Idempotency** (scope ` + "`" + `workflow_start` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create exactly one run, bill once and get the first answer back.\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per run you mean to start, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a start without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `).\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when. Then the same key starts a new run.\n- **Retry with the same key and request** (path and JSON body; key order, whitespace and number spelling do not matter): nothing is executed or billed again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as 404 and 429.\n- **The same key with another body, or on another workflow**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.\n\n**Rate limit**: an organisation may start ` + "`" + `ORG_START_RATE` + "`" + ` runs per second (100 by default; its own rate, set by ` + "`" + `valruns org rate` + "`" + `, wins; 0 is unlimited), counted across every API process, with a burst of one second's worth. Past it the answer is 429 ` + "`" + `rate_limited` + "`" + ` with ` + "`" + `Retry-After` + "`" + `, and nothing is stored against the Idempotency-Key: retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key, and the start executes. Every answer of this route after authentication carries ` + "`" + `RateLimit-Policy` + "`" + ` (` + "`" + `\"org\";q=100;w=1` + "`" + `: 100 starts per 1-second window) and ` + "`" + `RateLimit` + "`" + ` (` + "`" + `\"org\";r=37;t=1` + "`" + `: 37 starts left, full again in 1 s), while the organisation has a rate.\n\n**Overload**: each API process bounds the requests and request bodies it holds at once; past them, after a short wait, the answer is 503 ` + "`" + `overloaded` + "`" + ` with ` + "`" + `Retry-After` + "`" + `: nothing was done, retry with the same key.",
                 "consumes": [
                     "application/json"
                 ],
@@ -1911,6 +1911,14 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
                             },
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -1940,6 +1948,14 @@ const docTemplate = `{
                             "Idempotency-Key-Expires": {
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2025,6 +2041,14 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
                             },
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -2057,6 +2081,14 @@ const docTemplate = `{
                             "$ref": "#/definitions/handlers.ProblemBodyTimeout"
                         },
                         "headers": {
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -2089,9 +2121,17 @@ const docTemplate = `{
                             "$ref": "#/definitions/handlers.ProblemInProgress"
                         },
                         "headers": {
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                            },
                             "Retry-After": {
                                 "type": "integer",
-                                "description": "Seconds to wait before retrying."
+                                "description": "Seconds to wait before retrying (on a 429: only ` + "`" + `rate_limited` + "`" + `)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2125,6 +2165,14 @@ const docTemplate = `{
                             "$ref": "#/definitions/handlers.ProblemTooLarge"
                         },
                         "headers": {
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -2201,6 +2249,14 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
                             },
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -2228,7 +2284,7 @@ const docTemplate = `{
                         }
                     },
                     "429": {
-                        "description": "` + "`" + `quota_exceeded` + "`" + `: the organisation has used its monthly run quota (stored and replayed like any answer).\n\nExample: a start past a monthly quota of 100 runs, with a new Idempotency-Key (the answer is stored).",
+                        "description": "` + "`" + `quota_exceeded` + "`" + `: the organisation has used its monthly run quota (stored and replayed like any answer); do not retry. Or ` + "`" + `rate_limited` + "`" + `: the organisation started runs faster than its rate; nothing was done or stored: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: a start past a monthly quota of 100 runs, with a new Idempotency-Key (the answer is stored).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemQuotaExceeded"
                         },
@@ -2236,6 +2292,18 @@ const docTemplate = `{
                             "Idempotency-Key-Expires": {
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                            },
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying (on a 429: only ` + "`" + `rate_limited` + "`" + `)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2269,9 +2337,17 @@ const docTemplate = `{
                             "$ref": "#/definitions/handlers.ProblemInternal"
                         },
                         "headers": {
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                            },
                             "Retry-After": {
                                 "type": "integer",
-                                "description": "Seconds to wait before retrying."
+                                "description": "Seconds to wait before retrying (on a 429: only ` + "`" + `rate_limited` + "`" + `)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2300,14 +2376,22 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached) or ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back); nothing was done: retry, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
                         "headers": {
+                            "RateLimit": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                            },
+                            "RateLimit-Policy": {
+                                "type": "string",
+                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                            },
                             "Retry-After": {
                                 "type": "integer",
-                                "description": "Seconds to wait before retrying."
+                                "description": "Seconds to wait before retrying (on a 429: only ` + "`" + `rate_limited` + "`" + `)."
                             },
                             "X-Request-Id": {
                                 "type": "string",

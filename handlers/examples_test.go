@@ -102,6 +102,8 @@ func TestAPIExamples(t *testing.T) {
 	rec.recordTimeouts()
 	rec.recordKeyRequired()
 	rec.recordFailures()
+	rec.recordRateLimit()
+	rec.recordOverload()
 
 	got, err := rec.file().Marshal()
 	require.NoError(t, err)
@@ -435,6 +437,80 @@ func (rec *exRecorder) recordFailures() {
 		rec.send(e, "usage down new token", http.MethodGet, "/api/usage", "vr_1111111111111111111111111111111111111111", nil))
 	rec.example(opReadyz, 503, idempotency.CodeUnavailable, "while the database refuses connections",
 		rec.send(e, "readyz down", http.MethodGet, "/readyz", "", nil))
+}
+
+// recordRateLimit records the start route under a rate of 1 start per
+// second (burst 1): a start that passes, with the RateLimit headers, and
+// the next one, 429 rate_limited (nothing stored).
+func (rec *exRecorder) recordRateLimit() {
+	t := rec.t
+	e := apitest.New(t, apitest.Options{Redis: apitest.Redis(t), Config: func(c *config.Config) { c.OrgStartRate = 1 }})
+	org := e.NewOrg("Acme")
+	wf := e.NewWorkflow(org, exWorkflowBody)
+	rec.ids[wf] = exWorkflowID
+	start := "/api/workflows/" + wf + "/start/"
+	// The bucket is full: the first start passes, leaving it empty. The
+	// next is limited unless a second went by (a loaded machine): then
+	// the pair is sent again, until the second start meets the empty
+	// bucket.
+	for i := 0; ; i++ {
+		passed := exDo(e, "rate passed", http.MethodPost, start, org.Token, exStartBody)
+		require.Equal(t, http.StatusCreated, passed.Status, "%s", passed.Body)
+		rec.ids[passed.Map(t)["id"].(string)] = exRunID
+		limited := exDo(e, "rate limited", http.MethodPost, start, org.Token, exStartBody,
+			idempotency.HeaderKey, "7e3d9b1a-4c2f-4a8e-9d6b-2f1e0c9b8a75")
+		if limited.Status == http.StatusCreated {
+			require.Less(t, i, 100, "the second start is never limited")
+			time.Sleep(time.Second) // both spent the bucket: let it refill
+			continue
+		}
+		rec.also(opStart, 201, "", "a start within the organisation's rate (here 1 start per second): the RateLimit headers say what is left", exResponse{Response: passed})
+		rec.also(opStart, 429, handlers.CodeRateLimited, "a start past the organisation's rate (here 1 start per second), with a new Idempotency-Key (nothing is stored: the retry executes)",
+			exResponse{Response: limited})
+		return
+	}
+}
+
+// recordOverload records 503 overloaded on every /api/ route: one start
+// held in flight (its body not yet sent) while the process may serve one
+// request at a time (MAX_REQUESTS_IN_FLIGHT=1, OVERLOAD_WAIT=0).
+func (rec *exRecorder) recordOverload() {
+	t := rec.t
+	e := apitest.New(t, apitest.Options{Config: func(c *config.Config) { c.MaxRequestsInFlight, c.OverloadWait = 1, 0 }})
+	org := e.NewOrg("Acme")
+	wf := e.NewWorkflow(org, exWorkflowBody)
+	rec.ids[wf] = exWorkflowID
+	start := "/api/workflows/" + wf + "/start/"
+	r := e.Do(http.MethodPost, start, org.Token, exStartBody)
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	run := r.Map(t)["id"].(string)
+	rec.ids[run] = exRunID
+
+	pr, pw := io.Pipe()
+	held := make(chan apitest.Response, 1)
+	go func() { held <- e.Do(http.MethodPost, start, org.Token, pr) }()
+	waitGauge(t, e.Registry, "valruns_http_requests_in_flight", 1)
+	for _, o := range []struct{ op, method, path, body string }{
+		{opCreateWF, http.MethodPost, "/api/workflows/", exWorkflowBody},
+		{opListWF, http.MethodGet, "/api/workflows/", ""},
+		{opGetWF, http.MethodGet, "/api/workflows/" + wf + "/", ""},
+		{opStart, http.MethodPost, start, exStartBody},
+		{opListRuns, http.MethodGet, "/api/runs/", ""},
+		{opGetRun, http.MethodGet, "/api/runs/" + run + "/", ""},
+		{opUsage, http.MethodGet, "/api/usage", ""},
+		{opKey, http.MethodGet, exStartKeyURL, ""},
+	} {
+		var body any
+		if o.body != "" {
+			body = o.body
+		}
+		rec.also(o.op, 503, handlers.CodeOverloaded, "while the process serves as many requests as it may (`MAX_REQUESTS_IN_FLIGHT`, `MAX_BODY_BYTES_IN_FLIGHT`)",
+			rec.send(e, "overloaded "+o.op, o.method, o.path, org.Token, body))
+	}
+	_, err := pw.Write([]byte(exStartBody))
+	require.NoError(t, err)
+	require.NoError(t, pw.Close())
+	require.Equal(t, http.StatusCreated, (<-held).Status)
 }
 
 // exDatabaseDown takes e's database away as a restart does: its connections

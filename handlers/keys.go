@@ -67,7 +67,7 @@ type IdempotencyKey struct {
 //	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
 //	@Failure		404		{object}	ProblemKeyNotFound	"`not_found`: no such key in your organisation and scope, or no such scope."
 //	@Failure		500		{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503		{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds."
+//	@Failure		503		{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
 //	@Header			200		{integer}	Retry-After			"With state in_progress: seconds after which to look again."
 //	@Header			401		{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
 //	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."

@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/config"
@@ -32,6 +34,14 @@ type Deps struct {
 	DB       *gorm.DB
 	Log      *slog.Logger
 	Registry *prometheus.Registry
+	// Redis, when set, holds the organisations' start rate buckets
+	// (ORG_START_RATE, shared by every API process); nil: no start is rate
+	// limited. Its calls are bounded by RateLimitTimeout, whatever the
+	// client's own timeouts.
+	Redis redis.UniversalClient
+	// RateLimitTimeout bounds each call of the rate limit to Redis; 0 means
+	// RateLimitTimeout (tests on a loaded machine give a generous one).
+	RateLimitTimeout time.Duration
 	// Ready, when set, is checked by /readyz besides the database.
 	Ready func(context.Context) error
 	// HandOff, when set, gives each run a start committed to the queue
@@ -106,11 +116,19 @@ func NewRouter(d Deps) *gin.Engine {
 	get(r, "/", index)
 	get(r, "/swagger/*any", swaggerUI())
 
-	api := r.Group("/api", firstAnswer(d.DB), authenticate(orgs, d.Config.AuthCacheTTL))
+	// Requests and bodies in flight are bounded before anything else is
+	// done for them; /healthz, /metrics and the docs stay outside the bounds.
+	admit := newAdmission(d.Config.MaxRequestsInFlight, d.Config.MaxBodyBytesInFlight, d.Config.MaxBodyBytes,
+		d.Config.OverloadWait, d.Registry)
+	startRate := newRateLimiter(d.Redis, d.Config.OrgStartRate, d.RateLimitTimeout, d.Log, d.Registry)
+
+	api := r.Group("/api", admit.middleware(), firstAnswer(d.DB), authenticate(orgs, d.Config.AuthCacheTTL))
 	api.POST("/workflows", idem.Wrap(ScopeWorkflowCreate, wf.create))
 	get(api, "/workflows", wf.list)
 	get(api, "/workflows/:id", wf.get)
-	api.POST("/workflows/:id/start", idem.WrapPrepared(ScopeWorkflowStart, runs.prepare, runs.start))
+	// The rate limit runs before the idempotency wrapper: its 429 is not
+	// stored against the key (unlike quota_exceeded), so a retry executes.
+	api.POST("/workflows/:id/start", startRate.middleware(), idem.WrapPrepared(ScopeWorkflowStart, runs.prepare, runs.start))
 	get(api, "/runs", runs.list)
 	get(api, "/runs/:id", runs.get)
 	get(api, "/usage", usage.get)

@@ -104,6 +104,10 @@ func utc(t *time.Time) *time.Time {
 //	@Description	- **The same key with another body, or on another workflow**: 422 `idempotency_key_reused`. Use a new key.
 //	@Description	- **While the first request with the key is being processed**: 409 `idempotency_key_in_progress` with `Retry-After`. With `Prefer: wait=N` the request waits instead, up to N seconds and at most `IDEMPOTENCY_MAX_WAIT` (10 s by default), for the first to finish, and gets its answer (or 422) with `Preference-Applied: wait=N`; past that, the 409.
 //	@Description	- **5xx**: nothing was done or stored; retry with the same key.
+//	@Description
+//	@Description	**Rate limit**: an organisation may start `ORG_START_RATE` runs per second (100 by default; its own rate, set by `valruns org rate`, wins; 0 is unlimited), counted across every API process, with a burst of one second's worth. Past it the answer is 429 `rate_limited` with `Retry-After`, and nothing is stored against the Idempotency-Key: retry after `Retry-After` seconds with the same key, and the start executes. Every answer of this route after authentication carries `RateLimit-Policy` (`"org";q=100;w=1`: 100 starts per 1-second window) and `RateLimit` (`"org";r=37;t=1`: 37 starts left, full again in 1 s), while the organisation has a rate.
+//	@Description
+//	@Description	**Overload**: each API process bounds the requests and request bodies it holds at once; past them, after a short wait, the answer is 503 `overloaded` with `Retry-After`: nothing was done, retry with the same key.
 //	@Tags			runs
 //	@Accept			json
 //	@Produce		json
@@ -122,15 +126,17 @@ func utc(t *time.Time) *time.Time {
 //	@Failure		413				{object}	ProblemTooLarge			"`request_body_too_large`: the body exceeds MAX_BODY_BYTES (nothing is stored)."
 //	@Failure		415				{object}	ProblemUnsupportedEncoding	"`unsupported_content_encoding`: a Content-Encoding other than gzip (a gzip body is decoded, and MAX_BODY_BYTES counts the decoded bytes); nothing is stored."
 //	@Failure		422				{object}	ProblemKeyReused		"`idempotency_key_reused`: the key was used for a different request (another body or another workflow) within 24 h; use a new key."
-//	@Failure		429				{object}	ProblemQuotaExceeded	"`quota_exceeded`: the organisation has used its monthly run quota (stored and replayed like any answer)."
+//	@Failure		429				{object}	ProblemQuotaExceeded	"`quota_exceeded`: the organisation has used its monthly run quota (stored and replayed like any answer); do not retry. Or `rate_limited`: the organisation started runs faster than its rate; nothing was done or stored: retry after `Retry-After` seconds, with the same key."
 //	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done, billed or stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached) or `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back); nothing was done: retry, with the same key."
+//	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds, with the same key."
 //	@Header			201				{string}	Location				"The run: /api/runs/{run_id}/"
 //	@Header			201				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
 //	@Header			201				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
 //	@Header			201,400,404,422,429	{string}	Idempotency-Key-Expires	"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
 //	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
-//	@Header			409,500,503		{integer}	Retry-After				"Seconds to wait before retrying."
+//	@Header			409,429,500,503		{integer}	Retry-After				"Seconds to wait before retrying (on a 429: only `rate_limited`)."
+//	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit-Policy	"While the organisation has a start rate: `\"org\";q=N;w=1`, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+//	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit	"While the organisation has a start rate: `\"org\";r=R;t=T`, R starts left now, T seconds until the window is full again (on a 429 `rate_limited`: r=0, t the `Retry-After`)."
 //	@Header			415				{string}	Accept-Encoding			"`gzip`: the one Content-Encoding accepted."
 //	@Header			401				{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
 //	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -243,7 +249,7 @@ func (h *runHandlers) created(p models.StartParams) (idempotency.Response, error
 //	@Failure		401	{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
 //	@Failure		404	{object}	ProblemRunNotFound	"`not_found`: no such run in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds."
+//	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
 //	@Header			401	{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
 //	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -281,7 +287,7 @@ func (h *runHandlers) get(c *gin.Context) {
 //	@Failure		400			{object}	ProblemBadRequest	"`validation_error` (workflow_id not a UUID, limit not 1 to 100) or `invalid_cursor` (not a cursor this API returned)."
 //	@Failure		401			{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
 //	@Failure		500			{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503			{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds."
+//	@Failure		503			{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
 //	@Header			401			{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
 //	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."

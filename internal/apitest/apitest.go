@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/config"
@@ -35,6 +37,9 @@ type Env struct {
 	Config   config.Config
 	Registry *prometheus.Registry
 	Handler  http.Handler
+	// redis is Options.Redis, kept by WithConfig.
+	redis            redis.UniversalClient
+	rateLimitTimeout time.Duration
 	// handOff is where the API hands each committed run (SetHandOff).
 	handOff atomic.Pointer[func(*models.QueuedRun)]
 }
@@ -51,8 +56,19 @@ func (e *Env) SetHandOff(f func(*models.QueuedRun)) {
 
 // Options tunes New.
 type Options struct {
-	// Config edits the configuration (defaults from config.Load with no env).
+	// Config edits the configuration: config.Load's defaults with no
+	// environment, except that the harness sets no start rate
+	// (ORG_START_RATE=0) and no bound on requests or bodies in flight
+	// (MAX_REQUESTS_IN_FLIGHT=0, MAX_BODY_BYTES_IN_FLIGHT=0), so that tests
+	// may flood one organisation; a test about those limits sets them here.
 	Config func(*config.Config)
+	// Redis holds the start rate buckets (handlers.Deps.Redis); nil: no
+	// start is rate limited, whatever the rate.
+	Redis redis.UniversalClient
+	// RateLimitTimeout bounds the rate limit's calls to Redis; 0 means 30 s,
+	// so that a slow answer on a loaded machine never fails a test's limit
+	// open (a test of failing open sets handlers.RateLimitTimeout).
+	RateLimitTimeout time.Duration
 	// Tracer sees every statement of the database pool.
 	Tracer pgx.QueryTracer
 	// MaxOpenConns of the pool; 0 means models.Open's default.
@@ -74,6 +90,7 @@ func New(t testing.TB, opts ...Options) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.OrgStartRate, cfg.MaxRequestsInFlight, cfg.MaxBodyBytesInFlight = 0, 0, 0
 	if o.Config != nil {
 		o.Config(&cfg)
 	}
@@ -82,9 +99,13 @@ func New(t testing.TB, opts ...Options) *Env {
 	reg := prometheus.NewRegistry()
 	// Errors the API logs (the causes behind 5xx answers) show in the test's log.
 	log := slog.New(slog.NewTextHandler(newTestLog(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	e := &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg}
+	rlt := o.RateLimitTimeout
+	if rlt == 0 {
+		rlt = 30 * time.Second
+	}
+	e := &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, redis: o.Redis, rateLimitTimeout: rlt}
 	e.SetHandOff(o.HandOff)
-	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, HandOff: func(q *models.QueuedRun) {
+	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, Redis: o.Redis, RateLimitTimeout: rlt, HandOff: func(q *models.QueuedRun) {
 		if f := e.handOff.Load(); f != nil {
 			(*f)(q)
 		}
@@ -101,8 +122,8 @@ func (e *Env) WithConfig(edit func(*config.Config)) *Env {
 	edit(&cfg)
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(newTestLog(e.T), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	return &Env{T: e.T, DB: e.DB, DBURL: e.DBURL, Config: cfg, Registry: reg,
-		Handler: handlers.New(handlers.Deps{Config: cfg, DB: e.DB, Registry: reg, Log: log})}
+	return &Env{T: e.T, DB: e.DB, DBURL: e.DBURL, Config: cfg, Registry: reg, redis: e.redis, rateLimitTimeout: e.rateLimitTimeout,
+		Handler: handlers.New(handlers.Deps{Config: cfg, DB: e.DB, Registry: reg, Log: log, Redis: e.redis, RateLimitTimeout: e.rateLimitTimeout})}
 }
 
 // testLog writes log lines to the test's log while the test runs. Lines
@@ -255,4 +276,29 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg strin
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Redis is a client of TEST_REDIS_URL (default redis://127.0.0.1:6379/9)
+// for Options.Redis, closed at the end of the test. The start rate buckets
+// are keyed by organisation, and every test has organisations of its own,
+// so tests share the database without flushing it (other packages' tests
+// use it at the same time).
+func Redis(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	u := os.Getenv("TEST_REDIS_URL")
+	if u == "" {
+		u = "redis://127.0.0.1:6379/9"
+	}
+	opt, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatalf("TEST_REDIS_URL: %v", err)
+	}
+	rc := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rc.Ping(ctx).Err(); err != nil {
+		t.Fatalf("TEST_REDIS_URL %s: %v", u, err)
+	}
+	return rc
 }

@@ -63,7 +63,9 @@ func Binary(t testing.TB) string {
 
 // Env is the environment of a valruns child: the test's own, with every
 // setting of config.Vars removed (so each takes its default), plus kv
-// (NAME=value).
+// (NAME=value). The one exception is ORG_START_RATE, 0 (unlimited) unless
+// kv sets it, so that a test may flood one organisation; a test about the
+// rate limit sets it ("ORG_START_RATE=" for the documented default).
 func Env(kv ...string) []string {
 	settings := make(map[string]bool, len(config.Vars))
 	for _, v := range config.Vars {
@@ -75,6 +77,7 @@ func Env(kv ...string) []string {
 			env = append(env, e)
 		}
 	}
+	env = append(env, "ORG_START_RATE=0") // a later duplicate in kv wins (os/exec)
 	return append(env, kv...)
 }
 

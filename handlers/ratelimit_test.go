@@ -1,0 +1,300 @@
+package handlers_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/idempotency"
+	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/models"
+)
+
+// rateFixture is the API with the start rate limit on (Redis:
+// TEST_REDIS_URL) at defaultRate starts per second per organisation.
+type rateFixture struct {
+	e   *apitest.Env
+	rdb redis.UniversalClient
+}
+
+func newRateFixture(t *testing.T, defaultRate int, rdb redis.UniversalClient) *rateFixture {
+	t.Helper()
+	var timeout time.Duration // the harness's generous one
+	if rdb == nil {
+		rdb = apitest.Redis(t)
+	} else {
+		timeout = handlers.RateLimitTimeout // as serve runs: a Redis that does not answer is given up on
+	}
+	e := apitest.New(t, apitest.Options{Redis: rdb, RateLimitTimeout: timeout,
+		Config: func(c *config.Config) { c.OrgStartRate = defaultRate }})
+	return &rateFixture{e: e, rdb: rdb}
+}
+
+// org is a new organisation with a workflow, and its own start rate when
+// rate is not nil.
+func (f *rateFixture) org(t *testing.T, name string, rate *int) (apitest.Org, string) {
+	t.Helper()
+	o := f.e.NewOrg(name)
+	if rate != nil {
+		require.NoError(t, models.NewOrgStore(f.e.DB).SetStartRate(context.Background(), o.ID, rate))
+	}
+	return o, f.e.NewWorkflow(o, map[string]any{"name": name})
+}
+
+func (f *rateFixture) start(o apitest.Org, wf, key string, i int) apitest.Response {
+	return f.e.Do(http.MethodPost, "/api/workflows/"+wf+"/start/", o.Token,
+		fmt.Sprintf(`{"submission": {"i": %d}}`, i), idempotency.HeaderKey, key)
+}
+
+// flood sends n starts of o at once, each with its own key (prefix-i), and
+// returns the answers by key.
+func (f *rateFixture) flood(o apitest.Org, wf, prefix string, n int) map[string]apitest.Response {
+	var mu sync.Mutex
+	out := make(map[string]apitest.Response, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			key := fmt.Sprintf("%s-%d", prefix, i)
+			r := f.start(o, wf, key, i)
+			mu.Lock()
+			out[key] = r
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// bucketExists reports whether Redis holds o's start rate bucket.
+func (f *rateFixture) bucketExists(t *testing.T, o apitest.Org) bool {
+	t.Helper()
+	n, err := f.rdb.Exists(context.Background(), "rate:valruns:start:"+o.ID).Result()
+	require.NoError(t, err)
+	return n == 1
+}
+
+var (
+	rateLimitHeader  = regexp.MustCompile(`^"org";r=(\d+);t=(\d+)$`)
+	rateLimitedRetry = regexp.MustCompile(`^[1-9][0-9]*$`)
+)
+
+// requireRateHeaders checks the rate limit headers of an answer of an
+// organisation whose rate is q.
+func requireRateHeaders(t *testing.T, r apitest.Response, q int) {
+	t.Helper()
+	require.Equal(t, fmt.Sprintf(`"org";q=%d;w=1`, q), r.Header.Get(handlers.HeaderRateLimitPolicy), "status %d", r.Status)
+	m := rateLimitHeader.FindStringSubmatch(r.Header.Get(handlers.HeaderRateLimit))
+	require.NotNil(t, m, "RateLimit %q", r.Header.Get(handlers.HeaderRateLimit))
+	remaining, _ := strconv.Atoi(m[1])
+	require.LessOrEqual(t, remaining, q)
+	if r.Status == http.StatusTooManyRequests {
+		require.Zero(t, remaining)
+	}
+}
+
+// requireNothingStored checks that the start with key left no trace: no
+// key row, no run.
+func (f *rateFixture) requireNothingStored(t *testing.T, o apitest.Org, key string) {
+	t.Helper()
+	require.Zero(t, f.e.Count("idempotency_keys", "org_id = ? AND key = ?", o.ID, key), "a key row for %s", key)
+	require.Zero(t, f.e.Count("validation_runs", "org_id = ? AND idempotency_key = ?", o.ID, key), "a run for %s", key)
+}
+
+// A flood over A's rate is answered 429 rate_limited with Retry-After and
+// the RateLimit headers, and nothing is stored for those starts (no key
+// row, no run): the same key retried after Retry-After executes and
+// creates the run. B, with the same rate in its own bucket, starts during
+// A's flood within its burst and is never limited. At 2 starts per second
+// (burst 2), 40 starts at once cannot all pass: that would take 19 seconds.
+func TestStartRateLimitFlood(t *testing.T) {
+	t.Parallel()
+	f := newRateFixture(t, 2, nil)
+	a, wfA := f.org(t, "flooder", nil)
+	b, wfB := f.org(t, "neighbour", nil)
+
+	var answers map[string]apitest.Response
+	var bAnswers []apitest.Response
+	var wg sync.WaitGroup
+	wg.Go(func() { answers = f.flood(a, wfA, "a", 40) })
+	wg.Go(func() {
+		for i := range 2 {
+			bAnswers = append(bAnswers, f.start(b, wfB, fmt.Sprintf("b-%d", i), i))
+		}
+	})
+	wg.Wait()
+	for i, r := range bAnswers {
+		require.Equal(t, http.StatusCreated, r.Status, "B start %d: %s", i, r.Body)
+		requireRateHeaders(t, r, 2)
+	}
+
+	var limited []string
+	created := 0
+	for key, r := range answers {
+		requireRateHeaders(t, r, 2)
+		switch r.Status {
+		case http.StatusCreated:
+			created++
+			require.EqualValues(t, 1, f.e.Count("validation_runs", "id = ?", r.Map(t)["id"]))
+		case http.StatusTooManyRequests:
+			requireProblem(t, r, http.StatusTooManyRequests, handlers.CodeRateLimited)
+			require.Regexp(t, rateLimitedRetry, r.Header.Get("Retry-After"))
+			f.requireNothingStored(t, a, key)
+			limited = append(limited, key)
+		default:
+			t.Fatalf("%s: %d %s", key, r.Status, r.Body)
+		}
+	}
+	require.NotEmpty(t, limited, "40 starts at once at 2 per second: some are limited")
+	require.EqualValues(t, created, f.e.Count("validation_runs", "org_id = ?", a.ID), "one run per 201, none per 429")
+	require.EqualValues(t, created, f.e.Count("idempotency_keys", "org_id = ?", a.ID), "one key row per 201, none per 429")
+
+	// The limited key, retried once the limit allows it, executes: its
+	// 429 was not stored.
+	key := limited[0]
+	var i int
+	fmt.Sscanf(key, "a-%d", &i)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		r := f.start(a, wfA, key, i)
+		requireRateHeaders(t, r, 2)
+		if r.Status == http.StatusCreated {
+			require.Empty(t, r.Header.Get(idempotency.HeaderReplayed), "executed, not replayed")
+			require.EqualValues(t, 1, f.e.Count("validation_runs", "id = ? AND idempotency_key = ?", r.Map(t)["id"], key))
+			break
+		}
+		requireProblem(t, r, http.StatusTooManyRequests, handlers.CodeRateLimited)
+		require.True(t, time.Now().Before(deadline), "the retry never got through")
+		s, _ := strconv.Atoi(r.Header.Get("Retry-After"))
+		time.Sleep(time.Duration(s) * time.Second)
+	}
+}
+
+// The rate limit headers are on every answer of the start route, whatever
+// its status: a 201, its replay, a 404, a 400 and a 422 (those stored
+// under a key are replayed with the headers of the moment).
+func TestStartRateLimitHeadersOnEveryAnswer(t *testing.T) {
+	t.Parallel()
+	f := newRateFixture(t, 100, nil)
+	o, wf := f.org(t, "headers", nil)
+	for _, c := range []struct {
+		name, path, body, key string
+		status                int
+	}{
+		{"created", "/api/workflows/" + wf + "/start/", `{"submission": 1}`, "h-1", http.StatusCreated},
+		{"replayed", "/api/workflows/" + wf + "/start/", `{"submission": 1}`, "h-1", http.StatusCreated},
+		{"reused", "/api/workflows/" + wf + "/start/", `{"submission": 2}`, "h-1", http.StatusUnprocessableEntity},
+		{"not found", "/api/workflows/00000000-0000-4000-8000-000000000000/start/", `{"submission": 1}`, "h-2", http.StatusNotFound},
+		{"bad body", "/api/workflows/" + wf + "/start/", `{"submision": 1}`, "h-3", http.StatusBadRequest},
+		{"bad JSON", "/api/workflows/" + wf + "/start/", `{`, "h-4", http.StatusBadRequest},
+	} {
+		r := f.e.Do(http.MethodPost, c.path, o.Token, c.body, idempotency.HeaderKey, c.key)
+		require.Equal(t, c.status, r.Status, "%s: %s", c.name, r.Body)
+		requireRateHeaders(t, r, 100)
+	}
+}
+
+// ORG_START_RATE=0 is unlimited, and so is an organisation's own rate 0
+// under a default rate; an organisation's own rate beats the default both
+// ways. An unlimited organisation costs no Redis call: it has no bucket.
+func TestStartRateOverrides(t *testing.T) {
+	t.Parallel()
+	zero, one := 0, 1
+
+	t.Run("default 0", func(t *testing.T) {
+		t.Parallel()
+		f := newRateFixture(t, 0, nil)
+		free, wfFree := f.org(t, "free", nil)
+		capped, wfCapped := f.org(t, "capped", &one)
+
+		for key, r := range f.flood(free, wfFree, "free", 40) {
+			require.Equal(t, http.StatusCreated, r.Status, "%s: %s", key, r.Body)
+			require.Empty(t, r.Header.Get(handlers.HeaderRateLimitPolicy), "no policy, no headers")
+			require.Empty(t, r.Header.Get(handlers.HeaderRateLimit))
+		}
+		require.EqualValues(t, 40, f.e.Count("validation_runs", "org_id = ?", free.ID))
+		require.False(t, f.bucketExists(t, free), "no Redis call for an unlimited organisation")
+
+		limited := 0
+		for _, r := range f.flood(capped, wfCapped, "capped", 40) {
+			requireRateHeaders(t, r, 1)
+			if r.Status == http.StatusTooManyRequests {
+				limited++
+			}
+		}
+		require.Positive(t, limited, "the organisation's own rate applies over the unlimited default")
+	})
+
+	t.Run("own rate 0 under a default", func(t *testing.T) {
+		t.Parallel()
+		f := newRateFixture(t, 1, nil)
+		free, wf := f.org(t, "free", &zero)
+		for key, r := range f.flood(free, wf, "free", 40) {
+			require.Equal(t, http.StatusCreated, r.Status, "%s: %s", key, r.Body)
+			require.Empty(t, r.Header.Get(handlers.HeaderRateLimitPolicy))
+		}
+		require.False(t, f.bucketExists(t, free))
+	})
+}
+
+// With Redis unreachable (nothing listens) or hung (it accepts and never
+// answers), starts still succeed: the limit fails open after a bounded
+// wait, without the RateLimit headers it cannot know.
+func TestStartRateLimitFailsOpen(t *testing.T) {
+	t.Parallel()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refusedAddr := closed.Addr().String()
+	require.NoError(t, closed.Close())
+
+	hung, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hung.Close() })
+	var conns sync.WaitGroup
+	t.Cleanup(conns.Wait)
+	go func() {
+		for {
+			c, err := hung.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() { // reads, never answers, until the end of the test
+				buf := make([]byte, 512)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+				}
+			})
+			t.Cleanup(func() { _ = c.Close() })
+		}
+	}()
+
+	for name, addr := range map[string]string{"unreachable": refusedAddr, "hung": hung.Addr().String()} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			// As serve builds it: timeouts of handlers.RateLimitTimeout.
+			rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: handlers.RateLimitTimeout,
+				ReadTimeout: handlers.RateLimitTimeout, WriteTimeout: handlers.RateLimitTimeout})
+			t.Cleanup(func() { _ = rdb.Close() })
+			f := newRateFixture(t, 1, rdb)
+			o, wf := f.org(t, name, nil)
+			for i := range 10 {
+				r := f.start(o, wf, fmt.Sprintf("open-%d", i), i)
+				require.Equal(t, http.StatusCreated, r.Status, "start %d: %s", i, r.Body)
+				require.Empty(t, r.Header.Get(handlers.HeaderRateLimit))
+			}
+			require.EqualValues(t, 10, f.e.Count("validation_runs", "org_id = ?", o.ID))
+		})
+	}
+}
