@@ -215,7 +215,7 @@ func TestE2ETimesFromTimestamps(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	var r e2eResult
-	require.NoError(t, e2eTimes(ctx, conn, from, to, &r))
+	require.NoError(t, e2eTimes(ctx, conn, from, to, "", &r))
 	require.Equal(t, 100, r.Final)
 	require.Equal(t, 2, r.Unfinished)
 	require.Equal(t, 500*time.Millisecond, r.FinalP50.Round(time.Millisecond))
@@ -228,6 +228,19 @@ func TestE2ETimesFromTimestamps(t *testing.T) {
 	require.InDelta(t, 20, r.StartedPerSec(), 1e-9)
 	require.InDelta(t, 0.75, r.Ratio(), 1e-9)
 	require.Zero(t, e2eResult{}.Ratio())
+
+	// Another organisation's run in the window counts for all, not for org.
+	var other string
+	require.NoError(t, db.Raw(`INSERT INTO organizations (name, slug) VALUES ('other', 'other') RETURNING id`).Scan(&other).Error)
+	require.NoError(t, db.Exec(`INSERT INTO validation_runs (org_id, workflow_id, submission, status, created_at, started_at, finished_at)
+		VALUES (?, ?, '{}', 'passed', ?, ?, ?)`, other, wf, from, from, from.Add(time.Hour)).Error)
+	var all, mine e2eResult
+	require.NoError(t, e2eTimes(ctx, conn, from, to, "", &all))
+	require.NoError(t, e2eTimes(ctx, conn, from, to, org, &mine))
+	require.Equal(t, 101, all.Final)
+	require.Equal(t, 100, mine.Final)
+	require.Equal(t, 990*time.Millisecond, mine.FinalP99.Round(time.Millisecond))
+	require.NoError(t, waitWindowFinal(ctx, conn, from, to, other, time.Minute), "the other's one run is final: no wait")
 }
 
 // TestWalOfCountsThisDatabase: the WAL attributed to a database is its own
