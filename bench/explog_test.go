@@ -133,10 +133,7 @@ func exampleLog() *experimentLog {
 func TestExperimentChecks(t *testing.T) {
 	t.Parallel()
 	x := exampleLog()
-	got := map[string]check{}
-	for _, c := range x.checks() {
-		got[c.Name] = c
-	}
+	got := byName(x.checks())
 	wal := got["WAL bytes per run (start + execution), now vs baseline"]
 	require.True(t, wal.Pass, wal.Measured) // 2000 / 5000 bytes
 	require.Contains(t, wal.Measured, "0.40x (2000 / 5000 bytes)")
@@ -344,17 +341,24 @@ func TestBuildBaselineRefusesAnUnknownRef(t *testing.T) {
 	require.Empty(t, entries, "nothing built")
 }
 
-// TestOnlyExperiments: a run of the experiment log alone replaces its
-// section; a full run writes it at the end of the whole results.
-func TestOnlyExperiments(t *testing.T) {
+// TestOnlySections: a run of the experiment log (or the noisy neighbour)
+// alone replaces its section; a full run writes it at the end of the whole
+// results.
+func TestOnlySections(t *testing.T) {
 	t.Parallel()
 	r := &results{Exp: exampleLog()}
-	require.True(t, r.onlyExperiments())
+	require.True(t, r.onlySections())
 	r.Rows = []row{rps("valruns", "start, new key", 900)}
-	require.False(t, r.onlyExperiments())
+	require.False(t, r.onlySections())
 	md := r.markdown()
 	require.Contains(t, md, "## Ratios")
 	require.Contains(t, md, "\n"+expHeading+"\n")
 	require.Greater(t, strings.Index(md, expHeading), strings.Index(md, "## All runs"))
-	require.False(t, (&results{}).onlyExperiments(), "nothing measured: nothing to splice")
+	require.False(t, (&results{}).onlySections(), "nothing measured: nothing to splice")
+
+	// The noisy neighbour likewise, after the experiment log.
+	r.Noisy = exampleNoisy()
+	md = r.markdown()
+	require.Greater(t, strings.Index(md, "\n"+noisyHeading+"\n"), strings.Index(md, expHeading))
+	require.True(t, (&results{Noisy: exampleNoisy()}).onlySections())
 }
