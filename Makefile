@@ -86,8 +86,8 @@ BENCH_ARGS ?=
 bench-e2e: services
 	@QUICK=$(QUICK) scripts/bench.sh e2e -- $(BENCH_ARGS)
 
-# bench-noisy: the noisy neighbour alone (issue 16; about 16 min, QUICK=1 about
-# 4): B's start latency and start-to-final alone, while A floods and behind A's
+# bench-noisy: the noisy neighbour alone (issue 16; about 15 min, QUICK=1 about
+# 3): B's start latency and start-to-final alone, while A floods and behind A's
 # slow runs, and A's throughput alone, for each -noisy-env variant; replaces its
 # section of bench/RESULTS.md. BENCH_ARGS passes harness flags, e.g.
 # BENCH_ARGS='-noisy-env "ORG_START_RATE=0" -noisy-env "ORG_RUN_SHARE=40"'.
