@@ -90,7 +90,7 @@ bench-e2e: services
 # 3): B's start latency and start-to-final alone, while A floods and behind A's
 # slow runs, and A's throughput alone, for each -noisy-env variant; replaces its
 # section of bench/RESULTS.md. BENCH_ARGS passes harness flags, e.g.
-# BENCH_ARGS='-noisy-env "ORG_START_RATE=0" -noisy-env "ORG_RUN_SHARE=40"'.
+# BENCH_ARGS='-noisy-env "ORG_START_RATE=0" -noisy-env "ORG_START_RATE= ORG_RUN_SHARE=40"'.
 bench-noisy: services
 	@QUICK=$(QUICK) scripts/bench.sh noisy -- $(BENCH_ARGS)
 

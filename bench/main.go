@@ -95,8 +95,8 @@ func run(ctx context.Context) error {
 	noisyRuns := flag.Int("noisy-runs", 0, "noisy neighbour: A's slow runs queued ahead of B's (default 1000; quick 200)")
 	noisyClients := flag.Int("noisy-clients", 0, "noisy neighbour: clients of A's flood (default 64)")
 	var noisyEnv settingsFlag
-	flag.Var(&noisyEnv, "noisy-env", "noisy neighbour: one variant's settings for serve and worker, space-separated NAME=value (\"\": the defaults); repeat for more variants "+
-		"(default: \"ORG_START_RATE=0 ORG_RUN_SHARE=1000000\", \"ORG_START_RATE=0\", \"\")")
+	flag.Var(&noisyEnv, "noisy-env", "noisy neighbour: one variant's settings for serve and worker, space-separated NAME=value (NAME=: the service's default); repeat for more variants "+
+		"(default: \"ORG_START_RATE=0 ORG_RUN_SHARE=1000000\", \"ORG_START_RATE=0 ORG_RUN_SHARE=\", \"ORG_START_RATE= ORG_RUN_SHARE=\")")
 	flag.Parse()
 
 	p := makePlan(*quick)

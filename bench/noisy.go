@@ -35,10 +35,12 @@ var noisySettings = []string{"ORG_START_RATE", "ORG_RUN_SHARE", "WORKER_CONCURRE
 // defaultNoisyEnv are the variants measured unless -noisy-env says
 // otherwise: no limit at all (a share so large it never binds: fairness
 // off), the fair share with the rate unlimited, and the service's defaults.
+// Each names both settings, an empty value for the service's default, so
+// that what the harness gives every process otherwise does not apply.
 var defaultNoisyEnv = [][]string{
 	{"ORG_START_RATE=0", "ORG_RUN_SHARE=1000000"},
-	{"ORG_START_RATE=0"},
-	{},
+	{"ORG_START_RATE=0", "ORG_RUN_SHARE="},
+	{"ORG_START_RATE=", "ORG_RUN_SHARE="},
 }
 
 // noisyLog is the section of RESULTS.md.
@@ -79,7 +81,7 @@ type noisyVariant struct {
 func (v noisyVariant) setting(serverEnv []string, name string) (val string, dflt bool) {
 	for _, kv := range append(slices.Clone(serverEnv), v.Settings...) { // the last wins, as in the children's env
 		if n, x, _ := strings.Cut(kv, "="); n == name {
-			val = x
+			val = x // "" is the service's default
 		}
 	}
 	if val != "" {
@@ -107,12 +109,21 @@ func (v noisyVariant) effective(serverEnv []string) string {
 	return strings.Join(out, ", ")
 }
 
-// label is the variant's settings as given.
+// label is the variant's settings as given ("NAME default" for an empty
+// value, which the service reads as its default).
 func (v noisyVariant) label() string {
-	if len(v.Settings) == 0 {
-		return "the service's defaults"
+	var out []string
+	for _, kv := range v.Settings {
+		if name, val, _ := strings.Cut(kv, "="); val == "" {
+			out = append(out, name+" default")
+		} else {
+			out = append(out, kv)
+		}
 	}
-	return strings.Join(v.Settings, " ")
+	if len(out) == 0 {
+		return "the harness's settings"
+	}
+	return strings.Join(out, " ")
 }
 
 // measureNoisy measures each variant in turn.

@@ -26,8 +26,8 @@ func exampleNoisy() *noisyLog {
 		Clients: 64, Warm: 2 * time.Second, Dur: time.Minute, BacklogRuns: 1000, BacklogB: 20,
 		Variants: []noisyVariant{
 			variant([]string{"ORG_START_RATE=0", "ORG_RUN_SHARE=1000000"}, 480*time.Millisecond, 88*time.Second, 5000),
-			variant([]string{"ORG_START_RATE=0"}, 50*time.Millisecond, 1500*time.Millisecond, 4900),
-			variant(nil, 60*time.Millisecond, 1800*time.Millisecond, 4000),
+			variant([]string{"ORG_START_RATE=0", "ORG_RUN_SHARE="}, 50*time.Millisecond, 1500*time.Millisecond, 4900),
+			variant([]string{"ORG_START_RATE=", "ORG_RUN_SHARE="}, 60*time.Millisecond, 1800*time.Millisecond, 4000),
 		}}
 }
 
@@ -41,21 +41,21 @@ func TestNoisyChecks(t *testing.T) {
 	off := got["B's start p99 while A floods at 64 clients / B alone [ORG_START_RATE=0 ORG_RUN_SHARE=1000000]"]
 	require.False(t, off.Pass, off.Measured)
 	require.Equal(t, "16.00x (480.0 / 30.0 ms)", off.Measured)
-	on := got["B's start p99 while A floods at 64 clients / B alone [ORG_START_RATE=0]"]
+	on := got["B's start p99 while A floods at 64 clients / B alone [ORG_START_RATE=0 ORG_RUN_SHARE default]"]
 	require.True(t, on.Pass, on.Measured)
 	backlog := got["B's start-to-final p99 behind A's 1000 queued slow runs [ORG_START_RATE=0 ORG_RUN_SHARE=1000000]"]
 	require.False(t, backlog.Pass, backlog.Measured)
 	require.Equal(t, "88.00 s over 120 runs", backlog.Measured)
-	require.True(t, got["B's start-to-final p99 behind A's 1000 queued slow runs [the service's defaults]"].Pass)
-	fair := got["A alone, runs finished/s [ORG_START_RATE=0] / [ORG_START_RATE=0 ORG_RUN_SHARE=1000000]"]
+	require.True(t, got["B's start-to-final p99 behind A's 1000 queued slow runs [ORG_START_RATE default ORG_RUN_SHARE default]"].Pass)
+	fair := got["A alone, runs finished/s [ORG_START_RATE=0 ORG_RUN_SHARE default] / [ORG_START_RATE=0 ORG_RUN_SHARE=1000000]"]
 	require.True(t, fair.Pass, fair.Measured) // 490 / 500
 	require.Equal(t, "0.98x (490 / 500 runs/s)", fair.Measured)
-	require.False(t, got["A alone, runs finished/s [the service's defaults] / [ORG_START_RATE=0 ORG_RUN_SHARE=1000000]"].Pass)
+	require.False(t, got["A alone, runs finished/s [ORG_START_RATE default ORG_RUN_SHARE default] / [ORG_START_RATE=0 ORG_RUN_SHARE=1000000]"].Pass)
 
 	// A backlog run not final is a miss whatever the p99 of the others.
 	x.Variants[1].Backlog.Unfinished = 1
 	for _, c := range x.checks() {
-		if strings.HasPrefix(c.Name, "B's start-to-final") && strings.HasSuffix(c.Name, "[ORG_START_RATE=0]") {
+		if strings.HasPrefix(c.Name, "B's start-to-final") && strings.HasSuffix(c.Name, "[ORG_START_RATE=0 ORG_RUN_SHARE default]") {
 			require.False(t, c.Pass)
 			require.Contains(t, c.Measured, "1 not final")
 		}
@@ -78,20 +78,23 @@ func TestNoisyChecks(t *testing.T) {
 func TestNoisyMarkdownAndFailure(t *testing.T) {
 	t.Parallel()
 	x := exampleNoisy()
-	x.ServerEnv = []string{"LOG_LEVEL=warn", "WORKER_CONCURRENCY=20"}
+	// The variant's empty value (the service's default) wins over
+	// BENCH_SERVER_ENV's, as it does in the children's environment.
+	x.ServerEnv = []string{"LOG_LEVEL=warn", "WORKER_CONCURRENCY=20", "ORG_START_RATE=0"}
 	x.Variants[2].AFloodStatuses = map[int]int{429: 7000}
 	x.Variants[2].AFloodRPS = 100
 	md := x.markdown()
 	require.True(t, strings.HasPrefix(md, noisyHeading+"\n"))
 	for _, want := range []string{
 		"### Settings: ORG_START_RATE=0 ORG_RUN_SHARE=1000000\n\n`ORG_START_RATE=0, ORG_RUN_SHARE=1000000, WORKER_CONCURRENCY=20`",
-		"### Settings: the service's defaults\n\n`ORG_START_RATE=100 (default), ORG_RUN_SHARE=0 (default), WORKER_CONCURRENCY=20`",
+		"### Settings: ORG_START_RATE default ORG_RUN_SHARE default\n\n`ORG_START_RATE=100 (default), ORG_RUN_SHARE=0 (default), WORKER_CONCURRENCY=20`",
+		"### Settings: ORG_START_RATE=0 ORG_RUN_SHARE default\n\n`ORG_START_RATE=0, ORG_RUN_SHARE=0 (default), WORKER_CONCURRENCY=20`",
 		"| alone | 120 | 10.0 | 30.0 | 30.0 | 60.0 | 0 | 0 | - |",
 		"| A floods | 120 | 160.0 | 480.0 | 500.0 | 1000.0 | 0 | 0 | 64 clients: 500 starts/s answered 201, 0 answers 429 |",
 		"| behind A's 1000 slow runs | 120 | 6.7 | 20.0 | 44000.0 | 88000.0 | 0 | 0 | 1000 of A's slow runs not final when B began |",
 		"64 clients: 100 starts/s answered 201, 7000 answers 429 |",
 		"A alone, 64 clients: **500 starts/s, 500 runs finished/s**",
-		"BENCH_SERVER_ENV for every process: `LOG_LEVEL=warn WORKER_CONCURRENCY=20`",
+		"BENCH_SERVER_ENV for every process: `LOG_LEVEL=warn WORKER_CONCURRENCY=20 ORG_START_RATE=0`",
 		"Load average 0.20 before, 1.50 after",
 	} {
 		require.Contains(t, md, want)
@@ -114,14 +117,17 @@ func TestNoisyMarkdownAndFailure(t *testing.T) {
 	require.ErrorContains(t, x.failure(), "alone: boom")
 }
 
-// TestNoisyEnvFlag: each -noisy-env is one variant; "" is the defaults.
+// TestNoisyEnvFlag: each -noisy-env is one variant; NAME= is the
+// service's default, "" the harness's settings.
 func TestNoisyEnvFlag(t *testing.T) {
 	t.Parallel()
 	var f settingsFlag
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.Var(&f, "noisy-env", "")
-	require.NoError(t, fs.Parse([]string{"-noisy-env", "ORG_START_RATE=0 ORG_RUN_SHARE=40", "-noisy-env", ""}))
-	require.Equal(t, settingsFlag{{"ORG_START_RATE=0", "ORG_RUN_SHARE=40"}, {}}, f)
+	require.NoError(t, fs.Parse([]string{"-noisy-env", "ORG_START_RATE=0 ORG_RUN_SHARE=40", "-noisy-env", "ORG_START_RATE=", "-noisy-env", ""}))
+	require.Equal(t, settingsFlag{{"ORG_START_RATE=0", "ORG_RUN_SHARE=40"}, {"ORG_START_RATE="}, {}}, f)
+	require.Equal(t, "ORG_START_RATE default", noisyVariant{Settings: f[1]}.label())
+	require.Equal(t, "the harness's settings", noisyVariant{Settings: f[2]}.label())
 	require.Error(t, f.Set("ORG_START_RATE"))
 	require.Error(t, f.Set("=5"))
 }
