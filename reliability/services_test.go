@@ -74,6 +74,14 @@ func (c *child) signal(sig syscall.Signal) {
 	}
 }
 
+// isStopped reports whether the child is stopped (SIGSTOP): state T in
+// /proc/PID/stat.
+func (c *child) isStopped() bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.pid()))
+	_, after, _ := strings.Cut(string(stat), ") ")
+	return err == nil && strings.HasPrefix(after, "T")
+}
+
 // kill is `kill -9` of the process group; it returns once the child is gone.
 func (c *child) kill() {
 	c.signal(syscall.SIGKILL)
