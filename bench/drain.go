@@ -56,7 +56,7 @@ func (e *env) measureDrain(ctx context.Context, s *side, runs int, concurrencies
 		return fail(err)
 	}
 	t0 := time.Now()
-	err = startMany(ctx, base+s.org.startPath(), s.org.Token, runs, 32)
+	err = startMany(ctx, base+s.org.startPath(), s.org.Token, []byte(startBody), runs, 32)
 	res.Build = time.Since(t0)
 	srv.Stop(20 * time.Second)
 	if err != nil {

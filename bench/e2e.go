@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"time"
 
@@ -38,6 +39,7 @@ type e2eResult struct {
 	Answers            int
 	StartP50, StartP99 time.Duration
 	Errors             int // transport errors, non-2xx and unexpected answers
+	Limited            int // of Errors: 429 answers (an organisation's start rate)
 	// From the database.
 	Started  int // runs created inside the window
 	Finished int // runs that reached a final state inside the window (any run)
@@ -148,23 +150,16 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 	}
 	var from, to time.Time
 	var clockErr error
-	dbNow := func() time.Time {
-		var ts time.Time
-		if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&ts); err != nil {
-			clockErr = err
-		}
-		return ts
-	}
 	res := runLoad(ctx, clients, warm, dur, next, nil, nil, func(open bool) {
 		if open {
-			from = dbNow()
+			from = dbNow(ctx, conn, &clockErr)
 			sm.open()
 			if wm != nil {
 				wm.open()
 			}
 			return
 		}
-		to = dbNow()
+		to = dbNow(ctx, conn, &clockErr)
 		sm.close()
 		if wm != nil {
 			wm.close()
@@ -180,6 +175,7 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 	r.Answers = res.Requests
 	r.StartP50, r.StartP99 = res.Percentile(.5), res.Percentile(.99)
 	r.Errors = res.Errors + res.Non2xx + res.Unexpected
+	r.Limited = res.Statuses[http.StatusTooManyRequests]
 	r.PeakRSSKB = sm.usage.PeakRSS
 
 	if err := conn.QueryRow(ctx, `SELECT
@@ -195,27 +191,47 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 		}
 	}
 	// The drain: the window's runs end after the load has stopped.
-	deadline := time.Now().Add(drainWait)
-	for {
-		var left int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM validation_runs
-			WHERE created_at >= $1 AND created_at < $2 AND finished_at IS NULL`, from, to).Scan(&left); err != nil {
-			return fail(err)
-		}
-		if left == 0 || time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := waitWindowFinal(ctx, conn, from, to, "", drainWait); err != nil {
+		return fail(err)
 	}
-	if err := e2eTimes(ctx, conn, from, to, &r); err != nil {
+	if err := e2eTimes(ctx, conn, from, to, "", &r); err != nil {
 		return fail(err)
 	}
 	return r
 }
 
-// e2eTimes reads the window's runs' start-to-final and start-to-running
-// times from their own timestamps.
-func e2eTimes(ctx context.Context, conn *pgx.Conn, from, to time.Time, r *e2eResult) error {
+// dbNow is the database's clock (the runs' timestamps are read from it);
+// a failure is kept in *errp.
+func dbNow(ctx context.Context, conn *pgx.Conn, errp *error) time.Time {
+	var ts time.Time
+	if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&ts); err != nil && *errp == nil {
+		*errp = err
+	}
+	return ts
+}
+
+// waitWindowFinal waits up to wait for the runs created in [from, to) (of
+// organisation org, "" for all) to be final.
+func waitWindowFinal(ctx context.Context, conn *pgx.Conn, from, to time.Time, org string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		var left int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM validation_runs
+			WHERE created_at >= $1 AND created_at < $2 AND finished_at IS NULL AND ($3 = '' OR org_id::text = $3)`,
+			from, to, org).Scan(&left); err != nil {
+			return err
+		}
+		if left == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// e2eTimes reads the start-to-final and start-to-running times of the runs
+// created in [from, to) (of organisation org, "" for all) from their own
+// timestamps.
+func e2eTimes(ctx context.Context, conn *pgx.Conn, from, to time.Time, org string, r *e2eResult) error {
 	var p50, p99, run50, last *float64
 	err := conn.QueryRow(ctx, `SELECT
 		count(*) FILTER (WHERE finished_at IS NOT NULL),
@@ -224,7 +240,7 @@ func e2eTimes(ctx context.Context, conn *pgx.Conn, from, to time.Time, r *e2eRes
 		percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) FILTER (WHERE finished_at IS NOT NULL),
 		percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)) FILTER (WHERE started_at IS NOT NULL),
 		extract(epoch FROM max(finished_at) - $2::timestamptz)
-		FROM validation_runs WHERE created_at >= $1 AND created_at < $2`, from, to).
+		FROM validation_runs WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR org_id::text = $3)`, from, to, org).
 		Scan(&r.Final, &r.Unfinished, &p50, &p99, &run50, &last)
 	if err != nil {
 		return err

@@ -297,7 +297,12 @@ func (e *env) makeTemplate(ctx context.Context, norgs int) error {
 }
 
 func createWorkflow(hc *http.Client, base, token string) (string, error) {
-	req, _ := http.NewRequest(http.MethodPost, base+"/api/workflows/", strings.NewReader(workflowBody))
+	return createWorkflowBody(hc, base, token, workflowBody)
+}
+
+// createWorkflowBody creates the workflow body defines, as token's organisation.
+func createWorkflowBody(hc *http.Client, base, token, body string) (string, error) {
+	req, _ := http.NewRequest(http.MethodPost, base+"/api/workflows/", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := hc.Do(req)

@@ -457,7 +457,8 @@ func (x *experimentLog) failure() error {
 	return fmt.Errorf("the experiment log is incomplete (%s)", strings.Join(errs, "; "))
 }
 
-// onlyExperiments: the run measured the experiment log and nothing else.
-func (r *results) onlyExperiments() bool {
-	return r.Exp != nil && len(r.Rows) == 0 && r.Cleanup == nil && r.Latency == nil && r.Capture.Script == nil && r.Capture.Err == nil
+// onlySections: the run measured the experiment log or the noisy
+// neighbour (sections of their own) and nothing of the start table.
+func (r *results) onlySections() bool {
+	return (r.Exp != nil || r.Noisy != nil) && len(r.Rows) == 0 && r.Cleanup == nil && r.Latency == nil && r.Capture.Script == nil && r.Capture.Err == nil
 }

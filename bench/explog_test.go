@@ -133,10 +133,7 @@ func exampleLog() *experimentLog {
 func TestExperimentChecks(t *testing.T) {
 	t.Parallel()
 	x := exampleLog()
-	got := map[string]check{}
-	for _, c := range x.checks() {
-		got[c.Name] = c
-	}
+	got := byName(x.checks())
 	wal := got["WAL bytes per run (start + execution), now vs baseline"]
 	require.True(t, wal.Pass, wal.Measured) // 2000 / 5000 bytes
 	require.Contains(t, wal.Measured, "0.40x (2000 / 5000 bytes)")
@@ -215,7 +212,7 @@ func TestE2ETimesFromTimestamps(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	var r e2eResult
-	require.NoError(t, e2eTimes(ctx, conn, from, to, &r))
+	require.NoError(t, e2eTimes(ctx, conn, from, to, "", &r))
 	require.Equal(t, 100, r.Final)
 	require.Equal(t, 2, r.Unfinished)
 	require.Equal(t, 500*time.Millisecond, r.FinalP50.Round(time.Millisecond))
@@ -228,6 +225,19 @@ func TestE2ETimesFromTimestamps(t *testing.T) {
 	require.InDelta(t, 20, r.StartedPerSec(), 1e-9)
 	require.InDelta(t, 0.75, r.Ratio(), 1e-9)
 	require.Zero(t, e2eResult{}.Ratio())
+
+	// Another organisation's run in the window counts for all, not for org.
+	var other string
+	require.NoError(t, db.Raw(`INSERT INTO organizations (name, slug) VALUES ('other', 'other') RETURNING id`).Scan(&other).Error)
+	require.NoError(t, db.Exec(`INSERT INTO validation_runs (org_id, workflow_id, submission, status, created_at, started_at, finished_at)
+		VALUES (?, ?, '{}', 'passed', ?, ?, ?)`, other, wf, from, from, from.Add(time.Hour)).Error)
+	var all, mine e2eResult
+	require.NoError(t, e2eTimes(ctx, conn, from, to, "", &all))
+	require.NoError(t, e2eTimes(ctx, conn, from, to, org, &mine))
+	require.Equal(t, 101, all.Final)
+	require.Equal(t, 100, mine.Final)
+	require.Equal(t, 990*time.Millisecond, mine.FinalP99.Round(time.Millisecond))
+	require.NoError(t, waitWindowFinal(ctx, conn, from, to, other, time.Minute), "the other's one run is final: no wait")
 }
 
 // TestWalOfCountsThisDatabase: the WAL attributed to a database is its own
@@ -331,17 +341,24 @@ func TestBuildBaselineRefusesAnUnknownRef(t *testing.T) {
 	require.Empty(t, entries, "nothing built")
 }
 
-// TestOnlyExperiments: a run of the experiment log alone replaces its
-// section; a full run writes it at the end of the whole results.
-func TestOnlyExperiments(t *testing.T) {
+// TestOnlySections: a run of the experiment log (or the noisy neighbour)
+// alone replaces its section; a full run writes it at the end of the whole
+// results.
+func TestOnlySections(t *testing.T) {
 	t.Parallel()
 	r := &results{Exp: exampleLog()}
-	require.True(t, r.onlyExperiments())
+	require.True(t, r.onlySections())
 	r.Rows = []row{rps("valruns", "start, new key", 900)}
-	require.False(t, r.onlyExperiments())
+	require.False(t, r.onlySections())
 	md := r.markdown()
 	require.Contains(t, md, "## Ratios")
 	require.Contains(t, md, "\n"+expHeading+"\n")
 	require.Greater(t, strings.Index(md, expHeading), strings.Index(md, "## All runs"))
-	require.False(t, (&results{}).onlyExperiments(), "nothing measured: nothing to splice")
+	require.False(t, (&results{}).onlySections(), "nothing measured: nothing to splice")
+
+	// The noisy neighbour likewise, after the experiment log.
+	r.Noisy = exampleNoisy()
+	md = r.markdown()
+	require.Greater(t, strings.Index(md, "\n"+noisyHeading+"\n"), strings.Index(md, expHeading))
+	require.True(t, (&results{Noisy: exampleNoisy()}).onlySections())
 }

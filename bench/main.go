@@ -41,6 +41,13 @@ type plan struct {
 	PgWorkRuns int
 	DrainRuns  int
 	DrainConc  []int
+	// The noisy neighbour (issue 16): A's flood clients, A's slow runs
+	// queued ahead of B's, B's runs behind them, and the settings of each
+	// variant (its windows are E2E's).
+	NoisyClients int
+	NoisyRuns    int
+	NoisyB       int
+	NoisyEnv     [][]string
 }
 
 func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
@@ -49,11 +56,13 @@ func makePlan(quick bool) plan {
 	if quick {
 		return plan{Quick: true, Levels: []int{32}, HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second},
 			PG: timing{Warm: time.Second, Dur: 2 * time.Second}, CleanupKeys: 100_000, Samples: 20, Orgs: 100,
-			E2E: timing{Warm: time.Second, Dur: 10 * time.Second}, E2EClients: 32, PgWorkRuns: 300, DrainRuns: 3_000, DrainConc: []int{10, 50}}
+			E2E: timing{Warm: time.Second, Dur: 10 * time.Second}, E2EClients: 32, PgWorkRuns: 300, DrainRuns: 3_000, DrainConc: []int{10, 50},
+			NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv}
 	}
 	return plan{Levels: []int{1, 8, 32, 128}, HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second},
 		PG: timing{Warm: time.Second, Dur: 5 * time.Second}, CleanupKeys: 1_000_000, Samples: 100, Orgs: 100,
-		E2E: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, E2EClients: 32, PgWorkRuns: 2_000, DrainRuns: 100_000, DrainConc: []int{10, 20, 50, 100}}
+		E2E: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, E2EClients: 32, PgWorkRuns: 2_000, DrainRuns: 100_000, DrainConc: []int{10, 20, 50, 100},
+		NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv}
 }
 
 func main() {
@@ -76,13 +85,18 @@ func run(ctx context.Context) error {
 	scratch := flag.String("scratch", "bench/results", "logs, the pgbench script and results.json")
 	levels := flag.String("clients", "", "comma-separated client counts (default: 1,8,32,128; quick: 32)")
 	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
-	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,cleanup,latency,pgwork,e2e,drain (default all; e2e includes the peer's)")
+	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,cleanup,latency,pgwork,e2e,drain,noisy (default all; e2e includes the peer's)")
 	baseline := flag.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
 	e2eDur := flag.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 60s; quick 10s)")
 	e2eClients := flag.Int("e2e-clients", 0, "clients of the end-to-end loop (default 32)")
 	pgworkRuns := flag.Int("pgwork-runs", 0, "runs started and executed to measure PostgreSQL's work per run (default 2000; quick 300)")
 	drainRuns := flag.Int("drain-runs", 0, "runs queued for the backlog drain (default 100000; quick 3000)")
 	drainConc := flag.String("drain-concurrency", "", "WORKER_CONCURRENCY values the drain sweeps (default 10,20,50,100; quick 10,50)")
+	noisyRuns := flag.Int("noisy-runs", 0, "noisy neighbour: A's slow runs queued ahead of B's (default 1000; quick 200)")
+	noisyClients := flag.Int("noisy-clients", 0, "noisy neighbour: clients of A's flood (default 64)")
+	var noisyEnv settingsFlag
+	flag.Var(&noisyEnv, "noisy-env", "noisy neighbour: one variant's settings for serve and worker, space-separated NAME=value (NAME=: the service's default); repeat for more variants "+
+		"(default: \"ORG_START_RATE=0 ORG_RUN_SHARE=1000000\", \"ORG_START_RATE=0 ORG_RUN_SHARE=\", \"ORG_START_RATE= ORG_RUN_SHARE=\")")
 	flag.Parse()
 
 	p := makePlan(*quick)
@@ -115,6 +129,15 @@ func run(ctx context.Context) error {
 			return fmt.Errorf("-drain-concurrency: %w", err)
 		}
 		p.DrainConc = cs
+	}
+	if *noisyRuns > 0 {
+		p.NoisyRuns = *noisyRuns
+	}
+	if *noisyClients > 0 {
+		p.NoisyClients = *noisyClients
+	}
+	if noisyEnv != nil {
+		p.NoisyEnv = noisyEnv
 	}
 	if *only != "" {
 		p.Only = map[string]bool{}
@@ -230,6 +253,10 @@ func run(ctx context.Context) error {
 		res.Exp = runExperiments(ctx, e, p, *baseline, root, scratchDir)
 	}
 
+	if p.want("noisy") && ctx.Err() == nil {
+		res.Noisy = measureNoisy(ctx, e, p, root)
+	}
+
 	if p.want("cleanup") && ctx.Err() == nil {
 		say("cleanup: %d expired keys", p.CleanupKeys)
 		c := e.measureCleanup(ctx, p.CleanupKeys, ratioClients, p.HTTP)
@@ -257,14 +284,21 @@ func run(ctx context.Context) error {
 	res.Machine.LoadEnd = loadavg()
 
 	md := res.markdown()
-	if res.onlyExperiments() {
-		// Only the experiment log ran: replace its section of the
-		// existing results, keep the rest as it was measured.
+	if res.onlySections() {
+		// Only the experiment log or the noisy neighbour ran: replace
+		// their sections of the existing results, keep the rest as it was
+		// measured.
 		old, err := os.ReadFile(*out)
 		if err != nil && !os.IsNotExist(err) {
 			return err
 		}
-		md = spliceSection(string(old), expHeading, res.Exp.markdown())
+		md = string(old)
+		if res.Exp != nil {
+			md = spliceSection(md, expHeading, res.Exp.markdown())
+		}
+		if res.Noisy != nil {
+			md = spliceSection(md, noisyHeading, res.Noisy.markdown())
+		}
 	}
 	if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
 		return err
@@ -274,7 +308,7 @@ func run(ctx context.Context) error {
 
 	fmt.Println()
 	checks := res.checks()
-	if res.onlyExperiments() {
+	if res.onlySections() {
 		checks = nil // the start table was not measured: its checks would all say "no data"
 	}
 	for _, c := range checks {
@@ -299,11 +333,38 @@ func run(ctx context.Context) error {
 			return fmt.Errorf("some runs failed: see %s", *out)
 		}
 	}
+	if res.Noisy != nil {
+		for _, c := range res.Noisy.checks() {
+			r := map[bool]string{true: "PASS", false: "MISS"}[c.Pass]
+			fmt.Printf("  %-4s %-62s %s (target %s)\n", r, c.Name, c.Measured, c.Target)
+		}
+	}
 	if res.Exp != nil {
 		if err := res.Exp.failure(); err != nil {
 			return fmt.Errorf("%v: see %s", err, *out)
 		}
 	}
+	if res.Noisy != nil {
+		if err := res.Noisy.failure(); err != nil {
+			return fmt.Errorf("%v: see %s", err, *out)
+		}
+	}
+	return nil
+}
+
+// settingsFlag is a repeatable flag: each use is one list of NAME=value.
+type settingsFlag [][]string
+
+func (f *settingsFlag) String() string { return fmt.Sprint([][]string(*f)) }
+
+func (f *settingsFlag) Set(v string) error {
+	kvs := strings.Fields(v)
+	for _, kv := range kvs {
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+			return fmt.Errorf("%q: want NAME=value settings separated by spaces", kv)
+		}
+	}
+	*f = append(*f, kvs)
 	return nil
 }
 

@@ -236,7 +236,7 @@ func (e *env) measurePgWork(ctx context.Context, s *side, runs, clients int) (re
 		base = b
 		return srv, err
 	}, func() (int, error) {
-		return runs, startMany(ctx, base+s.org.startPath(), s.org.Token, runs, clients)
+		return runs, startMany(ctx, base+s.org.startPath(), s.org.Token, []byte(startBody), runs, clients)
 	})
 	if err != nil {
 		return fail(fmt.Errorf("start phase: %w", err))
@@ -252,8 +252,8 @@ func (e *env) measurePgWork(ctx context.Context, s *side, runs, clients int) (re
 	return res
 }
 
-// startMany sends n new-key starts, clients at once, each answered 201.
-func startMany(ctx context.Context, url, token string, n, clients int) error {
+// startMany sends n new-key starts of body, clients at once, each answered 201.
+func startMany(ctx context.Context, url, token string, body []byte, n, clients int) error {
 	hc := newHTTPClient(clients)
 	defer hc.CloseIdleConnections()
 	var (
@@ -265,7 +265,7 @@ func startMany(ctx context.Context, url, token string, n, clients int) error {
 	for range clients {
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) && ctx.Err() == nil {
-				if err := sendOnce(ctx, hc, url, []byte(startBody), headerFor(token, uuid.NewString())); err != nil {
+				if err := sendOnce(ctx, hc, url, body, headerFor(token, uuid.NewString())); err != nil {
 					mu.Lock()
 					first = cmpErr(first, err)
 					mu.Unlock()

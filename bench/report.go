@@ -30,6 +30,7 @@ type results struct {
 	Cleanup     *cleanupResult
 	Latency     *latencyResult
 	Exp         *experimentLog
+	Noisy       *noisyLog
 }
 
 // check is one ratio or limit with its target.
@@ -359,6 +360,9 @@ func (r *results) markdown() string {
 	}
 	if r.Exp != nil {
 		b.WriteString("\n" + r.Exp.markdown())
+	}
+	if r.Noisy != nil {
+		b.WriteString("\n" + r.Noisy.markdown())
 	}
 	return b.String()
 }

@@ -5,11 +5,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -320,8 +322,10 @@ func cmpErr(a, b error) error {
 }
 
 // sendOnce sends a keyed start until it is answered 201: a 503 (the box
-// too busy to hand out a connection in time) or a 409 (its own retry still
-// in flight) is retried with the same key, as a client would.
+// too busy to hand out a connection in time), a 409 (its own retry still
+// in flight) or a 429 rate_limited (the organisation's start rate, which
+// stores nothing) is retried with the same key after Retry-After (at most
+// 2 s; else 200 ms), as a client would.
 func sendOnce(ctx context.Context, hc *http.Client, url string, body []byte, h http.Header) error {
 	for try := 1; ; try++ {
 		r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytesReader(body))
@@ -337,16 +341,30 @@ func sendOnce(ctx context.Context, hc *http.Client, url string, body []byte, h h
 		switch {
 		case resp.StatusCode == http.StatusCreated:
 			return nil
-		case (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusConflict) && try < 20:
+		case (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusConflict ||
+			problemCode(b) == "rate_limited") && try < 20:
+			wait := 200 * time.Millisecond
+			if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+				wait = min(time.Duration(s)*time.Second, 2*time.Second)
+			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(wait):
 			}
 		default:
 			return fmt.Errorf("first request of a key: %d %s", resp.StatusCode, short(string(b), 200))
 		}
 	}
+}
+
+// problemCode is the code of a problem document ("" when body is not one).
+func problemCode(body []byte) string {
+	var p struct {
+		Code string `json:"code"`
+	}
+	_ = json.Unmarshal(body, &p)
+	return p.Code
 }
 
 // startPeer runs the Node peer on database db.

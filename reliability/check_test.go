@@ -84,6 +84,7 @@ type result struct {
 	Recovery       time.Duration // from the fault to whole again; 0: no fault
 	NotRecovered   bool
 	Notes          []string // why it failed, short
+	Figures        []string // measured figures, reported and never asserted (timings)
 	faultInjection bool
 }
 

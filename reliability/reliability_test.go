@@ -33,6 +33,7 @@ var scenarios = []scenario{
 	{"worker_starved", workerStarved},
 	{"hostile_input", hostileInput},
 	{"tenant_probing", tenantProbing},
+	{"noisy_neighbour", noisyNeighbour},
 }
 
 // TestReliability runs every scenario in turn (they share the private
@@ -78,6 +79,15 @@ func report(t *testing.T, results []*result, took time.Duration) {
 			r.Expected5xx, r.Unexpected5xx, r.Runs, r.Duplicates, r.Losses, r.Stranded, r.Errored, recovery)
 	}
 	fmt.Fprintf(&b, "\nSuite time: %s on %d CPUs.\n", took.Round(time.Second), runtime.NumCPU())
+	var figures strings.Builder
+	for _, r := range results {
+		for _, f := range r.Figures {
+			fmt.Fprintf(&figures, "- **%s**: %s\n", r.Name, f)
+		}
+	}
+	if figures.Len() > 0 {
+		b.WriteString("\nMeasured, reported and never asserted:\n\n" + figures.String())
+	}
 	var notes strings.Builder
 	for _, r := range results {
 		if len(r.Notes) == 0 {

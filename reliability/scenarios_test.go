@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -378,11 +377,7 @@ func workerPause(t *testing.T, s *suite, res *result) {
 	}
 	faultAt := time.Now()
 	c.workers[0].signal(syscall.SIGSTOP)
-	if !waitUntil(10*time.Second, func() bool {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.workers[0].pid()))
-		_, after, _ := strings.Cut(string(stat), ") ")
-		return err == nil && strings.HasPrefix(after, "T")
-	}) {
+	if !waitUntil(10*time.Second, c.workers[0].isStopped) {
 		t.Fatalf("worker A did not stop")
 	}
 	held := stillHeld(c, heldRuns(c.workers[0].log.String()))

@@ -74,6 +74,14 @@ func (c *child) signal(sig syscall.Signal) {
 	}
 }
 
+// isStopped reports whether the child is stopped (SIGSTOP): state T in
+// /proc/PID/stat.
+func (c *child) isStopped() bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.pid()))
+	_, after, _ := strings.Cut(string(stat), ") ")
+	return err == nil && strings.HasPrefix(after, "T")
+}
+
 // kill is `kill -9` of the process group; it returns once the child is gone.
 func (c *child) kill() {
 	c.signal(syscall.SIGKILL)
@@ -99,15 +107,32 @@ func (c *child) tail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// freePortIn returns the first port of [first, last] nothing listens on.
+// freePortIn returns the first port of [first, last] that no other run of
+// this suite holds and nothing listens on. A run holds its ports for as
+// long as it lives by a lock (flock) on a file per port in the temporary
+// directory, released when the test binary ends however it ends: a port
+// whose server is down for a restart (postgres_restart, redis_restart) is
+// still taken, so a second run started meanwhile (make reliability beside
+// make test) does not start its own server there.
 func freePortIn(t testing.TB, first, last int, what string) int {
 	t.Helper()
 	for p := first; p <= last; p++ {
-		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-		if err == nil {
-			_ = ln.Close()
-			return p
+		lock, err := os.OpenFile(filepath.Join(os.TempDir(), fmt.Sprintf("valruns-reliability-port-%d.lock", p)), os.O_CREATE|os.O_RDWR, 0o666)
+		if err != nil {
+			continue
 		}
+		if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			_ = lock.Close() // another run's
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			_ = lock.Close()
+			continue
+		}
+		_ = ln.Close()
+		t.Cleanup(func() { _ = lock.Close() })
+		return p
 	}
 	t.Fatalf("no free port for the private %s in %d-%d (another run of this suite?)", what, first, last)
 	return 0
@@ -407,3 +432,13 @@ func (s *redisServer) flush() error {
 // crash is `kill -9` of redis-server: without persistence, everything it
 // held (queued and active tasks) is gone.
 func (s *redisServer) crash() { s.proc.kill() }
+
+// TestPortHeldWhileDown: a port this run took stays its own while nothing
+// listens on it (its server restarting): the next pick is another port.
+func TestPortHeldWhileDown(t *testing.T) {
+	first := freePortIn(t, pgPortFirst, pgPortLast, "PostgreSQL")
+	second := freePortIn(t, pgPortFirst, pgPortLast, "PostgreSQL")
+	if first == second {
+		t.Fatalf("port %d was handed out twice", first)
+	}
+}

@@ -3,10 +3,9 @@ package reliability
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"strings"
 	"testing"
 
+	"github.com/valruns/valruns/internal/workload"
 	"github.com/valruns/valruns/validate"
 )
 
@@ -52,42 +51,18 @@ func orderWorkflow() *workflowDef {
 	}
 }
 
-// Slow runs: slowChecks assertions, each iterating slowItems integers, take
-// about half a second of one core per run (cel-go's comprehensions cost
-// grows faster than linearly with the list; each assertion stays far below
-// the engine's own per-assertion limits).
-const (
-	slowItems  = 5000
-	slowChecks = 12
-)
-
-// slowWorkflow's runs keep a worker busy long enough to be killed mid-run.
-// Its expected results come from its light twin: the same schema and the
-// same cheap assertion without the scans, which are true for any list of
-// non-negative integers and so add no finding (evaluating them in process,
-// under the race detector, would take minutes).
+// slowWorkflow's runs keep a worker busy long enough to be killed mid-run:
+// the shared heavy workload (internal/workload). Its expected results come from its
+// light twin: the same schema and the same cheap assertion without the
+// scans, which are true for any list of non-negative integers and so add no
+// finding (evaluating them in process, under the race detector, would take
+// minutes).
 func slowWorkflow() *workflowDef {
-	schema := json.RawMessage(`{"type":"object","required":["items","warehouse"],
-		"properties":{"items":{"type":"array","items":{"type":"integer","minimum":0}}}}`)
 	light := validate.Assertion{Name: "has_warehouse", Expr: "has(submission.warehouse)", Severity: "error", Message: "a warehouse is required"}
-	var asserts []validate.Assertion
-	for i := range slowChecks {
-		asserts = append(asserts, validate.Assertion{Name: fmt.Sprintf("scan_%d", i),
-			Expr: fmt.Sprintf("submission.items.all(i, i >= %d)", -i), Severity: "error"})
-	}
-	asserts = append(asserts, light)
-	var sb strings.Builder
-	sb.WriteString(`{"items":[`)
-	for i := range slowItems {
-		if i > 0 {
-			sb.WriteByte(',')
-		}
-		fmt.Fprint(&sb, i)
-	}
-	sb.WriteString(`]}`)
-	v := []*variant{{Name: "inventory", Submission: json.RawMessage(sb.String())}}
-	twin := &workflowDef{Name: "inventory-light", Schema: schema, Assertions: []validate.Assertion{light}, Variants: v}
-	return &workflowDef{Name: "inventory", Schema: schema, Assertions: asserts, Variants: v, expectFrom: twin}
+	asserts := append(workload.Scans(workload.SlowChecks), light)
+	v := []*variant{{Name: "inventory", Submission: workload.Items(workload.SlowItems)}}
+	twin := &workflowDef{Name: "inventory-light", Schema: workload.SlowSchema, Assertions: []validate.Assertion{light}, Variants: v}
+	return &workflowDef{Name: "inventory", Schema: workload.SlowSchema, Assertions: asserts, Variants: v, expectFrom: twin}
 }
 
 // compute fills each variant's expected status and findings by running the

@@ -5,12 +5,16 @@
 # database's own limit (pgbench replaying the SQL a start sends, captured at
 # run time), and writes bench/RESULTS.md with the ratios and their targets.
 #
-#   scripts/bench.sh            full run (about 45 minutes on 2 cores, the experiment log included)
-#   QUICK=1 scripts/bench.sh    short runs at 32 clients only (about 5 minutes)
+#   scripts/bench.sh            full run (about an hour on 2 cores, the experiment log and the noisy neighbour included)
+#   QUICK=1 scripts/bench.sh    short runs at 32 clients only (about 8 minutes)
 #   scripts/bench.sh e2e        the experiment log only (make bench-e2e): PostgreSQL work
 #                               per run, end to end, backlog drain, beside the baseline
 #                               (BENCH_BASELINE, default 0b107b5); replaces that section
 #                               of bench/RESULTS.md (QUICK=1: short, about 3 minutes)
+#   scripts/bench.sh noisy      the noisy neighbour only (make bench-noisy): B's starts and runs
+#                               alone, while A floods and behind A's slow runs, and A's own
+#                               throughput, per set of settings (-noisy-env); replaces that
+#                               section of bench/RESULTS.md (about 15 minutes; QUICK=1: about 3)
 #   scripts/bench.sh go         the Go micro-benchmarks of the handlers (make bench-go)
 #   scripts/bench.sh -- ARGS    pass ARGS to the harness (e.g. -- -only valruns,peer -clients 8,32)
 #
@@ -60,13 +64,18 @@ e2e)
 	shift
 	[ "${1:-}" != -- ] || shift
 	;;
+noisy)
+	parts=(-only noisy)
+	shift
+	[ "${1:-}" != -- ] || shift
+	;;
 --) shift ;;
 "") ;;
 -h | --help | help)
 	sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
 	exit 0
 	;;
-*) die "usage: $0 [go | e2e | -- HARNESS-ARGS]" ;;
+*) die "usage: $0 [go | e2e | noisy | -- HARNESS-ARGS]" ;;
 esac
 
 # pgbench, node and npm, redis-server (unless BENCH_REDIS_URL) and the peer's packages.
