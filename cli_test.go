@@ -739,7 +739,7 @@ func TestOrgRateAndShare(t *testing.T) {
 	require.Contains(t, r.stdout, "acme: start rate is now default: ORG_START_RATE of the running processes applies (50 starts per second in this environment)\n")
 	r = runCLI(t, "org", "share", "acme", "default")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "acme: run share is now default: ORG_RUN_SHARE of the running processes applies (twice the worker slots alive in this environment)\n")
+	require.Contains(t, r.stdout, "acme: run share is now default: ORG_RUN_SHARE of the running processes applies (adaptive: 0.5 s of its runs on the worker slots alive in this environment)\n")
 	require.Nil(t, org().StartRate)
 	require.Nil(t, org().RunShare)
 }

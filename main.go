@@ -865,7 +865,7 @@ func cmdOrgShare(ctx context.Context, args []string, out io.Writer) error {
 			"organisation's run waits behind at most this many of them. The organisation's other runs\n" +
 			"wait their turn in PostgreSQL, in order, and enter the queue as its runs finish.",
 		def:       func(a *app) int { return a.cfg.OrgRunShare },
-		zeroMeans: "twice the worker slots alive",
+		zeroMeans: "adaptive: 0.5 s of its runs on the worker slots alive",
 		set:       (*models.OrgStore).SetRunShare,
 	}.run(ctx, args, out)
 }

@@ -63,7 +63,8 @@ type Config struct {
 	OrgStartRate int
 	// OrgRunShare is how many of an organisation's runs may wait in the
 	// queue at once, unless it has its own share; the rest wait their turn
-	// in PostgreSQL. 0 means twice the worker slots alive (ORG_RUN_SHARE).
+	// in order. 0 means adaptive: what its recent runs take about 0.5 s to
+	// execute on the slots alive, 2 to 16 runs per slot (ORG_RUN_SHARE).
 	OrgRunShare int
 	// CleanupSchedule is the asynq cron spec of the expired-key cleanup (CLEANUP_SCHEDULE).
 	CleanupSchedule string
@@ -155,7 +156,7 @@ var Vars = []Var{
 	{"IDEMPOTENCY_MAX_WAITERS", "64", "requests that may wait at once per API process (`Prefer: wait`), shared among organisations: one holds at most a quarter, and one with none waiting always gets one; past it, 409 at once"},
 	{"DEFAULT_MONTHLY_RUN_QUOTA", "0", "runs per organisation per calendar month (UTC); 0 = unlimited; an org's own quota wins"},
 	{"ORG_START_RATE", "100", "starts per second per organisation, shared by all API processes (a token bucket in Redis, burst: one second's worth); past it, 429 `rate_limited` with `Retry-After`, not stored against the key; 0 = unlimited; an org's own rate (`valruns org rate`) wins"},
-	{"ORG_RUN_SHARE", "0", "runs of one organisation that may wait in the queue at once, so another organisation's run waits behind at most this many of its runs; the rest wait their turn in PostgreSQL, in order; 0 = twice the worker slots alive; an org's own share (`valruns org share`) wins"},
+	{"ORG_RUN_SHARE", "0", "runs of one organisation that may be in the queue at once, so another organisation's run waits behind at most this many of its runs; the rest wait their turn, in order; 0 = adaptive: what the organisation's recent runs take about 0.5 s to execute on the worker slots alive, between 2 and 16 runs per slot; an org's own share (`valruns org share`) wins"},
 	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
 	{"MAX_BODY_BYTES", "1048576", "largest accepted request body; larger is 413"},

@@ -145,14 +145,14 @@ func (d *Dispatcher) deliver(org string, runs []*models.QueuedRun) {
 	for i, r := range runs {
 		in[i] = payloadOf(r)
 	}
-	share := d.w.gate.shareOf(runs[0].RunShare)
 	var out []RunPayload
+	share := 0
 	admitted := false
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
 		var err error
 		if !admitted {
-			out, _, err = d.w.admit(ctx, admission{org: org, share: &share, in: in})
+			out, share, err = d.w.admit(ctx, admission{org: org, own: runs[0].RunShare, in: in})
 			admitted = err == nil
 		}
 		if err == nil {

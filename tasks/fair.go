@@ -19,7 +19,8 @@ import (
 // waiting list, in the order they were started, and are admitted as its
 // admitted runs finish (release), oldest first. The workers stay
 // work-conserving: an organisation alone still fills every slot when its
-// share is at least the slots alive (the default share is twice that).
+// share is at least the slots alive (the default share is two to sixteen
+// times that, adapted to how long its runs take: gateScript).
 //
 // Everything lives in Redis, written by one script at a time, so that API
 // processes, workers and sweepers agree without a lock: per organisation a
@@ -53,45 +54,83 @@ const (
 	fairPayloads = "valruns:{fair}:payloads"  // run id -> RunPayload
 	fairShares   = "valruns:{fair}:shares"    // org id -> share last admitted with
 	fairOrgs     = "valruns:{fair}:orgs"      // org ids with runs waiting
+	fairCosts    = "valruns:{fair}:costs"     // org id -> its runs' recent average duration (ms)
 )
+
+// shareTargetWait is about how long another organisation's run may wait
+// behind one organisation's share, when the share adapts to its runs.
+const shareTargetWait = 500 * time.Millisecond
 
 // defaultSlots is the slots assumed while no worker is alive.
 const defaultSlots = 10
 
 // gateScript admits up to what an organisation's share leaves free from its
-// waiting runs, oldest first, after counting in the runs handed in
-// (ARGV[6]..: id, score, payload) and releasing the runs named
-// (ARGV[7+3n]..). ARGV: org, share (-1: the one last recorded, else
-// ARGV[3]), default share, now (ms), stale (ms), n handed in, then the
-// triples, then the released ids. Returns {1} when every run handed in was
-// admitted at once (nothing was waiting), else {0, share, id, payload, ...}:
-// the share applied and the runs admitted from the waiting list, which the
-// caller enqueues.
+// waiting runs, oldest first, after counting in the runs handed in and
+// releasing the runs named. ARGV:
+//
+//  1. org
+//  2. its own share: >= 0 (0: unlimited), -1 none (the default applies),
+//     -2 whatever was recorded last (callers that do not know it)
+//  3. ORG_RUN_SHARE (> 0: the default share; 0: adaptive, below)
+//  4. the worker slots alive
+//  5. now, 6. stale (ms)
+//  7. how long the released runs took each, on average (ms; -1: none)
+//  8. the adaptive share's target wait (ms)
+//  9. n, the runs handed in; then n triples (id, score, payload); then the
+//     released ids
+//
+// The adaptive default share is what one slot's worth of the organisation's
+// runs, at their recent average duration (an EWMA kept per organisation),
+// takes to execute for the target wait: between twice and sixteen times the
+// slots alive. Cheap runs get a large share (batches: the queue's overhead
+// spread over many runs), slow ones a small one (another organisation's run
+// waits about the target behind them).
+//
+// Returns {1, share} when every run handed in was admitted at once (nothing
+// was waiting), else {0, share, id, payload, ...}: the runs admitted from
+// the waiting list, which the caller enqueues.
 var gateScript = redis.NewScript(`
-local adm, wait, pay, shares, orgs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local org, share, now, stale, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if share < 0 then
-  share = tonumber(redis.call('HGET', shares, org) or ARGV[3])
+local adm, wait, pay, shares, orgs, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local org, own = ARGV[1], tonumber(ARGV[2])
+local fixed, slots, now, stale = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local sample, target, n = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+if own == -2 then
+  own = tonumber(redis.call('HGET', shares, org) or '-1')
 else
-  redis.call('HSET', shares, org, share)
+  redis.call('HSET', shares, org, own)
+end
+local cost = tonumber(redis.call('HGET', costs, org) or '0')
+if sample >= 0 then
+  if cost <= 0 then cost = sample else cost = 0.8 * cost + 0.2 * sample end
+  redis.call('HSET', costs, org, tostring(cost))
+end
+local share = own
+if share < 0 then
+  if fixed > 0 then
+    share = fixed
+  else
+    share = 16 * slots
+    if cost > 0 then share = math.floor(target * slots / cost) end
+    share = math.max(2 * slots, math.min(16 * slots, share))
+  end
 end
 redis.call('ZREMRANGEBYSCORE', adm, '-inf', now - stale)
-for i = 7 + 3 * n, #ARGV do
+for i = 10 + 3 * n, #ARGV do
   redis.call('ZREM', adm, ARGV[i])
 end
 if n > 0 and redis.call('ZCARD', wait) == 0 and (share == 0 or share - redis.call('ZCARD', adm) >= n) then
   for i = 0, n - 1 do
-    redis.call('ZADD', adm, now, ARGV[7 + 3 * i])
+    redis.call('ZADD', adm, now, ARGV[10 + 3 * i])
   end
-  return {1}
+  return {1, share}
 end
 for i = 0, n - 1 do
-  local id = ARGV[7 + 3 * i]
+  local id = ARGV[10 + 3 * i]
   if redis.call('ZSCORE', adm, id) then
     redis.call('ZADD', adm, now, id) -- admitted before (a redelivery): stays admitted
   else
-    redis.call('ZADD', wait, ARGV[8 + 3 * i], id)
-    redis.call('HSET', pay, id, ARGV[9 + 3 * i])
+    redis.call('ZADD', wait, ARGV[11 + 3 * i], id)
+    redis.call('HSET', pay, id, ARGV[12 + 3 * i])
   end
 end
 local free = redis.call('ZCARD', wait)
@@ -120,24 +159,36 @@ return out
 // admission is one organisation's call of gateScript.
 type admission struct {
 	org string
-	// share: the organisation's own (nil: the default; -1: the one last
-	// recorded, for callers that do not know it).
-	share *int
-	in    []RunPayload
-	// released: runs of org that left the queue.
+	// own is the organisation's own share, if any (the dispatcher's, from
+	// its principal); recorded: the caller does not know it (the worker,
+	// the sweeper), so the one recorded last applies.
+	own      *int
+	recorded bool
+	in       []RunPayload
+	// released: runs of org that left the queue, and how long they took
+	// each on average (cost; 0: unknown).
 	released []string
+	cost     time.Duration
 }
 
 // pass runs a, and returns the runs to enqueue now: a.in when all were
 // admitted at once, else those admitted from the waiting list (which may
 // include some of a.in); and the organisation's share.
 func (g *gate) pass(ctx context.Context, a admission) ([]RunPayload, int, error) {
-	share := -1
-	if a.share != nil {
-		share = *a.share
+	own := -1
+	switch {
+	case a.recorded:
+		own = -2
+	case a.own != nil:
+		own = *a.own
 	}
-	args := make([]any, 0, 6+3*len(a.in)+len(a.released))
-	args = append(args, a.org, share, g.defaultShare(), time.Now().UnixMilli(), g.stale.Milliseconds(), len(a.in))
+	sample := -1.0
+	if a.cost > 0 {
+		sample = float64(a.cost) / float64(time.Millisecond)
+	}
+	args := make([]any, 0, 9+3*len(a.in)+len(a.released))
+	args = append(args, a.org, own, g.share, g.slotsAlive(), time.Now().UnixMilli(), g.stale.Milliseconds(),
+		sample, shareTargetWait.Milliseconds(), len(a.in))
 	for _, p := range a.in {
 		b, err := json.Marshal(p)
 		if err != nil {
@@ -148,18 +199,18 @@ func (g *gate) pass(ctx context.Context, a admission) ([]RunPayload, int, error)
 	for _, id := range a.released {
 		args = append(args, id)
 	}
-	keys := []string{fairAdmitted + a.org, fairWaiting + a.org, fairPayloads, fairShares, fairOrgs}
+	keys := []string{fairAdmitted + a.org, fairWaiting + a.org, fairPayloads, fairShares, fairOrgs, fairCosts}
 	res, err := gateScript.Run(ctx, g.redis, keys, args...).Slice()
 	if err != nil {
 		return nil, 0, fmt.Errorf("admit runs: %w", err)
 	}
-	if len(res) == 1 && res[0] == int64(1) {
-		return a.in, share, nil
-	}
 	if len(res) < 2 {
 		return nil, 0, fmt.Errorf("admit runs: unexpected answer %v", res)
 	}
-	applied, _ := res[1].(int64)
+	share, _ := res[1].(int64)
+	if res[0] == int64(1) {
+		return a.in, int(share), nil
+	}
 	var out []RunPayload
 	for i := 2; i+1 < len(res); i += 2 {
 		id, _ := res[i].(string)
@@ -170,7 +221,7 @@ func (g *gate) pass(ctx context.Context, a admission) ([]RunPayload, int, error)
 		}
 		out = append(out, p)
 	}
-	return out, int(applied), nil
+	return out, int(share), nil
 }
 
 // waitingOrgs lists the organisations with runs waiting.
@@ -180,14 +231,6 @@ func (g *gate) waitingOrgs(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("list organisations with runs waiting: %w", err)
 	}
 	return orgs, nil
-}
-
-// defaultShare is ORG_RUN_SHARE, or twice the worker slots alive.
-func (g *gate) defaultShare() int {
-	if g.share > 0 {
-		return g.share
-	}
-	return 2 * g.slotsAlive()
 }
 
 // slotsAlive is how many runs the workers alive execute at once (read at
@@ -221,12 +264,4 @@ func (g *gate) batchSize(share int) int {
 		return batchMax
 	}
 	return min(max(share/g.slotsAlive(), 1), batchMax)
-}
-
-// shareOf resolves a run's share as the dispatcher admits it.
-func (g *gate) shareOf(own *int) int {
-	if own != nil {
-		return *own
-	}
-	return g.defaultShare()
 }

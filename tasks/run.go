@@ -55,7 +55,7 @@ type RunExecutor struct {
 	queue queueWriter
 	// release, when set, is told the runs of an organisation that left the
 	// queue (settled): the gate lets the organisation's next runs in.
-	release func(ctx context.Context, org string, ids []string)
+	release func(ctx context.Context, org string, ids []string, cost time.Duration)
 
 	// inflight holds the cancel function of each execution under way, so
 	// that a shutdown can hand them back (handBack); stopping is set then.
@@ -101,10 +101,10 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) (err error
 	if e.dequeued != nil {
 		e.dequeued([]string{p.RunID})
 	}
-	tctx := ctx
+	tctx, began := ctx, time.Now()
 	defer func() {
 		if settled(tctx, err) {
-			e.settle(tctx, p.OrgID, []string{p.RunID})
+			e.settle(tctx, p.OrgID, []string{p.RunID}, time.Since(began))
 		}
 	}()
 	// RUN_TIMEOUT is the worker's own, whatever timeout the task was
@@ -245,13 +245,14 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
+	began := time.Now()
 	var outs []models.Outcome
 	var apart []string
 	for _, p := range b.Runs {
 		switch {
 		case p.RunID == "":
 			continue
-		case e.fastBudget <= 0 || len(apart) > 0:
+		case e.fastBudget <= 0 || len(apart) > 0 || time.Since(began) > batchBudget:
 			apart = append(apart, p.RunID)
 			continue
 		}
@@ -290,11 +291,18 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 	if e.done != nil {
 		e.done(ctx, b.Runs)
 	}
+	done := len(b.Runs) - len(apart)
 	for org, ids := range settledByOrg {
-		e.settle(ctx, org, ids)
+		e.settle(ctx, org, ids, time.Since(began)/time.Duration(max(done, 1)))
 	}
 	return nil
 }
+
+// batchBudget is how long a batch task validates its runs one after
+// another: the runs left then go back to the queue as tasks of their own,
+// behind whatever other organisations queued meanwhile, and spread over
+// the workers.
+const batchBudget = 100 * time.Millisecond
 
 // settled reports whether a run task's delivery that returned err leaves
 // the queue: asynq will not retry it.
@@ -302,10 +310,11 @@ func settled(ctx context.Context, err error) bool {
 	return err == nil || errors.Is(err, asynq.SkipRetry) || lastTry(ctx, err)
 }
 
-// settle tells the gate that runs of org left the queue.
-func (e *RunExecutor) settle(ctx context.Context, org string, ids []string) {
+// settle tells the gate that runs of org left the queue, and how long each
+// took.
+func (e *RunExecutor) settle(ctx context.Context, org string, ids []string, cost time.Duration) {
 	if e.release != nil && org != "" {
-		e.release(ctx, org, ids)
+		e.release(ctx, org, ids, cost)
 	}
 }
 

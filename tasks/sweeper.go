@@ -45,7 +45,7 @@ type Sweeper struct {
 	// release lets an organisation's waiting runs in, as far as its share
 	// allows (the worker's): each sweep does, for every organisation with
 	// runs waiting, in case the releases of its runs did not reach Redis.
-	release func(ctx context.Context, org string, ids []string)
+	release func(ctx context.Context, org string, ids []string, cost time.Duration)
 	// interval between sweeps; after is how old a queued run must be
 	// before it is looked at, and how often the queued runs are paged.
 	interval, after time.Duration
@@ -94,7 +94,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 			return n, err
 		}
 		for _, org := range orgs {
-			s.release(ctx, org, nil)
+			s.release(ctx, org, nil, 0)
 		}
 	}
 	for {
@@ -255,7 +255,7 @@ func waiting(c *redis.StringCmd, active bool) (bool, error) {
 // never waits on a run its own redelivery is writing.
 func (s *Sweeper) redeliver(ctx context.Context, r models.StrandedRun, reason string) (bool, error) {
 	p := RunPayload{RunID: r.ID, OrgID: r.OrgID, Redelivery: true, Redeliveries: r.Redeliveries + 1, CreatedAt: r.CreatedAt}
-	out, share, err := s.queue.admit(ctx, admission{org: r.OrgID, in: []RunPayload{p}})
+	out, share, err := s.queue.admit(ctx, admission{org: r.OrgID, recorded: true, in: []RunPayload{p}})
 	if err == nil {
 		err = s.queue.enqueue(ctx, out, s.queue.gate.batchSize(share)) // a conflict: another sweeper sent it
 	}

@@ -233,10 +233,10 @@ func (w *Worker) Shutdown() {
 // organisation's runs it lets in instead. Failing, it only delays them: a
 // run admitted without its task is re-enqueued by the sweeper, and each
 // sweep lets in what an organisation's share allows.
-func (w *Worker) release(ctx context.Context, org string, ids []string) {
+func (w *Worker) release(ctx context.Context, org string, ids []string, cost time.Duration) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	out, share, err := w.queue.gate.pass(ctx, admission{org: org, released: ids})
+	out, share, err := w.queue.gate.pass(ctx, admission{org: org, recorded: true, released: ids, cost: cost})
 	if err == nil && len(out) > 0 {
 		err = w.queue.enqueue(ctx, out, w.queue.gate.batchSize(share))
 	}
