@@ -84,7 +84,7 @@ var wantSettings = []struct{ name, value string }{
 	{"RUN_REDELIVER_AFTER", "2s"}, // ... and redelivered soon
 	{"RUN_RETRY_DELAY", "500ms"},  // a transient failure is retried soon
 	{"WORKER_CONCURRENCY", "2"},   // slow runs are CPU-bound: 2 cores
-	{"ORG_RUN_SHARE", "8"},        // twice the 4 worker slots (2 workers): the bound noisy_neighbour checks
+	{"ORG_RUN_SHARE", "4"},        // one run per worker slot (2 workers x 2): noisy_neighbour's bound, 2 x slots, is this share plus a slot's worth of A's runs handed out after B's but claimed a moment before it
 	{"SHUTDOWN_TIMEOUT", "2s"},
 	{"IDEMPOTENCY_TX_TIMEOUT", "10s"},
 	{"MAX_BODY_BYTES", "1048576"},

@@ -12,7 +12,7 @@ import (
 
 // fairExecution says whether the binary under test has issue 16's fair
 // execution: a run waits behind a bounded share of another organisation's
-// runs (ORG_RUN_SHARE, which the suite sets to twice the worker slots), not behind
+// runs (ORG_RUN_SHARE, which the suite sets to one run per worker slot), not behind
 // all of them. It was false until fair execution (the gate, tasks/fair.go)
 // was merged. While false, noisy_neighbour still counts how many of A's
 // runs went ahead of each of B's, and its line under the table says the
