@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hibiken/asynq"
 )
 
 // fairExecution says whether the binary under test has issue 16's fair
@@ -80,6 +82,25 @@ func noisyNeighbour(t *testing.T, s *suite, res *result) {
 	startLoad(ctx, cl, queued, 16).wait()
 	bQueued := makeOps("noisy-b-queued", 4, orgB, bID, cheap)
 	startPaced(ctx, cl, bQueued)
+	// The API hands runs to Redis after their 201, in the background: the
+	// workers go on only once every run of the backlog and of B is there
+	// (a task in asynq's queue, one run each at this share, or a run
+	// waiting at the gate). Before, a loaded machine handed B's runs off
+	// after the workers had gone on with A's, and B's were then queued
+	// behind more of A's than the share. Best effort: the count is only
+	// the precondition of a fair order, not the thing checked.
+	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.addr()})
+	rc := s.redis.client()
+	waitUntil(20*time.Second, func() bool {
+		n := 0
+		if qi, err := ins.GetQueueInfo("default"); err == nil {
+			n = qi.Pending
+		}
+		waiting, _ := rc.HLen(ctx, "valruns:{fair}:payloads").Result()
+		return n+int(waiting) >= len(queued)+len(bQueued)
+	})
+	_ = ins.Close()
+	_ = rc.Close()
 	for _, w := range c.workers {
 		w.signal(syscall.SIGCONT)
 	}
