@@ -48,7 +48,7 @@ type DispatcherConfig struct {
 	// GiveUp: RUN_REDELIVER_AFTER, after which the sweeper takes over.
 	GiveUp time.Duration
 	// RunShare is ORG_RUN_SHARE: an organisation's share of the queue
-	// unless it has its own; 0 means twice the worker slots alive.
+	// unless it has its own; 0 means adaptive (gateScript).
 	RunShare int
 	Registry prometheus.Registerer
 	Log      *slog.Logger
@@ -218,7 +218,7 @@ func (w queueWriter) admit(ctx context.Context, a admission) ([]RunPayload, int,
 func (w queueWriter) enqueue(ctx context.Context, runs []RunPayload, size int) error {
 	var batch []RunPayload
 	for _, p := range runs {
-		if p.Redelivery || w.redis == nil || size <= 1 {
+		if p.Redelivery || size <= 1 {
 			if err := w.enqueueOne(ctx, p); err != nil {
 				return err
 			}

@@ -36,7 +36,7 @@ import (
 type gate struct {
 	redis redis.UniversalClient
 	// share is ORG_RUN_SHARE: an organisation's share when it has none of
-	// its own; 0 means twice the worker slots alive.
+	// its own; 0 means adaptive, 2 to 16 runs per slot alive (gateScript).
 	share int
 	stale time.Duration
 	// servers lists the worker processes alive, for the slots they have.

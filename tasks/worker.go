@@ -61,8 +61,8 @@ type Config struct {
 	// RunHeartbeat); a negative value turns the fast path off.
 	FastBudget time.Duration
 	// RunShare is ORG_RUN_SHARE: how many runs of an organisation without a
-	// share of its own may be in the queue at once; 0 means twice the
-	// worker slots alive.
+	// share of its own may be in the queue at once; 0 means adaptive, 2 to
+	// 16 runs per worker slot alive (gateScript).
 	RunShare int
 	// ShutdownTimeout is how long in-flight tasks may finish at shutdown
 	// before they are handed back to the queue; 0 means 20s.
