@@ -111,3 +111,46 @@ func GateWaiting(t testing.TB, opt asynq.RedisClientOpt) int64 {
 	}
 	return n
 }
+
+// RunsInRedis lists the runs whose tasks are pending in the queue, and
+// those waiting at the gate.
+func RunsInRedis(t testing.TB, opt asynq.RedisClientOpt) (queued, waiting map[string]bool) {
+	t.Helper()
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	queued = map[string]bool{}
+	for page := 1; ; page++ {
+		tasks, err := insp.ListPendingTasks(queue, asynq.PageSize(1000), asynq.Page(page))
+		if err != nil || len(tasks) == 0 {
+			break
+		}
+		for _, task := range tasks {
+			if task.Type != TypeRunBatch {
+				var p RunPayload
+				if err := json.Unmarshal(task.Payload, &p); err != nil {
+					t.Fatalf("run payload: %v", err)
+				}
+				queued[p.RunID] = true
+				continue
+			}
+			var b BatchPayload
+			if err := json.Unmarshal(task.Payload, &b); err != nil {
+				t.Fatalf("batch payload: %v", err)
+			}
+			for _, p := range b.Runs {
+				queued[p.RunID] = true
+			}
+		}
+	}
+	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	defer rc.Close()
+	ids, err := rc.HKeys(context.Background(), fairPayloads).Result()
+	if err != nil {
+		t.Fatalf("gate: %v", err)
+	}
+	waiting = map[string]bool{}
+	for _, id := range ids {
+		waiting[id] = true
+	}
+	return queued, waiting
+}
