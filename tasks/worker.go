@@ -134,7 +134,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	}
 	w.redis = rc
 	w.queue = newQueueWriter(cfg.Redis, cfg.RunMaxRetry, cfg.RunTimeout, cfg.RunShare)
-	w.runs.queue, w.runs.release = w.queue, w.release
+	w.runs.queue, w.runs.release = w.queue, (&releaser{flush: w.release}).release
 	w.runs.done = func(ctx context.Context, runs []RunPayload) {
 		ids := make([]string, len(runs))
 		for i, r := range runs {
