@@ -47,8 +47,9 @@ peer() {
 	say "installing the peer's Node packages (npm ci in bench/peer) ..."
 	# npm 11 may judge a lock written on another machine out of sync when it
 	# lacks optional packages for other platforms (BullMQ's msgpackr-extract):
-	# then npm install, which installs the locked versions all the same.
-	(cd bench/peer && { npm ci --no-audit --no-fund --loglevel=error >&2 ||
+	# then npm install, which installs the locked versions all the same (npm ci is
+	# silenced: the npm install after it says what fails, if anything).
+	(cd bench/peer && { npm ci --no-audit --no-fund --loglevel=silent >&2 ||
 		npm install --no-audit --no-fund --no-save --loglevel=error >&2; }) || die "npm ci / npm install failed in bench/peer"
 }
 
