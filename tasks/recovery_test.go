@@ -232,7 +232,11 @@ func TestHeartbeatKeepsALongRunLeased(t *testing.T) {
 	run := waitRun(t, env, org, id, 60*time.Second)
 	require.Equal(t, "passed", run.Status)
 	require.Equal(t, 1, run.Attempts, "never taken over")
-	require.EqualValues(t, 0, metricValue(t, w.Registry, "valruns_runs_redelivered_total"))
+	// Never taken over for its lease. (A hand-off slower than
+	// RUN_REDELIVER_AFTER on a loaded machine may have the sweeper enqueue
+	// the run while still queued, reason "queued": that delivery finds it
+	// held and leaves it.)
+	require.EqualValues(t, 0, metricValue(t, w.Registry, "valruns_runs_redelivered_total", "reason", "lease_expired"))
 	require.EqualValues(t, 0, metricValue(t, w.Registry, "valruns_run_leases_lost_total"))
 	eventuallyMetric(t, w.Registry, 1, "valruns_runs_finished_total", "status", "passed")
 }
