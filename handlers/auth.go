@@ -52,6 +52,9 @@ func authenticate(tokens *models.TokenStore, ttl time.Duration) gin.HandlerFunc 
 			cache.put(token, p)
 		}
 		c.Set(principalKey, p)
+		// The request's statements take the database's turns in rotation
+		// with other organisations' (models.WithTenant).
+		c.Request = c.Request.WithContext(models.WithTenant(c.Request.Context(), p.OrgID))
 		c.Next()
 	}
 }

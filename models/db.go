@@ -86,7 +86,7 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 	}
 	sqlDB.SetMaxOpenConns(maxOpen)
 	sqlDB.SetMaxIdleConns(maxOpen)
-	connGates.Store(sqlDB, make(chan struct{}, maxOpen))
+	connGates.Store(sqlDB, newTurns(maxOpen))
 	poolLimits.Store(sqlDB, opt)
 	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
 	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -108,7 +108,7 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 }
 
 // connGates are the admission gates of the pools Open made, by pool.
-var connGates sync.Map // *sql.DB -> chan struct{}
+var connGates sync.Map // *sql.DB -> *turns
 
 // poolLimits are the options of the pools Open made, by pool.
 var poolLimits sync.Map // *sql.DB -> DBOptions
@@ -149,30 +149,21 @@ func FirstAnswer(ctx context.Context, db *gorm.DB) (context.Context, context.Can
 }
 
 // requestConn takes a connection of db's pool for a request's statements,
-// first come, first served, and returns the function that gives it back.
-//
-// database/sql hands a freed connection to a random waiter
-// (connRequests.TakeRandom), so under overload a request can wait many
-// times longer than the ones that came after it: with 128 clients on 12
-// connections, the p99 of a start was six times its p50. The gate lets at
-// most the pool's size of requests ask the pool, in the order they came (a
-// channel wakes its blocked senders in order); the others queue at the gate.
-// Statements outside requests (GORM's reads, the worker) still take
-// connections straight from the pool, so a request may still wait there,
-// but behind at most the pool's size of others.
+// when its tenant's turn comes (turns), and returns the function that
+// gives it back. Statements outside requests (GORM's reads, the worker)
+// take connections straight from the pool, so a request may still wait
+// there, but behind at most the pool's size of others.
 func requestConn(ctx context.Context, db *gorm.DB) (*sql.Conn, func(), error) {
 	pool := SQLDB(db)
 	gate, _ := connGates.Load(pool)
 	actx, cancel := stallBound(ctx, optionsOf(db).AcquireTimeout)
 	defer cancel()
 	var leave func()
-	if g, ok := gate.(chan struct{}); ok {
-		select {
-		case g <- struct{}{}:
-			leave = func() { <-g }
-		case <-actx.Done():
+	if g, ok := gate.(*turns); ok {
+		if !g.take(actx, tenantOf(ctx)) {
 			return nil, nil, stalled(ctx, actx, fmt.Errorf("wait for a connection: %w", actx.Err()))
 		}
+		leave = g.give
 	}
 	conn, err := pool.Conn(actx)
 	if err != nil {

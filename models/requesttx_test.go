@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -69,4 +70,58 @@ func waitingForConn() int {
 		}
 	}
 	return n
+}
+
+// One organisation's flood delays another organisation's request by about
+// one turn, not by the whole flood queued before it: the turns go to the
+// organisations waiting in rotation. An organisation alone still holds
+// every connection at once.
+// Not parallel: waitingForConn counts every goroutine of the process.
+func TestAnOrganisationsRequestWaitsBehindOneTurnOfAnothersFlood(t *testing.T) {
+	db, _ := testdb.New(t, testdb.Options{MaxOpenConns: 2})
+	a := models.WithTenant(context.Background(), "org-a")
+	b := models.WithTenant(context.Background(), "org-b")
+	// A alone takes both connections, at once.
+	var holders []*models.RequestTx
+	for range 2 {
+		tx, _, err := models.BeginRequest(a, db, 10*time.Second, nil)
+		require.NoError(t, err)
+		holders = append(holders, tx)
+	}
+
+	const flood = 20
+	var (
+		mu    sync.Mutex
+		order []string
+		wg    sync.WaitGroup
+	)
+	begin := func(ctx context.Context, who string) {
+		tx, _, err := models.BeginRequest(ctx, db, 10*time.Second, nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		order = append(order, who)
+		mu.Unlock()
+		tx.Rollback()
+	}
+	for range flood {
+		wg.Go(func() { begin(a, "A") })
+	}
+	require.Eventually(t, func() bool { return waitingForConn() == flood }, 10*time.Second, time.Millisecond,
+		"A's flood never waited for connections")
+	wg.Go(func() { begin(b, "B") })
+	require.Eventually(t, func() bool { return waitingForConn() == flood+1 }, 10*time.Second, time.Millisecond,
+		"B's request never waited for a connection")
+	for _, h := range holders {
+		h.Rollback()
+	}
+	wg.Wait()
+
+	require.Len(t, order, flood+1)
+	at := slices.Index(order, "B")
+	// The first freed turn goes to A (first in the rotation), the second to
+	// B; an A granted the first may record itself after B.
+	require.LessOrEqual(t, at, 2, "B's request got its connection after %d of A's queued before it: %v", at, order)
 }
