@@ -104,7 +104,7 @@ bench-go: services
 SWAG_VERSION := v1.16.6
 SWAG := bin/swag
 # One definition of how docs/ is generated, used by docs and docs-check.
-SWAG_INIT = $(SWAG) init --quiet -g apidoc.go -d ./ --parseInternal --outputTypes go,json,yaml
+SWAG_INIT = $(SWAG) init --quiet -g apidoc.go -d ./ --parseInternal --markdownFiles internal/apispec/tags --outputTypes go,json,yaml
 
 swag:
 	@have=$$($(GO) version -m $(SWAG) 2>/dev/null | awk '$$1 == "mod" && $$2 == "github.com/swaggo/swag" {print $$3}' || true); \

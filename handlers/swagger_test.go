@@ -18,7 +18,6 @@ import (
 	"github.com/go-openapi/spec"
 	"github.com/go-openapi/strfmt"
 	"github.com/go-openapi/validate"
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/handlers"
@@ -192,19 +191,35 @@ func TestSpecIdempotentPosts(t *testing.T) {
 				return nil
 			}
 
-			// The key: short, with a UUID to fill in; the rules are the operation's.
+			// The key: what to send, and its rules as the server checks
+			// them; no example, so that Swagger UI hands no two visitors
+			// the same key (it sends a new one for an empty field).
 			key := headerParam("Idempotency-Key")
 			require.Equal(t, "string", key.Type)
 			require.False(t, key.Required, "optional unless IDEMPOTENCY_KEY_REQUIRED=true")
-			require.NoError(t, uuid.Validate(key.Extensions["x-example"].(string)), "the key's example is a UUID")
-			require.Less(t, len(key.Description), 400, "the parameter says what to send; the rules are in the operation's description")
+			require.NotContains(t, key.Extensions, "x-example", "a fixed example key would be every visitor's key")
+			require.Nil(t, key.Example)
+			require.EqualValues(t, 1, *key.MinLength)
+			require.EqualValues(t, 255, *key.MaxLength)
+			require.NotEmpty(t, key.Pattern)
+			require.Less(t, len(key.Description), 400, "the parameter says what to send; the rules are in the tag's description")
 			for _, rule := range []string{"IDEMPOTENCY_KEY_REQUIRED", "255 printable ASCII", "UUID", "422", "409"} {
 				require.Contains(t, key.Description, rule)
 			}
+			// The operation reads at a glance; the rules are its tag's.
+			require.Less(t, len(op.Description), 700, "the operation's description is short: %q", op.Description)
+			require.Len(t, op.Tags, 1)
+			var tagDesc string
+			for _, tag := range sw.Tags {
+				if tag.Name == op.Tags[0] {
+					tagDesc = tag.Description
+				}
+			}
+			require.Contains(t, op.Description, "**"+op.Tags[0]+"**", "the operation points to its tag's rules")
 			for _, rule := range []string{"IDEMPOTENCY_KEY_REQUIRED", "255 printable ASCII", "24 h", "Idempotency-Key-Expires",
 				"Idempotent-Replayed: true", "Original-Request-Id", "422", "409", "Retry-After",
 				"Prefer: wait=N", "IDEMPOTENCY_MAX_WAIT", "Preference-Applied: wait=N", "5xx"} {
-				require.Contains(t, op.Description, rule)
+				require.Contains(t, tagDesc, rule)
 			}
 
 			prefer := headerParam("Prefer")
@@ -396,10 +411,10 @@ func TestSwaggerIndexRoute(t *testing.T) {
 	require.Equal(t, "valruns", idx.Name)
 	require.Equal(t, loadSpecFile(t).Spec().Info.Version, idx.Version)
 	require.Equal(t, handlers.IndexLinks{
-		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/doc.json", Workflows: "/api/workflows/",
+		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/doc.json", OpenAPI3: "/swagger/openapi.json", Workflows: "/api/workflows/",
 		Health: "/healthz", Metrics: "/metrics",
 	}, idx.Links)
-	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.Health, idx.Links.Metrics} {
+	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.OpenAPI3, idx.Links.Health, idx.Links.Metrics} {
 		require.Equal(t, http.StatusOK, get(t, link).Code, link)
 	}
 	require.Equal(t, http.StatusUnauthorized, get(t, idx.Links.Workflows).Code, "the API needs a token")
