@@ -1226,7 +1226,7 @@ const docTemplate = `{
                             },
                             "Idempotent-Replayed": {
                                 "type": "string",
-                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
                             },
                             "Location": {
                                 "type": "string",
@@ -1292,6 +1292,14 @@ const docTemplate = `{
                             "Idempotency-Key-Expires": {
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key creates a new workflow."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1906,7 +1914,7 @@ const docTemplate = `{
                             },
                             "Idempotent-Replayed": {
                                 "type": "string",
-                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
                             },
                             "Location": {
                                 "type": "string",
@@ -1957,6 +1965,14 @@ const docTemplate = `{
                             "Idempotency-Key-Expires": {
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
                             },
                             "RateLimit": {
                                 "type": "string",
@@ -2049,6 +2065,14 @@ const docTemplate = `{
                             "Idempotency-Key-Expires": {
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
                             },
                             "RateLimit": {
                                 "type": "string",
@@ -2301,6 +2325,14 @@ const docTemplate = `{
                             "Idempotency-Key-Expires": {
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
                             },
                             "RateLimit": {
                                 "type": "string",
@@ -3636,7 +3668,8 @@ const docTemplate = `{
                 },
                 "metadata": {
                     "description": "Metadata is the run's metadata, {} when none was sent.",
-                    "type": "object"
+                    "type": "object",
+                    "additionalProperties": true
                 },
                 "started_at": {
                     "type": "string",
@@ -3692,7 +3725,8 @@ const docTemplate = `{
                 "metadata": {
                     "description": "Metadata is an optional JSON object (null is the same as absent), visible to CEL assertions as ` + "`" + `metadata` + "`" + `.",
                     "type": "object",
-                    "x-nullable": true
+                    "x-nullable": true,
+                    "additionalProperties": true
                 },
                 "submission": {
                     "description": "Submission is the JSON document to validate: any JSON value (an\nobject, an array, a string, a number, true, false or null).",

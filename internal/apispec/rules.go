@@ -22,8 +22,13 @@ import (
 //     says the same of the answer, which holds.
 //   - Public operations: an operation without @Security gets `security: []`,
 //     which says "no authentication" explicitly rather than by omission.
+//   - Free-form objects (metadata): a schema of type object with neither
+//     properties nor additionalProperties gets additionalProperties: true.
+//     It means the same, but generators read the bare form as "no members"
+//     (openapi-typescript: Record<string, never>).
 func Tighten(spec *Value) error {
 	renamePattern(spec)
+	openFreeForm(spec.Get("definitions"))
 	paths := spec.Get("paths")
 	if paths == nil {
 		return fmt.Errorf("the spec has no paths")
@@ -101,6 +106,23 @@ func renamePattern(v *Value) {
 	}
 	for _, item := range v.Array {
 		renamePattern(item)
+	}
+}
+
+// openFreeForm gives every free-form object schema under v, at any depth,
+// additionalProperties: true.
+func openFreeForm(v *Value) {
+	if v == nil {
+		return
+	}
+	if v.Get("type").Str() == "object" && v.Get("properties") == nil && v.Get("additionalProperties") == nil {
+		v.Set("additionalProperties", &Value{Raw: json.RawMessage("true")})
+	}
+	for _, m := range v.Object {
+		openFreeForm(m.Value)
+	}
+	for _, item := range v.Array {
+		openFreeForm(item)
 	}
 }
 

@@ -185,3 +185,22 @@ func lookupHeader(headers openapi3.Headers, name string) (*openapi3.HeaderRef, b
 	}
 	return nil, false
 }
+
+// CheckRequest reports whether the document allows req with body: its
+// parameters (headers, path, query) and its body, as a schema-driven
+// fuzzer would generate them. Security is not checked (a test sends its
+// token). ErrNotDocumented when no operation takes req.
+func (c *Checker) CheckRequest(req *http.Request, body []byte) error {
+	r, op, params := c.find(req.Method, req.URL.EscapedPath())
+	if op == nil {
+		return ErrNotDocumented
+	}
+	req = req.Clone(req.Context())
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	return openapi3filter.ValidateRequest(context.Background(), &openapi3filter.RequestValidationInput{
+		Request:    req,
+		PathParams: params,
+		Route:      &routers.Route{Spec: c.doc, Path: r.path, PathItem: r.item, Method: req.Method, Operation: op},
+		Options:    &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc, MultiError: true},
+	})
+}
