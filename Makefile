@@ -104,7 +104,7 @@ bench-go: services
 SWAG_VERSION := v1.16.6
 SWAG := bin/swag
 # One definition of how docs/ is generated, used by docs and docs-check.
-SWAG_INIT = $(SWAG) init --quiet -g apidoc.go -d ./ --parseInternal --outputTypes go,json,yaml
+SWAG_INIT = $(SWAG) init --quiet -g apidoc.go -d ./ --parseInternal --markdownFiles internal/apispec/tags --outputTypes go,json,yaml
 
 swag:
 	@have=$$($(GO) version -m $(SWAG) 2>/dev/null | awk '$$1 == "mod" && $$2 == "github.com/swaggo/swag" {print $$3}' || true); \
@@ -124,6 +124,11 @@ swag:
 # and records the answers in internal/apispec/examples.json, which
 # internal/apispec/apply then merges into swag's output (swag cannot write
 # response examples). make test fails when an answer has changed since.
+# apply also writes the rules swag cannot (apispec.Tighten: patterns,
+# additionalProperties, security: []; .swaggo maps json.RawMessage to any
+# JSON; --markdownFiles holds the long tag descriptions) and converts the
+# result to OpenAPI 3 (docs/openapi.json, docs/openapi.yaml) with
+# kin-openapi; docs-check covers all of it.
 APPLY_EXAMPLES = $(GO) run ./internal/apispec/apply
 
 docs: services swag

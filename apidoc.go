@@ -19,9 +19,9 @@ package main
 //	@BasePath		/
 
 //	@tag.name			workflows
-//	@tag.description	Workflows: what a submission is validated against.
+//	@tag.description.markdown
 //	@tag.name			runs
-//	@tag.description	Validation runs: start one (idempotently) and poll it.
+//	@tag.description.markdown
 //	@tag.name			usage
 //	@tag.description	What the organisation is billed: its runs this month and its quota.
 //	@tag.name			idempotency

@@ -17,7 +17,7 @@ const docTemplate = `{
     "paths": {
         "/": {
             "get": {
-                "description": "A small JSON index: the service's name and version and links to the Swagger UI, the spec, the API, health and metrics. No authentication.",
+                "description": "A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health and metrics. No authentication.",
                 "produces": [
                     "application/json"
                 ],
@@ -45,6 +45,7 @@ const docTemplate = `{
                                 "links": {
                                     "swagger_ui": "/swagger/index.html",
                                     "openapi": "/swagger/doc.json",
+                                    "openapi3": "/swagger/openapi.json",
                                     "workflows": "/api/workflows/",
                                     "health": "/healthz",
                                     "metrics": "/metrics"
@@ -52,7 +53,8 @@ const docTemplate = `{
                             }
                         }
                     }
-                }
+                },
+                "security": []
             }
         },
         "/api/idempotency-keys/{scope}/{key}": {
@@ -85,8 +87,11 @@ const docTemplate = `{
                         "required": true
                     },
                     {
+                        "maxLength": 255,
+                        "minLength": 1,
                         "type": "string",
-                        "description": "The Idempotency-Key, percent-encoded (such as order-1042)",
+                        "pattern": "^[!#-~]$|^[!#-~][ -~]*[!-~]$",
+                        "description": "The Idempotency-Key, percent-encoded (such as order-1042): 1 to 255 printable ASCII characters, in the bare form (no quotes, no space first or last)",
                         "name": "key",
                         "in": "path",
                         "required": true
@@ -1168,7 +1173,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "Creates a workflow: a name, an optional JSON Schema (draft 2020-12 unless ` + "`" + `$schema` + "`" + ` says otherwise) the submission must satisfy, and optional CEL assertions over ` + "`" + `submission` + "`" + ` and ` + "`" + `metadata` + "`" + `. Both are compiled now, so a schema or an expression that does not compile is a 400 (` + "`" + `invalid_workflow` + "`" + `) naming it in ` + "`" + `errors` + "`" + `.\n\n**Idempotency** (scope ` + "`" + `workflow_create` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create one workflow and get the first answer back.\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per workflow you mean to create, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a request without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `).\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when.\n- **Retry with the same key and request** (JSON body; key order, whitespace and number spelling do not matter): nothing is created again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as a 400 ` + "`" + `invalid_workflow` + "`" + `.\n- **The same key with another body**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.",
+                "description": "Creates a workflow: a name, an optional JSON Schema (draft 2020-12 unless ` + "`" + `$schema` + "`" + ` says otherwise) the submission must satisfy, and optional CEL assertions over ` + "`" + `submission` + "`" + ` and ` + "`" + `metadata` + "`" + `. Both are compiled now, so a schema or an expression that does not compile is a 400 (` + "`" + `invalid_workflow` + "`" + `) naming it in ` + "`" + `errors` + "`" + `.\n\nSend a new ` + "`" + `Idempotency-Key` + "`" + ` per workflow and the same on every retry: retries then create one workflow and get the first answer back. The rules (replays, 422, 409, ` + "`" + `Prefer: wait` + "`" + `) are in the **workflows** section's description above.",
                 "consumes": [
                     "application/json"
                 ],
@@ -1183,11 +1188,13 @@ const docTemplate = `{
                 "operationId": "createWorkflow",
                 "parameters": [
                     {
+                        "maxLength": 255,
+                        "minLength": 1,
                         "type": "string",
-                        "description": "**A new value per workflow you mean to create** (a UUID), the same on every retry of it.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, other body: 422. First still running: 409. See the description above.",
+                        "pattern": "^[!#-~][ -~]*$|^\"[ !#-\\x5b\\x5d-~]+\"$",
+                        "description": "**A new value per workflow you mean to create** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, other body: 422. First still running: 409. The rules: the workflows section above.",
                         "name": "Idempotency-Key",
-                        "in": "header",
-                        "x-example": "d8f2a9c4-6e1b-4b7a-8c3d-5f0e9a2b7c16"
+                        "in": "header"
                     },
                     {
                         "type": "string",
@@ -1219,7 +1226,7 @@ const docTemplate = `{
                             },
                             "Idempotent-Replayed": {
                                 "type": "string",
-                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
                             },
                             "Location": {
                                 "type": "string",
@@ -1285,6 +1292,14 @@ const docTemplate = `{
                             "Idempotency-Key-Expires": {
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key creates a new workflow."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1838,7 +1853,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "Creates a ` + "`" + `queued` + "`" + ` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object); a worker executes it, and the run goes ` + "`" + `queued -\u003e running -\u003e passed | failed` + "`" + ` (or ` + "`" + `error` + "`" + `). Poll it at the ` + "`" + `Location` + "`" + `. Each start counts against the organisation's monthly quota: past it the answer is 429 ` + "`" + `quota_exceeded` + "`" + `.\n\n**Idempotency** (scope ` + "`" + `workflow_start` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create exactly one run, bill once and get the first answer back.\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per run you mean to start, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a start without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `).\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when. Then the same key starts a new run.\n- **Retry with the same key and request** (path and JSON body; key order, whitespace and number spelling do not matter): nothing is executed or billed again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as 404 and 429.\n- **The same key with another body, or on another workflow**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.\n\n**Rate limit**: an organisation may start ` + "`" + `ORG_START_RATE` + "`" + ` runs per second (100 by default; its own rate, set by ` + "`" + `valruns org rate` + "`" + `, wins; 0 is unlimited), counted across every API process, with a burst of one second's worth. Past it the answer is 429 ` + "`" + `rate_limited` + "`" + ` with ` + "`" + `Retry-After` + "`" + `, and nothing is stored against the Idempotency-Key: retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key, and the start executes. Every answer of this route after authentication carries ` + "`" + `RateLimit-Policy` + "`" + ` (` + "`" + `\"org\";q=100;w=1` + "`" + `: 100 starts per 1-second window) and ` + "`" + `RateLimit` + "`" + ` (` + "`" + `\"org\";r=37;t=1` + "`" + `: 37 starts left, full again in 1 s), while the organisation has a rate.\n\n**Overload**: each API process bounds the requests and request bodies it holds at once; past them, after a short wait, the answer is 503 ` + "`" + `overloaded` + "`" + ` with ` + "`" + `Retry-After` + "`" + `: nothing was done, retry with the same key.",
+                "description": "Creates a ` + "`" + `queued` + "`" + ` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object). Poll the run at the ` + "`" + `Location` + "`" + ` until it has ` + "`" + `passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ended in ` + "`" + `error` + "`" + `. Each start counts against the organisation's monthly quota (past it: 429 ` + "`" + `quota_exceeded` + "`" + `).\n\nSend a new ` + "`" + `Idempotency-Key` + "`" + ` per run and the same on every retry: retries then start one run and get the first answer back. The rules (replays, 422, 409, ` + "`" + `Prefer: wait` + "`" + `, rate limit, overload) are in the **runs** section's description above.",
                 "consumes": [
                     "application/json"
                 ],
@@ -1861,11 +1876,13 @@ const docTemplate = `{
                         "required": true
                     },
                     {
+                        "maxLength": 255,
+                        "minLength": 1,
                         "type": "string",
-                        "description": "**A new value per run you mean to start** (a UUID), the same on every retry of it.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, other body: 422. First still running: 409. See the description above.",
+                        "pattern": "^[!#-~][ -~]*$|^\"[ !#-\\x5b\\x5d-~]+\"$",
+                        "description": "**A new value per run you mean to start** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, other body: 422. First still running: 409. The rules: the runs section above.",
                         "name": "Idempotency-Key",
-                        "in": "header",
-                        "x-example": "4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91"
+                        "in": "header"
                     },
                     {
                         "type": "string",
@@ -1897,7 +1914,7 @@ const docTemplate = `{
                             },
                             "Idempotent-Replayed": {
                                 "type": "string",
-                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
                             },
                             "Location": {
                                 "type": "string",
@@ -1948,6 +1965,14 @@ const docTemplate = `{
                             "Idempotency-Key-Expires": {
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
                             },
                             "RateLimit": {
                                 "type": "string",
@@ -2040,6 +2065,14 @@ const docTemplate = `{
                             "Idempotency-Key-Expires": {
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
                             },
                             "RateLimit": {
                                 "type": "string",
@@ -2293,6 +2326,14 @@ const docTemplate = `{
                                 "type": "string",
                                 "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
                             },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
                             "RateLimit": {
                                 "type": "string",
                                 "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
@@ -2451,7 +2492,8 @@ const docTemplate = `{
                             }
                         }
                     }
-                }
+                },
+                "security": []
             }
         },
         "/metrics": {
@@ -2481,7 +2523,8 @@ const docTemplate = `{
                             "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 6\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
                         }
                     }
-                }
+                },
+                "security": []
             }
         },
         "/readyz": {
@@ -2550,13 +2593,17 @@ const docTemplate = `{
                             }
                         }
                     }
-                }
+                },
+                "security": []
             }
         }
     },
     "definitions": {
         "handlers.CreateWorkflowRequest": {
             "type": "object",
+            "required": [
+                "name"
+            ],
             "properties": {
                 "assertions": {
                     "description": "Assertions are optional CEL rules over ` + "`" + `submission` + "`" + ` and ` + "`" + `metadata` + "`" + `.",
@@ -2566,15 +2613,19 @@ const docTemplate = `{
                     }
                 },
                 "name": {
-                    "description": "Name of the workflow, 1-200 characters.",
+                    "description": "Name of the workflow, 1-200 characters, not only spaces.",
                     "type": "string",
+                    "maxLength": 200,
+                    "minLength": 1,
+                    "pattern": "\\S",
                     "example": "invoice"
                 },
                 "schema": {
-                    "description": "Schema is an optional JSON Schema (draft 2020-12 unless $schema says otherwise) the submission must satisfy.",
-                    "type": "object"
+                    "description": "Schema is an optional JSON Schema (draft 2020-12 unless $schema says otherwise) the submission must satisfy:\nan object, or true or false; null is the same as absent.",
+                    "x-nullable": true
                 }
             },
+            "additionalProperties": false,
             "example": {
                 "name": "demo invoice",
                 "schema": {
@@ -2611,6 +2662,12 @@ const docTemplate = `{
         },
         "handlers.Finding": {
             "type": "object",
+            "required": [
+                "message",
+                "path",
+                "severity",
+                "step"
+            ],
             "properties": {
                 "message": {
                     "type": "string",
@@ -2637,14 +2694,21 @@ const docTemplate = `{
         },
         "handlers.IdempotencyKey": {
             "type": "object",
+            "required": [
+                "key",
+                "scope",
+                "state"
+            ],
             "properties": {
                 "created_at": {
                     "description": "CreatedAt is when the first request finished; ExpiresAt when the key expires.",
                     "type": "string",
+                    "format": "date-time",
                     "example": "2026-11-22T10:00:00Z"
                 },
                 "expires_at": {
                     "type": "string",
+                    "format": "date-time",
                     "example": "2026-11-23T10:00:00Z"
                 },
                 "key": {
@@ -2673,6 +2737,10 @@ const docTemplate = `{
                 "scope": {
                     "description": "Scope is the endpoint the key belongs to: workflow_start or workflow_create.",
                     "type": "string",
+                    "enum": [
+                        "workflow_start",
+                        "workflow_create"
+                    ],
                     "example": "workflow_start"
                 },
                 "state": {
@@ -2688,12 +2756,18 @@ const docTemplate = `{
                 "validation_run_id": {
                     "description": "ValidationRunID is the run it created (absent for other answers, and\nonce the run is gone).",
                     "type": "string",
+                    "format": "uuid",
                     "example": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"
                 }
             }
         },
         "handlers.Index": {
             "type": "object",
+            "required": [
+                "links",
+                "name",
+                "version"
+            ],
             "properties": {
                 "links": {
                     "$ref": "#/definitions/handlers.IndexLinks"
@@ -2710,6 +2784,14 @@ const docTemplate = `{
         },
         "handlers.IndexLinks": {
             "type": "object",
+            "required": [
+                "health",
+                "metrics",
+                "openapi",
+                "openapi3",
+                "swagger_ui",
+                "workflows"
+            ],
             "properties": {
                 "health": {
                     "description": "Health is the liveness probe (/readyz is the readiness probe).",
@@ -2725,6 +2807,11 @@ const docTemplate = `{
                     "description": "OpenAPI is the Swagger 2.0 spec.",
                     "type": "string",
                     "example": "/swagger/doc.json"
+                },
+                "openapi3": {
+                    "description": "OpenAPI3 is the same spec as OpenAPI 3 (also /swagger/openapi.yaml).",
+                    "type": "string",
+                    "example": "/swagger/openapi.json"
                 },
                 "swagger_ui": {
                     "description": "SwaggerUI is the interactive documentation.",
@@ -2744,6 +2831,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -2767,12 +2856,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -2799,6 +2888,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -2822,12 +2913,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -2854,6 +2945,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -2877,12 +2970,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -2909,6 +3002,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -2932,12 +3027,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -2964,6 +3059,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -2987,12 +3084,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3019,6 +3116,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -3042,12 +3141,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3074,6 +3173,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -3097,12 +3198,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3129,6 +3230,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -3152,12 +3255,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3184,6 +3287,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -3207,12 +3312,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3239,6 +3344,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -3262,12 +3369,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3294,6 +3401,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -3317,12 +3426,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3349,6 +3458,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -3372,12 +3483,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3404,6 +3515,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -3427,12 +3540,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3459,6 +3572,8 @@ const docTemplate = `{
             "required": [
                 "code",
                 "detail",
+                "instance",
+                "request_id",
                 "status",
                 "title",
                 "type"
@@ -3482,12 +3597,12 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path.",
+                    "description": "Instance is the request path (always present in an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
                 "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support.",
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
                     "type": "string",
                     "example": "4f1c2b9e8a7d6c5b"
                 },
@@ -3510,13 +3625,24 @@ const docTemplate = `{
         },
         "handlers.Run": {
             "type": "object",
+            "required": [
+                "attempts",
+                "created_at",
+                "id",
+                "metadata",
+                "status",
+                "submission",
+                "workflow_id"
+            ],
             "properties": {
                 "attempts": {
                     "type": "integer",
+                    "minimum": 0,
                     "example": 0
                 },
                 "created_at": {
                     "type": "string",
+                    "format": "date-time",
                     "example": "2026-11-22T10:00:00Z"
                 },
                 "error": {
@@ -3532,17 +3658,22 @@ const docTemplate = `{
                 },
                 "finished_at": {
                     "type": "string",
+                    "format": "date-time",
                     "example": "2026-11-22T10:00:02Z"
                 },
                 "id": {
                     "type": "string",
+                    "format": "uuid",
                     "example": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"
                 },
                 "metadata": {
-                    "type": "object"
+                    "description": "Metadata is the run's metadata, {} when none was sent.",
+                    "type": "object",
+                    "additionalProperties": true
                 },
                 "started_at": {
                     "type": "string",
+                    "format": "date-time",
                     "example": "2026-11-22T10:00:01Z"
                 },
                 "status": {
@@ -3557,16 +3688,21 @@ const docTemplate = `{
                     "example": "queued"
                 },
                 "submission": {
-                    "type": "object"
+                    "description": "Submission is the JSON value the run validates, as it was sent: any JSON value.",
+                    "x-nullable": true
                 },
                 "workflow_id": {
                     "type": "string",
+                    "format": "uuid",
                     "example": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"
                 }
             }
         },
         "handlers.RunList": {
             "type": "object",
+            "required": [
+                "data"
+            ],
             "properties": {
                 "data": {
                     "type": "array",
@@ -3575,22 +3711,29 @@ const docTemplate = `{
                     }
                 },
                 "next_cursor": {
+                    "description": "NextCursor fetches the next page (?cursor=); absent on the last page.",
                     "type": "string"
                 }
             }
         },
         "handlers.StartRunRequest": {
             "type": "object",
+            "required": [
+                "submission"
+            ],
             "properties": {
                 "metadata": {
-                    "description": "Metadata is an optional JSON object, visible to CEL assertions as ` + "`" + `metadata` + "`" + `.",
-                    "type": "object"
+                    "description": "Metadata is an optional JSON object (null is the same as absent), visible to CEL assertions as ` + "`" + `metadata` + "`" + `.",
+                    "type": "object",
+                    "x-nullable": true,
+                    "additionalProperties": true
                 },
                 "submission": {
-                    "description": "Submission is the JSON document to validate: any JSON value.",
-                    "type": "object"
+                    "description": "Submission is the JSON document to validate: any JSON value (an\nobject, an array, a string, a number, true, false or null).",
+                    "x-nullable": true
                 }
             },
+            "additionalProperties": false,
             "example": {
                 "submission": {
                     "customer": "ACME",
@@ -3600,6 +3743,9 @@ const docTemplate = `{
         },
         "handlers.Status": {
             "type": "object",
+            "required": [
+                "status"
+            ],
             "properties": {
                 "status": {
                     "type": "string",
@@ -3609,6 +3755,14 @@ const docTemplate = `{
         },
         "handlers.Usage": {
             "type": "object",
+            "required": [
+                "period",
+                "period_end",
+                "period_start",
+                "quota",
+                "runs",
+                "unlimited"
+            ],
             "properties": {
                 "period": {
                     "description": "Period is the calendar month (UTC) counted, as YYYY-MM.",
@@ -3617,26 +3771,31 @@ const docTemplate = `{
                 },
                 "period_end": {
                     "type": "string",
+                    "format": "date-time",
                     "example": "2026-12-01T00:00:00Z"
                 },
                 "period_start": {
                     "description": "PeriodStart and PeriodEnd bound the period: [start, end).",
                     "type": "string",
+                    "format": "date-time",
                     "example": "2026-11-01T00:00:00Z"
                 },
                 "quota": {
                     "description": "Quota is the monthly run quota; 0 means unlimited.",
                     "type": "integer",
+                    "minimum": 0,
                     "example": 1000
                 },
                 "remaining": {
                     "description": "Remaining is how many runs can still start this period; absent when unlimited.",
                     "type": "integer",
+                    "minimum": 0,
                     "example": 958
                 },
                 "runs": {
                     "description": "Runs started this period: each counted once, however often its start was retried.",
                     "type": "integer",
+                    "minimum": 0,
                     "example": 42
                 },
                 "unlimited": {
@@ -3648,6 +3807,12 @@ const docTemplate = `{
         },
         "handlers.Workflow": {
             "type": "object",
+            "required": [
+                "assertions",
+                "created_at",
+                "id",
+                "name"
+            ],
             "properties": {
                 "assertions": {
                     "type": "array",
@@ -3657,10 +3822,12 @@ const docTemplate = `{
                 },
                 "created_at": {
                     "type": "string",
+                    "format": "date-time",
                     "example": "2026-11-22T10:00:00Z"
                 },
                 "id": {
                     "type": "string",
+                    "format": "uuid",
                     "example": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"
                 },
                 "name": {
@@ -3668,12 +3835,15 @@ const docTemplate = `{
                     "example": "invoice"
                 },
                 "schema": {
-                    "type": "object"
+                    "description": "Schema is the workflow's JSON Schema (an object, or true or false); absent when it has none."
                 }
             }
         },
         "handlers.WorkflowList": {
             "type": "object",
+            "required": [
+                "data"
+            ],
             "properties": {
                 "data": {
                     "type": "array",
@@ -3690,6 +3860,10 @@ const docTemplate = `{
         },
         "problem.FieldError": {
             "type": "object",
+            "required": [
+                "field",
+                "message"
+            ],
             "properties": {
                 "field": {
                     "description": "Field is the JSON path of the field, such as assertions[1].expr.",
@@ -3705,24 +3879,43 @@ const docTemplate = `{
         },
         "validate.Assertion": {
             "type": "object",
+            "required": [
+                "expr",
+                "name"
+            ],
             "properties": {
                 "expr": {
                     "description": "Expr is CEL over ` + "`" + `submission` + "`" + ` (dyn) and ` + "`" + `metadata` + "`" + ` (map(string, dyn)); it must evaluate\nto bool. At most MaxExprLength bytes, nested at most MaxExprDepth levels deep.",
-                    "type": "string"
+                    "type": "string",
+                    "minLength": 1,
+                    "pattern": "\\S",
+                    "example": "submission.total \u003e 0"
                 },
                 "message": {
                     "description": "Message is shown when the expression is false; empty means \"assertion \u003cname\u003e failed\".",
-                    "type": "string"
+                    "type": "string",
+                    "example": "total must be positive"
                 },
                 "name": {
                     "description": "Name is 1-100 characters, unique within the workflow.",
-                    "type": "string"
+                    "type": "string",
+                    "maxLength": 100,
+                    "minLength": 1,
+                    "pattern": "\\S",
+                    "example": "positive_total"
                 },
                 "severity": {
                     "description": "Severity is error (the default when empty), warning or info. It is the severity of the\nassertion's findings, both when the expression is false and when it cannot be\nevaluated on a submission.",
-                    "type": "string"
+                    "type": "string",
+                    "enum": [
+                        "error",
+                        "warning",
+                        "info"
+                    ],
+                    "example": "error"
                 }
-            }
+            },
+            "additionalProperties": false
         }
     },
     "securityDefinitions": {
@@ -3735,11 +3928,11 @@ const docTemplate = `{
     },
     "tags": [
         {
-            "description": "Workflows: what a submission is validated against.",
+            "description": "Workflows: what a submission is validated against. The rules below apply to **Create a workflow**.\n\n**Idempotency** (scope ` + "`" + `workflow_create` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create one workflow and get the first answer back.\n\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per workflow you mean to create, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a request without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `). In \"Try it out\", an empty key is filled with a new UUID at every Execute; type one to try a retry.\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when.\n- **Retry with the same key and request** (JSON body; key order, whitespace and number spelling do not matter): nothing is created again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as a 400 ` + "`" + `invalid_workflow` + "`" + `.\n- **The same key with another body**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.\n",
             "name": "workflows"
         },
         {
-            "description": "Validation runs: start one (idempotently) and poll it.",
+            "description": "Validation runs: start one (idempotently) and poll it. The rules below apply to **Start a validation run**; the operation itself says only what it does.\n\n**Idempotency** (scope ` + "`" + `workflow_start` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create exactly one run, bill once and get the first answer back.\n\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per run you mean to start, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a start without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `). In \"Try it out\", an empty key is filled with a new UUID at every Execute; type one to try a retry.\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when. Then the same key starts a new run.\n- **Retry with the same key and request** (path and JSON body; key order, whitespace and number spelling do not matter): nothing is executed or billed again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as 404 and 429.\n- **The same key with another body, or on another workflow**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.\n\n**Rate limit**: an organisation may start ` + "`" + `ORG_START_RATE` + "`" + ` runs per second (100 by default; its own rate, set by ` + "`" + `valruns org rate` + "`" + `, wins; 0 is unlimited), counted across every API process, with a burst of one second's worth. Past it the answer is 429 ` + "`" + `rate_limited` + "`" + ` with ` + "`" + `Retry-After` + "`" + `, and nothing is stored against the Idempotency-Key: retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key, and the start executes. Every answer of the start after authentication carries ` + "`" + `RateLimit-Policy` + "`" + ` (` + "`" + `\"org\";q=100;w=1` + "`" + `: 100 starts per 1-second window) and ` + "`" + `RateLimit` + "`" + ` (` + "`" + `\"org\";r=37;t=1` + "`" + `: 37 starts left, full again in 1 s), while the organisation has a rate.\n\n**Overload**: each API process bounds the requests and request bodies it holds at once; past them, after a short wait, the answer is 503 ` + "`" + `overloaded` + "`" + ` with ` + "`" + `Retry-After` + "`" + `: nothing was done, retry with the same key.\n",
             "name": "runs"
         },
         {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apitest"
@@ -62,9 +63,10 @@ func chromiumPath(t *testing.T) string {
 
 // TestBrowserSwaggerUI drives the real Swagger UI in headless Chromium
 // against the real API: authorize with a token, start a run with an
-// Idempotency-Key from "Try it out", execute it twice, and see the second
-// answer replayed (201, idempotent-replayed: true) with one run in the
-// database.
+// Idempotency-Key typed into "Try it out", execute it twice, and see the
+// second answer replayed (201, idempotent-replayed: true) with one run in
+// the database. Then, with the key field empty, as a visitor finds it, two
+// executions on two workflows each send a new UUID: both 201.
 func TestBrowserSwaggerUI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("browser test skipped in -short mode")
@@ -101,7 +103,7 @@ func TestBrowserSwaggerUI(t *testing.T) {
 	defer cancelTab()
 	// One deadline for the whole flow; a failure then has its own few
 	// seconds (on tab) to dump the page.
-	ctx, cancel := context.WithTimeout(tab, 60*time.Second)
+	ctx, cancel := context.WithTimeout(tab, browserFlowTimeout)
 	defer cancel()
 
 	// shot saves a PNG to $ARTIFACTS (a temporary directory without it):
@@ -145,7 +147,7 @@ func TestBrowserSwaggerUI(t *testing.T) {
 		}
 		screenshot("swagger-ui-failure.png")
 		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%w (the browser flow has 60 s in all)", err)
+			err = fmt.Errorf("%w (the browser flow has %s in all)", err, browserFlowTimeout)
 		}
 		t.Fatalf("%s: %v\nDOM:\n%.6000s", what, err, html)
 	}
@@ -246,7 +248,7 @@ func TestBrowserSwaggerUI(t *testing.T) {
 	if err != nil {
 		fail("read the filled-in request", err)
 	}
-	require.Equal(t, examples.Request.Headers["Idempotency-Key"], filled["key"])
+	require.Empty(t, filled["key"], "no fixed key is filled in: every visitor would share it")
 	require.Equal(t, examples.Request.Headers["Prefer"], filled["prefer"])
 	require.JSONEq(t, string(examples.Request.Body), filled["body"])
 
@@ -286,6 +288,34 @@ func TestBrowserSwaggerUI(t *testing.T) {
 	lower := strings.ToLower(second.Text)
 	require.Contains(t, lower, "idempotent-replayed: true", "the second answer is a replay; response section:\n%s", second.Text)
 	require.Contains(t, lower, "original-request-id:")
+	require.EqualValues(t, 1, e.Count("validation_runs", "workflow_id = ?", wf), "two Executes with one key make one run")
+
+	// The key field left empty: each Execute sends a new key (the page's
+	// request interceptor), so two executions on two workflows are two
+	// runs, both 201, neither a replay nor a 422, as two visitors' are.
+	wf2 := e.NewWorkflow(org, map[string]any{"name": "invoice 2"})
+	step("empty the key field",
+		chromedp.Evaluate[chromedp.Void](setReactValue(op+` input[placeholder="Idempotency-Key"]`, "")),
+	)
+	for i, w := range []string{wf, wf2} {
+		step(fmt.Sprintf("fill in workflow %d", i+1),
+			chromedp.Evaluate[chromedp.Void](setReactValue(op+` tr[data-param-name="id"] input`, w)))
+		got := execute(3 + i)
+		require.Equal(t, "201", got.Status, "Execute with an empty key on workflow %d; response section:\n%s", i+1, got.Text)
+		require.NotContains(t, strings.ToLower(got.Text), "idempotent-replayed", "a new key, not a replay")
+	}
+	var fresh []string
+	require.NoError(t, e.DB.Raw(`SELECT key FROM idempotency_keys WHERE org_id = ? AND key <> ? ORDER BY created_at`, org.ID, key).Scan(&fresh).Error)
+	require.Len(t, fresh, 2, "each Execute with an empty field sent a key of its own")
+	require.NotEqual(t, fresh[0], fresh[1], "two executions never share a key")
+	for _, k := range fresh {
+		u, err := uuid.Parse(k)
+		require.NoError(t, err, "the key sent is a UUID: %q", k)
+		require.EqualValues(t, 4, u.Version(), "a random (v4) UUID: %q", k)
+	}
+	require.EqualValues(t, 2, e.Count("validation_runs", "workflow_id = ?", wf), "the replayed start and the fresh one")
+	require.EqualValues(t, 1, e.Count("validation_runs", "workflow_id = ?", wf2))
+	t.Logf("keys sent by Swagger UI for empty fields: %v", fresh)
 
 	// Everything the page loaded came from the server under test (no CDN).
 	loaded, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
@@ -297,7 +327,6 @@ func TestBrowserSwaggerUI(t *testing.T) {
 		require.True(t, strings.HasPrefix(u, srv.URL+"/"), "the page loaded %s from elsewhere", u)
 	}
 
-	require.EqualValues(t, 1, e.Count("validation_runs", "workflow_id = ?", wf), "two Executes with one key make one run")
 	require.EqualValues(t, 1, e.Count("idempotency_keys", "key = ?", key))
 
 	step("scroll to the response", chromedp.ScrollIntoView(chromedp.CSS(op+" .live-responses-table")))
@@ -360,3 +389,8 @@ func renderedExampleJS(row string) string {
 		return { description: desc ? desc.innerText : "", example: ex ? ex.innerText : "" };
 	})()`
 }
+
+// browserFlowTimeout bounds the whole browser flow: generous, since
+// Chromium beside a loaded make test (two cores, load average 20) took most
+// of a minute for it.
+const browserFlowTimeout = 3 * time.Minute

@@ -135,7 +135,7 @@ func (rec *exRecorder) recordMain() {
 	rec.example(opReadyz, 200, "", "", rec.send(e, "readyz", http.MethodGet, "/readyz", "", nil))
 
 	// The demo workflow.
-	rec.request(opCreateWF, exWorkflowBody, idempotency.HeaderKey, exCreateKey, idempotency.HeaderPrefer, exPrefer)
+	rec.request(opCreateWF, exWorkflowBody, idempotency.HeaderPrefer, exPrefer)
 	created := rec.send(e, "create", http.MethodPost, "/api/workflows/", tok, exWorkflowBody,
 		idempotency.HeaderKey, exCreateKey, idempotency.HeaderPrefer, exPrefer)
 	rec.example(opCreateWF, 201, "", "the demo workflow of `make run`, with a new Idempotency-Key", created)
@@ -146,7 +146,7 @@ func (rec *exRecorder) recordMain() {
 
 	// A run it passes, and one it fails.
 	start := "/api/workflows/" + wf + "/start/"
-	rec.request(opStart, exStartBody, idempotency.HeaderKey, exStartKey, idempotency.HeaderPrefer, exPrefer)
+	rec.request(opStart, exStartBody, idempotency.HeaderPrefer, exPrefer)
 	started := rec.send(e, "start", http.MethodPost, start, tok, exStartBody,
 		idempotency.HeaderKey, exStartKey, idempotency.HeaderPrefer, exPrefer)
 	rec.example(opStart, 201, "", "a submission the demo workflow passes, with a new Idempotency-Key; the run is queued", started)

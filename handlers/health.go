@@ -19,7 +19,7 @@ type healthHandlers struct {
 
 // Status is the body of /healthz and /readyz.
 type Status struct {
-	Status string `json:"status" example:"ok"`
+	Status string `json:"status" validate:"required" example:"ok"`
 }
 
 // live godoc

@@ -28,15 +28,15 @@ const (
 // request with it go through, when, and what did it create?
 type IdempotencyKey struct {
 	// Scope is the endpoint the key belongs to: workflow_start or workflow_create.
-	Scope string `json:"scope" example:"workflow_start"`
-	Key   string `json:"key" example:"order-1042"`
+	Scope string `json:"scope" validate:"required" enums:"workflow_start,workflow_create" example:"workflow_start"`
+	Key   string `json:"key" validate:"required" example:"order-1042"`
 	// State is finished (a retry gets the stored answer), expired (a request
 	// with this key now starts new work) or in_progress (its first request is
 	// being processed right now: nothing else is known yet; look again shortly).
-	State string `json:"state" example:"finished" enums:"finished,expired,in_progress"`
+	State string `json:"state" validate:"required" example:"finished" enums:"finished,expired,in_progress"`
 	// CreatedAt is when the first request finished; ExpiresAt when the key expires.
-	CreatedAt *time.Time `json:"created_at,omitempty" example:"2026-11-22T10:00:00Z"`
-	ExpiresAt *time.Time `json:"expires_at,omitempty" example:"2026-11-23T10:00:00Z"`
+	CreatedAt *time.Time `json:"created_at,omitempty" format:"date-time" example:"2026-11-22T10:00:00Z"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty" format:"date-time" example:"2026-11-23T10:00:00Z"`
 	// RequestID is the X-Request-Id of the request that did the work.
 	RequestID string `json:"request_id,omitempty" example:"69c2d1f4ac32164190e26ac5"`
 	// RequestMethod and RequestPath are what it was sent to.
@@ -46,7 +46,7 @@ type IdempotencyKey struct {
 	ResponseStatus int `json:"response_status,omitempty" example:"201"`
 	// ValidationRunID is the run it created (absent for other answers, and
 	// once the run is gone).
-	ValidationRunID *string `json:"validation_run_id,omitempty" example:"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"`
+	ValidationRunID *string `json:"validation_run_id,omitempty" format:"uuid" example:"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"`
 }
 
 // get godoc
@@ -61,7 +61,7 @@ type IdempotencyKey struct {
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
 //	@Param			scope	path		string				true	"The endpoint scope"	Enums(workflow_start, workflow_create)
-//	@Param			key		path		string				true	"The Idempotency-Key, percent-encoded (such as order-1042)"
+//	@Param			key		path		string				true	"The Idempotency-Key, percent-encoded (such as order-1042): 1 to 255 printable ASCII characters, in the bare form (no quotes, no space first or last)"	minlength(1)	maxlength(255)	extensions(x-pattern=^[!#-~]$|^[!#-~][ -~]*[!-~]$)
 //	@Success		200		{object}	IdempotencyKey		"The key."
 //	@Failure		400		{object}	ProblemBadRequest	"`validation_error`: the key is not 1 to 255 printable ASCII characters."
 //	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."

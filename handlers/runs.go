@@ -23,44 +23,49 @@ type runHandlers struct {
 	handOff func(*models.QueuedRun)
 }
 
-// StartRunRequest is the body of POST /api/workflows/{id}/start/.
+// StartRunRequest is the body of POST /api/workflows/{id}/start/. A member
+// it does not name is refused (400 validation_error).
 type StartRunRequest struct {
-	// Submission is the JSON document to validate: any JSON value.
-	Submission json.RawMessage `json:"submission" swaggertype:"object"`
-	// Metadata is an optional JSON object, visible to CEL assertions as `metadata`.
-	Metadata json.RawMessage `json:"metadata,omitempty" swaggertype:"object"`
+	// Submission is the JSON document to validate: any JSON value (an
+	// object, an array, a string, a number, true, false or null).
+	Submission json.RawMessage `json:"submission" validate:"required" extensions:"x-nullable"`
+	// Metadata is an optional JSON object (null is the same as absent), visible to CEL assertions as `metadata`.
+	Metadata json.RawMessage `json:"metadata,omitempty" swaggertype:"object" extensions:"x-nullable"`
 }
 
 // Finding is one problem a run found.
 type Finding struct {
-	Step     string `json:"step" example:"schema"`
-	Severity string `json:"severity" example:"error" enums:"error,warning,info"`
-	Path     string `json:"path" example:"/total"`
-	Message  string `json:"message" example:"got string, want number"`
+	Step     string `json:"step" validate:"required" example:"schema"`
+	Severity string `json:"severity" validate:"required" example:"error" enums:"error,warning,info"`
+	Path     string `json:"path" validate:"required" example:"/total"`
+	Message  string `json:"message" validate:"required" example:"got string, want number"`
 }
 
 // Run is a validation run as the API shows it.
 type Run struct {
-	ID         string          `json:"id" example:"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"`
-	WorkflowID string          `json:"workflow_id" example:"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"`
-	Status     string          `json:"status" example:"queued" enums:"queued,running,passed,failed,error"`
-	Submission json.RawMessage `json:"submission" swaggertype:"object"`
-	Metadata   json.RawMessage `json:"metadata" swaggertype:"object"`
+	ID         string `json:"id" validate:"required" format:"uuid" example:"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"`
+	WorkflowID string `json:"workflow_id" validate:"required" format:"uuid" example:"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"`
+	Status     string `json:"status" validate:"required" example:"queued" enums:"queued,running,passed,failed,error"`
+	// Submission is the JSON value the run validates, as it was sent: any JSON value.
+	Submission json.RawMessage `json:"submission" validate:"required" extensions:"x-nullable"`
+	// Metadata is the run's metadata, {} when none was sent.
+	Metadata json.RawMessage `json:"metadata" validate:"required" swaggertype:"object"`
 	// Findings are what the run found, once it has finished (passed, failed
 	// or error; [] when it found nothing). Absent while the run is queued or
 	// running, and from the items of a list: read the run for them.
 	Findings *[]Finding `json:"findings,omitempty"`
 	// Error says why the worker itself failed (status error).
 	Error      *string    `json:"error,omitempty"`
-	Attempts   int        `json:"attempts" example:"0"`
-	CreatedAt  time.Time  `json:"created_at" example:"2026-11-22T10:00:00Z"`
-	StartedAt  *time.Time `json:"started_at,omitempty" example:"2026-11-22T10:00:01Z"`
-	FinishedAt *time.Time `json:"finished_at,omitempty" example:"2026-11-22T10:00:02Z"`
+	Attempts   int        `json:"attempts" validate:"required" minimum:"0" example:"0"`
+	CreatedAt  time.Time  `json:"created_at" validate:"required" format:"date-time" example:"2026-11-22T10:00:00Z"`
+	StartedAt  *time.Time `json:"started_at,omitempty" format:"date-time" example:"2026-11-22T10:00:01Z"`
+	FinishedAt *time.Time `json:"finished_at,omitempty" format:"date-time" example:"2026-11-22T10:00:02Z"`
 }
 
 // RunList is one page of runs, newest first. Its items have no findings.
 type RunList struct {
-	Data       []Run  `json:"data"`
+	Data []Run `json:"data" validate:"required"`
+	// NextCursor fetches the next page (?cursor=); absent on the last page.
 	NextCursor string `json:"next_cursor,omitempty"`
 }
 
@@ -95,26 +100,16 @@ func utc(t *time.Time) *time.Time {
 //
 //	@Summary		Start a validation run
 //	@ID			startRun
-//	@Description	Creates a `queued` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object); a worker executes it, and the run goes `queued -> running -> passed | failed` (or `error`). Poll it at the `Location`. Each start counts against the organisation's monthly quota: past it the answer is 429 `quota_exceeded`.
+//	@Description	Creates a `queued` validation run of the workflow over the submission (any JSON value) and optional metadata (a JSON object). Poll the run at the `Location` until it has `passed`, `failed` or ended in `error`. Each start counts against the organisation's monthly quota (past it: 429 `quota_exceeded`).
 //	@Description
-//	@Description	**Idempotency** (scope `workflow_start`): send an `Idempotency-Key`, and any number of retries create exactly one run, bill once and get the first answer back.
-//	@Description	- **The key**: 1 to 255 printable ASCII characters, bare (`abc`) or as a quoted Structured Field string (`"abc"`), both the same key. Use a new random value, such as a UUID, per run you mean to start, and the same on every retry of it. Optional, unless the server runs with `IDEMPOTENCY_KEY_REQUIRED=true` (then a start without one is 400 `idempotency_key_missing`).
-//	@Description	- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (`IDEMPOTENCY_TTL`); `Idempotency-Key-Expires` on the answer says when. Then the same key starts a new run.
-//	@Description	- **Retry with the same key and request** (path and JSON body; key order, whitespace and number spelling do not matter): nothing is executed or billed again; the answer is the first one, same status, same body byte for byte and same `Location`, plus `Idempotent-Replayed: true` and `Original-Request-Id` (the `X-Request-Id` of the first request). This holds for 4xx answers too, such as 404 and 429.
-//	@Description	- **The same key with another body, or on another workflow**: 422 `idempotency_key_reused`. Use a new key.
-//	@Description	- **While the first request with the key is being processed**: 409 `idempotency_key_in_progress` with `Retry-After`. With `Prefer: wait=N` the request waits instead, up to N seconds and at most `IDEMPOTENCY_MAX_WAIT` (10 s by default), for the first to finish, and gets its answer (or 422) with `Preference-Applied: wait=N`; past that, the 409.
-//	@Description	- **5xx**: nothing was done or stored; retry with the same key.
-//	@Description
-//	@Description	**Rate limit**: an organisation may start `ORG_START_RATE` runs per second (100 by default; its own rate, set by `valruns org rate`, wins; 0 is unlimited), counted across every API process, with a burst of one second's worth. Past it the answer is 429 `rate_limited` with `Retry-After`, and nothing is stored against the Idempotency-Key: retry after `Retry-After` seconds with the same key, and the start executes. Every answer of this route after authentication carries `RateLimit-Policy` (`"org";q=100;w=1`: 100 starts per 1-second window) and `RateLimit` (`"org";r=37;t=1`: 37 starts left, full again in 1 s), while the organisation has a rate.
-//	@Description
-//	@Description	**Overload**: each API process bounds the requests and request bodies it holds at once; past them, after a short wait, the answer is 503 `overloaded` with `Retry-After`: nothing was done, retry with the same key.
+//	@Description	Send a new `Idempotency-Key` per run and the same on every retry: retries then start one run and get the first answer back. The rules (replays, 422, 409, `Prefer: wait`, rate limit, overload) are in the **runs** section's description above.
 //	@Tags			runs
 //	@Accept			json
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
 //	@Param			id				path		string					true	"Workflow id (UUID)"	format(uuid)
-//	@Param			Idempotency-Key	header		string					false	"**A new value per run you mean to start** (a UUID), the same on every retry of it.<br>1 to 255 printable ASCII characters. Optional unless the server sets `IDEMPOTENCY_KEY_REQUIRED=true`.<br>Same key and request: the first answer again. Same key, other body: 422. First still running: 409. See the description above."
+//	@Param			Idempotency-Key	header		string					false	"**A new value per run you mean to start** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.<br>1 to 255 printable ASCII characters. Optional unless the server sets `IDEMPOTENCY_KEY_REQUIRED=true`.<br>Same key and request: the first answer again. Same key, other body: 422. First still running: 409. The rules: the runs section above."	minlength(1)	maxlength(255)	extensions(x-pattern=^[!#-~][ -~]*$|^"[ !#-\x5b\x5d-~]+"$)
 //	@Param			Prefer			header		string					false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		StartRunRequest			true	"The submission to validate, and optional metadata"
 //	@Success		201				{object}	Run						"Created: the queued run; with `Idempotent-Replayed: true`, the replay of the first answer."
@@ -130,8 +125,8 @@ func utc(t *time.Time) *time.Time {
 //	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done, billed or stored; retry, with the same key."
 //	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds, with the same key."
 //	@Header			201				{string}	Location				"The run: /api/runs/{run_id}/"
-//	@Header			201				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
-//	@Header			201				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
+//	@Header			201,400,404,429				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+//	@Header			201,400,404,429				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
 //	@Header			201,400,404,422,429	{string}	Idempotency-Key-Expires	"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
 //	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,429,500,503		{integer}	Retry-After				"Seconds to wait before retrying (on a 429: only `rate_limited`)."

@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"bytes"
+	_ "embed"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -15,8 +16,9 @@ import (
 	"github.com/valruns/valruns/problem"
 )
 
-// swaggerUI serves Swagger UI at /swagger/index.html and the spec swag
-// generated (package docs) at /swagger/doc.json. The UI's assets are
+// swaggerUI serves Swagger UI at /swagger/index.html, the spec swag
+// generated (package docs) at /swagger/doc.json, and the same converted to
+// OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml (make docs). The UI's assets are
 // embedded in the binary (swaggo/files), so nothing comes from a CDN. Each
 // router gets its own file handler: gin-swagger sets the handler's prefix on
 // first use, which would race on the shared swaggerFiles.Handler.
@@ -24,17 +26,21 @@ import (
 // one of its files is a 404 problem, as an unknown route is.
 func swaggerUI() gin.HandlerFunc {
 	spec := specJSON()
-	ui := ginSwagger.WrapHandler(swaggerFiles.NewHandler(),
-		ginSwagger.URL("doc.json"),
-		ginSwagger.DefaultModelsExpandDepth(1),
-		ginSwagger.DocExpansion("list"),
-	)
+	// The options of Swagger UI are in swaggerInitializer, which is served
+	// in place of the one gin-swagger would write from them.
+	ui := ginSwagger.WrapHandler(swaggerFiles.NewHandler())
 	return func(c *gin.Context) {
 		switch name := strings.TrimPrefix(c.Param("any"), "/"); {
 		case name == "":
 			c.Redirect(http.StatusMovedPermanently, "/swagger/index.html")
 		case name == "doc.json":
 			c.Data(http.StatusOK, "application/json; charset=utf-8", spec)
+		case name == "openapi.json":
+			c.Data(http.StatusOK, "application/json; charset=utf-8", docs.OpenAPI3JSON)
+		case name == "openapi.yaml":
+			c.Data(http.StatusOK, "application/yaml; charset=utf-8", docs.OpenAPI3YAML)
+		case name == "swagger-initializer.js":
+			c.Data(http.StatusOK, "application/javascript; charset=utf-8", swaggerInitializer)
 		case !swaggerUIFiles[name]:
 			problem.Abort(c, http.StatusNotFound, "not_found", "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
 		case c.Request.Method == http.MethodHead:
@@ -50,6 +56,13 @@ func swaggerUI() gin.HandlerFunc {
 		}
 	}
 }
+
+// swaggerInitializer replaces gin-swagger's swagger-initializer.js: the
+// same options, and a request interceptor that sends a new Idempotency-Key
+// for every "Try it out" POST whose key field is empty.
+//
+//go:embed swagger-initializer.js
+var swaggerInitializer []byte
 
 // swaggerUIFiles are the files of Swagger UI that gin-swagger serves.
 var swaggerUIFiles = map[string]bool{
@@ -86,30 +99,32 @@ var specJSON = sync.OnceValue(func() []byte {
 // Index is the body of GET /: where to find the API and its documentation.
 // Links are paths, valid on whatever address the service listens on.
 type Index struct {
-	Name    string     `json:"name" example:"valruns"`
-	Version string     `json:"version" example:"1.0.0"`
-	Links   IndexLinks `json:"links"`
+	Name    string     `json:"name" validate:"required" example:"valruns"`
+	Version string     `json:"version" validate:"required" example:"1.0.0"`
+	Links   IndexLinks `json:"links" validate:"required"`
 }
 
 // IndexLinks are the entry points of the service.
 type IndexLinks struct {
 	// SwaggerUI is the interactive documentation.
-	SwaggerUI string `json:"swagger_ui" example:"/swagger/index.html"`
+	SwaggerUI string `json:"swagger_ui" validate:"required" example:"/swagger/index.html"`
 	// OpenAPI is the Swagger 2.0 spec.
-	OpenAPI string `json:"openapi" example:"/swagger/doc.json"`
+	OpenAPI string `json:"openapi" validate:"required" example:"/swagger/doc.json"`
+	// OpenAPI3 is the same spec as OpenAPI 3 (also /swagger/openapi.yaml).
+	OpenAPI3 string `json:"openapi3" validate:"required" example:"/swagger/openapi.json"`
 	// Workflows is where the API starts.
-	Workflows string `json:"workflows" example:"/api/workflows/"`
+	Workflows string `json:"workflows" validate:"required" example:"/api/workflows/"`
 	// Health is the liveness probe (/readyz is the readiness probe).
-	Health string `json:"health" example:"/healthz"`
+	Health string `json:"health" validate:"required" example:"/healthz"`
 	// Metrics are Prometheus metrics.
-	Metrics string `json:"metrics" example:"/metrics"`
+	Metrics string `json:"metrics" validate:"required" example:"/metrics"`
 }
 
 // index godoc
 //
 //	@Summary		API index
 //	@ID			index
-//	@Description	A small JSON index: the service's name and version and links to the Swagger UI, the spec, the API, health and metrics. No authentication.
+//	@Description	A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health and metrics. No authentication.
 //	@Tags			meta
 //	@Produce		json
 //	@Success		200	{object}	Index
@@ -122,6 +137,7 @@ func index(c *gin.Context) {
 		Links: IndexLinks{
 			SwaggerUI: "/swagger/index.html",
 			OpenAPI:   "/swagger/doc.json",
+			OpenAPI3:  "/swagger/openapi.json",
 			Workflows: "/api/workflows/",
 			Health:    "/healthz",
 			Metrics:   "/metrics",
@@ -142,15 +158,15 @@ func index(c *gin.Context) {
 type ProblemBadRequest struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/validation_error"`
+	Type string `json:"type" example:"https://valruns.dev/problems/validation_error"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Bad Request"`
+	Title string `json:"title" example:"Bad Request"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"400"`
+	Status int `json:"status" example:"400"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"limit must be a whole number from 1 to 100."`
+	Detail string `json:"detail" example:"limit must be a whole number from 1 to 100."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"validation_error"`
+	Code string `json:"code" example:"validation_error"`
 }
 
 // ProblemInvalidWorkflow is a 400 problem: a schema or assertion of the workflow does not compile.
@@ -159,15 +175,15 @@ type ProblemBadRequest struct {
 type ProblemInvalidWorkflow struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/invalid_workflow"`
+	Type string `json:"type" example:"https://valruns.dev/problems/invalid_workflow"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Bad Request"`
+	Title string `json:"title" example:"Bad Request"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"400"`
+	Status int `json:"status" example:"400"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"assertions[0].expr (positive_total) does not compile: undeclared reference to 'x'"`
+	Detail string `json:"detail" example:"assertions[0].expr (positive_total) does not compile: undeclared reference to 'x'"`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"invalid_workflow"`
+	Code string `json:"code" example:"invalid_workflow"`
 }
 
 // ProblemUnauthorized is a 401 problem: no usable API token.
@@ -176,15 +192,15 @@ type ProblemInvalidWorkflow struct {
 type ProblemUnauthorized struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/invalid_token"`
+	Type string `json:"type" example:"https://valruns.dev/problems/invalid_token"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Unauthorized"`
+	Title string `json:"title" example:"Unauthorized"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"401"`
+	Status int `json:"status" example:"401"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"The API token is unknown or revoked."`
+	Detail string `json:"detail" example:"The API token is unknown or revoked."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"invalid_token"`
+	Code string `json:"code" example:"invalid_token"`
 }
 
 // ProblemWorkflowNotFound is a 404 problem: no such workflow in the caller's organisation.
@@ -193,15 +209,15 @@ type ProblemUnauthorized struct {
 type ProblemWorkflowNotFound struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/not_found"`
+	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Not Found"`
+	Title string `json:"title" example:"Not Found"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"404"`
+	Status int `json:"status" example:"404"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"Workflow not found."`
+	Detail string `json:"detail" example:"Workflow not found."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"not_found"`
+	Code string `json:"code" example:"not_found"`
 }
 
 // ProblemRunNotFound is a 404 problem: no such run in the caller's organisation.
@@ -210,15 +226,15 @@ type ProblemWorkflowNotFound struct {
 type ProblemRunNotFound struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/not_found"`
+	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Not Found"`
+	Title string `json:"title" example:"Not Found"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"404"`
+	Status int `json:"status" example:"404"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"Run not found."`
+	Detail string `json:"detail" example:"Run not found."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"not_found"`
+	Code string `json:"code" example:"not_found"`
 }
 
 // ProblemKeyNotFound is a 404 problem: no such idempotency key in the caller's organisation and scope.
@@ -227,15 +243,15 @@ type ProblemRunNotFound struct {
 type ProblemKeyNotFound struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/not_found"`
+	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Not Found"`
+	Title string `json:"title" example:"Not Found"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"404"`
+	Status int `json:"status" example:"404"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"Idempotency key not found."`
+	Detail string `json:"detail" example:"Idempotency key not found."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"not_found"`
+	Code string `json:"code" example:"not_found"`
 }
 
 // ProblemInProgress is a 409 problem: the idempotency key's first request is still being processed.
@@ -244,15 +260,15 @@ type ProblemKeyNotFound struct {
 type ProblemInProgress struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/idempotency_key_in_progress"`
+	Type string `json:"type" example:"https://valruns.dev/problems/idempotency_key_in_progress"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Conflict"`
+	Title string `json:"title" example:"Conflict"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"409"`
+	Status int `json:"status" example:"409"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"A request with this idempotency key is currently being processed."`
+	Detail string `json:"detail" example:"A request with this idempotency key is currently being processed."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"idempotency_key_in_progress"`
+	Code string `json:"code" example:"idempotency_key_in_progress"`
 }
 
 // ProblemTooLarge is a 413 problem: the body exceeds MAX_BODY_BYTES.
@@ -261,15 +277,15 @@ type ProblemInProgress struct {
 type ProblemTooLarge struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/request_body_too_large"`
+	Type string `json:"type" example:"https://valruns.dev/problems/request_body_too_large"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Request Entity Too Large"`
+	Title string `json:"title" example:"Request Entity Too Large"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"413"`
+	Status int `json:"status" example:"413"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"The request body exceeds the limit of 1048576 bytes."`
+	Detail string `json:"detail" example:"The request body exceeds the limit of 1048576 bytes."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"request_body_too_large"`
+	Code string `json:"code" example:"request_body_too_large"`
 }
 
 // ProblemBodyTimeout is a 408 problem: the body arrived slower than the server's read timeout.
@@ -278,15 +294,15 @@ type ProblemTooLarge struct {
 type ProblemBodyTimeout struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/request_body_timeout"`
+	Type string `json:"type" example:"https://valruns.dev/problems/request_body_timeout"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Request Timeout"`
+	Title string `json:"title" example:"Request Timeout"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"408"`
+	Status int `json:"status" example:"408"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"The request body did not arrive in time; nothing was done. Send the request again."`
+	Detail string `json:"detail" example:"The request body did not arrive in time; nothing was done. Send the request again."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"request_body_timeout"`
+	Code string `json:"code" example:"request_body_timeout"`
 }
 
 // ProblemUnsupportedEncoding is a 415 problem: a Content-Encoding the server does not decode.
@@ -295,15 +311,15 @@ type ProblemBodyTimeout struct {
 type ProblemUnsupportedEncoding struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/unsupported_content_encoding"`
+	Type string `json:"type" example:"https://valruns.dev/problems/unsupported_content_encoding"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Unsupported Media Type"`
+	Title string `json:"title" example:"Unsupported Media Type"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"415"`
+	Status int `json:"status" example:"415"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded."`
+	Detail string `json:"detail" example:"Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"unsupported_content_encoding"`
+	Code string `json:"code" example:"unsupported_content_encoding"`
 }
 
 // ProblemKeyReused is a 422 problem: the idempotency key was used with another request.
@@ -312,15 +328,15 @@ type ProblemUnsupportedEncoding struct {
 type ProblemKeyReused struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/idempotency_key_reused"`
+	Type string `json:"type" example:"https://valruns.dev/problems/idempotency_key_reused"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Unprocessable Entity"`
+	Title string `json:"title" example:"Unprocessable Entity"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"422"`
+	Status int `json:"status" example:"422"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"Idempotency key has already been used with a different request body."`
+	Detail string `json:"detail" example:"Idempotency key has already been used with a different request body."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"idempotency_key_reused"`
+	Code string `json:"code" example:"idempotency_key_reused"`
 }
 
 // ProblemQuotaExceeded is a 429 problem: the organisation's monthly run quota is used up.
@@ -329,15 +345,15 @@ type ProblemKeyReused struct {
 type ProblemQuotaExceeded struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/quota_exceeded"`
+	Type string `json:"type" example:"https://valruns.dev/problems/quota_exceeded"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Too Many Requests"`
+	Title string `json:"title" example:"Too Many Requests"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"429"`
+	Status int `json:"status" example:"429"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"The organisation has used its monthly quota of 1000 runs."`
+	Detail string `json:"detail" example:"The organisation has used its monthly quota of 1000 runs."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"quota_exceeded"`
+	Code string `json:"code" example:"quota_exceeded"`
 }
 
 // ProblemInternal is a 500 problem: something failed inside and nothing was done.
@@ -346,15 +362,15 @@ type ProblemQuotaExceeded struct {
 type ProblemInternal struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/internal_error"`
+	Type string `json:"type" example:"https://valruns.dev/problems/internal_error"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Internal Server Error"`
+	Title string `json:"title" example:"Internal Server Error"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"500"`
+	Status int `json:"status" example:"500"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"An internal error occurred."`
+	Detail string `json:"detail" example:"An internal error occurred."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"internal_error"`
+	Code string `json:"code" example:"internal_error"`
 }
 
 // ProblemUnavailable is a 503 problem: nothing was done; retry after Retry-After seconds.
@@ -363,13 +379,13 @@ type ProblemInternal struct {
 type ProblemUnavailable struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" binding:"required" example:"https://valruns.dev/problems/service_unavailable"`
+	Type string `json:"type" example:"https://valruns.dev/problems/service_unavailable"`
 	// Title is the HTTP status text.
-	Title string `json:"title" binding:"required" example:"Service Unavailable"`
+	Title string `json:"title" example:"Service Unavailable"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" binding:"required" example:"503"`
+	Status int `json:"status" example:"503"`
 	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" binding:"required" example:"The database is unavailable; retry shortly."`
+	Detail string `json:"detail" example:"The database is unavailable; retry shortly."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" binding:"required" example:"service_unavailable"`
+	Code string `json:"code" example:"service_unavailable"`
 }

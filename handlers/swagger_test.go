@@ -18,7 +18,6 @@ import (
 	"github.com/go-openapi/spec"
 	"github.com/go-openapi/strfmt"
 	"github.com/go-openapi/validate"
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/handlers"
@@ -192,19 +191,35 @@ func TestSpecIdempotentPosts(t *testing.T) {
 				return nil
 			}
 
-			// The key: short, with a UUID to fill in; the rules are the operation's.
+			// The key: what to send, and its rules as the server checks
+			// them; no example, so that Swagger UI hands no two visitors
+			// the same key (it sends a new one for an empty field).
 			key := headerParam("Idempotency-Key")
 			require.Equal(t, "string", key.Type)
 			require.False(t, key.Required, "optional unless IDEMPOTENCY_KEY_REQUIRED=true")
-			require.NoError(t, uuid.Validate(key.Extensions["x-example"].(string)), "the key's example is a UUID")
-			require.Less(t, len(key.Description), 400, "the parameter says what to send; the rules are in the operation's description")
+			require.NotContains(t, key.Extensions, "x-example", "a fixed example key would be every visitor's key")
+			require.Nil(t, key.Example)
+			require.EqualValues(t, 1, *key.MinLength)
+			require.EqualValues(t, 255, *key.MaxLength)
+			require.NotEmpty(t, key.Pattern)
+			require.Less(t, len(key.Description), 400, "the parameter says what to send; the rules are in the tag's description")
 			for _, rule := range []string{"IDEMPOTENCY_KEY_REQUIRED", "255 printable ASCII", "UUID", "422", "409"} {
 				require.Contains(t, key.Description, rule)
 			}
+			// The operation reads at a glance; the rules are its tag's.
+			require.Less(t, len(op.Description), 700, "the operation's description is short: %q", op.Description)
+			require.Len(t, op.Tags, 1)
+			var tagDesc string
+			for _, tag := range sw.Tags {
+				if tag.Name == op.Tags[0] {
+					tagDesc = tag.Description
+				}
+			}
+			require.Contains(t, op.Description, "**"+op.Tags[0]+"**", "the operation points to its tag's rules")
 			for _, rule := range []string{"IDEMPOTENCY_KEY_REQUIRED", "255 printable ASCII", "24 h", "Idempotency-Key-Expires",
 				"Idempotent-Replayed: true", "Original-Request-Id", "422", "409", "Retry-After",
 				"Prefer: wait=N", "IDEMPOTENCY_MAX_WAIT", "Preference-Applied: wait=N", "5xx"} {
-				require.Contains(t, op.Description, rule)
+				require.Contains(t, tagDesc, rule)
 			}
 
 			prefer := headerParam("Prefer")
@@ -396,10 +411,10 @@ func TestSwaggerIndexRoute(t *testing.T) {
 	require.Equal(t, "valruns", idx.Name)
 	require.Equal(t, loadSpecFile(t).Spec().Info.Version, idx.Version)
 	require.Equal(t, handlers.IndexLinks{
-		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/doc.json", Workflows: "/api/workflows/",
+		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/doc.json", OpenAPI3: "/swagger/openapi.json", Workflows: "/api/workflows/",
 		Health: "/healthz", Metrics: "/metrics",
 	}, idx.Links)
-	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.Health, idx.Links.Metrics} {
+	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.OpenAPI3, idx.Links.Health, idx.Links.Metrics} {
 		require.Equal(t, http.StatusOK, get(t, link).Code, link)
 	}
 	require.Equal(t, http.StatusUnauthorized, get(t, idx.Links.Workflows).Code, "the API needs a token")
@@ -419,4 +434,57 @@ func TestSwaggerDocsFiles(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &raw))
 	_, hasHost := raw["host"]
 	require.False(t, hasHost, "docs/swagger.json has no host")
+}
+
+// The OpenAPI 3 document is served as committed (docs/openapi.json and
+// .yaml, converted by make docs), and says what the Swagger 2.0 one does:
+// the same operations.
+func TestSpecOpenAPI3Served(t *testing.T) {
+	t.Parallel()
+	for path, file := range map[string]string{"/swagger/openapi.json": "../docs/openapi.json", "/swagger/openapi.yaml": "../docs/openapi.yaml"} {
+		rec := get(t, path)
+		require.Equal(t, http.StatusOK, rec.Code, path)
+		want, err := os.ReadFile(file)
+		require.NoError(t, err, "run make docs")
+		require.Equal(t, string(want), rec.Body.String(), "%s serves %s", path, file)
+	}
+	var doc struct {
+		OpenAPI string                                `json:"openapi"`
+		Paths   map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(get(t, "/swagger/openapi.json").Body.Bytes(), &doc))
+	require.Regexp(t, `^3\.`, doc.OpenAPI)
+	v3 := map[string]bool{}
+	for p, item := range doc.Paths {
+		for m := range item {
+			v3[routeKey(strings.ToUpper(m), p)] = true
+		}
+	}
+	for k := range specRoutes(loadSpecFile(t).Spec()) {
+		require.True(t, v3[k], "%s is in the OpenAPI 3 document", k)
+	}
+	require.Len(t, v3, len(specRoutes(loadSpecFile(t).Spec())))
+}
+
+// Public routes say so (security: []); every /api/ route needs the token.
+func TestSpecSecurityExplicit(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../docs/openapi.json")
+	require.NoError(t, err)
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Security *[]map[string][]string `json:"security"`
+		} `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	for p, item := range doc.Paths {
+		for m, op := range item {
+			require.NotNil(t, op.Security, "%s %s states its security", m, p)
+			if strings.HasPrefix(p, "/api/") {
+				require.Equal(t, []map[string][]string{{"BearerAuth": {}}}, *op.Security, "%s %s", m, p)
+			} else {
+				require.Empty(t, *op.Security, "%s %s is public", m, p)
+			}
+		}
+	}
 }

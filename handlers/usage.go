@@ -17,18 +17,18 @@ type usageHandlers struct {
 // Usage is what the organisation is billed for this month.
 type Usage struct {
 	// Period is the calendar month (UTC) counted, as YYYY-MM.
-	Period string `json:"period" example:"2026-11"`
+	Period string `json:"period" validate:"required" example:"2026-11"`
 	// PeriodStart and PeriodEnd bound the period: [start, end).
-	PeriodStart time.Time `json:"period_start" example:"2026-11-01T00:00:00Z"`
-	PeriodEnd   time.Time `json:"period_end" example:"2026-12-01T00:00:00Z"`
+	PeriodStart time.Time `json:"period_start" validate:"required" format:"date-time" example:"2026-11-01T00:00:00Z"`
+	PeriodEnd   time.Time `json:"period_end" validate:"required" format:"date-time" example:"2026-12-01T00:00:00Z"`
 	// Runs started this period: each counted once, however often its start was retried.
-	Runs int64 `json:"runs" example:"42"`
+	Runs int64 `json:"runs" validate:"required" minimum:"0" example:"42"`
 	// Quota is the monthly run quota; 0 means unlimited.
-	Quota int64 `json:"quota" example:"1000"`
+	Quota int64 `json:"quota" validate:"required" minimum:"0" example:"1000"`
 	// Unlimited is true when the organisation has no quota.
-	Unlimited bool `json:"unlimited" example:"false"`
+	Unlimited bool `json:"unlimited" validate:"required" example:"false"`
 	// Remaining is how many runs can still start this period; absent when unlimited.
-	Remaining *int64 `json:"remaining,omitempty" example:"958"`
+	Remaining *int64 `json:"remaining,omitempty" minimum:"0" example:"958"`
 }
 
 // get godoc

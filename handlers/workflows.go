@@ -20,28 +20,31 @@ type workflowHandlers struct {
 	workflows *models.WorkflowStore
 }
 
-// CreateWorkflowRequest is the body of POST /api/workflows/.
+// CreateWorkflowRequest is the body of POST /api/workflows/. A member it
+// does not name is refused (400 validation_error).
 type CreateWorkflowRequest struct {
-	// Name of the workflow, 1-200 characters.
-	Name string `json:"name" example:"invoice"`
-	// Schema is an optional JSON Schema (draft 2020-12 unless $schema says otherwise) the submission must satisfy.
-	Schema json.RawMessage `json:"schema,omitempty" swaggertype:"object"`
+	// Name of the workflow, 1-200 characters, not only spaces.
+	Name string `json:"name" validate:"required" minLength:"1" maxLength:"200" extensions:"x-pattern=\\S" example:"invoice"`
+	// Schema is an optional JSON Schema (draft 2020-12 unless $schema says otherwise) the submission must satisfy:
+	// an object, or true or false; null is the same as absent.
+	Schema json.RawMessage `json:"schema,omitempty" extensions:"x-nullable"`
 	// Assertions are optional CEL rules over `submission` and `metadata`.
 	Assertions []validate.Assertion `json:"assertions,omitempty"`
 }
 
 // Workflow is a workflow as the API shows it.
 type Workflow struct {
-	ID         string               `json:"id" example:"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"`
-	Name       string               `json:"name" example:"invoice"`
-	Schema     json.RawMessage      `json:"schema,omitempty" swaggertype:"object"`
-	Assertions []validate.Assertion `json:"assertions"`
-	CreatedAt  time.Time            `json:"created_at" example:"2026-11-22T10:00:00Z"`
+	ID   string `json:"id" validate:"required" format:"uuid" example:"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"`
+	Name string `json:"name" validate:"required" example:"invoice"`
+	// Schema is the workflow's JSON Schema (an object, or true or false); absent when it has none.
+	Schema     json.RawMessage      `json:"schema,omitempty"`
+	Assertions []validate.Assertion `json:"assertions" validate:"required"`
+	CreatedAt  time.Time            `json:"created_at" validate:"required" format:"date-time" example:"2026-11-22T10:00:00Z"`
 }
 
 // WorkflowList is one page of workflows, newest first.
 type WorkflowList struct {
-	Data []Workflow `json:"data"`
+	Data []Workflow `json:"data" validate:"required"`
 	// NextCursor fetches the next page (?cursor=); absent on the last page.
 	NextCursor string `json:"next_cursor,omitempty" example:"MjAyNi0xMS0yMlQwMjo0MDo"`
 }
@@ -60,19 +63,13 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@ID			createWorkflow
 //	@Description	Creates a workflow: a name, an optional JSON Schema (draft 2020-12 unless `$schema` says otherwise) the submission must satisfy, and optional CEL assertions over `submission` and `metadata`. Both are compiled now, so a schema or an expression that does not compile is a 400 (`invalid_workflow`) naming it in `errors`.
 //	@Description
-//	@Description	**Idempotency** (scope `workflow_create`): send an `Idempotency-Key`, and any number of retries create one workflow and get the first answer back.
-//	@Description	- **The key**: 1 to 255 printable ASCII characters, bare (`abc`) or as a quoted Structured Field string (`"abc"`), both the same key. Use a new random value, such as a UUID, per workflow you mean to create, and the same on every retry of it. Optional, unless the server runs with `IDEMPOTENCY_KEY_REQUIRED=true` (then a request without one is 400 `idempotency_key_missing`).
-//	@Description	- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (`IDEMPOTENCY_TTL`); `Idempotency-Key-Expires` on the answer says when.
-//	@Description	- **Retry with the same key and request** (JSON body; key order, whitespace and number spelling do not matter): nothing is created again; the answer is the first one, same status, same body byte for byte and same `Location`, plus `Idempotent-Replayed: true` and `Original-Request-Id` (the `X-Request-Id` of the first request). This holds for 4xx answers too, such as a 400 `invalid_workflow`.
-//	@Description	- **The same key with another body**: 422 `idempotency_key_reused`. Use a new key.
-//	@Description	- **While the first request with the key is being processed**: 409 `idempotency_key_in_progress` with `Retry-After`. With `Prefer: wait=N` the request waits instead, up to N seconds and at most `IDEMPOTENCY_MAX_WAIT` (10 s by default), for the first to finish, and gets its answer (or 422) with `Preference-Applied: wait=N`; past that, the 409.
-//	@Description	- **5xx**: nothing was done or stored; retry with the same key.
+//	@Description	Send a new `Idempotency-Key` per workflow and the same on every retry: retries then create one workflow and get the first answer back. The rules (replays, 422, 409, `Prefer: wait`) are in the **workflows** section's description above.
 //	@Tags			workflows
 //	@Accept			json
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			Idempotency-Key	header		string					false	"**A new value per workflow you mean to create** (a UUID), the same on every retry of it.<br>1 to 255 printable ASCII characters. Optional unless the server sets `IDEMPOTENCY_KEY_REQUIRED=true`.<br>Same key and request: the first answer again. Same key, other body: 422. First still running: 409. See the description above."
+//	@Param			Idempotency-Key	header		string					false	"**A new value per workflow you mean to create** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.<br>1 to 255 printable ASCII characters. Optional unless the server sets `IDEMPOTENCY_KEY_REQUIRED=true`.<br>Same key and request: the first answer again. Same key, other body: 422. First still running: 409. The rules: the workflows section above."	minlength(1)	maxlength(255)	extensions(x-pattern=^[!#-~][ -~]*$|^"[ !#-\x5b\x5d-~]+"$)
 //	@Param			Prefer			header		string					false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		CreateWorkflowRequest	true	"The workflow"
 //	@Success		201				{object}	Workflow				"Created; with `Idempotent-Replayed: true`, the replay of the first answer."
@@ -86,8 +83,8 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done and nothing stored; retry, with the same key."
 //	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds, with the same key."
 //	@Header			201				{string}	Location				"The workflow: /api/workflows/{id}/"
-//	@Header			201				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
-//	@Header			201				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
+//	@Header			201,400				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
+//	@Header			201,400				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
 //	@Header			201,400,422		{string}	Idempotency-Key-Expires	"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key creates a new workflow."
 //	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500,503		{integer}	Retry-After				"Seconds to wait before retrying."

@@ -20,19 +20,20 @@ const typeBase = "https://valruns.dev/problems/"
 // Details is an RFC 9457 problem document.
 type Details struct {
 	// Type is a URI naming the kind of problem.
-	Type string `json:"type" example:"https://valruns.dev/problems/idempotency_key_reused"`
+	Type string `json:"type" validate:"required" example:"https://valruns.dev/problems/idempotency_key_reused"`
 	// Title is a short summary of the kind of problem.
-	Title string `json:"title" example:"Unprocessable Entity"`
+	Title string `json:"title" validate:"required" example:"Unprocessable Entity"`
 	// Status repeats the HTTP status code.
-	Status int `json:"status" example:"422"`
+	Status int `json:"status" validate:"required" example:"422"`
 	// Detail explains this occurrence.
-	Detail string `json:"detail" example:"Idempotency key has already been used with a different request body."`
+	Detail string `json:"detail" validate:"required" example:"Idempotency key has already been used with a different request body."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" example:"idempotency_key_reused"`
-	// Instance is the request path.
-	Instance string `json:"instance,omitempty" example:"/api/workflows/7c0e.../start/"`
-	// RequestID is the X-Request-Id of the request, for support.
-	RequestID string `json:"request_id,omitempty" example:"4f1c2b9e8a7d6c5b"`
+	Code string `json:"code" validate:"required" example:"idempotency_key_reused"`
+	// Instance is the request path (always present in an answer).
+	Instance string `json:"instance,omitempty" validate:"required" example:"/api/workflows/7c0e.../start/"`
+	// RequestID is the X-Request-Id of the request, for support (always
+	// present in an answer; on a replay, the first request's).
+	RequestID string `json:"request_id,omitempty" validate:"required" example:"4f1c2b9e8a7d6c5b"`
 	// Errors lists per-field problems of a 400, when there are several.
 	Errors []FieldError `json:"errors,omitempty"`
 }
@@ -40,9 +41,9 @@ type Details struct {
 // FieldError names one invalid field of a request.
 type FieldError struct {
 	// Field is the JSON path of the field, such as assertions[1].expr.
-	Field string `json:"field" example:"assertions[0].expr"`
+	Field string `json:"field" validate:"required" example:"assertions[0].expr"`
 	// Message says what is wrong with it.
-	Message string `json:"message" example:"undeclared reference to 'x'"`
+	Message string `json:"message" validate:"required" example:"undeclared reference to 'x'"`
 }
 
 // New builds a problem document for status with a stable code and a detail.

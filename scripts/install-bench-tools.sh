@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # install-bench-tools.sh: make sure what the benchmark (make bench) and its tests need exists:
-# pgbench, Node.js with npm, redis-server, and the peer's Node packages (npm ci in bench/peer).
+# pgbench, Node.js with npm, redis-server, and the peer's Node packages (npm ci in bench/peer);
+# also the typed-client test's Node packages (npm ci in internal/tsclient: openapi-typescript, tsc).
 # Installs the missing Debian packages (postgresql-client, nodejs, npm, redis-server) with
 # apt-get when running as root; otherwise it says what to install and exits 1.
 # Idempotent and quick when everything is there.
 #
 #   scripts/install-bench-tools.sh           everything
-#   scripts/install-bench-tools.sh pgbench   only pgbench (and so on: node, redis-server, peer)
+#   scripts/install-bench-tools.sh pgbench   only pgbench (and so on: node, redis-server, peer, tsclient)
 #
 # Set BENCH_REDIS_URL to a Redis the benchmark may flush and redis-server is not needed.
 set -euo pipefail
@@ -36,31 +37,39 @@ need() {
 	fi
 }
 
-peer() {
+# npm_ci DIR WHAT: install DIR's pinned Node packages (npm ci), again only
+# when its package-lock.json changed since the last install.
+npm_ci() {
+	local dir="$1" what="$2"
 	need node nodejs npm
 	need npm npm
-	# npm ci again only when package-lock.json changed since the last install.
-	local stamp=bench/peer/node_modules/.package-lock.json
-	if [ -f "$stamp" ] && [ ! bench/peer/package-lock.json -nt "$stamp" ]; then
+	local stamp="$dir/node_modules/.package-lock.json"
+	if [ -f "$stamp" ] && [ ! "$dir/package-lock.json" -nt "$stamp" ]; then
 		return 0
 	fi
-	say "installing the peer's Node packages (npm ci in bench/peer) ..."
+	say "installing $what (npm ci in $dir) ..."
 	# npm 11 may judge a lock written on another machine out of sync when it
 	# lacks optional packages for other platforms (BullMQ's msgpackr-extract):
 	# then npm install, which installs the locked versions all the same (npm ci is
 	# silenced: the npm install after it says what fails, if anything).
-	(cd bench/peer && { npm ci --no-audit --no-fund --loglevel=silent >&2 ||
-		npm install --no-audit --no-fund --no-save --loglevel=error >&2; }) || die "npm ci / npm install failed in bench/peer"
+	(cd "$dir" && { npm ci --no-audit --no-fund --loglevel=silent >&2 ||
+		npm install --no-audit --no-fund --no-save --loglevel=error >&2; }) || die "npm ci / npm install failed in $dir"
 }
 
+peer() { npm_ci bench/peer "the peer's Node packages"; }
+
+# tsclient: openapi-typescript and tsc for the typed-client test (internal/tsclient).
+tsclient() { npm_ci internal/tsclient "openapi-typescript and TypeScript"; }
+
 what=("$@")
-[ ${#what[@]} -gt 0 ] || what=(pgbench node redis-server peer)
+[ ${#what[@]} -gt 0 ] || what=(pgbench node redis-server peer tsclient)
 for w in "${what[@]}"; do
 	case "$w" in
 	pgbench) need pgbench postgresql-client ;;
 	node) need node nodejs npm ;;
 	redis-server) [ -n "${BENCH_REDIS_URL:-}" ] || need redis-server redis-server ;;
 	peer) peer ;;
-	*) die "unknown tool '$w' (want pgbench, node, redis-server or peer)" ;;
+	tsclient) tsclient ;;
+	*) die "unknown tool '$w' (want pgbench, node, redis-server, peer or tsclient)" ;;
 	esac
 done

@@ -73,16 +73,16 @@ var (
 // Assertion is one CEL rule of a workflow, as the API receives and stores it.
 type Assertion struct {
 	// Name is 1-100 characters, unique within the workflow.
-	Name string `json:"name"`
+	Name string `json:"name" validate:"required" minLength:"1" maxLength:"100" extensions:"x-pattern=\\S" example:"positive_total"`
 	// Expr is CEL over `submission` (dyn) and `metadata` (map(string, dyn)); it must evaluate
 	// to bool. At most MaxExprLength bytes, nested at most MaxExprDepth levels deep.
-	Expr string `json:"expr"`
+	Expr string `json:"expr" validate:"required" minLength:"1" extensions:"x-pattern=\\S" example:"submission.total > 0"`
 	// Severity is error (the default when empty), warning or info. It is the severity of the
 	// assertion's findings, both when the expression is false and when it cannot be
 	// evaluated on a submission.
-	Severity string `json:"severity,omitempty"`
+	Severity string `json:"severity,omitempty" enums:"error,warning,info" example:"error"`
 	// Message is shown when the expression is false; empty means "assertion <name> failed".
-	Message string `json:"message,omitempty"`
+	Message string `json:"message,omitempty" example:"total must be positive"`
 }
 
 // Finding is one problem found in a submission.

@@ -245,6 +245,11 @@ func applyOperation(spec, op *Value, o *Operation) error {
 	if o.Request == nil {
 		return nil
 	}
+	if _, ok := o.Request.Headers["Idempotency-Key"]; ok {
+		// Swagger UI would fill it in for every visitor: they would share
+		// one key, and all but the first get 422s.
+		return fmt.Errorf("request header Idempotency-Key: the spec must not give a fixed key as an example")
+	}
 	params := op.Get("parameters")
 	names := make([]string, 0, len(o.Request.Headers))
 	for name := range o.Request.Headers {

@@ -16,12 +16,15 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// ApplyDir applies f to the three files swag wrote into dir (swag init
+// ApplyDir finishes the three files swag wrote into dir (swag init
 // --outputTypes go,json,yaml): swagger.json, swagger.yaml and the spec
-// template in docs.go, which is what the service serves. Each is written as
-// swag writes it (swagger.json indented by four spaces, swagger.yaml
-// converted from the JSON with sigs.k8s.io/yaml as swag does, docs.go
-// gofmt-ed), so that only the examples differ from swag's own output.
+// template in docs.go, which is what the service serves. It tightens each
+// (Tighten) and applies f to it. Each is written as swag writes it
+// (swagger.json indented by four spaces, swagger.yaml converted from the
+// JSON with sigs.k8s.io/yaml as swag does, docs.go gofmt-ed), so that only
+// the rules and examples differ from swag's own output. Then it converts
+// the result to OpenAPI 3: openapi.json, openapi.yaml, and openapi.go,
+// which embeds them in package docs.
 func ApplyDir(dir string, f *File) error {
 	jsonPath := filepath.Join(dir, "swagger.json")
 	b, err := os.ReadFile(jsonPath)
@@ -32,7 +35,7 @@ func ApplyDir(dir string, f *File) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", jsonPath, err)
 	}
-	if err := Apply(spec, f); err != nil {
+	if err := finish(spec, f); err != nil {
 		return fmt.Errorf("%s: %w", jsonPath, err)
 	}
 	if err := os.WriteFile(jsonPath, spec.Indent("    "), 0o644); err != nil {
@@ -45,7 +48,18 @@ func ApplyDir(dir string, f *File) error {
 	if err := os.WriteFile(filepath.Join(dir, "swagger.yaml"), y, 0o644); err != nil {
 		return err
 	}
+	if err := writeOpenAPI3(dir, spec); err != nil {
+		return err
+	}
 	return applyGoDoc(filepath.Join(dir, "docs.go"), f)
+}
+
+// finish is what make docs adds to swag's spec: the rules, then the examples.
+func finish(spec *Value, f *File) error {
+	if err := Tighten(spec); err != nil {
+		return err
+	}
+	return Apply(spec, f)
 }
 
 // schemesLine is what swag puts first into docs.go's template, where the
@@ -84,7 +98,7 @@ func applyGoDoc(path string, f *File) error {
 	if err != nil {
 		return fmt.Errorf("%s: docTemplate: %w", path, err)
 	}
-	if err := Apply(spec, f); err != nil {
+	if err := finish(spec, f); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	out := spec.Indent("    ")

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/internal/apispec/conform"
 	"github.com/valruns/valruns/internal/testdb"
 	"github.com/valruns/valruns/models"
 )
@@ -231,7 +233,25 @@ func (e *Env) Do(method, path, token string, body any, headers ...string) Respon
 	}
 	rec := httptest.NewRecorder()
 	e.Handler.ServeHTTP(rec, req)
-	return Response{Status: rec.Code, Header: rec.Header(), Body: rec.Body.Bytes()}
+	r := Response{Status: rec.Code, Header: rec.Header(), Body: rec.Body.Bytes()}
+	e.conform(req, r)
+	return r
+}
+
+// conform fails the test when r, the answer to req, is not one the API's
+// OpenAPI document allows for req's operation (package conform): so every
+// answer of every test through Do is also a test of the spec. Answers to
+// requests the document has no operation for (unknown routes, HEAD) are
+// not checked.
+func (e *Env) conform(req *http.Request, r Response) {
+	e.T.Helper()
+	c, err := conform.Spec()
+	if err == nil {
+		err = c.Check(req, r.Status, r.Header, r.Body)
+	}
+	if err != nil && !errors.Is(err, conform.ErrNotDocumented) {
+		e.T.Errorf("the API and its spec disagree (fix the server or the annotations, then make docs): %v", err)
+	}
 }
 
 // Server serves the API on a real loopback listener (for clients that hang
