@@ -144,7 +144,7 @@ type Var struct {
 // Vars lists every setting in the order the README shows them.
 var Vars = []Var{
 	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable", "PostgreSQL connection string"},
-	{"DATABASE_MAX_CONNS", "12", "connections each process keeps to PostgreSQL at most; requests beyond them queue for one, organisations taking turns (one organisation's flood delays another's request by about one request's statements). More is not faster: a few per database core keep PostgreSQL busiest (see Performance)"},
+	{"DATABASE_MAX_CONNS", "12", "connections each process keeps to PostgreSQL at most; requests beyond them queue for one, organisations taking turns. More is not faster: a few per database core keep PostgreSQL busiest (see Performance)"},
 	{"DATABASE_ACQUIRE_TIMEOUT", "5s", "longest a request waits for a database connection (connecting included); past it, 503 `service_unavailable` with `Retry-After`"},
 	{"DATABASE_ANSWER_TIMEOUT", "5s", "longest a request waits for the database's answer to its first statement (a read: to its statements); past it, 503 `service_unavailable` with `Retry-After`, so a hung PostgreSQL does not hang requests. Later statements of a start are bounded by `IDEMPOTENCY_TX_TIMEOUT`"},
 	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis connection string (asynq)"},
