@@ -69,7 +69,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 
 	bin := proctest.Binary(t)
 	dir := t.TempDir()
-	_, addr, _, _ := makeRunServer(t, bin, dir)
+	_, addr, _, _ := proctest.MakeRun(t, bin, dir)
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "bin"), 0o755))
 	require.NoError(t, os.Symlink(bin, filepath.Join(dir, "bin", "valruns")))
 

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -62,7 +62,7 @@ func runCLI(t *testing.T, args ...string) result {
 func runCtx(t *testing.T, ctx context.Context, args ...string) result {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code := run(ctx, args, &out, &errOut)
+	code := Run(ctx, args, &out, &errOut)
 	return result{code: code, stdout: out.String(), stderr: errOut.String()}
 }
 
@@ -91,7 +91,7 @@ type cmdPath struct {
 func (c cmdPath) name() string { return strings.Join(c.path, " ") }
 
 // walkCommands returns every group and every runnable command of the
-// table run() dispatches on, so no command escapes the tests below.
+// table Run dispatches on, so no command escapes the tests below.
 func walkCommands() (groups, leaves []cmdPath) {
 	var walk func(path []string, cmds []command)
 	walk = func(path []string, cmds []command) {
@@ -296,7 +296,7 @@ func TestOverview(t *testing.T) {
 // TestREADMECommands keeps the README's list of commands equal to the
 // binary's.
 func TestREADMECommands(t *testing.T) {
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
 	_, section, ok := strings.Cut(string(b), "\n## Commands\n")
 	require.True(t, ok, "README has a ## Commands section")
@@ -561,7 +561,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var out, errOut bytes.Buffer
-		code := run(ctx, []string{"serve"}, &out, &errOut)
+		code := Run(ctx, []string{"serve"}, &out, &errOut)
 		done <- result{code: code, stdout: out.String(), stderr: errOut.String()}
 	}()
 
@@ -755,7 +755,7 @@ func serveInProcess(t *testing.T) string {
 	done := make(chan result, 1)
 	go func() {
 		var out, errOut bytes.Buffer
-		code := run(ctx, []string{"serve"}, &out, &errOut)
+		code := Run(ctx, []string{"serve"}, &out, &errOut)
 		done <- result{code: code, stdout: out.String(), stderr: errOut.String()}
 	}()
 	t.Cleanup(func() {
@@ -996,7 +996,7 @@ func TestTokenRevokeAmbiguousPrefix(t *testing.T) {
 	require.Equal(t, []string{"vr_abcd222"}, revoked())
 }
 
-// TestBinaryExitCodes runs the real binary: the exit codes run() chooses
+// TestBinaryExitCodes runs the real binary: the exit codes Run chooses
 // are the process's.
 func TestBinaryExitCodes(t *testing.T) {
 	db, dbURL := testdb.New(t)
@@ -1028,3 +1028,5 @@ func TestBinaryExitCodes(t *testing.T) {
 	require.NoError(t, db.Raw(`SELECT count(*) FROM organizations`).Scan(&n).Error)
 	require.Zero(t, n, "org create --help created nothing")
 }
+
+func TestMain(m *testing.M) { os.Exit(proctest.Run(m)) }
