@@ -46,9 +46,9 @@ var commands = []command{
 	{name: "org", summary: "organisations, their quotas and limits", subs: []command{
 		{name: "create", args: "NAME [--slug SLUG]", summary: "create an organisation, print its slug and id", run: cmdOrgCreate},
 		{name: "list", args: "[--json]", summary: "list the organisations: slug, id, monthly run quota, start rate, run share, created", run: cmdOrgList},
-		{name: "quota", args: "SLUG N|default", summary: "set an organisation's monthly run quota (0: unlimited)", run: cmdOrgQuota},
-		{name: "rate", args: "SLUG N|default", summary: "set an organisation's start rate, starts per second (0: unlimited)", run: cmdOrgRate},
-		{name: "share", args: "SLUG N|default", summary: "set how many of an organisation's runs may wait in the queue at once (0: unlimited)", run: cmdOrgShare},
+		{name: "quota", args: "SLUG N|default", summary: "set an organisation's monthly run quota (0: unlimited)", run: orgQuota.run},
+		{name: "rate", args: "SLUG N|default", summary: "set an organisation's start rate, starts per second (0: unlimited)", run: orgRate.run},
+		{name: "share", args: "SLUG N|default", summary: "set how many of an organisation's runs may wait in the queue at once (0: unlimited)", run: orgShare.run},
 	}},
 	{name: "token", summary: "API tokens", subs: []command{
 		{name: "create", args: "--org SLUG", summary: "create an API token, print it once (only its SHA-256 is stored)", run: cmdTokenCreate},
@@ -58,6 +58,7 @@ var commands = []command{
 	{name: "demo", args: "[--token-file PATH]", summary: "ensure a demo org, token and workflow (used by make run)", run: cmdDemo},
 	{name: "start", args: startSynopsis,
 		summary: "start a run through the Go client: one key per call, safe retries, --wait for the result", run: cmdStart},
+	{name: "version", summary: "print the version: module version, VCS revision, Go version (also --version)", run: cmdVersion},
 }
 
 // synopsis is how a command is called: "org create NAME [--slug SLUG]".
@@ -176,6 +177,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, overview())
 		return exitOK
 	}
+	if args[0] == "--version" || args[0] == "-version" { // the convention; `valruns version` is the command
+		args = append([]string{"version"}, args[1:]...)
+	}
 
 	// Find the command: one word per level of the table.
 	var (
@@ -188,11 +192,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		i := slices.IndexFunc(table, func(c command) bool { return c.name == rest[0] })
 		if i < 0 {
 			if path == nil {
-				fmt.Fprintf(stderr, "valruns: unknown command %q\n\n%s", rest[0], overview())
+				fmt.Fprintf(stderr, "valruns: unknown command %q%s\n\n%s", rest[0], suggest(rest[0], table), overview())
 				return exitUsage
 			}
 			name := strings.Join(path, " ")
-			fmt.Fprintf(stderr, "valruns %s: unknown subcommand %q\n\n%s", name, rest[0], groupUsage(path, cmd))
+			fmt.Fprintf(stderr, "valruns %s: unknown subcommand %q%s\n\n%s", name, rest[0], suggest(rest[0], table), groupUsage(path, cmd))
 			return exitUsage
 		}
 		cmd, path, rest = table[i], append(path, table[i].name), rest[1:]
@@ -216,7 +220,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if wantsHelp(rest) {
 		rest = []string{"-h"}
 	}
-	err := cmd.run(ctx, rest, stdout)
+	err := cmd.run(ctx, rest, &console{Writer: stdout, stderr: stderr})
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return exitOK
@@ -230,6 +234,63 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ec.ExitCode()
 	}
 	return exitFail
+}
+
+// suggest is ", did you mean X?" when word is a likely typo of a command
+// of table (within two edits, or its start), else "".
+func suggest(word string, table []command) string {
+	best, bestDist := "", 3
+	for _, c := range table {
+		d := editDistance(strings.ToLower(word), c.name)
+		if len(word) >= 2 && strings.HasPrefix(c.name, word) {
+			d = 1
+		}
+		if d < bestDist {
+			best, bestDist = c.name, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(", did you mean %q?", best)
+}
+
+// editDistance is the Levenshtein distance of a and b, in bytes (command
+// names are ASCII).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+// console is the out a command runs with: its standard output, which also
+// knows the standard error that goes with it (see notice).
+type console struct {
+	io.Writer
+	stderr io.Writer
+}
+
+// notice writes a line for the person at the terminal, not for a pipe
+// reading out: on the standard error that goes with out (discarded when
+// out has none, as while printing a usage).
+func notice(out io.Writer, format string, a ...any) {
+	if c, ok := out.(*console); ok {
+		fmt.Fprintf(c.stderr, format+"\n", a...)
+	}
 }
 
 // isHelp reports whether a command-line word asks for help.

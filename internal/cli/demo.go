@@ -29,7 +29,12 @@ var (
 // since a token is shown only once) and the demo workflow exist, and prints
 // them as shell assignments. Running it again reuses what exists.
 func cmdDemo(ctx context.Context, args []string, out io.Writer) error {
-	fs := flags("demo", "demo [--token-file PATH]", out)
+	fs := flags("demo", "demo [--token-file PATH]", out,
+		"Makes sure the demo organisation (slug demo), an API token of it and its workflow \"demo invoice\"\n"+
+			"(a customer and a positive total; a total of 10000 or more is flagged) exist, and prints them as\n"+
+			"shell assignments for eval: DEMO_ORG, DEMO_TOKEN, DEMO_WORKFLOW. make run runs it. A token is\n"+
+			"shown only once, so the demo token is kept in --token-file; running demo again reuses all three\n"+
+			"(and replaces a kept token that no longer works, as after a database reset).")
 	tokenFile := fs.String("token-file", ".dev/demo-token", "`PATH` of the file the demo token is kept in between runs")
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err

@@ -5,18 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"text/tabwriter"
 	"time"
 
+	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/models"
 )
 
 func cmdOrgCreate(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("org create", "org create NAME [--slug SLUG]", out,
 		"Creates an organisation and prints its slug and id. The slug addresses the organisation in the\n"+
-			"other commands; it is derived from NAME (lowercase, runs of other characters become -) unless\n"+
-			"--slug is given. A slug that is taken is refused: nothing is created.")
+			"other commands; it is derived from NAME unless --slug is given: lowercase, accents dropped\n"+
+			"(\"Ünïcödé Shop\": unicode-shop), runs of other characters become -. A NAME with letters that\n"+
+			"have no ASCII spelling (東京) is refused: give its slug with --slug. A slug that is taken is\n"+
+			"refused: nothing is created.")
 	slug := fs.String("slug", "", "the `SLUG` to address the organisation by: 1 to 63 of a-z, 0-9 and -, starting with a letter or digit\n(default: derived from NAME)")
 	operands, err := parse(fs, args)
 	if err != nil {
@@ -36,6 +40,8 @@ func cmdOrgCreate(ctx context.Context, args []string, out io.Writer) error {
 		if err := models.CheckSlug(*slug); err != nil {
 			return badUsage("--slug: %v", err)
 		}
+	} else if _, err := models.Slugify(name); err != nil {
+		return badUsage("NAME: %v: give the slug with --slug SLUG (a-z, 0-9 and -)", err)
 	}
 	a, err := open(ctx, forWork)
 	if err != nil {
@@ -103,28 +109,70 @@ func cmdOrgList(ctx context.Context, args []string, out io.Writer) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SLUG\tID\tQUOTA\tRATE\tSHARE\tCREATED\tNAME")
 	for _, o := range orgs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.Slug, o.ID, quotaText(o.MonthlyRunQuota),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", o.Slug, o.ID, limitText(o.MonthlyRunQuota, ""),
 			limitText(o.StartRate, "/s"), limitText(o.RunShare, ""), timeText(o.CreatedAt), o.Name)
 	}
 	return tw.Flush()
 }
 
-// quotaText is an organisation's own quota as `org list` shows it.
-func quotaText(q *int64) string {
-	switch {
-	case q == nil:
-		return "default"
-	case *q == 0:
-		return "unlimited"
+// orgLimits are the organisation's own limits `org quota`, `org rate` and
+// `org share` set: one command, orgLimit.run, for the three.
+var (
+	orgQuota = orgLimit[int64]{
+		name: "quota", what: "monthly run quota", unit: " runs a month",
+		env: "DEFAULT_MONTHLY_RUN_QUOTA", appliedBy: "the API processes",
+		help: "Sets how many runs the organisation may start per calendar month (UTC); past it a start is\n" +
+			"answered 429 quota_exceeded.",
+		def: func(c config.Config) int64 { return c.DefaultMonthlyRunQuota },
+		max: math.MaxInt64,
+		set: (*models.OrgStore).SetQuota,
 	}
-	return strconv.FormatInt(*q, 10)
+	orgRate = orgLimit[int]{
+		name: "rate", what: "start rate", unit: " starts per second",
+		env: "ORG_START_RATE", appliedBy: "the running processes",
+		help: "Sets how many starts per second the organisation may make, across every API process (a\n" +
+			"token bucket in Redis whose burst is one second's worth); past it a start is answered 429\n" +
+			"rate_limited with Retry-After, and nothing is stored against its Idempotency-Key.",
+		def: func(c config.Config) int { return c.OrgStartRate },
+		max: math.MaxInt32,
+		set: (*models.OrgStore).SetStartRate,
+	}
+	orgShare = orgLimit[int]{
+		name: "share", what: "run share", unit: " runs in the queue at once",
+		env: "ORG_RUN_SHARE", appliedBy: "the running processes",
+		help: "Sets how many of the organisation's runs may wait in the queue (Redis) at once: another\n" +
+			"organisation's run waits behind at most this many of them. The organisation's other runs\n" +
+			"wait their turn in PostgreSQL, in order, and enter the queue as its runs finish.",
+		def:       func(c config.Config) int { return c.OrgRunShare },
+		zeroMeans: "adaptive: 0.5 s of its runs on the worker slots alive",
+		max:       math.MaxInt32,
+		set:       (*models.OrgStore).SetRunShare,
+	}
+)
+
+// orgLimit is one of an organisation's own limits, as `org NAME SLUG
+// N|default` sets it: a whole number from 0 to max (0 or "unlimited":
+// none), or "default" for the setting env of the processes.
+type orgLimit[T int | int64] struct {
+	// name is the subcommand; what and unit name the limit and its value
+	// in messages ("start rate", " starts per second").
+	name, what, unit string
+	// env is the setting that applies by default, appliedBy who reads it.
+	env, appliedBy string
+	// help is the usage's first paragraph: what the limit limits.
+	help string
+	def  func(config.Config) T
+	// max is the largest value the database column holds.
+	max T
+	// zeroMeans: what a default of 0 means, when not unlimited.
+	zeroMeans string
+	set       func(*models.OrgStore, context.Context, string, *T) error
 }
 
-func cmdOrgQuota(ctx context.Context, args []string, out io.Writer) error {
-	fs := flags("org quota", "org quota SLUG N|default", out,
-		"Sets how many runs the organisation may start per calendar month (UTC):\n"+
-			"  N        a whole number; 0 (or \"unlimited\") means unlimited\n"+
-			"  default  DEFAULT_MONTHLY_RUN_QUOTA of the API processes applies\n\n"+
+func (l orgLimit[T]) run(ctx context.Context, args []string, out io.Writer) error {
+	fs := flags("org "+l.name, "org "+l.name+" SLUG N|default", out, l.help,
+		"  N        a whole number; 0 (or \"unlimited\") means unlimited\n"+
+			"  default  "+l.env+" of "+l.appliedBy+" applies\n\n"+
 			"An API process trusts what it read with a token for AUTH_CACHE_TTL, so running servers apply\n"+
 			"the change within AUTH_CACHE_TTL.")
 	operands, err := parse(fs, args)
@@ -135,102 +183,9 @@ func cmdOrgQuota(ctx context.Context, args []string, out io.Writer) error {
 		return badUsage("want SLUG and N|default, got %d argument(s)", len(operands))
 	}
 	slug, value := operands[0], operands[1]
-	var quota *int64
-	switch value {
-	case "default":
-	case "unlimited":
-		quota = new(int64)
-	default:
-		n, err := strconv.ParseInt(value, 10, 64)
-		if err != nil || n < 0 {
-			return badUsage("quota %q: want a whole number >= 0 (0: unlimited) or default", value)
-		}
-		quota = &n
-	}
-	a, err := open(ctx, forWork)
+	limit, err := l.parse(value)
 	if err != nil {
 		return err
-	}
-	defer a.close()
-	orgs := models.NewOrgStore(a.db)
-	org, err := orgBySlug(ctx, orgs, slug)
-	if err != nil {
-		return err
-	}
-	if err := orgs.SetQuota(ctx, org.ID, quota); err != nil {
-		return err
-	}
-	var effective string
-	switch {
-	case quota == nil:
-		effective = "default: DEFAULT_MONTHLY_RUN_QUOTA of the API processes applies (" +
-			runsPerMonth(a.cfg.DefaultMonthlyRunQuota) + " in this environment)"
-	default:
-		effective = runsPerMonth(*quota)
-	}
-	fmt.Fprintf(out, "%s: monthly run quota is now %s\n", org.Slug, effective)
-	fmt.Fprintf(out, "Running API processes apply it within AUTH_CACHE_TTL (%s in this environment); new ones at once.\n", a.cfg.AuthCacheTTL)
-	return nil
-}
-
-func cmdOrgRate(ctx context.Context, args []string, out io.Writer) error {
-	return orgLimit{
-		name: "rate", what: "start rate", unit: " starts per second", env: "ORG_START_RATE",
-		help: "Sets how many starts per second the organisation may make, across every API process (a\n" +
-			"token bucket in Redis whose burst is one second's worth); past it a start is answered 429\n" +
-			"rate_limited with Retry-After, and nothing is stored against its Idempotency-Key.",
-		def: func(a *app) int { return a.cfg.OrgStartRate },
-		set: (*models.OrgStore).SetStartRate,
-	}.run(ctx, args, out)
-}
-
-func cmdOrgShare(ctx context.Context, args []string, out io.Writer) error {
-	return orgLimit{
-		name: "share", what: "run share", unit: " runs in the queue at once", env: "ORG_RUN_SHARE",
-		help: "Sets how many of the organisation's runs may wait in the queue (Redis) at once: another\n" +
-			"organisation's run waits behind at most this many of them. The organisation's other runs\n" +
-			"wait their turn in PostgreSQL, in order, and enter the queue as its runs finish.",
-		def:       func(a *app) int { return a.cfg.OrgRunShare },
-		zeroMeans: "adaptive: 0.5 s of its runs on the worker slots alive",
-		set:       (*models.OrgStore).SetRunShare,
-	}.run(ctx, args, out)
-}
-
-// orgLimit is one of an organisation's per-second or per-queue limits as
-// `org rate` and `org share` set it.
-type orgLimit struct {
-	name, what, unit, env, help string
-	def                         func(*app) int
-	// zeroMeans: what a default of 0 means, when not unlimited.
-	zeroMeans string
-	set       func(*models.OrgStore, context.Context, string, *int) error
-}
-
-func (l orgLimit) run(ctx context.Context, args []string, out io.Writer) error {
-	fs := flags("org "+l.name, "org "+l.name+" SLUG N|default", out, l.help+"\n"+
-		"  N        a whole number; 0 (or \"unlimited\") means unlimited\n"+
-		"  default  "+l.env+" of the running processes applies\n\n"+
-		"An API process trusts what it read with a token for AUTH_CACHE_TTL, so running servers apply\n"+
-		"the change within AUTH_CACHE_TTL.")
-	operands, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(operands) != 2 {
-		return badUsage("want SLUG and N|default, got %d argument(s)", len(operands))
-	}
-	slug, value := operands[0], operands[1]
-	var limit *int
-	switch value {
-	case "default":
-	case "unlimited":
-		limit = new(int)
-	default:
-		n, err := strconv.ParseInt(value, 10, 32)
-		if err != nil || n < 0 {
-			return badUsage("%s %q: want a whole number from 0 to 2147483647 (0: unlimited) or default", l.name, value)
-		}
-		limit = new(int(n))
 	}
 	a, err := open(ctx, forWork)
 	if err != nil {
@@ -247,19 +202,38 @@ func (l orgLimit) run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	effective := limitText(limit, l.unit)
 	if limit == nil {
-		def := limitText(new(l.def(a)), l.unit)
-		if l.def(a) == 0 && l.zeroMeans != "" {
-			def = l.zeroMeans
+		def := l.def(a.cfg)
+		text := limitText(&def, l.unit)
+		if def == 0 && l.zeroMeans != "" {
+			text = l.zeroMeans
 		}
-		effective = fmt.Sprintf("default: %s of the running processes applies (%s in this environment)", l.env, def)
+		effective = fmt.Sprintf("default: %s of %s applies (%s in this environment)", l.env, l.appliedBy, text)
 	}
 	fmt.Fprintf(out, "%s: %s is now %s\n", org.Slug, l.what, effective)
 	fmt.Fprintf(out, "Running API processes apply it within AUTH_CACHE_TTL (%s in this environment); new ones at once.\n", a.cfg.AuthCacheTTL)
 	return nil
 }
 
+// parse reads N, "unlimited" (0) or "default" (nil).
+func (l orgLimit[T]) parse(value string) (*T, error) {
+	switch value {
+	case "default":
+		return nil, nil
+	case "unlimited":
+		return new(T), nil
+	}
+	n, err := strconv.ParseInt(value, 10, 64)
+	if err != nil || n < 0 || n > int64(l.max) {
+		if int64(l.max) == math.MaxInt64 {
+			return nil, badUsage("%s %q: want a whole number >= 0 (0: unlimited) or default", l.name, value)
+		}
+		return nil, badUsage("%s %q: want a whole number from 0 to %d (0: unlimited) or default", l.name, value, l.max)
+	}
+	return new(T(n)), nil
+}
+
 // limitText is a limit as the org commands show it.
-func limitText(n *int, unit string) string {
+func limitText[T int | int64](n *T, unit string) string {
 	switch {
 	case n == nil:
 		return "default"
@@ -267,13 +241,6 @@ func limitText(n *int, unit string) string {
 		return "unlimited"
 	}
 	return fmt.Sprintf("%d%s", *n, unit)
-}
-
-func runsPerMonth(q int64) string {
-	if q == 0 {
-		return "unlimited"
-	}
-	return fmt.Sprintf("%d runs a month", q)
 }
 
 // orgBySlug finds an organisation; an unknown slug is an error that says

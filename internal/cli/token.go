@@ -13,7 +13,8 @@ import (
 
 func cmdTokenCreate(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("token create", "token create --org SLUG", out,
-		"Creates an API token for the organisation and prints it. It is shown this once: only its\n"+
+		"Creates an API token for the organisation and prints it, alone on stdout (TOKEN=$(valruns token\n"+
+			"create --org acme)). It is shown this once, and a reminder saying so goes to stderr: only its\n"+
 			"SHA-256 and its first characters (the display prefix) are stored.")
 	slug := fs.String("org", "", "`SLUG` of the organisation the token acts for (required)")
 	if err := parseFlagsOnly(fs, args); err != nil {
@@ -35,7 +36,9 @@ func cmdTokenCreate(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(out, token)
+	fmt.Fprintln(out, token) // alone on stdout: TOKEN=$(valruns token create --org acme)
+	notice(out, "This token is shown once, now: only its SHA-256 is stored, so it cannot be shown again.\n"+
+		"Keep it in your secret store; a lost token is replaced with a new one (and `valruns token revoke`).")
 	return nil
 }
 
