@@ -288,9 +288,16 @@ type console struct {
 // reading out: on the standard error that goes with out (discarded when
 // out has none, as while printing a usage).
 func notice(out io.Writer, format string, a ...any) {
+	fmt.Fprintf(stderrOf(out), format+"\n", a...)
+}
+
+// stderrOf is the standard error that goes with out (io.Discard when out
+// is not a command's console).
+func stderrOf(out io.Writer) io.Writer {
 	if c, ok := out.(*console); ok {
-		fmt.Fprintf(c.stderr, format+"\n", a...)
+		return c.stderr
 	}
+	return io.Discard
 }
 
 // isHelp reports whether a command-line word asks for help.

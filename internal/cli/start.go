@@ -74,7 +74,8 @@ type startCmd struct {
 // cmdStart is `valruns start`: the Go client (package client) from the
 // shell.
 func cmdStart(ctx context.Context, args []string, out io.Writer) error {
-	s := startCmd{stdin: os.Stdin, stderr: os.Stderr, getenv: os.Getenv, tty: isTerminal(out) && isTerminal(os.Stderr)}
+	stderr := stderrOf(out)
+	s := startCmd{stdin: os.Stdin, stderr: stderr, getenv: os.Getenv, tty: isTerminal(out) && isTerminal(stderr)}
 	return s.run(ctx, args, out)
 }
 
@@ -342,6 +343,9 @@ func (s startCmd) wait(ctx context.Context, c *client.Client, id string) (*clien
 // isTerminal reports whether w is a terminal (a character device other
 // than /dev/null), with the standard library only.
 func isTerminal(w any) bool {
+	if c, ok := w.(*console); ok {
+		w = c.Writer
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return false

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"os"
 	"runtime"
 	"runtime/debug"
 	"testing"
@@ -28,4 +29,20 @@ func TestVersionText(t *testing.T) {
 	gitRevision, gitModified = "feedbeef", "false"
 	t.Cleanup(func() { gitRevision, gitModified = "", "" })
 	require.Equal(t, "valruns v1.2.3\nrevision feedbeef\n"+goLine, versionText(bi()), "the revision scripts/build.sh passed")
+}
+
+// TestTerminalThroughConsole: a command's out is Run's console; whether it
+// is a terminal is its standard output's answer (valruns start shows its
+// progress line by it). /dev/zero stands in for a terminal: a character
+// device other than /dev/null.
+func TestTerminalThroughConsole(t *testing.T) {
+	f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	z, err := os.OpenFile("/dev/zero", os.O_WRONLY, 0)
+	require.NoError(t, err)
+	defer z.Close()
+	require.True(t, isTerminal(&console{Writer: z, stderr: z}))
+	require.False(t, isTerminal(&console{Writer: f, stderr: z}))
+	require.True(t, isTerminal(stderrOf(&console{Writer: f, stderr: z})))
 }
