@@ -5,23 +5,29 @@ GO ?= go
 
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable
 export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/valruns_test?sslmode=disable
+# make run uses REDIS_URL's database (0); the tests use TEST_REDIS_URL's (9,
+# never flushed) and 10 to 15 of its server, which they flush. Neither starts
+# when REDIS_URL names one of the tests' databases (scripts/redis-dbs.sh).
 export REDIS_URL ?= redis://127.0.0.1:6379/0
-# Tests use their own Redis database numbers (TEST_REDIS_URL's and above) and flush them.
 export TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
+# Another port: make run HTTP_ADDR=127.0.0.1:8090 (it prints B for the Quickstart).
 export HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: run test test-under-load test-tools reliability build services docs docs-check swag bench bench-e2e bench-noisy bench-go fmt vet
+.PHONY: run test redis-dbs test-under-load test-tools reliability build services docs docs-check swag bench bench-e2e bench-noisy bench-go fmt vet
 
-# The first build on a machine downloads and compiles every module, for
-# minutes and silently: say so before it starts.
+# The first build on a machine downloads and compiles some 560 packages, for
+# minutes: scripts/build.sh says when a build is a first one and shows its
+# progress, and records the git revision for `valruns version`.
 build:
-	@echo "building bin/valruns (the first build on a machine downloads and compiles the Go modules: a few minutes; later builds take seconds)"
-	@$(GO) build -o bin/valruns .
+	@GO=$(GO) scripts/build.sh bin/valruns
 
 services:
 	@scripts/dev-services.sh
 
-run: services build
+redis-dbs:
+	@scripts/redis-dbs.sh
+
+run: redis-dbs services build
 	@MIGRATE_ON_START=true bin/valruns migrate up >/dev/null
 	@eval "$$(bin/valruns demo --token-file .dev/demo-token)"; \
 	base="http://$(HTTP_ADDR)"; \
@@ -43,7 +49,7 @@ fmt:
 vet:
 	$(GO) vet ./...
 
-test: services docs-check test-tools
+test: redis-dbs services docs-check test-tools
 	$(GO) vet ./...
 	@bad=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' | grep -v '^docs/')); \
 	if [ -n "$$bad" ]; then echo "gofmt needed on:"; echo "$$bad"; echo "run: make fmt"; exit 1; fi

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apispec"
+	"github.com/valruns/valruns/internal/cli"
 	"github.com/valruns/valruns/validate"
 )
 
@@ -30,8 +31,8 @@ func TestAPIExamplesAreTheDemo(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(create.Request.Body, &wf))
 	require.Equal(t, "demo invoice", wf.Name)
-	require.JSONEq(t, string(demoSchema), string(wf.Schema))
-	require.Equal(t, demoAssertions, wf.Assertions)
+	require.JSONEq(t, string(cli.DemoSchema), string(wf.Schema))
+	require.Equal(t, cli.DemoAssertions, wf.Assertions)
 
 	start := f.Operations["POST /api/workflows/{id}/start/"]
 	require.NotNil(t, start)

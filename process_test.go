@@ -80,21 +80,8 @@ func procStart(t *testing.T, bin, name, dbURL string, env ...string) *procServer
 		}
 	})
 
-	proctest.WaitHTTP(t, s.url+"/healthz", exitedChild(s.exited, s.log))
+	proctest.WaitHTTP(t, s.url+"/healthz", proctest.ExitedChild(s.exited, s.log))
 	return s
-}
-
-// exitedChild tells proctest.WaitHTTP whether a child process has exited,
-// and shows its output if it has.
-func exitedChild(exited <-chan struct{}, log *proctest.Log) func() (string, bool) {
-	return func() (string, bool) {
-		select {
-		case <-exited:
-			return log.String(), true
-		default:
-			return "", false
-		}
-	}
 }
 
 // kill sends SIGKILL and waits for the process to be gone.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -45,8 +46,10 @@ func TestREADMEConfigTable(t *testing.T) {
 // TestREADMEWalkthrough runs the README's Quickstart, every sh block of
 // that section top to bottom in one bash (set -euo pipefail), from a
 // directory laid out like a clone after `make run`: bin/valruns and
-// .dev/demo-token, against the service as `make run` runs it. Its commands
-// must succeed and its answers must be the ones the README describes.
+// .dev/demo-token, against the service as `make run` runs it on a port
+// other than the default, once as a reader who did not paste the export
+// line make run printed and once as one who did. Its commands must succeed
+// and its answers must be the ones the README describes.
 func TestREADMEWalkthrough(t *testing.T) {
 	t.Parallel()
 	b, err := os.ReadFile("README.md")
@@ -54,7 +57,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 	_, section, ok := strings.Cut(string(b), "\n## Quickstart\n")
 	require.True(t, ok, "README has a ## Quickstart section")
 	section, _, _ = strings.Cut(section, "\n## ")
-	var script strings.Builder
+	var walkthrough strings.Builder
 	for {
 		_, rest, ok := strings.Cut(section, "```sh\n")
 		if !ok {
@@ -62,25 +65,42 @@ func TestREADMEWalkthrough(t *testing.T) {
 		}
 		block, after, ok := strings.Cut(rest, "```")
 		require.True(t, ok, "an sh block is closed")
-		script.WriteString(block)
+		walkthrough.WriteString(block)
 		section = after
 	}
-	require.NotEmpty(t, script.String(), "the Quickstart has commands")
+	require.NotEmpty(t, walkthrough.String(), "the Quickstart has commands")
+
+	script := walkthrough.String()
+	// No shell function of the Quickstart may shadow a command, a builtin
+	// or a keyword its reader has (an id() helper once hid id(1)).
+	for _, m := range regexp.MustCompile(`(?m)^\s*(?:function\s+)?([A-Za-z_][A-Za-z0-9_-]*)\s*\(\)`).FindAllStringSubmatch(script, -1) {
+		out, _ := exec.Command("bash", "-c", `type -t "$1" || true`, "bash", m[1]).Output()
+		require.Empty(t, strings.TrimSpace(string(out)), "the Quickstart's function %s() shadows a %s of that name", m[1], strings.TrimSpace(string(out)))
+	}
 
 	bin := proctest.Binary(t)
 	dir := t.TempDir()
-	_, addr, _, _ := makeRunServer(t, bin, dir)
+	_, addr, token, _ := proctest.MakeRun(t, bin, dir)
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "bin"), 0o755))
 	require.NoError(t, os.Symlink(bin, filepath.Join(dir, "bin", "valruns")))
 
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script.String())
-	cmd.Dir = dir
-	cmd.Env = proctest.Env("HTTP_ADDR=" + addr)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the Quickstart failed:\n%s", out)
-	text := string(out)
+	run := func(env ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
+		cmd.Dir = dir
+		// Empty is unset to the Quickstart; a later duplicate wins (os/exec).
+		cmd.Env = append(proctest.Env("B=", "TOKEN="), env...)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "the Quickstart failed:\n%s", out)
+		return string(out)
+	}
+
+	// As a reader who did not paste make run's export line: B from the
+	// HTTP_ADDR make run was given (not the default port), TOKEN from the
+	// file make run keeps.
+	text := run("HTTP_ADDR=" + addr)
 	for _, want := range []string{
 		"HTTP/1.1 201 Created",              // the retry: the stored status...
 		"Idempotent-Replayed: true",         // ...replayed
@@ -93,5 +113,14 @@ func TestREADMEWalkthrough(t *testing.T) {
 		`"status": "passed"`,                // valruns start --wait, indented
 	} {
 		require.Contains(t, text, want, "the Quickstart's output:\n%s", text)
+	}
+
+	// As a reader who pasted make run's `export B=... TOKEN=...`: the
+	// Quickstart keeps both, though this shell's HTTP_ADDR and the kept
+	// token file would say otherwise.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ".dev", "demo-token"), []byte("vr_not-the-token\n"), 0o600))
+	text = run("B=http://"+addr, "TOKEN="+token, "HTTP_ADDR=127.0.0.1:1")
+	for _, want := range []string{"Idempotent-Replayed: true", "\n422\n", `"status":"passed"`, `"status": "passed"`} {
+		require.Contains(t, text, want, "the Quickstart's output with B and TOKEN exported:\n%s", text)
 	}
 }

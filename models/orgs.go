@@ -25,20 +25,6 @@ type OrgStore struct{ db *gorm.DB }
 // NewOrgStore returns an OrgStore on db.
 func NewOrgStore(db *gorm.DB) *OrgStore { return &OrgStore{db: db} }
 
-var nonSlug = regexp.MustCompile(`[^a-z0-9]+`)
-
-// Slugify turns a name into the slug an organisation is addressed by.
-func Slugify(name string) string {
-	s := strings.Trim(nonSlug.ReplaceAllString(strings.ToLower(name), "-"), "-")
-	if len(s) > 50 {
-		s = strings.TrimRight(s[:50], "-")
-	}
-	if s == "" {
-		s = "org"
-	}
-	return s
-}
-
 // Sentinel errors of organisations and tokens.
 var (
 	// ErrInvalidName: an organisation's name is 1 to 200 characters.
@@ -80,7 +66,7 @@ func CheckName(name string) error {
 }
 
 // Create inserts an organisation named name, with the slug derived from it
-// (Slugify). A taken slug is a *SlugTakenError: never a silent suffix, since
+// (Slugify; a name it cannot spell is an *UnsluggableError). A taken slug is a *SlugTakenError: never a silent suffix, since
 // the caller would then address another organisation than they think.
 func (s *OrgStore) Create(ctx context.Context, name string) (*Organization, error) {
 	return s.CreateWithSlug(ctx, name, "")
@@ -94,7 +80,10 @@ func (s *OrgStore) CreateWithSlug(ctx context.Context, name, slug string) (*Orga
 	}
 	name = strings.TrimSpace(name)
 	if slug == "" {
-		slug = Slugify(name)
+		var err error
+		if slug, err = Slugify(name); err != nil {
+			return nil, fmt.Errorf("create organization: %w", err)
+		}
 	}
 	if err := CheckSlug(slug); err != nil {
 		return nil, fmt.Errorf("create organization: %w", err)

@@ -95,6 +95,7 @@ func newRedis(t testing.TB) asynq.RedisClientOpt {
 	}
 	opt := base
 	opt.DB = n
+	refuseForeignWorker(t, opt)
 	flushRedis(t, opt)
 	t.Cleanup(func() {
 		flushRedis(t, opt)
@@ -119,6 +120,32 @@ func flushRedis(t testing.TB, opt asynq.RedisClientOpt) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, c.FlushDB(ctx).Err(), "FLUSHDB %d", opt.DB)
+}
+
+// refuseForeignWorker fails the test, flushing nothing, when an asynq
+// server that is not this test's is alive in the Redis DB it was handed (a
+// `make run` whose REDIS_URL names it): the DB numbers 10..15 are the tests'
+// own (README, Makefile, scripts/redis-dbs.sh), and a test's own servers are
+// gone, and the DB flushed, before its number is handed out again.
+func refuseForeignWorker(t testing.TB, opt asynq.RedisClientOpt) {
+	t.Helper()
+	live, err := liveServers(opt)
+	require.NoError(t, err, "Redis DB %d at %s", opt.DB, opt.Addr)
+	if live > 0 {
+		t.Fatalf("Redis DB %d at %s holds %d live asynq server(s) that are not this test's (a `make run` with REDIS_URL=%s?): "+
+			"the tests flush DBs 10 to 15 of TEST_REDIS_URL's server, so they stop here; give make run another DB (0 to 8) "+
+			"or the tests another Redis (TEST_REDIS_URL)", opt.DB, opt.Addr, live, redisURL(opt))
+	}
+}
+
+// liveServers counts the asynq servers whose heartbeat has not expired
+// in the Redis DB opt names.
+func liveServers(opt asynq.RedisClientOpt) (int64, error) {
+	c := redisClient(opt)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return c.ZCount(ctx, "asynq:servers", strconv.FormatInt(time.Now().Unix(), 10), "+inf").Result()
 }
 
 func redisURL(opt asynq.RedisClientOpt) string {

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -37,7 +37,7 @@ when requests went out unanswered, run again with the same --key.
 Exit codes: 0 passed (without --wait: started), 3 failed, 4 error,
 1 any other failure (such as an unknown workflow), 2 bad usage.`
 
-// Exit codes of `valruns start` besides run()'s 0, 1 and 2.
+// Exit codes of `valruns start` besides Run's 0, 1 and 2.
 const (
 	exitFailed   = 3
 	exitRunError = 4
@@ -50,7 +50,7 @@ const defaultAPIURL = "http://127.0.0.1:8080"
 const maxSubmissionBytes = 64 << 20
 
 // exitCodeError is an error of a command that chooses the exit code (see
-// exitCoder in main.go).
+// exitCoder in cli.go).
 type exitCodeError struct {
 	code int
 	msg  string
@@ -74,7 +74,8 @@ type startCmd struct {
 // cmdStart is `valruns start`: the Go client (package client) from the
 // shell.
 func cmdStart(ctx context.Context, args []string, out io.Writer) error {
-	s := startCmd{stdin: os.Stdin, stderr: os.Stderr, getenv: os.Getenv, tty: isTerminal(out) && isTerminal(os.Stderr)}
+	stderr := stderrOf(out)
+	s := startCmd{stdin: os.Stdin, stderr: stderr, getenv: os.Getenv, tty: isTerminal(out) && isTerminal(stderr)}
 	return s.run(ctx, args, out)
 }
 
@@ -342,6 +343,9 @@ func (s startCmd) wait(ctx context.Context, c *client.Client, id string) (*clien
 // isTerminal reports whether w is a terminal (a character device other
 // than /dev/null), with the standard library only.
 func isTerminal(w any) bool {
+	if c, ok := w.(*console); ok {
+		w = c.Writer
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return false

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -62,7 +62,7 @@ func runCLI(t *testing.T, args ...string) result {
 func runCtx(t *testing.T, ctx context.Context, args ...string) result {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code := run(ctx, args, &out, &errOut)
+	code := Run(ctx, args, &out, &errOut)
 	return result{code: code, stdout: out.String(), stderr: errOut.String()}
 }
 
@@ -91,7 +91,7 @@ type cmdPath struct {
 func (c cmdPath) name() string { return strings.Join(c.path, " ") }
 
 // walkCommands returns every group and every runnable command of the
-// table run() dispatches on, so no command escapes the tests below.
+// table Run dispatches on, so no command escapes the tests below.
 func walkCommands() (groups, leaves []cmdPath) {
 	var walk func(path []string, cmds []command)
 	walk = func(path []string, cmds []command) {
@@ -208,6 +208,21 @@ func TestHelpWalk(t *testing.T) {
 	require.Contains(t, r.stdout, "slug=dash-help ")
 }
 
+// TestHelpSaysWhatItDoes: every command's --help has a paragraph after its
+// usage line saying what the command does, before any list of flags.
+func TestHelpSaysWhatItDoes(t *testing.T) {
+	setEnv(t, unreachableDB)
+	_, leaves := walkCommands()
+	for _, l := range leaves {
+		r := runCLI(t, append(slices.Clone(l.path), "--help")...)
+		require.Equal(t, 0, r.code, r.stderr)
+		_, rest, _ := strings.Cut(r.stdout, "\n")
+		doc, _, _ := strings.Cut(strings.TrimPrefix(rest, "\n"), "\n\n")
+		require.True(t, strings.HasPrefix(rest, "\n") && len(doc) > 20 && !strings.HasPrefix(doc, "Flags:"),
+			"valruns %s --help says what it does after its usage line:\n%s", l.name(), r.stdout)
+	}
+}
+
 // TestBadUsage: every bad call exits 2 with why and the command's usage on
 // stderr, before any connection to the database.
 func TestBadUsage(t *testing.T) {
@@ -296,7 +311,7 @@ func TestOverview(t *testing.T) {
 // TestREADMECommands keeps the README's list of commands equal to the
 // binary's.
 func TestREADMECommands(t *testing.T) {
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
 	_, section, ok := strings.Cut(string(b), "\n## Commands\n")
 	require.True(t, ok, "README has a ## Commands section")
@@ -410,6 +425,8 @@ func TestOrgAndTokenCreate(t *testing.T) {
 	require.NoError(t, err, "the printed token authenticates")
 	require.Equal(t, orgID, p.OrgID)
 
+	require.Contains(t, r.stderr, "This token is shown once", "the reminder, on stderr so that TOKEN=$(...) gets the token alone")
+
 	r2 := runCLI(t, "token", "create", "--org", "acme-inc")
 	require.Equal(t, 0, r2.code, r2.stderr)
 	require.NotEqual(t, token, strings.TrimSpace(r2.stdout), "every token is new")
@@ -420,6 +437,19 @@ func TestOrgAndTokenCreate(t *testing.T) {
 	require.Contains(t, r.stderr, `no organisation with slug "nope"`)
 	require.Contains(t, r.stderr, "valruns org create")
 
+	// A name in other letters gets a readable slug, or a refusal naming --slug.
+	r = runCLI(t, "org", "create", "Ünïcödé Shop")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.True(t, strings.HasPrefix(r.stdout, "slug=unicode-shop id="), r.stdout)
+	before := snapshot(t, db)
+	r = runCLI(t, "org", "create", "Київ")
+	require.Equal(t, 2, r.code, r.stdout)
+	require.Contains(t, r.stderr, "Київ has no ASCII spelling")
+	require.Contains(t, r.stderr, "--slug SLUG")
+	require.Equal(t, before, snapshot(t, db), "nothing created")
+	r = runCLI(t, "org", "create", "Київ", "--slug", "kyiv")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.True(t, strings.HasPrefix(r.stdout, "slug=kyiv id="), r.stdout)
 }
 
 func TestStartupErrorsNameTheVariable(t *testing.T) {
@@ -561,7 +591,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var out, errOut bytes.Buffer
-		code := run(ctx, []string{"serve"}, &out, &errOut)
+		code := Run(ctx, []string{"serve"}, &out, &errOut)
 		done <- result{code: code, stdout: out.String(), stderr: errOut.String()}
 	}()
 
@@ -755,7 +785,7 @@ func serveInProcess(t *testing.T) string {
 	done := make(chan result, 1)
 	go func() {
 		var out, errOut bytes.Buffer
-		code := run(ctx, []string{"serve"}, &out, &errOut)
+		code := Run(ctx, []string{"serve"}, &out, &errOut)
 		done <- result{code: code, stdout: out.String(), stderr: errOut.String()}
 	}()
 	t.Cleanup(func() {
@@ -996,7 +1026,7 @@ func TestTokenRevokeAmbiguousPrefix(t *testing.T) {
 	require.Equal(t, []string{"vr_abcd222"}, revoked())
 }
 
-// TestBinaryExitCodes runs the real binary: the exit codes run() chooses
+// TestBinaryExitCodes runs the real binary: the exit codes Run chooses
 // are the process's.
 func TestBinaryExitCodes(t *testing.T) {
 	db, dbURL := testdb.New(t)
@@ -1015,6 +1045,11 @@ func TestBinaryExitCodes(t *testing.T) {
 		{args: []string{"org", "quota", "nope", "-5"}, wantCode: 2, wantErr: `valruns org quota: quota "-5": want a whole number >= 0 (0: unlimited) or default` + "\n\nUsage: valruns org quota"},
 		{args: []string{"org", "create", "Acme", "--slug", ""}, wantCode: 2, wantErr: "valruns org create: --slug is empty"},
 		{args: []string{"org", "list"}, wantCode: 0, wantOut: "no organisations yet"},
+		{args: []string{"version"}, wantCode: 0, wantOut: "valruns (devel)\nrevision "},
+		{args: []string{"--version"}, wantCode: 0, wantOut: "valruns (devel)\nrevision "},
+		{args: []string{"serv"}, wantCode: 2, wantErr: `valruns: unknown command "serv", did you mean "serve"?` + "\n\nvalruns: the idempotent job-start API"},
+		{args: []string{"org", "creat", "Acme"}, wantCode: 2, wantErr: `valruns org: unknown subcommand "creat", did you mean "create"?`},
+		{args: []string{"org", "create", "東京"}, wantCode: 2, wantErr: `valruns org create: NAME: name "東京": 東京 has no ASCII spelling to derive a readable slug from: give the slug with --slug SLUG`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -1028,3 +1063,5 @@ func TestBinaryExitCodes(t *testing.T) {
 	require.NoError(t, db.Raw(`SELECT count(*) FROM organizations`).Scan(&n).Error)
 	require.Zero(t, n, "org create --help created nothing")
 }
+
+func TestMain(m *testing.M) { os.Exit(proctest.Run(m)) }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -17,9 +17,9 @@ import (
 // The demo workflow `make run` creates: an invoice needs a customer and a
 // positive total, and large totals are flagged.
 var (
-	demoSchema = json.RawMessage(`{"type":"object","required":["customer","total"],` +
+	DemoSchema = json.RawMessage(`{"type":"object","required":["customer","total"],` +
 		`"properties":{"customer":{"type":"string","minLength":1},"total":{"type":"number"}}}`)
-	demoAssertions = []validate.Assertion{
+	DemoAssertions = []validate.Assertion{
 		{Name: "positive_total", Expr: "submission.total > 0", Severity: "error", Message: "total must be positive"},
 		{Name: "large_total", Expr: "submission.total < 10000", Severity: "warning", Message: "total is unusually large"},
 	}
@@ -29,7 +29,12 @@ var (
 // since a token is shown only once) and the demo workflow exist, and prints
 // them as shell assignments. Running it again reuses what exists.
 func cmdDemo(ctx context.Context, args []string, out io.Writer) error {
-	fs := flags("demo", "demo [--token-file PATH]", out)
+	fs := flags("demo", "demo [--token-file PATH]", out,
+		"Makes sure the demo organisation (slug demo), an API token of it and its workflow \"demo invoice\"\n"+
+			"(a customer and a positive total; a total of 10000 or more is flagged) exist, and prints them as\n"+
+			"shell assignments for eval: DEMO_ORG, DEMO_TOKEN, DEMO_WORKFLOW. make run runs it. A token is\n"+
+			"shown only once, so the demo token is kept in --token-file; running demo again reuses all three\n"+
+			"(and replaces a kept token that no longer works, as after a database reset).")
 	tokenFile := fs.String("token-file", ".dev/demo-token", "`PATH` of the file the demo token is kept in between runs")
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
@@ -72,12 +77,12 @@ func cmdDemo(ctx context.Context, args []string, out io.Writer) error {
 	workflows := models.NewWorkflowStore(a.db)
 	wf, err := workflows.ByName(ctx, org.ID, "demo invoice")
 	if errors.Is(err, models.ErrNotFound) {
-		_, assertions, cerr := validate.Compile(demoSchema, demoAssertions)
+		_, assertions, cerr := validate.Compile(DemoSchema, DemoAssertions)
 		if cerr != nil {
 			return cerr
 		}
 		ab, _ := json.Marshal(assertions)
-		wf = &models.Workflow{OrgID: org.ID, Name: "demo invoice", Schema: models.JSON(demoSchema), Assertions: ab}
+		wf = &models.Workflow{OrgID: org.ID, Name: "demo invoice", Schema: models.JSON(DemoSchema), Assertions: ab}
 		err = workflows.Create(a.db.WithContext(ctx), wf)
 	}
 	if err != nil {

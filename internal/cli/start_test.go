@@ -1,122 +1,40 @@
-package main
+package cli
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/client"
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/internal/proctest"
-	"github.com/valruns/valruns/internal/testdb"
 )
 
-// testRedisURL is TEST_REDIS_URL (default redis://127.0.0.1:6379/9).
-// testRedisQueue serialises the tests whose worker uses testRedisURL.
-var testRedisQueue sync.Mutex
-
-func testRedisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379/9"
-}
-
-// startBin runs the built binary with args, the environment env (added to
-// a clean one) and stdin, and returns its exit code and output.
+// startBin runs the built binary (see proctest.Exec).
 func startBin(t *testing.T, bin string, env []string, stdin string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = proctest.Env(env...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	code := 0
-	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
-		code = ee.ExitCode()
-	} else {
-		require.NoError(t, err)
-	}
-	return result{code: code, stdout: out.String(), stderr: errOut.String()}
-}
-
-// makeRunServer is the service as `make run` starts it: `valruns serve
-// --worker` with MIGRATE_ON_START=true on a fresh empty database, then
-// `valruns demo`, which keeps the demo token in dir/.dev/demo-token. The
-// worker really validates runs (Redis: TEST_REDIS_URL). It returns the
-// database, the API's address and the demo's token and workflow id.
-func makeRunServer(t *testing.T, bin, dir string) (db *gorm.DB, addr, token, wf string) {
-	t.Helper()
-	// One such service at a time: they share TEST_REDIS_URL's queue, and a
-	// worker drops a task whose run is in another test's database (the run
-	// then waits for a sweeper to redeliver it).
-	testRedisQueue.Lock()
-	t.Cleanup(testRedisQueue.Unlock) // registered first: runs after the server has stopped
-	db, dbURL := testdb.New(t, testdb.Options{Empty: true, MaxOpenConns: 2})
-	addr = proctest.FreeAddr(t)
-	apiURL := "http://" + addr
-	serverEnv := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testRedisURL(), "HTTP_ADDR=" + addr,
-		"MIGRATE_ON_START=true", "LOG_FORMAT=json", "LOG_LEVEL=warn", "WORKER_CONCURRENCY=2",
-		"ORG_START_RATE="} // as make run runs it: the documented default rate
-	log := &proctest.Log{}
-	srv := exec.Command(bin, "serve", "--worker")
-	srv.Env = proctest.Env(serverEnv...)
-	srv.Stdout, srv.Stderr = log, log
-	require.NoError(t, srv.Start())
-	exited := make(chan struct{})
-	go func() { _ = srv.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = srv.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = srv.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("valruns serve --worker output:\n%s", log.String())
-		}
-	})
-	proctest.WaitHTTP(t, apiURL+"/readyz", exitedChild(exited, log))
-
-	demo := startBin(t, bin, []string{"DATABASE_URL=" + dbURL}, "", "demo", "--token-file", filepath.Join(dir, ".dev", "demo-token"))
-	require.Equal(t, 0, demo.code, demo.stderr)
-	vars := map[string]string{}
-	for _, line := range strings.Fields(demo.stdout) {
-		k, v, _ := strings.Cut(line, "=")
-		vars[k] = v
-	}
-	token, wf = vars["DEMO_TOKEN"], vars["DEMO_WORKFLOW"]
-	require.NotEmpty(t, token)
-	require.NotEmpty(t, wf)
-	return db, addr, token, wf
+	r := proctest.Exec(t, bin, env, stdin, args...)
+	return result{code: r.Code, stdout: r.Stdout, stderr: r.Stderr}
 }
 
 // TestStartCommand runs `valruns start` as a process against the service
-// started the way `make run` starts it (makeRunServer).
+// started the way `make run` starts it (proctest.MakeRun).
 func TestStartCommand(t *testing.T) {
 	t.Parallel()
 	bin := proctest.Binary(t)
 	dir := t.TempDir()
-	db, addr, token, wf := makeRunServer(t, bin, dir)
+	db, addr, token, wf := proctest.MakeRun(t, bin, dir)
 	apiURL := "http://" + addr
 
 	env := []string{"VALRUNS_URL=" + apiURL, "VALRUNS_TOKEN=" + token}
