@@ -2,20 +2,15 @@ package tasks
 
 import (
 	"context"
-	"sync"
 	"time"
 )
 
 // releaser tells the gate that runs left the queue in batches: concurrent
 // tasks' releases of one organisation share one call of the gate's script
 // (and one enqueue of the runs it lets in), as their final writes share one
-// statement in the finisher. Writers exist only while releases wait.
+// statement in the finisher.
 type releaser struct {
-	// flush releases ids of org, which took cost each on average.
-	flush  func(ctx context.Context, org string, ids []string, cost time.Duration)
-	mu     sync.Mutex
-	queue  []*releaseReq
-	active int
+	b batcher[releaseReq]
 }
 
 type releaseReq struct {
@@ -23,7 +18,6 @@ type releaseReq struct {
 	org  string
 	ids  []string
 	cost time.Duration
-	done chan struct{}
 }
 
 const (
@@ -31,38 +25,12 @@ const (
 	releaseWriters  = 2
 )
 
-// release releases ids of org (cost each) and returns once the gate knows.
-func (r *releaser) release(ctx context.Context, org string, ids []string, cost time.Duration) {
-	req := &releaseReq{ctx: ctx, org: org, ids: ids, cost: cost, done: make(chan struct{})}
-	r.mu.Lock()
-	r.queue = append(r.queue, req)
-	spawn := r.active < releaseWriters
-	if spawn {
-		r.active++
-	}
-	r.mu.Unlock()
-	if spawn {
-		go r.write()
-	}
-	<-req.done
-}
-
-func (r *releaser) write() {
-	for {
-		r.mu.Lock()
-		n := min(len(r.queue), releaseBatchMax)
-		if n == 0 {
-			r.active--
-			r.mu.Unlock()
-			return
-		}
-		batch := append([]*releaseReq(nil), r.queue[:n]...)
-		clear(r.queue[:n])
-		r.queue = r.queue[n:]
-		r.mu.Unlock()
-
-		// One call per organisation, in the order they came; its cost is the
-		// runs' average.
+// newReleaser batches the calls of flush, which releases ids of org that
+// took cost each on average.
+func newReleaser(flush func(ctx context.Context, org string, ids []string, cost time.Duration)) *releaser {
+	return &releaser{b: batcher[releaseReq]{max: releaseBatchMax, writers: releaseWriters, flush: func(batch []releaseReq) {
+		// One call per organisation, in the order they came; its cost is
+		// the runs' average.
 		type group struct {
 			ctx   context.Context
 			ids   []string
@@ -90,10 +58,12 @@ func (r *releaser) write() {
 			if g.timed > 0 {
 				cost = g.total / time.Duration(g.timed)
 			}
-			r.flush(g.ctx, org, g.ids, cost)
+			flush(g.ctx, org, g.ids, cost)
 		}
-		for _, q := range batch {
-			close(q.done)
-		}
-	}
+	}}}
+}
+
+// release releases ids of org (cost each) and returns once the gate knows.
+func (r *releaser) release(ctx context.Context, org string, ids []string, cost time.Duration) {
+	r.b.do(releaseReq{ctx: ctx, org: org, ids: ids, cost: cost})
 }

@@ -124,7 +124,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	runs := models.NewRunStore(cfg.DB)
 	w.runs = &RunExecutor{runs: runs, lease: cfg.RunLease, heartbeat: cfg.RunHeartbeat,
 		maxAttempts: cfg.RunMaxRetry + 1, timeout: cfg.RunTimeout, log: log, m: m,
-		fastBudget: max(cfg.FastBudget, 0), fin: &finisher{runs: runs}}
+		fastBudget: max(cfg.FastBudget, 0), fin: newFinisher(runs)}
 	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), batch: cfg.CleanupBatchSize, log: log, m: m}
 	w.client = asynq.NewClient(cfg.Redis)
 	w.inspector = asynq.NewInspector(cfg.Redis)
@@ -134,7 +134,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	}
 	w.redis = rc
 	w.queue = newQueueWriter(cfg.Redis, cfg.RunMaxRetry, cfg.RunTimeout, cfg.RunShare)
-	w.runs.queue, w.runs.release = w.queue, (&releaser{flush: w.release}).release
+	w.runs.queue, w.runs.release = w.queue, newReleaser(w.release).release
 	w.runs.done = func(ctx context.Context, runs []RunPayload) {
 		ids := make([]string, len(runs))
 		for i, r := range runs {
