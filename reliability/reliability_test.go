@@ -34,6 +34,7 @@ var scenarios = []scenario{
 	{"hostile_input", hostileInput},
 	{"tenant_probing", tenantProbing},
 	{"noisy_neighbour", noisyNeighbour},
+	{"pgbouncer", pgbouncerScenario},
 }
 
 // TestReliability runs every scenario in turn (they share the private

@@ -37,6 +37,15 @@ func setup(t *testing.T, s *suite, name string) (*cluster, *client, *recorder, o
 // or a 409 while in flight; the same key with another body is a 422.
 func retryStorm(t *testing.T, s *suite, res *result) {
 	c, cl, rec, o := setup(t, s, "storm")
+	ops := sameKeyStorm(t, c, cl, res, o)
+	verify(t, c, res, ops, expectations{})
+	res.Requests = rec.requests.Load()
+	res.judge5xx(t, rec, nil) // no fault: no 5xx at all
+}
+
+// sameKeyStorm is retry_storm's load and its checks of the answers, on
+// organisation o; it returns the operations for verify.
+func sameKeyStorm(t *testing.T, c *cluster, cl *client, res *result, o org) []*op {
 	def := orderWorkflow()
 	wf := createWorkflow(t, cl, o, def)
 	const keys, perKey, sends = 20, 10, 3
@@ -89,9 +98,7 @@ func retryStorm(t *testing.T, s *suite, res *result) {
 			res.fail(t, "key %s reused with another body: %s, want 422 idempotency_key_reused", o.Key, lastOf(out))
 		}
 	}
-	verify(t, c, res, ops, expectations{})
-	res.Requests = rec.requests.Load()
-	res.judge5xx(t, rec, nil) // no fault: no 5xx at all
+	return ops
 }
 
 // apiReplicaKill: 160 starts by 8 clients over both replicas; once 50 are
