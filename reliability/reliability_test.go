@@ -35,6 +35,7 @@ var scenarios = []scenario{
 	{"tenant_probing", tenantProbing},
 	{"noisy_neighbour", noisyNeighbour},
 	{"pgbouncer", pgbouncerScenario},
+	{"sentinel_failover", sentinelFailover},
 }
 
 // TestReliability runs every scenario in turn (they share the private
