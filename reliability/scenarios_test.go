@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/valruns/valruns/validate"
 )
@@ -207,17 +208,7 @@ func redisRestart(t *testing.T, s *suite, res *result) {
 	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.addr()})
 	rc := s.redis.client()
 	defer rc.Close()
-	// Runs waiting in Redis: their tasks in asynq's queue, or the runs
-	// waiting their organisation's turn at the gate (tasks/fair.go's
-	// payload hash): a Redis without persistence loses both.
-	pending := func() int {
-		n := 0
-		if qi, err := ins.GetQueueInfo("default"); err == nil { // else no queue yet
-			n = qi.Pending
-		}
-		waiting, _ := rc.HLen(ctx, "valruns:{fair}:payloads").Result()
-		return n + int(waiting)
-	}
+	pending := func() int { return runsWaitingInRedis(ctx, ins, rc) }
 	ls := startLoad(ctx, cl, slowOps, 4)
 	if !waitUntil(time.Minute, func() bool { return pending() >= 4 }) {
 		_ = ins.Close()
@@ -247,6 +238,19 @@ func redisRestart(t *testing.T, s *suite, res *result) {
 	verify(t, c, res, append(slowOps, cheapOps...), expectations{faultAt: faultAt})
 	res.Requests = rec.requests.Load()
 	res.judge5xx(t, rec, nil)
+}
+
+// runsWaitingInRedis counts the runs waiting in Redis: their tasks in
+// asynq's queue, or the runs waiting their organisation's turn at the gate
+// (tasks/fair.go's payload hash). A Redis without persistence loses both,
+// and a failover what the replica had not received.
+func runsWaitingInRedis(ctx context.Context, ins *asynq.Inspector, rc *redis.Client) int {
+	n := 0
+	if qi, err := ins.GetQueueInfo("default"); err == nil { // else no queue yet
+		n = qi.Pending
+	}
+	waiting, _ := rc.HLen(ctx, "valruns:{fair}:payloads").Result()
+	return n + int(waiting)
 }
 
 // workerKill: slow runs keep both workers busy; once more runs are running

@@ -110,7 +110,13 @@ func (ss *sentinelSet) startRedis(name string, port int, extra ...string) *redis
 	}
 	args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--protected-mode", "no", "--daemonize", "no"}, extra...)
-	p, err := startChild(name, ss.redisBin, args, os.Environ(), nil, dir)
+	return ss.run(name, port, ss.redisBin, args, dir)
+}
+
+// run starts a Redis server or sentinel and waits until it answers PING.
+func (ss *sentinelSet) run(name string, port int, bin string, args []string, dir string) *redisNode {
+	ss.t.Helper()
+	p, err := startChild(name, bin, args, os.Environ(), nil, dir)
 	if err != nil {
 		ss.t.Fatal(err)
 	}
@@ -145,18 +151,7 @@ sentinel parallel-syncs %s 1
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		ss.t.Fatal(err)
 	}
-	p, err := startChild(name, ss.sentBin, []string{path}, os.Environ(), nil, dir)
-	if err != nil {
-		ss.t.Fatal(err)
-	}
-	n := &redisNode{name: name, port: port, proc: p}
-	ss.t.Cleanup(p.kill)
-	c := n.client()
-	defer c.Close()
-	if !waitUntil(30*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil }) {
-		ss.t.Fatalf("%s on port %d not ready:\n%s", name, port, p.tail(20))
-	}
-	return n
+	return ss.run(name, port, ss.sentBin, []string{path}, dir)
 }
 
 // url is REDIS_URL in its Sentinel form.
@@ -246,14 +241,7 @@ func sentinelFailover(t *testing.T, s *suite, res *result) {
 	mc := ss.master.client()
 	defer mc.Close()
 	ins := asynq.NewInspectorFromRedisClient(mc)
-	pending := func() int {
-		n := 0
-		if qi, err := ins.GetQueueInfo("default"); err == nil {
-			n = qi.Pending
-		}
-		waiting, _ := mc.HLen(ctx, "valruns:{fair}:payloads").Result()
-		return n + int(waiting)
-	}
+	pending := func() int { return runsWaitingInRedis(ctx, ins, mc) }
 	ls := startLoad(ctx, cl, slowOps, 4)
 	if !waitUntil(time.Minute, func() bool { return pending() >= 4 }) {
 		t.Fatalf("no run ever waited in Redis, in the queue or at the gate (%d)", pending())
