@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -218,6 +219,13 @@ func pgbouncerScenario(t *testing.T, s *suite, res *result) {
 	res.Ops = len(stormOps) + len(qops)
 	res.Requests = rec.requests.Load()
 	res.judge5xx(t, rec, nil) // no fault: no 5xx at all
+	// The database's settings stand in for the session parameters valruns
+	// cannot send: no process warns that they are missing.
+	for _, p := range append(append([]*vproc{}, c.servers...), c.workers...) {
+		if l := p.log.String(); strings.Contains(l, "cannot set session parameters") || strings.Contains(l, "could not read the role's statement_timeout") {
+			res.fail(t, "%s warned about the role's settings behind the pooler:\n%s", p.name, p.tail(20))
+		}
+	}
 	peak := maxServer.Load()
 	res.Figures = append(res.Figures, fmt.Sprintf("%d API replicas and %d workers x DATABASE_MAX_CONNS=%d over PgBouncer's pool of %d: PostgreSQL saw at most %d connections of the scenario's database",
 		len(c.servers), len(c.workers), maxConns, bouncerPoolSize, peak))
