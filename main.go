@@ -505,8 +505,8 @@ func (a *app) checkRoleSettings(ctx context.Context) {
 	defer cancel()
 	var timeoutMS, checkMS int64
 	err := models.SQLDB(a.db).QueryRowContext(ctx, `SELECT
-		extract(epoch FROM current_setting('statement_timeout')::interval) * 1000,
-		extract(epoch FROM current_setting('client_connection_check_interval')::interval) * 1000`).Scan(&timeoutMS, &checkMS)
+		CAST(extract(epoch FROM CAST(current_setting('statement_timeout') AS interval)) * 1000 AS bigint),
+		CAST(extract(epoch FROM CAST(current_setting('client_connection_check_interval') AS interval)) * 1000 AS bigint)`).Scan(&timeoutMS, &checkMS)
 	switch {
 	case err != nil:
 		a.log.WarnContext(ctx, "could not read the role's statement_timeout behind the pooler", "error", err)

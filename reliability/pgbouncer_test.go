@@ -222,8 +222,11 @@ func pgbouncerScenario(t *testing.T, s *suite, res *result) {
 	// The database's settings stand in for the session parameters valruns
 	// cannot send: no process warns that they are missing.
 	for _, p := range append(append([]*vproc{}, c.servers...), c.workers...) {
-		if l := p.log.String(); strings.Contains(l, "cannot set session parameters") || strings.Contains(l, "could not read the role's statement_timeout") {
-			res.fail(t, "%s warned about the role's settings behind the pooler:\n%s", p.name, p.tail(20))
+		for _, line := range strings.Split(p.log.String(), "\n") {
+			if strings.Contains(line, "cannot set session parameters") || strings.Contains(line, "could not read the role's statement_timeout") {
+				res.fail(t, "%s warned about the role's settings behind the pooler: %s", p.name, line)
+				break
+			}
 		}
 	}
 	peak := maxServer.Load()
