@@ -21,6 +21,16 @@ import (
 type Config struct {
 	// DatabaseURL is the PostgreSQL connection string (DATABASE_URL).
 	DatabaseURL string
+	// DatabaseDirectURL reaches PostgreSQL itself, not through a pooler in
+	// transaction mode, for what needs a session of its own: the
+	// migrations' advisory lock. Load sets it to DatabaseURL when unset
+	// (DATABASE_DIRECT_URL).
+	DatabaseDirectURL string
+	// DatabasePooler says what DatabaseURL reaches: "none" (PostgreSQL, or
+	// a pooler in session mode) or "transaction" (a pooler in transaction
+	// mode, such as PgBouncer's pool_mode=transaction): then no statement
+	// relies on a session, prepared statements included (DATABASE_POOLER).
+	DatabasePooler string
 	// DatabaseMaxConns caps each process's connections to PostgreSQL
 	// (DATABASE_MAX_CONNS).
 	DatabaseMaxConns int
@@ -33,7 +43,8 @@ type Config struct {
 	// service_unavailable, so a hung database does not hang requests
 	// (DATABASE_ANSWER_TIMEOUT).
 	DatabaseAnswerTimeout time.Duration
-	// RedisURL is the Redis connection string used by asynq (REDIS_URL).
+	// RedisURL is the Redis connection string used by asynq (REDIS_URL):
+	// redis://, rediss:// or redis-sentinel:// (tasks.ParseRedisURL).
 	RedisURL string
 	// HTTPAddr is the listen address of `valruns serve` (HTTP_ADDR).
 	HTTPAddr string
@@ -144,10 +155,12 @@ type Var struct {
 // Vars lists every setting in the order the README shows them.
 var Vars = []Var{
 	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable", "PostgreSQL connection string"},
+	{"DATABASE_DIRECT_URL", "", "PostgreSQL itself when `DATABASE_URL` goes through a pooler in transaction mode: the migrations (`valruns migrate`, `MIGRATE_ON_START` and the check at start) hold a session advisory lock, so they connect here; empty = `DATABASE_URL`. Required with `DATABASE_POOLER=transaction`"},
+	{"DATABASE_POOLER", "none", "what `DATABASE_URL` reaches: `none` (PostgreSQL, or a pooler in session mode) or `transaction` (PgBouncer's `pool_mode = transaction` or another pooler that hands each transaction to any server connection): then pgx sends no prepared statement (its `exec` mode unless the URL's `default_query_exec_mode` says `cache_describe` or `simple_protocol`) and no session parameter (set `statement_timeout` on the role instead: see Running at scale)"},
 	{"DATABASE_MAX_CONNS", "12", "connections each process keeps to PostgreSQL at most; requests beyond them queue for one, organisations taking turns. More is not faster: a few per database core keep PostgreSQL busiest (see Performance)"},
 	{"DATABASE_ACQUIRE_TIMEOUT", "5s", "longest a request waits for a database connection (connecting included); past it, 503 `service_unavailable` with `Retry-After`"},
 	{"DATABASE_ANSWER_TIMEOUT", "5s", "longest a request waits for the database's answer to its first statement (a read: to its statements); past it, 503 `service_unavailable` with `Retry-After`, so a hung PostgreSQL does not hang requests. Later statements of a start are bounded by `IDEMPOTENCY_TX_TIMEOUT`"},
-	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis connection string (asynq)"},
+	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis connection string: `redis://[:PASSWORD@]HOST:PORT/DB`, `rediss://` for TLS, or for Redis Sentinel `redis-sentinel://[:PASSWORD@]HOST1:PORT1,HOST2:PORT2,.../DB?master=NAME` (the sentinels' addresses; `PASSWORD` is the Redis servers', `&sentinel_password=` the sentinels' if they have one). Everything that talks to Redis (the queue, the scheduler, the sweeper, the fair gate, the rate limit) follows the master Sentinel names"},
 	{"HTTP_ADDR", "127.0.0.1:8080", "listen address of `valruns serve`"},
 	{"IDEMPOTENCY_TTL", "24h", "how long a stored response is replayed; an older key is processed as new"},
 	{"IDEMPOTENCY_TX_TIMEOUT", "30s", "deadline of the request transaction (it ignores client hang-ups)"},
@@ -202,10 +215,12 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	p := parser{lookup: lookup}
 	c := Config{
 		DatabaseURL:            p.url("DATABASE_URL", "postgres", "postgresql"),
+		DatabaseDirectURL:      p.optionalURL("DATABASE_DIRECT_URL", "postgres", "postgresql"),
+		DatabasePooler:         p.oneOf("DATABASE_POOLER", "none", "transaction"),
 		DatabaseMaxConns:       int(p.int("DATABASE_MAX_CONNS", 1)),
 		DatabaseAcquireTimeout: p.duration("DATABASE_ACQUIRE_TIMEOUT", 10*time.Millisecond),
 		DatabaseAnswerTimeout:  p.duration("DATABASE_ANSWER_TIMEOUT", 10*time.Millisecond),
-		RedisURL:               p.url("REDIS_URL", "redis", "rediss"),
+		RedisURL:               p.redisURL("REDIS_URL"),
 		HTTPAddr:               p.addr("HTTP_ADDR"),
 		IdempotencyTTL:         p.duration("IDEMPOTENCY_TTL", time.Second),
 		IdempotencyTxTimeout:   p.duration("IDEMPOTENCY_TX_TIMEOUT", time.Millisecond),
@@ -242,6 +257,16 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		// A body of MaxBodyBytes could never be admitted.
 		p.fail("MAX_BODY_BYTES_IN_FLIGHT", p.raw("MAX_BODY_BYTES_IN_FLIGHT"),
 			fmt.Sprintf("must be 0 (unlimited) or at least MAX_BODY_BYTES (%d)", c.MaxBodyBytes))
+	}
+	switch {
+	case p.err != nil:
+	case c.DatabaseDirectURL != "":
+	case c.DatabasePooler == "transaction":
+		// Through the pooler, the migrations' session lock would be taken on
+		// one server connection and released on another.
+		p.fail("DATABASE_DIRECT_URL", "", "required with DATABASE_POOLER=transaction: the migrations need a session on PostgreSQL itself")
+	default:
+		c.DatabaseDirectURL = c.DatabaseURL
 	}
 	switch {
 	case p.err != nil:
@@ -364,6 +389,35 @@ func (p *parser) url(name string, schemes ...string) string {
 		}
 	}
 	p.fail(name, v, "scheme must be "+strings.Join(schemes, " or "))
+	return v
+}
+
+// optionalURL is url, or "" when the variable is unset or empty.
+func (p *parser) optionalURL(name string, schemes ...string) string {
+	if p.raw(name) == "" {
+		return ""
+	}
+	return p.url(name, schemes...)
+}
+
+// redisURL is a Redis URL: redis://, rediss://, or redis-sentinel:// with
+// at least one sentinel address and the master's name.
+func (p *parser) redisURL(name string) string {
+	v := p.url(name, "redis", "rediss", "redis-sentinel")
+	if p.err != nil {
+		return v
+	}
+	if u, _ := url.Parse(v); u.Scheme == "redis-sentinel" {
+		for _, a := range strings.Split(u.Host, ",") {
+			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+				p.fail(name, v, "a Sentinel URL lists the sentinels as host:port, separated by commas")
+				return v
+			}
+		}
+		if u.Query().Get("master") == "" {
+			p.fail(name, v, "a Sentinel URL names its master: ?master=NAME")
+		}
+	}
 	return v
 }
 

@@ -24,6 +24,8 @@ func env(m map[string]string) func(string) (string, bool) {
 // environment at all.
 var documented = config.Config{
 	DatabaseURL:            "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable",
+	DatabaseDirectURL:      "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable", // unset: DATABASE_URL
+	DatabasePooler:         "none",
 	DatabaseMaxConns:       12,
 	DatabaseAcquireTimeout: 5 * time.Second,
 	DatabaseAnswerTimeout:  5 * time.Second,
@@ -112,7 +114,7 @@ func TestVarsDocumentEverythingLoadReads(t *testing.T) {
 	for _, v := range config.Vars {
 		require.False(t, listed[v.Name], "%s listed twice", v.Name)
 		listed[v.Name] = true
-		if v.Name != "PPROF_ADDR" { // off unless set
+		if v.Name != "PPROF_ADDR" && v.Name != "DATABASE_DIRECT_URL" { // off unless set; DATABASE_URL unless set
 			require.NotEmpty(t, v.Default, "%s has no default", v.Name)
 		}
 		require.NotEmpty(t, v.Doc, "%s has no doc", v.Name)
@@ -141,6 +143,21 @@ func TestGoodValues(t *testing.T) {
 			func(t *testing.T, c config.Config) { require.Equal(t, "postgresql://u:p@db:5432/x", c.DatabaseURL) }},
 		{"rediss scheme", map[string]string{"REDIS_URL": "rediss://cache:6380/1"},
 			func(t *testing.T, c config.Config) { require.Equal(t, "rediss://cache:6380/1", c.RedisURL) }},
+		{"redis sentinel", map[string]string{"REDIS_URL": "redis-sentinel://:pw@s1:26379,s2:26380/2?master=mymaster"},
+			func(t *testing.T, c config.Config) {
+				require.Equal(t, "redis-sentinel://:pw@s1:26379,s2:26380/2?master=mymaster", c.RedisURL)
+			}},
+		{"behind a transaction pooler", map[string]string{"DATABASE_URL": "postgres://u@bouncer:6432/x",
+			"DATABASE_POOLER": "transaction", "DATABASE_DIRECT_URL": "postgres://u@db:5432/x"},
+			func(t *testing.T, c config.Config) {
+				require.Equal(t, "transaction", c.DatabasePooler)
+				require.Equal(t, "postgres://u@bouncer:6432/x", c.DatabaseURL)
+				require.Equal(t, "postgres://u@db:5432/x", c.DatabaseDirectURL)
+			}},
+		{"multi-host database URL", map[string]string{"DATABASE_URL": "postgres://u@h1:5432,h2:5433/x?target_session_attrs=read-write"},
+			func(t *testing.T, c config.Config) {
+				require.Equal(t, "postgres://u@h1:5432,h2:5433/x?target_session_attrs=read-write", c.DatabaseDirectURL)
+			}},
 		{"port-only address", map[string]string{"HTTP_ADDR": ":9090"},
 			func(t *testing.T, c config.Config) { require.Equal(t, ":9090", c.HTTPAddr) }},
 		{"surrounding spaces trimmed", map[string]string{"HTTP_ADDR": "  0.0.0.0:80 "},
@@ -233,6 +250,11 @@ func TestBadValues(t *testing.T) {
 		{"DATABASE_URL", "127.0.0.1:5432"},
 		{"REDIS_URL", "http://127.0.0.1:6379"},
 		{"REDIS_URL", "%zz"},
+		{"REDIS_URL", "redis-sentinel://s1:26379,s2:26380/0"},           // no master
+		{"REDIS_URL", "redis-sentinel://s1,s2:26380/0?master=mymaster"}, // a sentinel without its port
+		{"DATABASE_POOLER", "pgbouncer"},                                // none or transaction
+		{"DATABASE_POOLER", "transaction"},                              // without DATABASE_DIRECT_URL
+		{"DATABASE_DIRECT_URL", "mysql://root@127.0.0.1/valruns"},
 		{"HTTP_ADDR", "8080"},
 		{"HTTP_ADDR", "localhost:"},
 		{"HTTP_ADDR", "http://127.0.0.1:8080"},
@@ -321,6 +343,11 @@ func TestBadValues(t *testing.T) {
 			require.Error(t, err)
 			var ce *config.Error
 			require.True(t, errors.As(err, &ce), "want *config.Error, got %T: %v", err, err)
+			if tt.name == "DATABASE_POOLER" && tt.value == "transaction" {
+				require.Equal(t, "DATABASE_DIRECT_URL", ce.Var, "the pooler needs the direct URL")
+				require.Contains(t, err.Error(), "DATABASE_POOLER=transaction")
+				return
+			}
 			require.Equal(t, tt.name, ce.Var)
 			require.NotEmpty(t, ce.Problem)
 			require.Contains(t, err.Error(), tt.name)

@@ -56,6 +56,35 @@ type DBOptions struct {
 	// own. Later statements of a request transaction are bounded by its
 	// deadline only: they may wait on locks.
 	AnswerTimeout time.Duration
+	// TransactionPooler says the URL reaches a pooler in transaction mode
+	// (PgBouncer's pool_mode=transaction, DATABASE_POOLER=transaction):
+	// each transaction, and each statement outside one, may run on another
+	// server connection, and the pooler refuses session parameters at
+	// connect. So pgx prepares no named statement (see execModeBehindPooler)
+	// and sends no session parameter: StatementTimeout and the client
+	// check are then the role's settings (ALTER ROLE ... SET), and each
+	// request transaction still sets its own (set_config(..., true)).
+	TransactionPooler bool
+}
+
+// execModeBehindPooler picks pgx's query exec mode for a transaction
+// pooler. pgx's default, cache_statement, prepares named statements on
+// one server connection and executes them on whichever the pooler hands
+// out next (PgBouncer 1.18: 42P05 / 26000). describe_exec describes an
+// unnamed statement in one round trip and executes it in another, which a
+// pooler may send to a different server connection whose unnamed statement
+// is another: wrong results without an error. exec, cache_describe and
+// simple_protocol each send a statement in one round trip; exec (text
+// parameters typed by the server) is the default here, and the URL's
+// default_query_exec_mode may pick either of the other two.
+func execModeBehindPooler(m pgx.QueryExecMode) (pgx.QueryExecMode, error) {
+	switch m {
+	case pgx.QueryExecModeCacheStatement: // pgx's default: not asked for
+		return pgx.QueryExecModeExec, nil
+	case pgx.QueryExecModeDescribeExec:
+		return m, errors.New("default_query_exec_mode=describe_exec returns wrong results behind a transaction pooler (DATABASE_POOLER=transaction): use exec, cache_describe or simple_protocol")
+	}
+	return m, nil
 }
 
 // Open connects to PostgreSQL through pgx and GORM and pings it.
@@ -70,15 +99,21 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 	if opt.AcquireTimeout > 0 {
 		cfg.ConnectTimeout = opt.AcquireTimeout
 	}
-	if opt.StatementTimeout > 0 {
-		cfg.RuntimeParams["statement_timeout"] = fmt.Sprint(opt.StatementTimeout.Milliseconds())
+	if opt.TransactionPooler {
+		if cfg.DefaultQueryExecMode, err = execModeBehindPooler(cfg.DefaultQueryExecMode); err != nil {
+			return nil, err
+		}
+	} else {
+		if opt.StatementTimeout > 0 {
+			cfg.RuntimeParams["statement_timeout"] = fmt.Sprint(opt.StatementTimeout.Milliseconds())
+		}
+		// A backend whose process died while one of its statements waits (on a
+		// lock, say) exits within a second instead of finishing that statement,
+		// which, in autocommit, would commit for a client that is gone: a
+		// killed worker's final write, a killed API's start (see
+		// ClientCheckInterval; PostgreSQL 14+).
+		cfg.RuntimeParams["client_connection_check_interval"] = clientCheckMS
 	}
-	// A backend whose process died while one of its statements waits (on a
-	// lock, say) exits within a second instead of finishing that statement,
-	// which, in autocommit, would commit for a client that is gone: a
-	// killed worker's final write, a killed API's start (see
-	// ClientCheckInterval; PostgreSQL 14+).
-	cfg.RuntimeParams["client_connection_check_interval"] = clientCheckMS
 	sqlDB := stdlib.OpenDB(*cfg)
 	maxOpen := opt.MaxOpenConns
 	if maxOpen == 0 {

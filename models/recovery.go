@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -143,6 +144,33 @@ func (s *RunStore) MarkRedelivered(ctx context.Context, r StrandedRun) (bool, er
 		return false, fmt.Errorf("mark run %s redelivered: %w", r.ID, translate(res.Error))
 	}
 	return res.RowsAffected == 1, nil
+}
+
+// NotPending returns the runs of ids that are neither queued nor running:
+// final, or unknown. The sweeper releases them from the fair gate's
+// admitted sets, where a release that never reached Redis (a failover to a
+// replica that had not seen it) would otherwise hold their place.
+func (s *RunStore) NotPending(ctx context.Context, ids []string) ([]string, error) {
+	var out, valid []string
+	for _, id := range ids {
+		if _, err := uuid.Parse(id); err != nil {
+			out = append(out, id) // no run has it
+		} else {
+			valid = append(valid, id)
+		}
+	}
+	if len(valid) == 0 {
+		return out, nil
+	}
+	var ended []string
+	// One text parameter (GORM would expand a slice into a list).
+	err := s.db.WithContext(ctx).Raw(`SELECT x FROM unnest(string_to_array(?, ',')) AS x
+		WHERE NOT EXISTS (SELECT 1 FROM validation_runs r
+			WHERE r.id = CAST(x AS uuid) AND r.status IN ('queued', 'running'))`, strings.Join(valid, ",")).Scan(&ended).Error
+	if err != nil {
+		return nil, fmt.Errorf("read runs' states: %w", translate(err))
+	}
+	return append(out, ended...), nil
 }
 
 // IsTransient reports whether err says the database could not be reached or

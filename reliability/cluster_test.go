@@ -134,6 +134,8 @@ type cluster struct {
 	gdb     *gorm.DB
 	servers []*vproc
 	workers []*vproc
+	// extraEnv are settings of this scenario's children (newClusterWith).
+	extraEnv []string
 }
 
 // vproc is a running valruns child.
@@ -145,6 +147,14 @@ type vproc struct {
 // newCluster creates a fresh database from the migrated template and starts
 // nServers `valruns serve` and nWorkers `valruns worker`.
 func newCluster(t *testing.T, s *suite, nServers, nWorkers int) *cluster {
+	t.Helper()
+	return newClusterWith(t, s, nServers, nWorkers, nil)
+}
+
+// newClusterWith is newCluster whose children also get the settings env
+// returns (NAME=value, winning over the suite's), called once the
+// scenario's database exists.
+func newClusterWith(t *testing.T, s *suite, nServers, nWorkers int, env func(*cluster) []string) *cluster {
 	t.Helper()
 	c := &cluster{t: t, s: s}
 	var b [5]byte
@@ -160,6 +170,9 @@ func newCluster(t *testing.T, s *suite, nServers, nWorkers int) *cluster {
 	t.Cleanup(func() { _ = c.db.Close() })
 	if err := s.redis.flush(); err != nil {
 		t.Fatal(err)
+	}
+	if env != nil {
+		c.extraEnv = env(c)
 	}
 
 	var wg sync.WaitGroup
@@ -185,6 +198,7 @@ func newCluster(t *testing.T, s *suite, nServers, nWorkers int) *cluster {
 func (c *cluster) startProc(name, cmd, addrVar string) *vproc {
 	addr := proctest.FreeAddr(c.t)
 	kv := append([]string{"DATABASE_URL=" + c.dbURL, "REDIS_URL=" + c.s.redis.url(), addrVar + "=" + addr}, c.s.settings...)
+	kv = append(kv, c.extraEnv...)
 	env := proctest.Env(kv...)
 	// A memory ceiling (a container's, in production): a child gone wild
 	// (a rule that doubles a string) dies alone instead of taking the
@@ -256,12 +270,16 @@ func (c *cluster) reconnect() {
 	if c.db != nil {
 		_ = c.db.Close()
 	}
-	gdb, err := models.Open(context.Background(), c.dbURL, models.DBOptions{MaxOpenConns: 8})
+	gdb, err := models.Open(context.Background(), c.dbURL+"&application_name="+suiteAppName, models.DBOptions{MaxOpenConns: 8})
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.gdb, c.db = gdb, models.SQLDB(gdb)
 }
+
+// suiteAppName is the application_name of the suite's own connections to
+// a scenario's database, which a scenario counting the children's tells apart.
+const suiteAppName = "valruns-reliability"
 
 // count runs a count query on the scenario's database.
 func (c *cluster) count(q string, args ...any) (int64, error) {

@@ -34,6 +34,8 @@ var scenarios = []scenario{
 	{"hostile_input", hostileInput},
 	{"tenant_probing", tenantProbing},
 	{"noisy_neighbour", noisyNeighbour},
+	{"pgbouncer", pgbouncerScenario},
+	{"sentinel_failover", sentinelFailover},
 }
 
 // TestReliability runs every scenario in turn (they share the private

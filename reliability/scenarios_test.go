@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/valruns/valruns/validate"
 )
@@ -37,6 +38,15 @@ func setup(t *testing.T, s *suite, name string) (*cluster, *client, *recorder, o
 // or a 409 while in flight; the same key with another body is a 422.
 func retryStorm(t *testing.T, s *suite, res *result) {
 	c, cl, rec, o := setup(t, s, "storm")
+	ops := sameKeyStorm(t, c, cl, res, o)
+	verify(t, c, res, ops, expectations{})
+	res.Requests = rec.requests.Load()
+	res.judge5xx(t, rec, nil) // no fault: no 5xx at all
+}
+
+// sameKeyStorm is retry_storm's load and its checks of the answers, on
+// organisation o; it returns the operations for verify.
+func sameKeyStorm(t *testing.T, c *cluster, cl *client, res *result, o org) []*op {
 	def := orderWorkflow()
 	wf := createWorkflow(t, cl, o, def)
 	const keys, perKey, sends = 20, 10, 3
@@ -89,9 +99,7 @@ func retryStorm(t *testing.T, s *suite, res *result) {
 			res.fail(t, "key %s reused with another body: %s, want 422 idempotency_key_reused", o.Key, lastOf(out))
 		}
 	}
-	verify(t, c, res, ops, expectations{})
-	res.Requests = rec.requests.Load()
-	res.judge5xx(t, rec, nil) // no fault: no 5xx at all
+	return ops
 }
 
 // apiReplicaKill: 160 starts by 8 clients over both replicas; once 50 are
@@ -200,17 +208,7 @@ func redisRestart(t *testing.T, s *suite, res *result) {
 	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.addr()})
 	rc := s.redis.client()
 	defer rc.Close()
-	// Runs waiting in Redis: their tasks in asynq's queue, or the runs
-	// waiting their organisation's turn at the gate (tasks/fair.go's
-	// payload hash): a Redis without persistence loses both.
-	pending := func() int {
-		n := 0
-		if qi, err := ins.GetQueueInfo("default"); err == nil { // else no queue yet
-			n = qi.Pending
-		}
-		waiting, _ := rc.HLen(ctx, "valruns:{fair}:payloads").Result()
-		return n + int(waiting)
-	}
+	pending := func() int { return runsWaitingInRedis(ctx, ins, rc) }
 	ls := startLoad(ctx, cl, slowOps, 4)
 	if !waitUntil(time.Minute, func() bool { return pending() >= 4 }) {
 		_ = ins.Close()
@@ -240,6 +238,19 @@ func redisRestart(t *testing.T, s *suite, res *result) {
 	verify(t, c, res, append(slowOps, cheapOps...), expectations{faultAt: faultAt})
 	res.Requests = rec.requests.Load()
 	res.judge5xx(t, rec, nil)
+}
+
+// runsWaitingInRedis counts the runs waiting in Redis: their tasks in
+// asynq's queue, or the runs waiting their organisation's turn at the gate
+// (tasks/fair.go's payload hash). A Redis without persistence loses both,
+// and a failover what the replica had not received.
+func runsWaitingInRedis(ctx context.Context, ins *asynq.Inspector, rc *redis.Client) int {
+	n := 0
+	if qi, err := ins.GetQueueInfo("default"); err == nil { // else no queue yet
+		n = qi.Pending
+	}
+	waiting, _ := rc.HLen(ctx, "valruns:{fair}:payloads").Result()
+	return n + int(waiting)
 }
 
 // workerKill: slow runs keep both workers busy; once more runs are running

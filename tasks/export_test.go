@@ -154,3 +154,11 @@ func RunsInRedis(t testing.TB, opt asynq.RedisClientOpt) (queued, waiting map[st
 	}
 	return queued, waiting
 }
+
+// GateAdmitted lists the runs of org the gate counts in the queue.
+func GateAdmitted(t testing.TB, opt asynq.RedisClientOpt, org string) ([]string, error) {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	defer rc.Close()
+	return (&gate{redis: rc}).admitted(context.Background(), org)
+}

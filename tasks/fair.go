@@ -87,8 +87,9 @@ const defaultSlots = 10
 // waits about the target behind them).
 //
 // Returns {1, share} when every run handed in was admitted at once (nothing
-// was waiting), else {0, share, id, payload, ...}: the runs admitted from
-// the waiting list, which the caller enqueues.
+// was waiting), else {0, share, id, payload, ...}: the runs handed in that
+// were admitted already (redeliveries), and those admitted from the
+// waiting list, which the caller enqueues.
 var gateScript = redis.NewScript(`
 local adm, wait, pay, shares, orgs, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local org, own = ARGV[1], tonumber(ARGV[2])
@@ -124,10 +125,15 @@ if n > 0 and redis.call('ZCARD', wait) == 0 and (share == 0 or share - redis.cal
   end
   return {1, share}
 end
+local out = {0, share}
 for i = 0, n - 1 do
   local id = ARGV[10 + 3 * i]
   if redis.call('ZSCORE', adm, id) then
-    redis.call('ZADD', adm, now, id) -- admitted before (a redelivery): stays admitted
+    -- Admitted before (a redelivery: its task was lost): it keeps its
+    -- place, and its new task goes to the queue now.
+    redis.call('ZADD', adm, now, id)
+    out[#out + 1] = id
+    out[#out + 1] = ARGV[12 + 3 * i]
   else
     redis.call('ZADD', wait, ARGV[11 + 3 * i], id)
     redis.call('HSET', pay, id, ARGV[12 + 3 * i])
@@ -137,7 +143,6 @@ local free = redis.call('ZCARD', wait)
 if share > 0 then
   free = math.min(free, share - redis.call('ZCARD', adm))
 end
-local out = {0, share}
 if free > 0 then
   local ids = redis.call('ZRANGE', wait, 0, free - 1)
   for _, id in ipairs(ids) do
@@ -231,6 +236,15 @@ func (g *gate) waitingOrgs(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("list organisations with runs waiting: %w", err)
 	}
 	return orgs, nil
+}
+
+// admitted lists the runs of org the gate counts in the queue.
+func (g *gate) admitted(ctx context.Context, org string) ([]string, error) {
+	ids, err := g.redis.ZRange(ctx, fairAdmitted+org, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list an organisation's admitted runs: %w", err)
+	}
+	return ids, nil
 }
 
 // slotsAlive is how many runs the workers alive execute at once (read at

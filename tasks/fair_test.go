@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apitest"
@@ -175,4 +176,75 @@ func TestAnOrganisationsOwnShareWins(t *testing.T) {
 	apitest.Eventually(t, 30*time.Second, func() bool {
 		return tasks.QueueLength(t, redis) == 3+10 && tasks.GateWaiting(t, redis) == 7
 	}, "3 of the limited organisation's runs in the queue, 7 waiting; all 10 of the other's in the queue")
+}
+
+// Finding (issue 17, Redis Sentinel): a failover promotes a replica that
+// missed the master's last writes. It holds the gate as it was a moment
+// before: runs admitted whose tasks are gone, some of them since ended
+// (their releases reached only the old master), and the organisation's
+// other runs waiting their turn behind them. Admitted runs that ended held
+// their places until RUN_TIMEOUT; a redelivered run that was admitted
+// already kept its place without being enqueued, at every sweep: either
+// way the waiting runs stayed queued. Now a sweep releases the admitted
+// runs PostgreSQL says have ended, and the redelivery of an admitted run
+// is enqueued: every run ends, once.
+func TestTheGateRecoversWhatAFailoverForgot(t *testing.T) {
+	t.Parallel()
+	const share, waiting = 4, 6
+	for _, tc := range []struct {
+		name  string
+		ended int // of the admitted runs, how many ended on the old master
+	}{
+		{"admitted runs ended", share},
+		{"admitted runs lost their tasks", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := apitest.New(t)
+			a := env.NewOrg("a")
+			wf := env.NewWorkflow(a, orderWorkflow)
+			redis := newRedis(t)
+			d := tasks.NewDispatcher(tasks.DispatcherConfig{Redis: redis, MaxRetry: 5, Timeout: 5 * time.Minute, GiveUp: time.Minute, RunShare: share})
+			env.SetHandOff(d.HandOff)
+			t.Cleanup(func() {
+				env.SetHandOff(nil)
+				d.Close()
+			})
+			for range share + waiting {
+				startRun(t, env, a, wf, validOrder)
+			}
+			apitest.Eventually(t, 30*time.Second, func() bool {
+				return tasks.QueueLength(t, redis) == share && tasks.GateWaiting(t, redis) == waiting
+			}, "the share's runs are in the queue, the others wait at the gate")
+
+			// What the promoted replica holds: the admitted runs' tasks are
+			// gone, and some of those runs ended.
+			insp := asynq.NewInspector(redis)
+			_, err := insp.DeleteAllPendingTasks("default")
+			require.NoError(t, err)
+			_ = insp.Close()
+			admitted, err := tasks.GateAdmitted(t, redis, a.ID)
+			require.NoError(t, err)
+			require.Len(t, admitted, share)
+			if tc.ended > 0 {
+				require.NoError(t, env.DB.Exec(`UPDATE validation_runs SET status = 'passed', finished_at = now()
+					WHERE id IN ?`, admitted[:tc.ended]).Error)
+			}
+
+			w := newWorker(t, env, redis, func(c *tasks.Config) {
+				c.RunShare, c.RunTimeout = share, 5*time.Minute // stale admissions would hold for 5 minutes
+				c.SweepInterval, c.RedeliverAfter = 200*time.Millisecond, 500*time.Millisecond
+			})
+			require.NoError(t, w.Start(context.Background()))
+			t.Cleanup(w.Stop)
+
+			apitest.Eventually(t, time.Minute, func() bool {
+				return env.Count("validation_runs", "status IN ('queued', 'running')") == 0
+			}, "every run ends")
+			require.EqualValues(t, share+waiting-tc.ended,
+				env.Count("validation_runs", "org_id = '"+a.ID+"' AND status = 'passed' AND attempts = 1"),
+				"each run the failover did not end executed once")
+			require.EqualValues(t, 0, tasks.GateWaiting(t, redis), "nothing is left waiting at the gate")
+		})
+	}
 }

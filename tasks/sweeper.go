@@ -94,7 +94,16 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 			return n, err
 		}
 		for _, org := range orgs {
-			s.release(ctx, org, nil, 0)
+			// Admitted runs that ended (or are unknown) leave the gate: their
+			// release may never have reached Redis (a failover promoted a
+			// replica that had not seen it), and they would hold their
+			// organisation's places until RUN_TIMEOUT, its waiting runs
+			// stranded behind them.
+			ended, err := s.endedAdmitted(ctx, org)
+			if err != nil {
+				return n, err
+			}
+			s.release(ctx, org, ended, 0)
 		}
 	}
 	for {
@@ -151,6 +160,16 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 			return n, nil
 		}
 	}
+}
+
+// endedAdmitted returns the runs of org the gate counts as admitted that
+// are neither queued nor running in PostgreSQL.
+func (s *Sweeper) endedAdmitted(ctx context.Context, org string) ([]string, error) {
+	ids, err := s.queue.gate.admitted(ctx, org)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	return s.runs.NotPending(ctx, ids)
 }
 
 // taskKey is where asynq keeps a task of the default queue: a hash whose

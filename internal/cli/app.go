@@ -33,7 +33,8 @@ const (
 	// is migrated when MIGRATE_ON_START=true), and no statement may outlive
 	// IDEMPOTENCY_TX_TIMEOUT.
 	forWork purpose = iota
-	// forMigration: any schema state, no statement timeout.
+	// forMigration: any schema state, no statement timeout, on
+	// DATABASE_DIRECT_URL (the migrations hold a session advisory lock).
 	forMigration
 )
 
@@ -49,12 +50,16 @@ func open(ctx context.Context, p purpose) (*app, error) {
 	// deadline (see idempotency.Config.TxTimeout).
 	opt := models.DBOptions{MaxOpenConns: cfg.DatabaseMaxConns,
 		AcquireTimeout: cfg.DatabaseAcquireTimeout, AnswerTimeout: cfg.DatabaseAnswerTimeout}
+	name, url := "DATABASE_URL", cfg.DatabaseURL
 	if p == forWork {
 		opt.StatementTimeout = cfg.IdempotencyTxTimeout
+		opt.TransactionPooler = cfg.DatabasePooler == "transaction"
+	} else if cfg.DatabaseDirectURL != cfg.DatabaseURL {
+		name, url = "DATABASE_DIRECT_URL", cfg.DatabaseDirectURL
 	}
-	db, err := models.Open(ctx, cfg.DatabaseURL, opt)
+	db, err := models.Open(ctx, url, opt)
 	if err != nil {
-		return nil, &config.Error{Var: "DATABASE_URL", Value: redact(cfg.DatabaseURL), Problem: oneLine(err)}
+		return nil, &config.Error{Var: name, Value: redact(url), Problem: oneLine(err)}
 	}
 	a := &app{cfg: cfg, log: log, db: db}
 	if p == forWork {
@@ -62,14 +67,53 @@ func open(ctx context.Context, p purpose) (*app, error) {
 			a.close()
 			return nil, err
 		}
+		if opt.TransactionPooler {
+			a.checkRoleSettings(ctx)
+		}
 	}
 	return a, nil
+}
+
+// checkRoleSettings warns when, behind a transaction pooler (which
+// refuses session parameters at connect), the database role does not
+// bound its statements as valruns would have: statement_timeout at most
+// IDEMPOTENCY_TX_TIMEOUT, and client_connection_check_interval set. Request
+// transactions set both themselves; the worker's statements outside them
+// rely on the role's.
+func (a *app) checkRoleSettings(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var timeoutMS, checkMS int64
+	err := models.SQLDB(a.db).QueryRowContext(ctx, `SELECT
+		CAST(extract(epoch FROM CAST(current_setting('statement_timeout') AS interval)) * 1000 AS bigint),
+		CAST(extract(epoch FROM CAST(current_setting('client_connection_check_interval') AS interval)) * 1000 AS bigint)`).Scan(&timeoutMS, &checkMS)
+	switch {
+	case err != nil:
+		a.log.WarnContext(ctx, "could not read the role's statement_timeout behind the pooler", "error", err)
+	case timeoutMS == 0 || time.Duration(timeoutMS)*time.Millisecond > a.cfg.IdempotencyTxTimeout || checkMS == 0:
+		a.log.WarnContext(ctx, "behind a transaction pooler valruns cannot set session parameters: set them on the database role "+
+			"(ALTER ROLE ... SET statement_timeout = ..., SET client_connection_check_interval = '1s')",
+			"statement_timeout_ms", timeoutMS, "want_at_most_ms", a.cfg.IdempotencyTxTimeout.Milliseconds(),
+			"client_connection_check_interval_ms", checkMS)
+	}
 }
 
 func (a *app) close() { _ = models.SQLDB(a.db).Close() }
 
 func (a *app) ensureMigrated(ctx context.Context) error {
-	n, err := migrations.Pending(ctx, models.SQLDB(a.db))
+	// Not a.db: goose's status and migrations hold a session advisory lock,
+	// which a transaction pooler would take on one server connection and
+	// release on another (DATABASE_DIRECT_URL); and a.db's statement_timeout
+	// is for requests, while a migration may rightly take longer.
+	mdb, err := models.Open(ctx, a.cfg.DatabaseDirectURL, models.DBOptions{MaxOpenConns: 2})
+	if err != nil {
+		if a.cfg.DatabaseDirectURL != a.cfg.DatabaseURL {
+			return &config.Error{Var: "DATABASE_DIRECT_URL", Value: redact(a.cfg.DatabaseDirectURL), Problem: oneLine(err)}
+		}
+		return err
+	}
+	defer func() { _ = models.SQLDB(mdb).Close() }()
+	n, err := migrations.Pending(ctx, models.SQLDB(mdb))
 	if err != nil {
 		return err
 	}
@@ -79,13 +123,6 @@ func (a *app) ensureMigrated(ctx context.Context) error {
 	if !a.cfg.MigrateOnStart {
 		return &exitError{fmt.Sprintf("the database has %d pending migration(s): run `valruns migrate up` (or set MIGRATE_ON_START=true)", n)}
 	}
-	// Not a.db: its statement_timeout is for requests, and a migration may
-	// rightly take longer.
-	mdb, err := models.Open(ctx, a.cfg.DatabaseURL, models.DBOptions{MaxOpenConns: 2})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = models.SQLDB(mdb).Close() }()
 	p, err := migrations.NewProvider(models.SQLDB(mdb))
 	if err != nil {
 		return err

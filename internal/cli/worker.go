@@ -30,7 +30,7 @@ func (p *workerProcess) stop() { p.w.Shutdown() }
 // startWorker connects to Redis and starts the task server, the scheduler
 // and the staged-job enqueuer.
 func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
-	redisOpt, err := asynq.ParseRedisURI(a.cfg.RedisURL)
+	redisOpt, err := tasks.ParseRedisURL(a.cfg.RedisURL)
 	if err != nil {
 		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: oneLine(err)}
 	}
@@ -70,7 +70,7 @@ func fastBudget(d time.Duration) time.Duration {
 
 // startDispatcher starts the hand-off of committed runs to the queue.
 func startDispatcher(a *app, reg prometheus.Registerer) (*tasks.Dispatcher, error) {
-	redisOpt, err := asynq.ParseRedisURI(a.cfg.RedisURL)
+	redisOpt, err := tasks.ParseRedisURL(a.cfg.RedisURL)
 	if err != nil {
 		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: oneLine(err)}
 	}
@@ -82,7 +82,7 @@ func startDispatcher(a *app, reg prometheus.Registerer) (*tasks.Dispatcher, erro
 // buckets: REDIS_URL, with timeouts no longer than the limit waits for an
 // answer (a slow Redis admits starts unlimited, it never delays them).
 func rateLimitRedis(a *app) (redis.UniversalClient, error) {
-	opt, err := asynq.ParseRedisURI(a.cfg.RedisURL)
+	opt, err := tasks.ParseRedisURL(a.cfg.RedisURL)
 	if err != nil {
 		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: oneLine(err)}
 	}

@@ -73,7 +73,15 @@ func New(t testing.TB, opt ...Options) (*gorm.DB, string) {
 		}
 	})
 	u := withDBName(t, BaseURL(), name)
-	db, err := models.Open(ctx, u, models.DBOptions{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns, StatementTimeout: o.StatementTimeout})
+	// TEST_DATABASE_POOLER_URL, when set, is a pooler in transaction mode
+	// (PgBouncer) in front of TEST_DATABASE_URL's server: the pool goes
+	// through it (DATABASE_POOLER=transaction), the returned URL does not.
+	poolURL, pooler := u, os.Getenv("TEST_DATABASE_POOLER_URL")
+	if pooler != "" {
+		poolURL = withDBName(t, pooler, name)
+	}
+	db, err := models.Open(ctx, poolURL, models.DBOptions{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns,
+		StatementTimeout: o.StatementTimeout, TransactionPooler: pooler != ""})
 	if err != nil {
 		t.Fatalf("testdb: open %s: %v", name, err)
 	}
