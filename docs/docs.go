@@ -2319,7 +2319,7 @@ const docTemplate = `{
                     "429": {
                         "description": "` + "`" + `quota_exceeded` + "`" + `: the organisation has used its monthly run quota (stored and replayed like any answer); do not retry. Or ` + "`" + `rate_limited` + "`" + `: the organisation started runs faster than its rate; nothing was done or stored: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: a start past a monthly quota of 100 runs, with a new Idempotency-Key (the answer is stored).",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemQuotaExceeded"
+                            "$ref": "#/definitions/handlers.ProblemTooManyRequests"
                         },
                         "headers": {
                             "Idempotency-Key-Expires": {
@@ -3224,63 +3224,6 @@ const docTemplate = `{
                 }
             }
         },
-        "handlers.ProblemQuotaExceeded": {
-            "description": "An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.",
-            "type": "object",
-            "required": [
-                "code",
-                "detail",
-                "instance",
-                "request_id",
-                "status",
-                "title",
-                "type"
-            ],
-            "properties": {
-                "code": {
-                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
-                    "type": "string",
-                    "example": "quota_exceeded"
-                },
-                "detail": {
-                    "description": "Detail explains this occurrence, for people.",
-                    "type": "string",
-                    "example": "The organisation has used its monthly quota of 1000 runs."
-                },
-                "errors": {
-                    "description": "Errors lists per-field problems of a 400, when there are several.",
-                    "type": "array",
-                    "items": {
-                        "$ref": "#/definitions/problem.FieldError"
-                    }
-                },
-                "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
-                    "type": "string",
-                    "example": "/api/workflows/7c0e.../start/"
-                },
-                "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
-                    "type": "string",
-                    "example": "4f1c2b9e8a7d6c5b"
-                },
-                "status": {
-                    "description": "Status repeats the HTTP status code.",
-                    "type": "integer",
-                    "example": 429
-                },
-                "title": {
-                    "description": "Title is the HTTP status text.",
-                    "type": "string",
-                    "example": "Too Many Requests"
-                },
-                "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
-                    "type": "string",
-                    "example": "https://valruns.dev/problems/quota_exceeded"
-                }
-            }
-        },
         "handlers.ProblemRunNotFound": {
             "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
             "type": "object",
@@ -3392,6 +3335,63 @@ const docTemplate = `{
                     "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
                     "type": "string",
                     "example": "https://valruns.dev/problems/request_body_too_large"
+                }
+            }
+        },
+        "handlers.ProblemTooManyRequests": {
+            "description": "An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.",
+            "type": "object",
+            "required": [
+                "code",
+                "detail",
+                "instance",
+                "request_id",
+                "status",
+                "title",
+                "type"
+            ],
+            "properties": {
+                "code": {
+                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
+                    "type": "string",
+                    "example": "quota_exceeded"
+                },
+                "detail": {
+                    "description": "Detail explains this occurrence, for people.",
+                    "type": "string",
+                    "example": "The organisation has used its monthly quota of 1000 runs."
+                },
+                "errors": {
+                    "description": "Errors lists per-field problems of a 400, when there are several.",
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/problem.FieldError"
+                    }
+                },
+                "instance": {
+                    "description": "Instance is the request path (always present in an answer).",
+                    "type": "string",
+                    "example": "/api/workflows/7c0e.../start/"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
+                    "type": "string",
+                    "example": "4f1c2b9e8a7d6c5b"
+                },
+                "status": {
+                    "description": "Status repeats the HTTP status code.",
+                    "type": "integer",
+                    "example": 429
+                },
+                "title": {
+                    "description": "Title is the HTTP status text.",
+                    "type": "string",
+                    "example": "Too Many Requests"
+                },
+                "type": {
+                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "type": "string",
+                    "example": "https://valruns.dev/problems/quota_exceeded"
                 }
             }
         },

@@ -339,10 +339,12 @@ type ProblemKeyReused struct {
 	Code string `json:"code" example:"idempotency_key_reused"`
 }
 
-// ProblemQuotaExceeded is a 429 problem: the organisation's monthly run quota is used up.
+// ProblemTooManyRequests is a 429 problem of a start: quota_exceeded (the
+// organisation's monthly run quota is used up; stored and replayed) or
+// rate_limited (it started runs faster than its rate; nothing stored).
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.
-type ProblemQuotaExceeded struct {
+type ProblemTooManyRequests struct {
 	problem.Details
 	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
 	Type string `json:"type" example:"https://valruns.dev/problems/quota_exceeded"`

@@ -278,7 +278,7 @@ func TestSpecProblemExamples(t *testing.T) {
 	for _, v := range []any{
 		handlers.ProblemBadRequest{}, handlers.ProblemInvalidWorkflow{}, handlers.ProblemUnauthorized{},
 		handlers.ProblemWorkflowNotFound{}, handlers.ProblemRunNotFound{}, handlers.ProblemInProgress{},
-		handlers.ProblemTooLarge{}, handlers.ProblemKeyReused{}, handlers.ProblemQuotaExceeded{},
+		handlers.ProblemTooLarge{}, handlers.ProblemKeyReused{}, handlers.ProblemTooManyRequests{},
 		handlers.ProblemInternal{}, handlers.ProblemUnavailable{},
 	} {
 		typ := reflect.TypeOf(v)
