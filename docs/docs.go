@@ -119,8 +119,8 @@ const docTemplate = `{
                                 "scope": "workflow_start",
                                 "key": "4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91",
                                 "state": "finished",
-                                "created_at": "2026-11-22T10:00:01Z",
-                                "expires_at": "2026-11-23T10:00:01Z",
+                                "created_at": "2026-11-22T10:00:02Z",
+                                "expires_at": "2026-11-23T10:00:02Z",
                                 "request_id": "cced28c6dc3f99c2396a5eaa",
                                 "request_method": "POST",
                                 "request_path": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
@@ -383,9 +383,9 @@ const docTemplate = `{
                                             "source": "upload"
                                         },
                                         "attempts": 1,
-                                        "created_at": "2026-11-22T10:00:05Z",
-                                        "started_at": "2026-11-22T10:00:06Z",
-                                        "finished_at": "2026-11-22T10:00:07Z"
+                                        "created_at": "2026-11-22T10:00:06Z",
+                                        "started_at": "2026-11-22T10:00:07Z",
+                                        "finished_at": "2026-11-22T10:00:08Z"
                                     },
                                     {
                                         "id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
@@ -397,9 +397,9 @@ const docTemplate = `{
                                         },
                                         "metadata": {},
                                         "attempts": 1,
-                                        "created_at": "2026-11-22T10:00:02Z",
-                                        "started_at": "2026-11-22T10:00:03Z",
-                                        "finished_at": "2026-11-22T10:00:04Z"
+                                        "created_at": "2026-11-22T10:00:03Z",
+                                        "started_at": "2026-11-22T10:00:04Z",
+                                        "finished_at": "2026-11-22T10:00:05Z"
                                     }
                                 ]
                             }
@@ -626,9 +626,9 @@ const docTemplate = `{
                                     }
                                 ],
                                 "attempts": 1,
-                                "created_at": "2026-11-22T10:00:05Z",
-                                "started_at": "2026-11-22T10:00:06Z",
-                                "finished_at": "2026-11-22T10:00:07Z"
+                                "created_at": "2026-11-22T10:00:06Z",
+                                "started_at": "2026-11-22T10:00:07Z",
+                                "finished_at": "2026-11-22T10:00:08Z"
                             }
                         }
                     },
@@ -982,7 +982,7 @@ const docTemplate = `{
                                         "events": [
                                             "validation_run.finished"
                                         ],
-                                        "created_at": "2026-11-22T10:00:08Z"
+                                        "created_at": "2026-11-22T10:00:01Z"
                                     }
                                 ]
                             }
@@ -1227,7 +1227,7 @@ const docTemplate = `{
                                 "events": [
                                     "validation_run.finished"
                                 ],
-                                "created_at": "2026-11-22T10:00:08Z",
+                                "created_at": "2026-11-22T10:00:01Z",
                                 "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq="
                             }
                         }
@@ -1622,7 +1622,7 @@ const docTemplate = `{
                                 "events": [
                                     "validation_run.finished"
                                 ],
-                                "created_at": "2026-11-22T10:00:08Z"
+                                "created_at": "2026-11-22T10:00:01Z"
                             }
                         }
                     },
@@ -1947,6 +1947,273 @@ const docTemplate = `{
                 }
             }
         },
+        "/api/webhook-endpoints/{id}/deliveries/": {
+            "get": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "Each event recorded for the endpoint, newest first, with its delivery's ` + "`" + `status` + "`" + ` (` + "`" + `pending` + "`" + `, ` + "`" + `delivered` + "`" + `, ` + "`" + `failed` + "`" + `), attempts, the last answer's status code or error, and when the next attempt is due. An event is recorded in the same transaction as the run's final state. (Sending is not built yet: events stay ` + "`" + `pending` + "`" + `.)",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "webhooks"
+                ],
+                "summary": "List a webhook endpoint's deliveries",
+                "operationId": "listWebhookDeliveries",
+                "parameters": [
+                    {
+                        "type": "string",
+                        "format": "uuid",
+                        "description": "Webhook endpoint id (UUID)",
+                        "name": "id",
+                        "in": "path",
+                        "required": true
+                    },
+                    {
+                        "maximum": 100,
+                        "minimum": 1,
+                        "type": "integer",
+                        "description": "Page size, 1-100 (default 20)",
+                        "name": "limit",
+                        "in": "query"
+                    },
+                    {
+                        "type": "string",
+                        "description": "next_cursor of the previous page",
+                        "name": "cursor",
+                        "in": "query"
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "One page of deliveries.\n\nExample: the events of the two runs above, recorded with their final state.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.WebhookDeliveryList"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "data": [
+                                    {
+                                        "id": "2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a",
+                                        "event_id": "evt_9d4b7a2e1c3f4e8db6a57f0e2d9c1b34",
+                                        "event_type": "validation_run.finished",
+                                        "run_id": "9d4b7a2e-1c3f-4e8d-b6a5-7f0e2d9c1b34",
+                                        "status": "pending",
+                                        "attempts": 0,
+                                        "next_attempt_at": "2026-11-22T10:00:08Z",
+                                        "created_at": "2026-11-22T10:00:08Z"
+                                    },
+                                    {
+                                        "id": "8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d",
+                                        "event_id": "evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a",
+                                        "event_type": "validation_run.finished",
+                                        "run_id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                        "status": "pending",
+                                        "attempts": 0,
+                                        "next_attempt_at": "2026-11-22T10:00:05Z",
+                                        "created_at": "2026-11-22T10:00:05Z"
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                    "400": {
+                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBadRequest"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "limit must be a whole number from 1 to 100.",
+                                "code": "validation_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "8e8d70d4a78c89e35834cee8",
+                                "errors": [
+                                    {
+                                        "field": "limit",
+                                        "message": "must be 1 to 100"
+                                    }
+                                ]
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "limit must be a whole number from 1 to 100.",
+                                "code": "validation_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "8e8d70d4a78c89e35834cee8",
+                                "errors": [
+                                    {
+                                        "field": "limit",
+                                        "message": "must be 1 to 100"
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "4d8b53e799971c609919dc14"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "4d8b53e799971c609919dc14"
+                            }
+                        }
+                    },
+                    "404": {
+                        "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID).\n\nExample: an id no endpoint of the organisation has.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/deliveries",
+                                "request_id": "665493af2b35b60f1b040e28"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/deliveries",
+                                "request_id": "665493af2b35b60f1b040e28"
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "7dfb127de34df8ab35c0402f"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "7dfb127de34df8ab35c0402f"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "741ed1a902129fd2057fef53"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "741ed1a902129fd2057fef53"
+                            }
+                        }
+                    }
+                }
+            }
+        },
         "/api/webhook-endpoints/{id}/rotate-secret/": {
             "post": {
                 "security": [
@@ -1994,8 +2261,8 @@ const docTemplate = `{
                                 "events": [
                                     "validation_run.finished"
                                 ],
-                                "previous_secret_expires_at": "2026-11-23T10:00:08Z",
-                                "created_at": "2026-11-22T10:00:08Z",
+                                "previous_secret_expires_at": "2026-11-23T10:00:01Z",
+                                "created_at": "2026-11-22T10:00:01Z",
                                 "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq="
                             }
                         }
@@ -3169,7 +3436,7 @@ const docTemplate = `{
                                 },
                                 "metadata": {},
                                 "attempts": 0,
-                                "created_at": "2026-11-22T10:00:02Z"
+                                "created_at": "2026-11-22T10:00:03Z"
                             }
                         }
                     },
@@ -5116,6 +5383,104 @@ const docTemplate = `{
                     "description": "Unlimited is true when the organisation has no quota.",
                     "type": "boolean",
                     "example": false
+                }
+            }
+        },
+        "handlers.WebhookDelivery": {
+            "type": "object",
+            "required": [
+                "attempts",
+                "created_at",
+                "event_id",
+                "event_type",
+                "id",
+                "run_id",
+                "status"
+            ],
+            "properties": {
+                "attempts": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "example": 0
+                },
+                "created_at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:00Z"
+                },
+                "delivered_at": {
+                    "description": "DeliveredAt is when a 2xx answer came.",
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:01Z"
+                },
+                "event_id": {
+                    "description": "EventID is the event's id, sent as webhook-id on every attempt: receivers drop duplicates by it.",
+                    "type": "string",
+                    "example": "evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a"
+                },
+                "event_type": {
+                    "type": "string",
+                    "enum": [
+                        "validation_run.finished"
+                    ],
+                    "example": "validation_run.finished"
+                },
+                "id": {
+                    "type": "string",
+                    "format": "uuid",
+                    "example": "2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a"
+                },
+                "last_error": {
+                    "description": "LastError says why the last attempt failed without an answer (a timeout, a refused connection).",
+                    "type": "string",
+                    "example": "connection refused"
+                },
+                "last_status_code": {
+                    "description": "LastStatusCode is the HTTP status of the last attempt's answer; absent when it had none.",
+                    "type": "integer",
+                    "example": 503
+                },
+                "next_attempt_at": {
+                    "description": "NextAttemptAt is when the next attempt is due, while pending.",
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:00Z"
+                },
+                "run_id": {
+                    "description": "RunID is the run the event is about.",
+                    "type": "string",
+                    "format": "uuid",
+                    "example": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"
+                },
+                "status": {
+                    "description": "Status: pending (not yet delivered; attempts go on), delivered (a 2xx answer), failed (given up).",
+                    "type": "string",
+                    "enum": [
+                        "pending",
+                        "delivered",
+                        "failed"
+                    ],
+                    "example": "pending"
+                }
+            }
+        },
+        "handlers.WebhookDeliveryList": {
+            "type": "object",
+            "required": [
+                "data"
+            ],
+            "properties": {
+                "data": {
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/handlers.WebhookDelivery"
+                    }
+                },
+                "next_cursor": {
+                    "description": "NextCursor fetches the next page (?cursor=); absent on the last page.",
+                    "type": "string",
+                    "example": "MjAyNi0xMS0yMlQwMjo0MDo"
                 }
             }
         },

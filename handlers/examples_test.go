@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/config"
@@ -60,6 +61,9 @@ const (
 	exSmallQuota = 100
 )
 
+// exDeliveryIDs are how the deliveries of the example's two runs are written.
+var exDeliveryIDs = []string{"2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a", "8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d"}
+
 var exBase = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 
 // The requests of the success examples: the demo workflow of `make run`
@@ -92,6 +96,7 @@ const (
 	opGetHook     = "GET /api/webhook-endpoints/{id}/"
 	opDeleteHook  = "DELETE /api/webhook-endpoints/{id}/"
 	opRotateHook  = "POST /api/webhook-endpoints/{id}/rotate-secret/"
+	opDeliveries  = "GET /api/webhook-endpoints/{id}/deliveries/"
 	exHookBody    = `{"url":"https://example.com/valruns-hooks","description":"invoices service","events":["validation_run.finished"]}`
 	exStartKeyURL = "/api/idempotency-keys/workflow_start/" + exStartKey
 )
@@ -156,6 +161,14 @@ func (rec *exRecorder) recordMain() {
 	rec.example(opListWF, 200, "", "", rec.send(e, "list workflows", http.MethodGet, "/api/workflows/?limit=20", tok, nil))
 	rec.example(opGetWF, 200, "", "", rec.send(e, "get workflow", http.MethodGet, "/api/workflows/"+wf+"/", tok, nil))
 
+	// A webhook endpoint, which hears of the runs below.
+	rec.request(opCreateHook, exHookBody)
+	hookCreated := rec.send(e, "create hook", http.MethodPost, "/api/webhook-endpoints/", tok, exHookBody, idempotency.HeaderKey, exHookKey)
+	rec.example(opCreateHook, 201, "", "an https URL, with a new Idempotency-Key", hookCreated)
+	hook := hookCreated.field(t, "id")
+	rec.ids[hook] = exHookID
+	hookPath := "/api/webhook-endpoints/" + hook + "/"
+
 	// A run it passes, and one it fails.
 	start := "/api/workflows/" + wf + "/start/"
 	rec.request(opStart, exStartBody, idempotency.HeaderPrefer, exPrefer)
@@ -179,12 +192,6 @@ func (rec *exRecorder) recordMain() {
 
 	// A webhook endpoint: created, read, listed, its secret rotated; and
 	// another, deleted.
-	rec.request(opCreateHook, exHookBody)
-	hookCreated := rec.send(e, "create hook", http.MethodPost, "/api/webhook-endpoints/", tok, exHookBody, idempotency.HeaderKey, exHookKey)
-	rec.example(opCreateHook, 201, "", "an https URL, with a new Idempotency-Key", hookCreated)
-	hook := hookCreated.field(t, "id")
-	rec.ids[hook] = exHookID
-	hookPath := "/api/webhook-endpoints/" + hook + "/"
 	rec.also(opCreateHook, 201, "", "the same request again: the replay of the first answer",
 		rec.send(e, "create hook again", http.MethodPost, "/api/webhook-endpoints/", tok, exHookBody, idempotency.HeaderKey, exHookKey))
 	rec.example(opCreateHook, 422, "idempotency_key_reused", "the Idempotency-Key of the 201 example sent with another body",
@@ -194,6 +201,18 @@ func (rec *exRecorder) recordMain() {
 	rec.also(opCreateHook, 400, "validation_error", "an event type that does not exist",
 		rec.send(e, "create hook event", http.MethodPost, "/api/webhook-endpoints/", tok, `{"url":"https://example.com/hooks","events":["run.started"]}`))
 	rec.example(opGetHook, 200, "", "", rec.send(e, "get hook", http.MethodGet, hookPath, tok, nil))
+	dels := rec.send(e, "deliveries", http.MethodGet, hookPath+"deliveries/?limit=20", tok, nil)
+	var delList handlers.WebhookDeliveryList
+	dels.JSON(t, &delList)
+	require.Len(t, delList.Data, 2, "one event per run that ended")
+	for i, d := range delList.Data {
+		rec.ids[d.ID] = exDeliveryIDs[i]
+	}
+	rec.example(opDeliveries, 200, "", "the events of the two runs above, recorded with their final state", dels)
+	rec.example(opDeliveries, 400, "validation_error", "`?limit=0`", rec.send(e, "deliveries limit", http.MethodGet, hookPath+"deliveries/?limit=0", tok, nil))
+	rec.also(opDeliveries, 400, "invalid_cursor", "a cursor this API did not return", rec.send(e, "deliveries cursor", http.MethodGet, hookPath+"deliveries/?cursor=abc", tok, nil))
+	rec.example(opDeliveries, 404, "not_found", "an id no endpoint of the organisation has",
+		rec.send(e, "deliveries missing", http.MethodGet, "/api/webhook-endpoints/"+exMissingID+"/deliveries/", tok, nil))
 	rec.example(opListHooks, 200, "", "", rec.send(e, "list hooks", http.MethodGet, "/api/webhook-endpoints/?limit=20", tok, nil))
 	rec.example(opListHooks, 400, "validation_error", "`?limit=0`", rec.send(e, "list hooks limit", http.MethodGet, "/api/webhook-endpoints/?limit=0", tok, nil))
 	rec.also(opListHooks, 400, "invalid_cursor", "a cursor this API did not return", rec.send(e, "list hooks cursor", http.MethodGet, "/api/webhook-endpoints/?cursor=abc", tok, nil))
@@ -281,7 +300,7 @@ func (rec *exRecorder) recordMain() {
 		{opUsage, http.MethodGet, "/api/usage"}, {opKey, http.MethodGet, exStartKeyURL},
 		{opCreateHook, http.MethodPost, "/api/webhook-endpoints/"}, {opListHooks, http.MethodGet, "/api/webhook-endpoints/"},
 		{opGetHook, http.MethodGet, hookPath}, {opDeleteHook, http.MethodDelete, hookPath},
-		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/"},
+		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/"}, {opDeliveries, http.MethodGet, hookPath + "deliveries/"},
 	} {
 		var body any
 		if o.method == http.MethodPost {
@@ -479,6 +498,7 @@ func (rec *exRecorder) recordFailures() {
 		{opGetHook, http.MethodGet, hookPath, ""},
 		{opDeleteHook, http.MethodDelete, hookPath, ""},
 		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/", ""},
+		{opDeliveries, http.MethodGet, hookPath + "deliveries/", ""},
 	}
 	send := func(name string, o struct{ op, method, path, body string }, headers ...string) exResponse {
 		var body any
@@ -579,6 +599,7 @@ func (rec *exRecorder) recordOverload() {
 		{opGetHook, http.MethodGet, hookPath, ""},
 		{opDeleteHook, http.MethodDelete, hookPath, ""},
 		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/", ""},
+		{opDeliveries, http.MethodGet, hookPath + "deliveries/", ""},
 	} {
 		var body any
 		if o.body != "" {
@@ -871,7 +892,7 @@ type exNormaliser struct {
 var (
 	exUUID = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
 	// exInstantFields are the members that say when something happened.
-	exInstantFields = map[string]bool{"created_at": true, "started_at": true, "finished_at": true}
+	exInstantFields = map[string]bool{"created_at": true, "started_at": true, "finished_at": true, "next_attempt_at": true, "delivered_at": true}
 )
 
 // instants lists the times of v's instant fields and cursors.
@@ -931,6 +952,10 @@ func (n *exNormaliser) value(v *apispec.Value) {
 		case m.Key == "expires_at":
 			created := n.parse(createdAt)
 			out = n.exampleTime(created).Add(n.parse(s).Sub(created)).Format(time.RFC3339Nano)
+		case m.Key == "event_id":
+			u, err := uuid.Parse(strings.TrimPrefix(s, "evt_"))
+			require.NoError(n.t, err, "event_id %s", s)
+			out = "evt_" + strings.ReplaceAll(n.id(u.String()), "-", "")
 		case m.Key == "secret":
 			out = exSecret
 		case m.Key == "previous_secret_expires_at":

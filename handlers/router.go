@@ -140,6 +140,7 @@ func NewRouter(d Deps) *gin.Engine {
 	get(api, "/webhook-endpoints/:id", hooks.get)
 	api.DELETE("/webhook-endpoints/:id", hooks.delete)
 	api.POST("/webhook-endpoints/:id/rotate-secret", hooks.rotate)
+	get(api, "/webhook-endpoints/:id/deliveries", hooks.deliveries)
 	return r
 }
 

@@ -225,13 +225,20 @@ func (h *webhookHandlers) get(c *gin.Context) {
 		return
 	}
 	e, err := h.endpoints.Get(c.Request.Context(), principalOf(c).OrgID, id)
+	answerEndpoint(c, err, func() { c.PureJSON(http.StatusOK, webhookEndpointOf(e)) })
+}
+
+// answerEndpoint answers the outcome of a store call on one endpoint: 404
+// when the organisation has no such endpoint, 500 (or 503) when the call
+// failed, and ok's answer otherwise.
+func answerEndpoint(c *gin.Context, err error, ok func()) {
 	switch {
 	case errors.Is(err, models.ErrNotFound):
 		problem.Write(c, notFound("Webhook endpoint"))
 	case err != nil:
 		internalError(c, err)
 	default:
-		c.PureJSON(http.StatusOK, webhookEndpointOf(e))
+		ok()
 	}
 }
 
@@ -261,14 +268,7 @@ func (h *webhookHandlers) delete(c *gin.Context) {
 		return
 	}
 	err := h.endpoints.Delete(c.Request.Context(), principalOf(c).OrgID, id)
-	switch {
-	case errors.Is(err, models.ErrNotFound):
-		problem.Write(c, notFound("Webhook endpoint"))
-	case err != nil:
-		internalError(c, err)
-	default:
-		c.Status(http.StatusNoContent)
-	}
+	answerEndpoint(c, err, func() { c.Status(http.StatusNoContent) })
 }
 
 // rotate godoc
@@ -302,12 +302,92 @@ func (h *webhookHandlers) rotate(c *gin.Context) {
 		return
 	}
 	e, err := h.endpoints.RotateSecret(c.Request.Context(), principalOf(c).OrgID, id, secret)
-	switch {
-	case errors.Is(err, models.ErrNotFound):
-		problem.Write(c, notFound("Webhook endpoint"))
-	case err != nil:
-		internalError(c, err)
-	default:
+	answerEndpoint(c, err, func() {
 		c.PureJSON(http.StatusOK, WebhookEndpointWithSecret{WebhookEndpoint: webhookEndpointOf(e), Secret: secret})
+	})
+}
+
+// WebhookDelivery is the delivery of one event to one endpoint.
+type WebhookDelivery struct {
+	ID string `json:"id" validate:"required" format:"uuid" example:"2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a"`
+	// EventID is the event's id, sent as webhook-id on every attempt: receivers drop duplicates by it.
+	EventID   string `json:"event_id" validate:"required" example:"evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a"`
+	EventType string `json:"event_type" validate:"required" enums:"validation_run.finished" example:"validation_run.finished"`
+	// RunID is the run the event is about.
+	RunID string `json:"run_id" validate:"required" format:"uuid" example:"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"`
+	// Status: pending (not yet delivered; attempts go on), delivered (a 2xx answer), failed (given up).
+	Status   string `json:"status" validate:"required" enums:"pending,delivered,failed" example:"pending"`
+	Attempts int    `json:"attempts" validate:"required" minimum:"0" example:"0"`
+	// LastStatusCode is the HTTP status of the last attempt's answer; absent when it had none.
+	LastStatusCode *int `json:"last_status_code,omitempty" example:"503"`
+	// LastError says why the last attempt failed without an answer (a timeout, a refused connection).
+	LastError *string `json:"last_error,omitempty" example:"connection refused"`
+	// NextAttemptAt is when the next attempt is due, while pending.
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty" format:"date-time" example:"2026-11-22T10:00:00Z"`
+	CreatedAt     time.Time  `json:"created_at" validate:"required" format:"date-time" example:"2026-11-22T10:00:00Z"`
+	// DeliveredAt is when a 2xx answer came.
+	DeliveredAt *time.Time `json:"delivered_at,omitempty" format:"date-time" example:"2026-11-22T10:00:01Z"`
+}
+
+// WebhookDeliveryList is one page of an endpoint's deliveries, newest first.
+type WebhookDeliveryList struct {
+	Data []WebhookDelivery `json:"data" validate:"required"`
+	// NextCursor fetches the next page (?cursor=); absent on the last page.
+	NextCursor string `json:"next_cursor,omitempty" example:"MjAyNi0xMS0yMlQwMjo0MDo"`
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
 	}
+	u := t.UTC()
+	return &u
+}
+
+// deliveries godoc
+//
+//	@Summary		List a webhook endpoint's deliveries
+//	@ID			listWebhookDeliveries
+//	@Description	Each event recorded for the endpoint, newest first, with its delivery's `status` (`pending`, `delivered`, `failed`), attempts, the last answer's status code or error, and when the next attempt is due. An event is recorded in the same transaction as the run's final state. (Sending is not built yet: events stay `pending`.)
+//	@Tags			webhooks
+//	@Produce		json
+//	@Produce		application/problem+json
+//	@Security		BearerAuth
+//	@Param			id		path		string					true	"Webhook endpoint id (UUID)"	format(uuid)
+//	@Param			limit	query		int						false	"Page size, 1-100 (default 20)"	minimum(1)	maximum(100)
+//	@Param			cursor	query		string					false	"next_cursor of the previous page"
+//	@Success		200		{object}	WebhookDeliveryList		"One page of deliveries."
+//	@Failure		400		{object}	ProblemBadRequest		"`validation_error` (limit is not 1 to 100) or `invalid_cursor` (not a cursor this API returned)."
+//	@Failure		401		{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		404		{object}	ProblemWebhookNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
+//	@Failure		500		{object}	ProblemInternal			"`internal_error`: a query failed; retry."
+//	@Failure		503		{object}	ProblemUnavailable		"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
+//	@Header			401		{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			500,503	{integer}	Retry-After				"Seconds to wait before retrying."
+//	@Header			all		{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Router			/api/webhook-endpoints/{id}/deliveries/ [get]
+func (h *webhookHandlers) deliveries(c *gin.Context) {
+	id, ok := canonicalID(c.Param("id"))
+	if !ok {
+		problem.Write(c, notFound("Webhook endpoint"))
+		return
+	}
+	page, ok := pageOf(c)
+	if !ok {
+		return
+	}
+	ds, next, err := h.endpoints.Deliveries(c.Request.Context(), principalOf(c).OrgID, id, page)
+	if errors.Is(err, models.ErrBadCursor) {
+		listFailed(c, err)
+		return
+	}
+	answerEndpoint(c, err, func() {
+		out := WebhookDeliveryList{Data: make([]WebhookDelivery, 0, len(ds)), NextCursor: next}
+		for _, d := range ds {
+			out.Data = append(out.Data, WebhookDelivery{ID: d.ID, EventID: d.EventID, EventType: d.EventType, RunID: d.RunID,
+				Status: d.Status, Attempts: d.Attempts, LastStatusCode: d.LastStatusCode, LastError: d.LastError,
+				NextAttemptAt: utcPtr(d.NextAttemptAt), CreatedAt: d.CreatedAt.UTC(), DeliveredAt: utcPtr(d.DeliveredAt)})
+		}
+		c.PureJSON(http.StatusOK, out)
+	})
 }

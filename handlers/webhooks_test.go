@@ -156,3 +156,50 @@ func TestWebhookEndpointValidation(t *testing.T) {
 	r := dev.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"http://127.0.0.1:18500/hooks"}`)
 	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 }
+
+// A run that ends records its event for each endpoint of its organisation,
+// visible in the endpoint's deliveries: pending, with the event id the
+// deliveries will carry as webhook-id. Another organisation's endpoint is a
+// 404, and an endpoint made after the run ended hears nothing of it.
+func TestWebhookDeliveriesList(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t)
+	org, other := e.NewOrg("Acme"), e.NewOrg("Other")
+	hook := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"https://example.com/hooks"}`)
+	require.Equal(t, http.StatusCreated, hook.Status, "%s", hook.Body)
+	path := "/api/webhook-endpoints/" + hook.Map(t)["id"].(string) + "/deliveries/"
+
+	empty := e.Do(http.MethodGet, path, org.Token, nil)
+	require.Equal(t, http.StatusOK, empty.Status, "%s", empty.Body)
+	require.Equal(t, []any{}, empty.Map(t)["data"])
+
+	wf := e.NewWorkflow(org, exWorkflowBody)
+	r := e.Do(http.MethodPost, "/api/workflows/"+wf+"/start/", org.Token, exStartBody)
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	run := r.Map(t)["id"].(string)
+	require.Equal(t, models.RunPassed, exExecute(t, e, run))
+
+	late := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"https://example.com/late"}`)
+	require.Equal(t, http.StatusCreated, late.Status, "%s", late.Body)
+
+	l := e.Do(http.MethodGet, path, org.Token, nil)
+	require.Equal(t, http.StatusOK, l.Status, "%s", l.Body)
+	var list handlers.WebhookDeliveryList
+	l.JSON(t, &list)
+	require.Len(t, list.Data, 1)
+	d := list.Data[0]
+	require.Equal(t, "evt_"+strings.ReplaceAll(run, "-", ""), d.EventID)
+	require.Equal(t, run, d.RunID)
+	require.Equal(t, "validation_run.finished", d.EventType)
+	require.Equal(t, "pending", d.Status)
+	require.Zero(t, d.Attempts)
+	require.NotNil(t, d.NextAttemptAt)
+
+	ll := e.Do(http.MethodGet, "/api/webhook-endpoints/"+late.Map(t)["id"].(string)+"/deliveries/", org.Token, nil)
+	require.Equal(t, http.StatusOK, ll.Status, "%s", ll.Body)
+	require.Equal(t, []any{}, ll.Map(t)["data"], "an endpoint made after the run ended")
+
+	o := e.Do(http.MethodGet, path, other.Token, nil)
+	require.Equal(t, http.StatusNotFound, o.Status, "%s", o.Body)
+	require.Equal(t, http.StatusNotFound, e.Do(http.MethodGet, "/api/webhook-endpoints/x/deliveries/", org.Token, nil).Status)
+}

@@ -126,3 +126,38 @@ func (s *WebhookStore) RotateSecret(ctx context.Context, orgID, id, next string)
 	}
 	return &rows[0], nil
 }
+
+// WebhookDelivery is the delivery of one event to one endpoint (the outbox
+// row recorded with the run's final state).
+type WebhookDelivery struct {
+	ID         string `gorm:"primaryKey;type:uuid;default:gen_random_uuid()"`
+	OrgID      string
+	EndpointID string
+	RunID      string
+	// EventID is the webhook-id of every attempt: evt_ + the run id's hex.
+	EventID   string
+	EventType string
+	// Status is pending, delivered or failed.
+	Status         string
+	Attempts       int
+	NextAttemptAt  *time.Time
+	LastStatusCode *int
+	LastError      *string
+	CreatedAt      time.Time `gorm:"default:now()"`
+	DeliveredAt    *time.Time
+}
+
+// Deliveries returns one page of an endpoint's deliveries, newest first,
+// and the cursor of the next page; ErrNotFound when the organisation has no
+// such endpoint.
+func (s *WebhookStore) Deliveries(ctx context.Context, orgID, endpointID string, p Page) ([]WebhookDelivery, string, error) {
+	if _, err := s.Get(ctx, orgID, endpointID); err != nil {
+		return nil, "", err
+	}
+	ds, next, err := listPage(s.db.WithContext(ctx).Where("endpoint_id = ? AND org_id = ?", endpointID, orgID), p,
+		func(d *WebhookDelivery) (time.Time, string) { return d.CreatedAt, d.ID })
+	if err != nil {
+		return nil, "", fmt.Errorf("list webhook deliveries: %w", err)
+	}
+	return ds, next, nil
+}
