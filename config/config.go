@@ -56,6 +56,10 @@ type Config struct {
 	// IdempotencyKeyRequired makes the Idempotency-Key header mandatory on
 	// idempotent routes (IDEMPOTENCY_KEY_REQUIRED).
 	IdempotencyKeyRequired bool
+	// WebhookAllowPrivateTargets lets webhook endpoints point at loopback,
+	// private, link-local and metadata addresses (WEBHOOK_ALLOW_PRIVATE_TARGETS);
+	// for local development and tests only.
+	WebhookAllowPrivateTargets bool
 	// IdempotencyMaxWait caps how long a request with `Prefer: wait=N` waits
 	// for the in-flight request with its key; 0 disables waiting (IDEMPOTENCY_MAX_WAIT).
 	IdempotencyMaxWait time.Duration
@@ -191,6 +195,7 @@ var Vars = []Var{
 	{"RUN_FAST_PATH", "1s", "how long a run's first delivery may validate it without claiming it (one write per run; at most RUN_HEARTBEAT); past it the run is claimed and validated under a lease; 0 claims every run first"},
 	{"RUN_REDELIVER_AFTER", "10s", "how long a run may stay queued before the sweeper checks that Redis still has its task; also how long before it looks at the same run again"},
 	{"WORKER_METRICS_ADDR", "127.0.0.1:9091", "where `valruns worker` serves /metrics and /healthz (`serve --worker` uses the API's /metrics)"},
+	{"WEBHOOK_ALLOW_PRIVATE_TARGETS", "false", "`true`: webhook endpoints may point at loopback, private, link-local and metadata addresses (local development and tests); otherwise such a URL is refused (400 `validation_error`), when the endpoint is created and when a delivery resolves its host"},
 	{"PPROF_ADDR", "", "`host:port` where `serve` and `worker` serve Go's /debug/pprof/ for profiling; empty (the default) serves nothing. Keep it on loopback"},
 }
 
@@ -214,44 +219,45 @@ func FromEnv() (Config, error) { return Load(os.LookupEnv) }
 func Load(lookup func(string) (string, bool)) (Config, error) {
 	p := parser{lookup: lookup}
 	c := Config{
-		DatabaseURL:            p.url("DATABASE_URL", "postgres", "postgresql"),
-		DatabaseDirectURL:      p.optionalURL("DATABASE_DIRECT_URL", "postgres", "postgresql"),
-		DatabasePooler:         p.oneOf("DATABASE_POOLER", "none", "transaction"),
-		DatabaseMaxConns:       int(p.int("DATABASE_MAX_CONNS", 1)),
-		DatabaseAcquireTimeout: p.duration("DATABASE_ACQUIRE_TIMEOUT", 10*time.Millisecond),
-		DatabaseAnswerTimeout:  p.duration("DATABASE_ANSWER_TIMEOUT", 10*time.Millisecond),
-		RedisURL:               p.redisURL("REDIS_URL"),
-		HTTPAddr:               p.addr("HTTP_ADDR"),
-		IdempotencyTTL:         p.duration("IDEMPOTENCY_TTL", time.Second),
-		IdempotencyTxTimeout:   p.duration("IDEMPOTENCY_TX_TIMEOUT", time.Millisecond),
-		IdempotencyKeyRequired: p.bool("IDEMPOTENCY_KEY_REQUIRED"),
-		IdempotencyMaxWait:     p.duration("IDEMPOTENCY_MAX_WAIT", 0),
-		IdempotencyMaxWaiters:  int(p.int("IDEMPOTENCY_MAX_WAITERS", 1)),
-		DefaultMonthlyRunQuota: p.int("DEFAULT_MONTHLY_RUN_QUOTA", 0),
-		OrgStartRate:           int(p.int("ORG_START_RATE", 0)),
-		OrgRunShare:            int(p.int("ORG_RUN_SHARE", 0)),
-		CleanupSchedule:        p.schedule("CLEANUP_SCHEDULE"),
-		CleanupBatchSize:       int(p.int("CLEANUP_BATCH_SIZE", 1)),
-		MaxBodyBytes:           p.int("MAX_BODY_BYTES", 1),
-		MaxRequestsInFlight:    int(p.int("MAX_REQUESTS_IN_FLIGHT", 0)),
-		MaxBodyBytesInFlight:   p.int("MAX_BODY_BYTES_IN_FLIGHT", 0),
-		OverloadWait:           p.duration("OVERLOAD_WAIT", 0),
-		LogLevel:               p.oneOf("LOG_LEVEL", "debug", "info", "warn", "error"),
-		LogFormat:              p.oneOf("LOG_FORMAT", "text", "json"),
-		MigrateOnStart:         p.bool("MIGRATE_ON_START"),
-		AuthCacheTTL:           p.duration("AUTH_CACHE_TTL", 0),
-		ShutdownTimeout:        p.duration("SHUTDOWN_TIMEOUT", time.Millisecond),
-		WorkerConcurrency:      int(p.int("WORKER_CONCURRENCY", 1)),
-		RunLease:               p.duration("RUN_LEASE", time.Second),
-		RunHeartbeat:           p.duration("RUN_HEARTBEAT", 0),
-		RunMaxRetry:            int(p.int("RUN_MAX_RETRY", 1)),
-		RunRetryDelay:          p.duration("RUN_RETRY_DELAY", 10*time.Millisecond),
-		RunTimeout:             p.duration("RUN_TIMEOUT", time.Second),
-		RunSweepInterval:       p.duration("RUN_SWEEP_INTERVAL", 100*time.Millisecond),
-		RunRedeliverAfter:      p.duration("RUN_REDELIVER_AFTER", 100*time.Millisecond),
-		RunFastPath:            p.duration("RUN_FAST_PATH", 0),
-		WorkerMetricsAddr:      p.addr("WORKER_METRICS_ADDR"),
-		PprofAddr:              p.optionalAddr("PPROF_ADDR"),
+		DatabaseURL:                p.url("DATABASE_URL", "postgres", "postgresql"),
+		DatabaseDirectURL:          p.optionalURL("DATABASE_DIRECT_URL", "postgres", "postgresql"),
+		DatabasePooler:             p.oneOf("DATABASE_POOLER", "none", "transaction"),
+		DatabaseMaxConns:           int(p.int("DATABASE_MAX_CONNS", 1)),
+		DatabaseAcquireTimeout:     p.duration("DATABASE_ACQUIRE_TIMEOUT", 10*time.Millisecond),
+		DatabaseAnswerTimeout:      p.duration("DATABASE_ANSWER_TIMEOUT", 10*time.Millisecond),
+		RedisURL:                   p.redisURL("REDIS_URL"),
+		HTTPAddr:                   p.addr("HTTP_ADDR"),
+		IdempotencyTTL:             p.duration("IDEMPOTENCY_TTL", time.Second),
+		IdempotencyTxTimeout:       p.duration("IDEMPOTENCY_TX_TIMEOUT", time.Millisecond),
+		IdempotencyKeyRequired:     p.bool("IDEMPOTENCY_KEY_REQUIRED"),
+		IdempotencyMaxWait:         p.duration("IDEMPOTENCY_MAX_WAIT", 0),
+		IdempotencyMaxWaiters:      int(p.int("IDEMPOTENCY_MAX_WAITERS", 1)),
+		DefaultMonthlyRunQuota:     p.int("DEFAULT_MONTHLY_RUN_QUOTA", 0),
+		OrgStartRate:               int(p.int("ORG_START_RATE", 0)),
+		OrgRunShare:                int(p.int("ORG_RUN_SHARE", 0)),
+		CleanupSchedule:            p.schedule("CLEANUP_SCHEDULE"),
+		CleanupBatchSize:           int(p.int("CLEANUP_BATCH_SIZE", 1)),
+		MaxBodyBytes:               p.int("MAX_BODY_BYTES", 1),
+		MaxRequestsInFlight:        int(p.int("MAX_REQUESTS_IN_FLIGHT", 0)),
+		MaxBodyBytesInFlight:       p.int("MAX_BODY_BYTES_IN_FLIGHT", 0),
+		OverloadWait:               p.duration("OVERLOAD_WAIT", 0),
+		LogLevel:                   p.oneOf("LOG_LEVEL", "debug", "info", "warn", "error"),
+		LogFormat:                  p.oneOf("LOG_FORMAT", "text", "json"),
+		MigrateOnStart:             p.bool("MIGRATE_ON_START"),
+		AuthCacheTTL:               p.duration("AUTH_CACHE_TTL", 0),
+		ShutdownTimeout:            p.duration("SHUTDOWN_TIMEOUT", time.Millisecond),
+		WorkerConcurrency:          int(p.int("WORKER_CONCURRENCY", 1)),
+		RunLease:                   p.duration("RUN_LEASE", time.Second),
+		RunHeartbeat:               p.duration("RUN_HEARTBEAT", 0),
+		RunMaxRetry:                int(p.int("RUN_MAX_RETRY", 1)),
+		RunRetryDelay:              p.duration("RUN_RETRY_DELAY", 10*time.Millisecond),
+		RunTimeout:                 p.duration("RUN_TIMEOUT", time.Second),
+		RunSweepInterval:           p.duration("RUN_SWEEP_INTERVAL", 100*time.Millisecond),
+		RunRedeliverAfter:          p.duration("RUN_REDELIVER_AFTER", 100*time.Millisecond),
+		RunFastPath:                p.duration("RUN_FAST_PATH", 0),
+		WorkerMetricsAddr:          p.addr("WORKER_METRICS_ADDR"),
+		PprofAddr:                  p.optionalAddr("PPROF_ADDR"),
+		WebhookAllowPrivateTargets: p.bool("WEBHOOK_ALLOW_PRIVATE_TARGETS"),
 	}
 	if p.err == nil && c.MaxBodyBytesInFlight != 0 && c.MaxBodyBytesInFlight < c.MaxBodyBytes {
 		// A body of MaxBodyBytes could never be admitted.

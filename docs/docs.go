@@ -78,7 +78,8 @@ const docTemplate = `{
                     {
                         "enum": [
                             "workflow_start",
-                            "workflow_create"
+                            "workflow_create",
+                            "webhook_endpoint_create"
                         ],
                         "type": "string",
                         "description": "The endpoint scope",
@@ -118,8 +119,8 @@ const docTemplate = `{
                                 "scope": "workflow_start",
                                 "key": "4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91",
                                 "state": "finished",
-                                "created_at": "2026-11-22T10:00:01Z",
-                                "expires_at": "2026-11-23T10:00:01Z",
+                                "created_at": "2026-11-22T10:00:02Z",
+                                "expires_at": "2026-11-23T10:00:02Z",
                                 "request_id": "cced28c6dc3f99c2396a5eaa",
                                 "request_method": "POST",
                                 "request_path": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
@@ -382,9 +383,9 @@ const docTemplate = `{
                                             "source": "upload"
                                         },
                                         "attempts": 1,
-                                        "created_at": "2026-11-22T10:00:05Z",
-                                        "started_at": "2026-11-22T10:00:06Z",
-                                        "finished_at": "2026-11-22T10:00:07Z"
+                                        "created_at": "2026-11-22T10:00:06Z",
+                                        "started_at": "2026-11-22T10:00:07Z",
+                                        "finished_at": "2026-11-22T10:00:08Z"
                                     },
                                     {
                                         "id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
@@ -396,9 +397,9 @@ const docTemplate = `{
                                         },
                                         "metadata": {},
                                         "attempts": 1,
-                                        "created_at": "2026-11-22T10:00:02Z",
-                                        "started_at": "2026-11-22T10:00:03Z",
-                                        "finished_at": "2026-11-22T10:00:04Z"
+                                        "created_at": "2026-11-22T10:00:03Z",
+                                        "started_at": "2026-11-22T10:00:04Z",
+                                        "finished_at": "2026-11-22T10:00:05Z"
                                     }
                                 ]
                             }
@@ -625,9 +626,9 @@ const docTemplate = `{
                                     }
                                 ],
                                 "attempts": 1,
-                                "created_at": "2026-11-22T10:00:05Z",
-                                "started_at": "2026-11-22T10:00:06Z",
-                                "finished_at": "2026-11-22T10:00:07Z"
+                                "created_at": "2026-11-22T10:00:06Z",
+                                "started_at": "2026-11-22T10:00:07Z",
+                                "finished_at": "2026-11-22T10:00:08Z"
                             }
                         }
                     },
@@ -920,6 +921,1489 @@ const docTemplate = `{
                                 "code": "service_unavailable",
                                 "instance": "/api/usage",
                                 "request_id": "66864290d8a2047b4ad8d160"
+                            }
+                        }
+                    }
+                }
+            }
+        },
+        "/api/webhook-endpoints/": {
+            "get": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "The organisation's webhook endpoints, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` for the next page. Secrets are not shown.",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "webhooks"
+                ],
+                "summary": "List webhook endpoints",
+                "operationId": "listWebhookEndpoints",
+                "parameters": [
+                    {
+                        "maximum": 100,
+                        "minimum": 1,
+                        "type": "integer",
+                        "description": "Page size, 1-100 (default 20)",
+                        "name": "limit",
+                        "in": "query"
+                    },
+                    {
+                        "type": "string",
+                        "description": "next_cursor of the previous page",
+                        "name": "cursor",
+                        "in": "query"
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "One page of endpoints.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.WebhookEndpointList"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "data": [
+                                    {
+                                        "id": "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                        "url": "https://example.com/valruns-hooks",
+                                        "description": "invoices service",
+                                        "events": [
+                                            "validation_run.finished"
+                                        ],
+                                        "created_at": "2026-11-22T10:00:01Z"
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                    "400": {
+                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBadRequest"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "limit must be a whole number from 1 to 100.",
+                                "code": "validation_error",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "ad817b3c85240cf8fb992523",
+                                "errors": [
+                                    {
+                                        "field": "limit",
+                                        "message": "must be 1 to 100"
+                                    }
+                                ]
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "limit must be a whole number from 1 to 100.",
+                                "code": "validation_error",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "ad817b3c85240cf8fb992523",
+                                "errors": [
+                                    {
+                                        "field": "limit",
+                                        "message": "must be 1 to 100"
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "b5dce4ce8e6fa04c9cc1df51"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "b5dce4ce8e6fa04c9cc1df51"
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "51bbaf902b49dd3f34f5d2b8"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "51bbaf902b49dd3f34f5d2b8"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "cff5fc24691ff5e06f17aad2"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "cff5fc24691ff5e06f17aad2"
+                            }
+                        }
+                    }
+                }
+            },
+            "post": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "Registers a URL that receives the organisation's events (` + "`" + `validation_run.finished` + "`" + `: a run reached ` + "`" + `passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `), signed per the Standard Webhooks specification. The answer carries the endpoint's signing ` + "`" + `secret` + "`" + `, **shown only here** (and in the replays of this request with its Idempotency-Key): keep it to verify deliveries.\n\nThe URL must be ` + "`" + `https` + "`" + `, or ` + "`" + `http` + "`" + ` to a public address; loopback, private, link-local and metadata addresses are refused (400) unless the server sets ` + "`" + `WEBHOOK_ALLOW_PRIVATE_TARGETS=true` + "`" + `. A host name is checked again each time a delivery resolves it.\n\nSend a new ` + "`" + `Idempotency-Key` + "`" + ` per endpoint and the same on every retry: retries then create one endpoint and get the first answer back (replays, 422, 409 and ` + "`" + `Prefer: wait` + "`" + ` as for workflows).",
+                "consumes": [
+                    "application/json"
+                ],
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "webhooks"
+                ],
+                "summary": "Create a webhook endpoint",
+                "operationId": "createWebhookEndpoint",
+                "parameters": [
+                    {
+                        "maxLength": 255,
+                        "minLength": 1,
+                        "type": "string",
+                        "pattern": "^[!#-~][ -~]*$|^\"[ !#-\\x5b\\x5d-~]+\"$",
+                        "description": "**A new value per endpoint you mean to create** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, other body: 422. First still running: 409.",
+                        "name": "Idempotency-Key",
+                        "in": "header"
+                    },
+                    {
+                        "type": "string",
+                        "description": "` + "`" + `wait=N` + "`" + ` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + `) for its answer instead of a 409. The answer then carries ` + "`" + `Preference-Applied: wait=N` + "`" + `. Other preferences are ignored.",
+                        "name": "Prefer",
+                        "in": "header"
+                    },
+                    {
+                        "description": "The endpoint",
+                        "name": "body",
+                        "in": "body",
+                        "required": true,
+                        "schema": {
+                            "$ref": "#/definitions/handlers.CreateWebhookEndpointRequest"
+                        }
+                    }
+                ],
+                "responses": {
+                    "201": {
+                        "description": "Created, with its secret; with ` + "`" + `Idempotent-Replayed: true` + "`" + `, the replay of the first answer.\n\nExample: an https URL, with a new Idempotency-Key.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.WebhookEndpointWithSecret"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                            },
+                            "Location": {
+                                "type": "string",
+                                "description": "The endpoint: /api/webhook-endpoints/{id}/"
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "id": "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "url": "https://example.com/valruns-hooks",
+                                "description": "invoices service",
+                                "events": [
+                                    "validation_run.finished"
+                                ],
+                                "created_at": "2026-11-22T10:00:01Z",
+                                "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq="
+                            }
+                        }
+                    },
+                    "400": {
+                        "description": "` + "`" + `validation_error` + "`" + ` (url missing, not http or https, too long, with user information, or a private target; description over 500 characters; an unknown event type; a field the route does not take), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a URL to a loopback address (the server does not set WEBHOOK_ALLOW_PRIVATE_TARGETS).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBadRequest"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "url: private address: 127.0.0.1 is not a public address.",
+                                "code": "validation_error",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "e919d5445ea462a2c01bbc09",
+                                "errors": [
+                                    {
+                                        "field": "url",
+                                        "message": "private address: 127.0.0.1 is not a public address"
+                                    }
+                                ]
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "url: private address: 127.0.0.1 is not a public address.",
+                                "code": "validation_error",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "e919d5445ea462a2c01bbc09",
+                                "errors": [
+                                    {
+                                        "field": "url",
+                                        "message": "private address: 127.0.0.1 is not a public address"
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "3ddcdc62e3c4cdbb7ecf8835"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "3ddcdc62e3c4cdbb7ecf8835"
+                            }
+                        }
+                    },
+                    "408": {
+                        "description": "` + "`" + `request_body_timeout` + "`" + `: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again.\n\nExample: a body that arrived slower than the server's read timeout.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBodyTimeout"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "title": "Request Timeout",
+                                "status": 408,
+                                "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
+                                "code": "request_body_timeout",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "9fa155a00422524e6389327c"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "title": "Request Timeout",
+                                "status": 408,
+                                "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
+                                "code": "request_body_timeout",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "9fa155a00422524e6389327c"
+                            }
+                        }
+                    },
+                    "409": {
+                        "description": "` + "`" + `idempotency_key_in_progress` + "`" + `: a request with this key is still being processed; retry after ` + "`" + `Retry-After` + "`" + ` seconds, or send ` + "`" + `Prefer: wait=N` + "`" + `.\n\nExample: the Idempotency-Key of a request still being processed.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInProgress"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "503395c812eccada9a345ec5"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "503395c812eccada9a345ec5"
+                            }
+                        }
+                    },
+                    "413": {
+                        "description": "` + "`" + `request_body_too_large` + "`" + `: the body exceeds MAX_BODY_BYTES (nothing is stored).\n\nExample: a body one byte over MAX_BODY_BYTES (1 MiB).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemTooLarge"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "title": "Request Entity Too Large",
+                                "status": 413,
+                                "detail": "The request body exceeds the limit of 1048576 bytes.",
+                                "code": "request_body_too_large",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "ea7f720d58fff64b610ca94f"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "title": "Request Entity Too Large",
+                                "status": 413,
+                                "detail": "The request body exceeds the limit of 1048576 bytes.",
+                                "code": "request_body_too_large",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "ea7f720d58fff64b610ca94f"
+                            }
+                        }
+                    },
+                    "415": {
+                        "description": "` + "`" + `unsupported_content_encoding` + "`" + `: a Content-Encoding other than gzip; nothing is stored.\n\nExample: a body sent with Content-Encoding: br.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnsupportedEncoding"
+                        },
+                        "headers": {
+                            "Accept-Encoding": {
+                                "type": "string",
+                                "description": "` + "`" + `gzip` + "`" + `: the one Content-Encoding accepted."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "title": "Unsupported Media Type",
+                                "status": 415,
+                                "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
+                                "code": "unsupported_content_encoding",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "ee151ccc1001e2417b5972db"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "title": "Unsupported Media Type",
+                                "status": 415,
+                                "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
+                                "code": "unsupported_content_encoding",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "ee151ccc1001e2417b5972db"
+                            }
+                        }
+                    },
+                    "422": {
+                        "description": "` + "`" + `idempotency_key_reused` + "`" + `: the key was used for a different request (another body) within 24 h; use a new key.\n\nExample: the Idempotency-Key of the 201 example sent with another body.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemKeyReused"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "1054fa8cf6c2816ec015fc8a"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "1054fa8cf6c2816ec015fc8a"
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "` + "`" + `internal_error` + "`" + `: nothing was done and nothing stored; retry, with the same key.\n\nExample: a query that failed (its table was renamed away).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "f6c350f8360d84083a96c61a"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "f6c350f8360d84083a96c61a"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "8e2cd7ffd5f76a20e9290cf0"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints",
+                                "request_id": "8e2cd7ffd5f76a20e9290cf0"
+                            }
+                        }
+                    }
+                }
+            }
+        },
+        "/api/webhook-endpoints/{id}/": {
+            "get": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "One webhook endpoint of the organisation, without its secret. Another organisation's endpoint, or an id that is not a UUID, is a 404.",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "webhooks"
+                ],
+                "summary": "Read a webhook endpoint",
+                "operationId": "getWebhookEndpoint",
+                "parameters": [
+                    {
+                        "type": "string",
+                        "format": "uuid",
+                        "description": "Webhook endpoint id (UUID)",
+                        "name": "id",
+                        "in": "path",
+                        "required": true
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The endpoint.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.WebhookEndpoint"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "id": "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "url": "https://example.com/valruns-hooks",
+                                "description": "invoices service",
+                                "events": [
+                                    "validation_run.finished"
+                                ],
+                                "created_at": "2026-11-22T10:00:01Z"
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "2072dceedaed3b83d9597053"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "2072dceedaed3b83d9597053"
+                            }
+                        }
+                    },
+                    "404": {
+                        "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID).\n\nExample: an id no endpoint of the organisation has.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "request_id": "35f52ad8bc21a17d9a6490b9"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "request_id": "35f52ad8bc21a17d9a6490b9"
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "c14da75657f98458fa65ad29"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "c14da75657f98458fa65ad29"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "cf8b20e7cd4ac5ae31a2d85b"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "cf8b20e7cd4ac5ae31a2d85b"
+                            }
+                        }
+                    }
+                }
+            },
+            "delete": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "Deletes one webhook endpoint of the organisation: it receives no more events. Deleting it again, another organisation's endpoint, or an id that is not a UUID, is a 404.",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "webhooks"
+                ],
+                "summary": "Delete a webhook endpoint",
+                "operationId": "deleteWebhookEndpoint",
+                "parameters": [
+                    {
+                        "type": "string",
+                        "format": "uuid",
+                        "description": "Webhook endpoint id (UUID)",
+                        "name": "id",
+                        "in": "path",
+                        "required": true
+                    }
+                ],
+                "responses": {
+                    "204": {
+                        "description": "Deleted.",
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "127b7c95fccc2ccb72679fce"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "127b7c95fccc2ccb72679fce"
+                            }
+                        }
+                    },
+                    "404": {
+                        "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID).\n\nExample: an endpoint already deleted.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/e1d2c3b4-a5f6-4e7d-8c9b-0a1f2e3d4c5b",
+                                "request_id": "b5b85cefae442a08e6082962"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/e1d2c3b4-a5f6-4e7d-8c9b-0a1f2e3d4c5b",
+                                "request_id": "b5b85cefae442a08e6082962"
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "` + "`" + `internal_error` + "`" + `: the deletion failed; retry.\n\nExample: a query that failed (its table was renamed away).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "15736f61c8bbefb0dfb045fb"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "15736f61c8bbefb0dfb045fb"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "59a4ffbac5fae0ead2eb66df"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "request_id": "59a4ffbac5fae0ead2eb66df"
+                            }
+                        }
+                    }
+                }
+            }
+        },
+        "/api/webhook-endpoints/{id}/deliveries/": {
+            "get": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "Each event recorded for the endpoint, newest first, with its delivery's ` + "`" + `status` + "`" + ` (` + "`" + `pending` + "`" + `, ` + "`" + `delivered` + "`" + `, ` + "`" + `failed` + "`" + `), attempts, the last answer's status code or error, and when the next attempt is due. An event is recorded in the same transaction as the run's final state. (Sending is not built yet: events stay ` + "`" + `pending` + "`" + `.)",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "webhooks"
+                ],
+                "summary": "List a webhook endpoint's deliveries",
+                "operationId": "listWebhookDeliveries",
+                "parameters": [
+                    {
+                        "type": "string",
+                        "format": "uuid",
+                        "description": "Webhook endpoint id (UUID)",
+                        "name": "id",
+                        "in": "path",
+                        "required": true
+                    },
+                    {
+                        "maximum": 100,
+                        "minimum": 1,
+                        "type": "integer",
+                        "description": "Page size, 1-100 (default 20)",
+                        "name": "limit",
+                        "in": "query"
+                    },
+                    {
+                        "type": "string",
+                        "description": "next_cursor of the previous page",
+                        "name": "cursor",
+                        "in": "query"
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "One page of deliveries.\n\nExample: the events of the two runs above, recorded with their final state.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.WebhookDeliveryList"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "data": [
+                                    {
+                                        "id": "2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a",
+                                        "event_id": "evt_9d4b7a2e1c3f4e8db6a57f0e2d9c1b34",
+                                        "event_type": "validation_run.finished",
+                                        "run_id": "9d4b7a2e-1c3f-4e8d-b6a5-7f0e2d9c1b34",
+                                        "status": "pending",
+                                        "attempts": 0,
+                                        "next_attempt_at": "2026-11-22T10:00:08Z",
+                                        "created_at": "2026-11-22T10:00:08Z"
+                                    },
+                                    {
+                                        "id": "8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d",
+                                        "event_id": "evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a",
+                                        "event_type": "validation_run.finished",
+                                        "run_id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                        "status": "pending",
+                                        "attempts": 0,
+                                        "next_attempt_at": "2026-11-22T10:00:05Z",
+                                        "created_at": "2026-11-22T10:00:05Z"
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                    "400": {
+                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBadRequest"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "limit must be a whole number from 1 to 100.",
+                                "code": "validation_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "8e8d70d4a78c89e35834cee8",
+                                "errors": [
+                                    {
+                                        "field": "limit",
+                                        "message": "must be 1 to 100"
+                                    }
+                                ]
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/validation_error",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "limit must be a whole number from 1 to 100.",
+                                "code": "validation_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "8e8d70d4a78c89e35834cee8",
+                                "errors": [
+                                    {
+                                        "field": "limit",
+                                        "message": "must be 1 to 100"
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "4d8b53e799971c609919dc14"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "4d8b53e799971c609919dc14"
+                            }
+                        }
+                    },
+                    "404": {
+                        "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID).\n\nExample: an id no endpoint of the organisation has.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/deliveries",
+                                "request_id": "665493af2b35b60f1b040e28"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/deliveries",
+                                "request_id": "665493af2b35b60f1b040e28"
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "` + "`" + `internal_error` + "`" + `: a query failed; retry.\n\nExample: a query that failed (its table was renamed away).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "7dfb127de34df8ab35c0402f"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "7dfb127de34df8ab35c0402f"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "741ed1a902129fd2057fef53"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "request_id": "741ed1a902129fd2057fef53"
+                            }
+                        }
+                    }
+                }
+            }
+        },
+        "/api/webhook-endpoints/{id}/rotate-secret/": {
+            "post": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "Gives the endpoint a new signing secret, answered here once. The secret it replaces keeps signing beside the new one for 24 h (` + "`" + `previous_secret_expires_at` + "`" + `): meanwhile ` + "`" + `webhook-signature` + "`" + ` carries both signatures, space-separated, so a receiver may switch to the new secret at any time within the day. Rotating again ends the old overlap at once. No body.",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "webhooks"
+                ],
+                "summary": "Rotate a webhook endpoint's secret",
+                "operationId": "rotateWebhookSecret",
+                "parameters": [
+                    {
+                        "type": "string",
+                        "format": "uuid",
+                        "description": "Webhook endpoint id (UUID)",
+                        "name": "id",
+                        "in": "path",
+                        "required": true
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The endpoint with its new secret.\n\nExample: the new secret; the previous one signs beside it until previous_secret_expires_at.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.WebhookEndpointWithSecret"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "id": "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "url": "https://example.com/valruns-hooks",
+                                "description": "invoices service",
+                                "events": [
+                                    "validation_run.finished"
+                                ],
+                                "previous_secret_expires_at": "2026-11-23T10:00:01Z",
+                                "created_at": "2026-11-22T10:00:01Z",
+                                "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq="
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "0ab9b91eb6af3d03892133a2"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "0ab9b91eb6af3d03892133a2"
+                            }
+                        }
+                    },
+                    "404": {
+                        "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID).\n\nExample: an id no endpoint of the organisation has.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret",
+                                "request_id": "74231c80df5c5cfd5248af1f"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret",
+                                "request_id": "74231c80df5c5cfd5248af1f"
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "` + "`" + `internal_error` + "`" + `: the rotation failed and changed nothing; retry.\n\nExample: a query that failed (its table was renamed away).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "6e9cf197a715b38a19eabe69"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "6e9cf197a715b38a19eabe69"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "084d42160ee9152a0a2cb5b4"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; retry shortly.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "084d42160ee9152a0a2cb5b4"
                             }
                         }
                     }
@@ -1952,7 +3436,7 @@ const docTemplate = `{
                                 },
                                 "metadata": {},
                                 "attempts": 0,
-                                "created_at": "2026-11-22T10:00:02Z"
+                                "created_at": "2026-11-22T10:00:03Z"
                             }
                         }
                     },
@@ -2520,7 +4004,7 @@ const docTemplate = `{
                             }
                         },
                         "examples": {
-                            "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 6\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
+                            "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_endpoint_create\"} 3\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_endpoint_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 6\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
                         }
                     }
                 },
@@ -2599,6 +4083,45 @@ const docTemplate = `{
         }
     },
     "definitions": {
+        "handlers.CreateWebhookEndpointRequest": {
+            "type": "object",
+            "required": [
+                "url"
+            ],
+            "properties": {
+                "description": {
+                    "description": "Description is a note for people, at most 500 characters.",
+                    "type": "string",
+                    "maxLength": 500,
+                    "example": "invoices service"
+                },
+                "events": {
+                    "description": "Events are the event types delivered to the endpoint; absent means all of them (today: validation_run.finished).",
+                    "type": "array",
+                    "items": {
+                        "type": "string",
+                        "enum": [
+                            "validation_run.finished"
+                        ]
+                    }
+                },
+                "url": {
+                    "description": "URL receives the events: https, or http to a public address; at most 2048 bytes. Loopback, private, link-local and metadata addresses are refused unless the server sets WEBHOOK_ALLOW_PRIVATE_TARGETS=true.",
+                    "type": "string",
+                    "maxLength": 2048,
+                    "minLength": 1,
+                    "example": "https://example.com/valruns-hooks"
+                }
+            },
+            "additionalProperties": false,
+            "example": {
+                "url": "https://example.com/valruns-hooks",
+                "description": "invoices service",
+                "events": [
+                    "validation_run.finished"
+                ]
+            }
+        },
         "handlers.CreateWorkflowRequest": {
             "type": "object",
             "required": [
@@ -2735,11 +4258,12 @@ const docTemplate = `{
                     "example": 201
                 },
                 "scope": {
-                    "description": "Scope is the endpoint the key belongs to: workflow_start or workflow_create.",
+                    "description": "Scope is the endpoint the key belongs to: workflow_start, workflow_create or webhook_endpoint_create.",
                     "type": "string",
                     "enum": [
                         "workflow_start",
-                        "workflow_create"
+                        "workflow_create",
+                        "webhook_endpoint_create"
                     ],
                     "example": "workflow_start"
                 },
@@ -3566,6 +5090,63 @@ const docTemplate = `{
                 }
             }
         },
+        "handlers.ProblemWebhookNotFound": {
+            "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
+            "type": "object",
+            "required": [
+                "code",
+                "detail",
+                "instance",
+                "request_id",
+                "status",
+                "title",
+                "type"
+            ],
+            "properties": {
+                "code": {
+                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
+                    "type": "string",
+                    "example": "not_found"
+                },
+                "detail": {
+                    "description": "Detail explains this occurrence, for people.",
+                    "type": "string",
+                    "example": "Webhook endpoint not found."
+                },
+                "errors": {
+                    "description": "Errors lists per-field problems of a 400, when there are several.",
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/problem.FieldError"
+                    }
+                },
+                "instance": {
+                    "description": "Instance is the request path (always present in an answer).",
+                    "type": "string",
+                    "example": "/api/workflows/7c0e.../start/"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
+                    "type": "string",
+                    "example": "4f1c2b9e8a7d6c5b"
+                },
+                "status": {
+                    "description": "Status repeats the HTTP status code.",
+                    "type": "integer",
+                    "example": 404
+                },
+                "title": {
+                    "description": "Title is the HTTP status text.",
+                    "type": "string",
+                    "example": "Not Found"
+                },
+                "type": {
+                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "type": "string",
+                    "example": "https://valruns.dev/problems/not_found"
+                }
+            }
+        },
         "handlers.ProblemWorkflowNotFound": {
             "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
             "type": "object",
@@ -3805,6 +5386,219 @@ const docTemplate = `{
                 }
             }
         },
+        "handlers.WebhookDelivery": {
+            "type": "object",
+            "required": [
+                "attempts",
+                "created_at",
+                "event_id",
+                "event_type",
+                "id",
+                "run_id",
+                "status"
+            ],
+            "properties": {
+                "attempts": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "example": 0
+                },
+                "created_at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:00Z"
+                },
+                "delivered_at": {
+                    "description": "DeliveredAt is when a 2xx answer came.",
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:01Z"
+                },
+                "event_id": {
+                    "description": "EventID is the event's id, sent as webhook-id on every attempt: receivers drop duplicates by it.",
+                    "type": "string",
+                    "example": "evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a"
+                },
+                "event_type": {
+                    "type": "string",
+                    "enum": [
+                        "validation_run.finished"
+                    ],
+                    "example": "validation_run.finished"
+                },
+                "id": {
+                    "type": "string",
+                    "format": "uuid",
+                    "example": "2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a"
+                },
+                "last_error": {
+                    "description": "LastError says why the last attempt failed without an answer (a timeout, a refused connection).",
+                    "type": "string",
+                    "example": "connection refused"
+                },
+                "last_status_code": {
+                    "description": "LastStatusCode is the HTTP status of the last attempt's answer; absent when it had none.",
+                    "type": "integer",
+                    "example": 503
+                },
+                "next_attempt_at": {
+                    "description": "NextAttemptAt is when the next attempt is due, while pending.",
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:00Z"
+                },
+                "run_id": {
+                    "description": "RunID is the run the event is about.",
+                    "type": "string",
+                    "format": "uuid",
+                    "example": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"
+                },
+                "status": {
+                    "description": "Status: pending (not yet delivered; attempts go on), delivered (a 2xx answer), failed (given up).",
+                    "type": "string",
+                    "enum": [
+                        "pending",
+                        "delivered",
+                        "failed"
+                    ],
+                    "example": "pending"
+                }
+            }
+        },
+        "handlers.WebhookDeliveryList": {
+            "type": "object",
+            "required": [
+                "data"
+            ],
+            "properties": {
+                "data": {
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/handlers.WebhookDelivery"
+                    }
+                },
+                "next_cursor": {
+                    "description": "NextCursor fetches the next page (?cursor=); absent on the last page.",
+                    "type": "string",
+                    "example": "MjAyNi0xMS0yMlQwMjo0MDo"
+                }
+            }
+        },
+        "handlers.WebhookEndpoint": {
+            "type": "object",
+            "required": [
+                "created_at",
+                "description",
+                "events",
+                "id",
+                "url"
+            ],
+            "properties": {
+                "created_at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:00Z"
+                },
+                "description": {
+                    "type": "string",
+                    "example": "invoices service"
+                },
+                "events": {
+                    "type": "array",
+                    "items": {
+                        "type": "string",
+                        "enum": [
+                            "validation_run.finished"
+                        ]
+                    }
+                },
+                "id": {
+                    "type": "string",
+                    "format": "uuid",
+                    "example": "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f"
+                },
+                "previous_secret_expires_at": {
+                    "description": "PreviousSecretExpiresAt: after a rotation, until when the previous secret still signs beside the new one; absent otherwise.",
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-23T10:00:00Z"
+                },
+                "url": {
+                    "type": "string",
+                    "example": "https://example.com/valruns-hooks"
+                }
+            }
+        },
+        "handlers.WebhookEndpointList": {
+            "type": "object",
+            "required": [
+                "data"
+            ],
+            "properties": {
+                "data": {
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/handlers.WebhookEndpoint"
+                    }
+                },
+                "next_cursor": {
+                    "description": "NextCursor fetches the next page (?cursor=); absent on the last page.",
+                    "type": "string",
+                    "example": "MjAyNi0xMS0yMlQwMjo0MDo"
+                }
+            }
+        },
+        "handlers.WebhookEndpointWithSecret": {
+            "type": "object",
+            "required": [
+                "created_at",
+                "description",
+                "events",
+                "id",
+                "secret",
+                "url"
+            ],
+            "properties": {
+                "created_at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:00Z"
+                },
+                "description": {
+                    "type": "string",
+                    "example": "invoices service"
+                },
+                "events": {
+                    "type": "array",
+                    "items": {
+                        "type": "string",
+                        "enum": [
+                            "validation_run.finished"
+                        ]
+                    }
+                },
+                "id": {
+                    "type": "string",
+                    "format": "uuid",
+                    "example": "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f"
+                },
+                "previous_secret_expires_at": {
+                    "description": "PreviousSecretExpiresAt: after a rotation, until when the previous secret still signs beside the new one; absent otherwise.",
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-23T10:00:00Z"
+                },
+                "secret": {
+                    "description": "Secret signs the deliveries (Standard Webhooks): \"whsec_\" + base64 of 32 random bytes. Keep it: it is not shown again.",
+                    "type": "string",
+                    "example": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq="
+                },
+                "url": {
+                    "type": "string",
+                    "example": "https://example.com/valruns-hooks"
+                }
+            }
+        },
         "handlers.Workflow": {
             "type": "object",
             "required": [
@@ -3938,6 +5732,10 @@ const docTemplate = `{
         {
             "description": "What the organisation is billed: its runs this month and its quota.",
             "name": "usage"
+        },
+        {
+            "description": "Signed webhooks (Standard Webhooks): endpoints that receive ` + "`" + `validation_run.finished` + "`" + ` when a run is final, their secrets and rotation.",
+            "name": "webhooks"
         },
         {
             "description": "Look up one of your Idempotency-Keys: did the request with it go through, and what did it create?",

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/config"
@@ -49,10 +50,19 @@ const (
 	exMissingID  = "3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58"
 	exCreateKey  = "d8f2a9c4-6e1b-4b7a-8c3d-5f0e9a2b7c16"
 	exStartKey   = "4c6f0a8e-2d1b-4e9c-a7f3-6b5d8e0c2a91"
+	exHookID     = "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f"
+	exGoneHookID = "e1d2c3b4-a5f6-4e7d-8c9b-0a1f2e3d4c5b"
+	exHookKey    = "a2b3c4d5-e6f7-4a8b-9c0d-1e2f3a4b5c6d"
+	// exSecret is how a recorded signing secret is written (a real one is
+	// new at every recording).
+	exSecret     = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq="
 	exPrefer     = "wait=5"
 	exDemoQuota  = 1000
 	exSmallQuota = 100
 )
+
+// exDeliveryIDs are how the deliveries of the example's two runs are written.
+var exDeliveryIDs = []string{"2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a", "8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d"}
 
 var exBase = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 
@@ -81,6 +91,13 @@ const (
 	opGetRun      = "GET /api/runs/{id}/"
 	opUsage       = "GET /api/usage"
 	opKey         = "GET /api/idempotency-keys/{scope}/{key}"
+	opCreateHook  = "POST /api/webhook-endpoints/"
+	opListHooks   = "GET /api/webhook-endpoints/"
+	opGetHook     = "GET /api/webhook-endpoints/{id}/"
+	opDeleteHook  = "DELETE /api/webhook-endpoints/{id}/"
+	opRotateHook  = "POST /api/webhook-endpoints/{id}/rotate-secret/"
+	opDeliveries  = "GET /api/webhook-endpoints/{id}/deliveries/"
+	exHookBody    = `{"url":"https://example.com/valruns-hooks","description":"invoices service","events":["validation_run.finished"]}`
 	exStartKeyURL = "/api/idempotency-keys/workflow_start/" + exStartKey
 )
 
@@ -94,7 +111,7 @@ const (
 func TestAPIExamples(t *testing.T) {
 	t.Parallel()
 	rec := &exRecorder{t: t, ids: map[string]string{}, ops: map[string]*exOp{}}
-	for _, id := range []string{exMissingID, exCreateKey, exStartKey} {
+	for _, id := range []string{exMissingID, exCreateKey, exStartKey, exHookKey} {
 		rec.ids[id] = id
 	}
 	rec.recordMain()
@@ -144,6 +161,14 @@ func (rec *exRecorder) recordMain() {
 	rec.example(opListWF, 200, "", "", rec.send(e, "list workflows", http.MethodGet, "/api/workflows/?limit=20", tok, nil))
 	rec.example(opGetWF, 200, "", "", rec.send(e, "get workflow", http.MethodGet, "/api/workflows/"+wf+"/", tok, nil))
 
+	// A webhook endpoint, which hears of the runs below.
+	rec.request(opCreateHook, exHookBody)
+	hookCreated := rec.send(e, "create hook", http.MethodPost, "/api/webhook-endpoints/", tok, exHookBody, idempotency.HeaderKey, exHookKey)
+	rec.example(opCreateHook, 201, "", "an https URL, with a new Idempotency-Key", hookCreated)
+	hook := hookCreated.field(t, "id")
+	rec.ids[hook] = exHookID
+	hookPath := "/api/webhook-endpoints/" + hook + "/"
+
 	// A run it passes, and one it fails.
 	start := "/api/workflows/" + wf + "/start/"
 	rec.request(opStart, exStartBody, idempotency.HeaderPrefer, exPrefer)
@@ -165,6 +190,47 @@ func (rec *exRecorder) recordMain() {
 	rec.example(opUsage, 200, "", "", rec.send(e, "usage", http.MethodGet, "/api/usage", tok, nil))
 	rec.example(opKey, 200, "", "the key of the start example", rec.send(e, "key", http.MethodGet, exStartKeyURL, tok, nil))
 
+	// A webhook endpoint: created, read, listed, its secret rotated; and
+	// another, deleted.
+	rec.also(opCreateHook, 201, "", "the same request again: the replay of the first answer",
+		rec.send(e, "create hook again", http.MethodPost, "/api/webhook-endpoints/", tok, exHookBody, idempotency.HeaderKey, exHookKey))
+	rec.example(opCreateHook, 422, "idempotency_key_reused", "the Idempotency-Key of the 201 example sent with another body",
+		rec.send(e, "create hook reused", http.MethodPost, "/api/webhook-endpoints/", tok, `{"url":"https://example.com/other"}`, idempotency.HeaderKey, exHookKey))
+	rec.example(opCreateHook, 400, "validation_error", "a URL to a loopback address (the server does not set WEBHOOK_ALLOW_PRIVATE_TARGETS)",
+		rec.send(e, "create hook private", http.MethodPost, "/api/webhook-endpoints/", tok, `{"url":"http://127.0.0.1:8080/hooks"}`))
+	rec.also(opCreateHook, 400, "validation_error", "an event type that does not exist",
+		rec.send(e, "create hook event", http.MethodPost, "/api/webhook-endpoints/", tok, `{"url":"https://example.com/hooks","events":["run.started"]}`))
+	rec.example(opGetHook, 200, "", "", rec.send(e, "get hook", http.MethodGet, hookPath, tok, nil))
+	dels := rec.send(e, "deliveries", http.MethodGet, hookPath+"deliveries/?limit=20", tok, nil)
+	var delList handlers.WebhookDeliveryList
+	dels.JSON(t, &delList)
+	require.Len(t, delList.Data, 2, "one event per run that ended")
+	for i, d := range delList.Data {
+		rec.ids[d.ID] = exDeliveryIDs[i]
+	}
+	rec.example(opDeliveries, 200, "", "the events of the two runs above, recorded with their final state", dels)
+	rec.example(opDeliveries, 400, "validation_error", "`?limit=0`", rec.send(e, "deliveries limit", http.MethodGet, hookPath+"deliveries/?limit=0", tok, nil))
+	rec.also(opDeliveries, 400, "invalid_cursor", "a cursor this API did not return", rec.send(e, "deliveries cursor", http.MethodGet, hookPath+"deliveries/?cursor=abc", tok, nil))
+	rec.example(opDeliveries, 404, "not_found", "an id no endpoint of the organisation has",
+		rec.send(e, "deliveries missing", http.MethodGet, "/api/webhook-endpoints/"+exMissingID+"/deliveries/", tok, nil))
+	rec.example(opListHooks, 200, "", "", rec.send(e, "list hooks", http.MethodGet, "/api/webhook-endpoints/?limit=20", tok, nil))
+	rec.example(opListHooks, 400, "validation_error", "`?limit=0`", rec.send(e, "list hooks limit", http.MethodGet, "/api/webhook-endpoints/?limit=0", tok, nil))
+	rec.also(opListHooks, 400, "invalid_cursor", "a cursor this API did not return", rec.send(e, "list hooks cursor", http.MethodGet, "/api/webhook-endpoints/?cursor=abc", tok, nil))
+	rec.example(opRotateHook, 200, "", "the new secret; the previous one signs beside it until previous_secret_expires_at",
+		rec.send(e, "rotate hook", http.MethodPost, hookPath+"rotate-secret/", tok, nil))
+	rec.example(opGetHook, 404, "not_found", "an id no endpoint of the organisation has",
+		rec.send(e, "get hook missing", http.MethodGet, "/api/webhook-endpoints/"+exMissingID+"/", tok, nil))
+	rec.also(opGetHook, 404, "not_found", "an id that is not a UUID", rec.send(e, "get hook bad id", http.MethodGet, "/api/webhook-endpoints/orders/", tok, nil))
+	rec.example(opRotateHook, 404, "not_found", "an id no endpoint of the organisation has",
+		rec.send(e, "rotate hook missing", http.MethodPost, "/api/webhook-endpoints/"+exMissingID+"/rotate-secret/", tok, nil))
+	gone := e.Do(http.MethodPost, "/api/webhook-endpoints/", tok, exHookBody)
+	require.Equal(t, http.StatusCreated, gone.Status, "%s", gone.Body)
+	rec.ids[gone.Map(t)["id"].(string)] = exGoneHookID
+	gonePath := "/api/webhook-endpoints/" + gone.Map(t)["id"].(string) + "/"
+	rec.example(opDeleteHook, 204, "", "", rec.send(e, "delete hook", http.MethodDelete, gonePath, tok, nil))
+	rec.example(opDeleteHook, 404, "not_found", "an endpoint already deleted",
+		rec.send(e, "delete hook again", http.MethodDelete, gonePath, tok, nil))
+
 	// Retries: replays, and the key with another body.
 	rec.also(opCreateWF, 201, "", "the same request again: the replay of the first answer",
 		rec.send(e, "create again", http.MethodPost, "/api/workflows/", tok, exWorkflowBody, idempotency.HeaderKey, exCreateKey))
@@ -185,7 +251,7 @@ func (rec *exRecorder) recordMain() {
 		rec.send(e, "start typo", http.MethodPost, start, tok, `{"Submission":{"customer":"ACME","total":42}}`,
 			idempotency.HeaderKey, "e7d6c5b4-a392-4817-9f6e-5d4c3b2a1f0e"))
 	rec.also(opStart, 400, "validation_error", "no submission", rec.send(e, "start no submission", http.MethodPost, start, tok, `{"metadata":{"source":"upload"}}`))
-	for _, o := range []struct{ op, path string }{{opCreateWF, "/api/workflows/"}, {opStart, start}} {
+	for _, o := range []struct{ op, path string }{{opCreateWF, "/api/workflows/"}, {opStart, start}, {opCreateHook, "/api/webhook-endpoints/"}} {
 		rec.also(o.op, 400, idempotency.CodeInvalidJSON, "a body that is not JSON",
 			rec.send(e, o.op+" not json", http.MethodPost, o.path, tok, `{"submission":`))
 		rec.also(o.op, 400, idempotency.CodeInvalidNumber, "a number of more than 256 digits in decimal",
@@ -232,10 +298,18 @@ func (rec *exRecorder) recordMain() {
 		{opGetWF, http.MethodGet, "/api/workflows/" + wf + "/"}, {opStart, http.MethodPost, start},
 		{opListRuns, http.MethodGet, "/api/runs/"}, {opGetRun, http.MethodGet, "/api/runs/" + run + "/"},
 		{opUsage, http.MethodGet, "/api/usage"}, {opKey, http.MethodGet, exStartKeyURL},
+		{opCreateHook, http.MethodPost, "/api/webhook-endpoints/"}, {opListHooks, http.MethodGet, "/api/webhook-endpoints/"},
+		{opGetHook, http.MethodGet, hookPath}, {opDeleteHook, http.MethodDelete, hookPath},
+		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/"}, {opDeliveries, http.MethodGet, hookPath + "deliveries/"},
 	} {
 		var body any
 		if o.method == http.MethodPost {
 			body = exStartBody
+		}
+		if o.op == opCreateHook {
+			body = exHookBody
+		} else if o.op == opRotateHook {
+			body = nil
 		}
 		rec.example(o.op, 401, "unauthenticated", "no Authorization header",
 			rec.send(e, o.op+" no token", o.method, o.path, "", body))
@@ -247,6 +321,7 @@ func (rec *exRecorder) recordMain() {
 	for _, o := range []struct{ op, scope, path, body string }{
 		{opCreateWF, handlers.ScopeWorkflowCreate, "/api/workflows/", exWorkflowBody},
 		{opStart, handlers.ScopeWorkflowStart, start, exStartBody},
+		{opCreateHook, handlers.ScopeWebhookCreate, "/api/webhook-endpoints/", exHookBody},
 	} {
 		key := "6a5b4c3d-2e1f-4a0b-9c8d-7e6f5a4b3c2d"
 		release := idemHoldKeyLock(t, e, acme.ID, o.scope, key)
@@ -364,6 +439,10 @@ func (rec *exRecorder) recordTimeouts() {
 	rec.also(opCreateWF, 503, idempotency.CodeTimeout, situation,
 		rec.send(short, "create timeout", http.MethodPost, "/api/workflows/", org.Token, exWorkflowBody, idempotency.HeaderKey, "timeout-1"))
 	release()
+	release = exLockTable(t, e, "webhook_endpoints")
+	rec.also(opCreateHook, 503, idempotency.CodeTimeout, situation,
+		rec.send(short, "create hook timeout", http.MethodPost, "/api/webhook-endpoints/", org.Token, exHookBody, idempotency.HeaderKey, "timeout-1"))
+	release()
 	release = idemLockUsage(t, e, org.ID)
 	rec.also(opStart, 503, idempotency.CodeTimeout, situation,
 		rec.send(short, "start timeout", http.MethodPost, start, org.Token, exStartBody, idempotency.HeaderKey, "timeout-1"))
@@ -381,6 +460,8 @@ func (rec *exRecorder) recordKeyRequired() {
 	situation := "no Idempotency-Key while the server runs with IDEMPOTENCY_KEY_REQUIRED=true"
 	rec.also(opCreateWF, 400, idempotency.CodeKeyMissing, situation,
 		rec.send(e, "create no key", http.MethodPost, "/api/workflows/", org.Token, exWorkflowBody))
+	rec.also(opCreateHook, 400, idempotency.CodeKeyMissing, situation,
+		rec.send(e, "create hook no key", http.MethodPost, "/api/webhook-endpoints/", org.Token, exHookBody))
 	rec.also(opStart, 400, idempotency.CodeKeyMissing, situation,
 		rec.send(e, "start no key", http.MethodPost, "/api/workflows/"+wf+"/start/", org.Token, exStartBody))
 }
@@ -398,6 +479,10 @@ func (rec *exRecorder) recordFailures() {
 	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 	run := r.Map(t)["id"].(string)
 	rec.ids[run] = exRunID
+	h := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, exHookBody)
+	require.Equal(t, http.StatusCreated, h.Status, "%s", h.Body)
+	hookPath := "/api/webhook-endpoints/" + h.Map(t)["id"].(string) + "/"
+	rec.ids[h.Map(t)["id"].(string)] = exHookID
 
 	all := []struct{ op, method, path, body string }{
 		{opCreateWF, http.MethodPost, "/api/workflows/", exWorkflowBody},
@@ -408,6 +493,12 @@ func (rec *exRecorder) recordFailures() {
 		{opGetRun, http.MethodGet, "/api/runs/" + run + "/", ""},
 		{opUsage, http.MethodGet, "/api/usage", ""},
 		{opKey, http.MethodGet, exStartKeyURL, ""},
+		{opCreateHook, http.MethodPost, "/api/webhook-endpoints/", exHookBody},
+		{opListHooks, http.MethodGet, "/api/webhook-endpoints/", ""},
+		{opGetHook, http.MethodGet, hookPath, ""},
+		{opDeleteHook, http.MethodDelete, hookPath, ""},
+		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/", ""},
+		{opDeliveries, http.MethodGet, hookPath + "deliveries/", ""},
 	}
 	send := func(name string, o struct{ op, method, path, body string }, headers ...string) exResponse {
 		var body any
@@ -418,7 +509,7 @@ func (rec *exRecorder) recordFailures() {
 		return rec.send(e, name+" "+o.op, o.method, o.path, org.Token, body, headers...)
 	}
 
-	tables := []string{"workflows", "validation_runs", "usage_slots", "idempotency_keys"}
+	tables := []string{"workflows", "validation_runs", "usage_slots", "idempotency_keys", "webhook_endpoints"}
 	for _, table := range tables {
 		require.NoError(t, e.DB.Exec(`ALTER TABLE `+table+` RENAME TO `+table+`_away`).Error)
 	}
@@ -485,6 +576,10 @@ func (rec *exRecorder) recordOverload() {
 	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 	run := r.Map(t)["id"].(string)
 	rec.ids[run] = exRunID
+	h := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, exHookBody)
+	require.Equal(t, http.StatusCreated, h.Status, "%s", h.Body)
+	hookPath := "/api/webhook-endpoints/" + h.Map(t)["id"].(string) + "/"
+	rec.ids[h.Map(t)["id"].(string)] = exHookID
 
 	pr, pw := io.Pipe()
 	held := make(chan apitest.Response, 1)
@@ -499,6 +594,12 @@ func (rec *exRecorder) recordOverload() {
 		{opGetRun, http.MethodGet, "/api/runs/" + run + "/", ""},
 		{opUsage, http.MethodGet, "/api/usage", ""},
 		{opKey, http.MethodGet, exStartKeyURL, ""},
+		{opCreateHook, http.MethodPost, "/api/webhook-endpoints/", exHookBody},
+		{opListHooks, http.MethodGet, "/api/webhook-endpoints/", ""},
+		{opGetHook, http.MethodGet, hookPath, ""},
+		{opDeleteHook, http.MethodDelete, hookPath, ""},
+		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/", ""},
+		{opDeliveries, http.MethodGet, hookPath + "deliveries/", ""},
 	} {
 		var body any
 		if o.body != "" {
@@ -791,7 +892,7 @@ type exNormaliser struct {
 var (
 	exUUID = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
 	// exInstantFields are the members that say when something happened.
-	exInstantFields = map[string]bool{"created_at": true, "started_at": true, "finished_at": true}
+	exInstantFields = map[string]bool{"created_at": true, "started_at": true, "finished_at": true, "next_attempt_at": true, "delivered_at": true}
 )
 
 // instants lists the times of v's instant fields and cursors.
@@ -851,6 +952,14 @@ func (n *exNormaliser) value(v *apispec.Value) {
 		case m.Key == "expires_at":
 			created := n.parse(createdAt)
 			out = n.exampleTime(created).Add(n.parse(s).Sub(created)).Format(time.RFC3339Nano)
+		case m.Key == "event_id":
+			u, err := uuid.Parse(strings.TrimPrefix(s, "evt_"))
+			require.NoError(n.t, err, "event_id %s", s)
+			out = "evt_" + strings.ReplaceAll(n.id(u.String()), "-", "")
+		case m.Key == "secret":
+			out = exSecret
+		case m.Key == "previous_secret_expires_at":
+			out = n.exampleTime(n.parse(createdAt)).Add(models.SecretOverlap).Format(time.RFC3339Nano)
 		case m.Key == "next_cursor":
 			at, id := n.cursor(s)
 			out = base64.RawURLEncoding.EncodeToString([]byte(n.exampleTime(at).Format(time.RFC3339Nano) + "|" + n.id(id)))

@@ -26,6 +26,7 @@ import (
 const (
 	ScopeWorkflowCreate = "workflow_create"
 	ScopeWorkflowStart  = "workflow_start"
+	ScopeWebhookCreate  = "webhook_endpoint_create"
 )
 
 // Deps is everything the router needs, built by main.
@@ -92,6 +93,7 @@ func NewRouter(d Deps) *gin.Engine {
 	runs := &runHandlers{runs: runStore, defaultQuota: d.Config.DefaultMonthlyRunQuota, handOff: d.HandOff}
 	usage := &usageHandlers{usage: models.NewUsageStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota}
 	keys := &keyHandlers{keys: models.NewKeyStore(d.DB)}
+	hooks := &webhookHandlers{endpoints: models.NewWebhookStore(d.DB), allowPrivate: d.Config.WebhookAllowPrivateTargets}
 	idem := idempotency.New(d.DB, models.NewKeyStore(d.DB), idempotency.Config{
 		TTL:          d.Config.IdempotencyTTL,
 		TxTimeout:    d.Config.IdempotencyTxTimeout,
@@ -133,6 +135,12 @@ func NewRouter(d Deps) *gin.Engine {
 	get(api, "/runs/:id", runs.get)
 	get(api, "/usage", usage.get)
 	get(api, "/idempotency-keys/:scope/:key", keys.get)
+	api.POST("/webhook-endpoints", idem.Wrap(ScopeWebhookCreate, hooks.create))
+	get(api, "/webhook-endpoints", hooks.list)
+	get(api, "/webhook-endpoints/:id", hooks.get)
+	api.DELETE("/webhook-endpoints/:id", hooks.delete)
+	api.POST("/webhook-endpoints/:id/rotate-secret", hooks.rotate)
+	get(api, "/webhook-endpoints/:id/deliveries", hooks.deliveries)
 	return r
 }
 

@@ -24,7 +24,7 @@ func specOperation(t *testing.T, sw *spec.Swagger, name string) *spec.Operation 
 	method, path, _ := strings.Cut(name, " ")
 	item, ok := sw.Paths.Paths[path]
 	require.True(t, ok, "%s is not in the spec", name)
-	op := map[string]*spec.Operation{http.MethodGet: item.Get, http.MethodPost: item.Post}[method]
+	op := map[string]*spec.Operation{http.MethodGet: item.Get, http.MethodPost: item.Post, http.MethodDelete: item.Delete}[method]
 	require.NotNil(t, op, "%s is not in the spec", name)
 	return op
 }
@@ -78,7 +78,9 @@ func TestSpecExamples(t *testing.T) {
 				require.NoError(t, err)
 				require.Len(t, resp.Examples, len(types))
 				var want any
-				require.NoError(t, json.Unmarshal(r.Body, &want))
+				if len(types) > 0 {
+					require.NoError(t, json.Unmarshal(r.Body, &want))
+				}
 				for _, mt := range types {
 					require.Contains(t, op.Produces, mt)
 					require.Equal(t, want, resp.Examples[mt], "%s %d: the spec's %s example is the recorded answer", name, status, mt)

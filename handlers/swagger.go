@@ -220,6 +220,23 @@ type ProblemWorkflowNotFound struct {
 	Code string `json:"code" example:"not_found"`
 }
 
+// ProblemWebhookNotFound is a 404 problem: no such webhook endpoint in the caller's organisation.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
+type ProblemWebhookNotFound struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
+	// Title is the HTTP status text.
+	Title string `json:"title" example:"Not Found"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" example:"404"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" example:"Webhook endpoint not found."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" example:"not_found"`
+}
+
 // ProblemRunNotFound is a 404 problem: no such run in the caller's organisation.
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.

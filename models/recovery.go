@@ -64,13 +64,13 @@ func (s *RunStore) Release(ctx context.Context, runID string, attempt int) error
 // holds a live lease on the run.
 func (s *RunStore) FailAttempt(ctx context.Context, runID string, attempt int, reason string) (bool, error) {
 	reason = truncate(reason, 2000)
-	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET status = 'error', error = ?,
+	ended, err := s.endRun(ctx, `UPDATE validation_runs SET status = 'error', error = ?,
 		finished_at = now(), lease_expires_at = NULL
 		WHERE id = ? AND `+liveLease, reason, runID, attempt)
-	if res.Error != nil {
-		return false, fmt.Errorf("fail run %s: %w", runID, translate(res.Error))
+	if err != nil {
+		return false, fmt.Errorf("fail run %s: %w", runID, err)
 	}
-	return res.RowsAffected == 1, nil
+	return ended, nil
 }
 
 // StrandedRun is a run that is not final and may have nothing left to

@@ -82,13 +82,38 @@ func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status
 	if err != nil {
 		return false, fmt.Errorf("finish run %s: %w", runID, err)
 	}
-	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET status = ?, findings = CAST(? AS json),
+	ended, err := s.endRun(ctx, `UPDATE validation_runs SET status = ?, findings = CAST(? AS json),
 		finished_at = now(), lease_expires_at = NULL
 		WHERE id = ? AND `+liveLease, status, fs, runID, attempt)
-	if res.Error != nil {
-		return false, fmt.Errorf("finish run %s: %w", runID, translate(res.Error))
+	if err != nil {
+		return false, fmt.Errorf("finish run %s: %w", runID, err)
 	}
-	return res.RowsAffected == 1, nil
+	return ended, nil
+}
+
+// recordFinished is the outbox part of every statement that ends runs: for
+// each run the UPDATE named done returned (id, org_id), a delivery of its
+// validation_run.finished event to each endpoint of its organisation that
+// subscribes to it. In the same statement as the final state, so both
+// commit or neither does; ON CONFLICT (the unique event per endpoint) keeps
+// it once. For an organisation without endpoints it costs one index probe.
+const recordFinished = `, finished_hooks AS (
+	INSERT INTO webhook_deliveries (org_id, endpoint_id, run_id, event_id)
+	SELECT d.org_id, e.id, d.id, 'evt_' || replace(d.id::text, '-', '')
+	FROM done d JOIN webhook_endpoints e ON e.org_id = d.org_id AND e.events @> '["validation_run.finished"]'
+	ON CONFLICT DO NOTHING)`
+
+// endRun runs update, an UPDATE of validation_runs to a final state (without
+// RETURNING), with the run's event recorded (recordFinished), as one
+// statement; ended says whether it ended a run.
+func (s *RunStore) endRun(ctx context.Context, update string, args ...any) (bool, error) {
+	var ids []string
+	err := s.db.WithContext(ctx).Raw(`WITH done AS (`+update+` RETURNING id, org_id)`+recordFinished+`
+SELECT id FROM done`, args...).Scan(&ids).Error
+	if err != nil {
+		return false, translate(err)
+	}
+	return len(ids) == 1, nil
 }
 
 // findingsJSON is the findings column's value: what the columns of a
@@ -140,12 +165,13 @@ func (s *RunStore) FinishUnclaimed(ctx context.Context, outs []Outcome) (map[str
 	ended := make(map[string]bool, n)
 	err := withConn(ctx, s.db, func(c *pgx.Conn) error {
 		rows, err := c.Query(ctx, `
-UPDATE validation_runs r SET status = v.status, findings = CAST(v.findings AS json), error = v.error,
+WITH done AS (UPDATE validation_runs r SET status = v.status, findings = CAST(v.findings AS json), error = v.error,
 	attempts = r.attempts + 1, started_at = v.started, finished_at = now()
 FROM unnest(CAST($1 AS uuid[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS text[]), CAST($5 AS timestamptz[]))
 	AS v(id, status, findings, error, started)
 WHERE r.id = v.id AND r.status = 'queued'
-RETURNING r.id`, ids, statuses, fss, errs, started)
+RETURNING r.id, r.org_id)`+recordFinished+`
+SELECT id FROM done`, ids, statuses, fss, errs, started)
 		if err != nil {
 			return err
 		}
@@ -209,13 +235,13 @@ func (s *RunStore) Rules(ctx context.Context, workflowID string) (schema, assert
 // delivery ends it); ended says whether this call ended it.
 func (s *RunStore) Fail(ctx context.Context, runID, reason string) (ended bool, err error) {
 	reason = truncate(reason, 2000)
-	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET status = 'error', error = ?,
+	ended, err = s.endRun(ctx, `UPDATE validation_runs SET status = 'error', error = ?,
 		finished_at = now(), lease_expires_at = NULL
 		WHERE id = ? AND (status = 'queued' OR (status = 'running' AND coalesce(lease_expires_at <= now(), true)))`, reason, runID)
-	if res.Error != nil {
-		return false, fmt.Errorf("fail run %s: %w", runID, translate(res.Error))
+	if err != nil {
+		return false, fmt.Errorf("fail run %s: %w", runID, err)
 	}
-	return res.RowsAffected == 1, nil
+	return ended, nil
 }
 
 // CountByStatus counts the runs in each status (for tests and metrics).

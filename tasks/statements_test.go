@@ -32,13 +32,20 @@ func (tr *execTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 		tr.trips++
 		tr.sqls = append(tr.sqls, d.SQL)
 	}
-	return ctx
+	return context.WithValue(ctx, endsRunsKey{}, strings.HasPrefix(strings.TrimSpace(d.SQL), "WITH done AS (UPDATE validation_runs"))
 }
 
-func (tr *execTracer) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+// endsRunsKey marks, in a statement's context, a statement that ends runs:
+// an UPDATE in a CTE (with the webhook outbox's INSERT beside it) whose
+// answer is the ids of the runs it ended, so its command tag says SELECT
+// and counts the runs it wrote.
+type endsRunsKey struct{}
+
+func (tr *execTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	if tr.on && (d.CommandTag.Update() || d.CommandTag.Insert() || d.CommandTag.Delete()) {
+	endsRuns, _ := ctx.Value(endsRunsKey{}).(bool)
+	if tr.on && (d.CommandTag.Update() || d.CommandTag.Insert() || d.CommandTag.Delete() || (endsRuns && d.CommandTag.Select())) {
 		tr.written += int(d.CommandTag.RowsAffected())
 	}
 }

@@ -122,8 +122,12 @@ func (r *Response) HeaderNames() []string {
 	return out
 }
 
-// MediaTypes are the keys the example is listed under in the spec.
+// MediaTypes are the keys the example is listed under in the spec; none
+// for an answer without a body (204).
 func (r *Response) MediaTypes() ([]string, error) {
+	if r.ContentType == "" {
+		return nil, nil
+	}
 	mt, _, err := mime.ParseMediaType(r.ContentType)
 	if err != nil {
 		return nil, fmt.Errorf("content type %q: %w", r.ContentType, err)
@@ -236,7 +240,9 @@ func applyOperation(spec, op *Value, o *Operation) error {
 			}
 			examples.Set(mt, v)
 		}
-		resp.Set("examples", examples)
+		if len(types) > 0 {
+			resp.Set("examples", examples)
+		}
 		if r.Situation != "" {
 			desc := resp.Get("description").Str()
 			resp.Set("description", String(desc+ExampleSeparator+r.Situation+"."))

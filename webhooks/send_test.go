@@ -1,0 +1,169 @@
+package webhooks_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/webhooks"
+)
+
+// receiver is a real HTTP server that checks every delivery's Standard
+// Webhooks headers against the secrets and counts the deliveries.
+type receiver struct {
+	*httptest.Server
+	hits atomic.Int64
+}
+
+func newReceiver(t *testing.T, secrets []string, answer func(n int64, w http.ResponseWriter)) *receiver {
+	t.Helper()
+	rc := &receiver{}
+	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := rc.hits.Add(1)
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		ts, err := strconv.ParseInt(r.Header.Get("webhook-timestamp"), 10, 64)
+		want, serr := webhooks.Sign(secrets, r.Header.Get("webhook-id"), ts, body)
+		if err != nil || serr != nil || r.Method != http.MethodPost || r.Header.Get("webhook-signature") != want ||
+			r.Header.Get("Content-Type") != "application/json" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		answer(n, w)
+	}))
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+var (
+	vector = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	other  = "whsec_c2VjcmV0LW9mLWEtcm90YXRlZC1lbmRwb2ludA=="
+	event  = []byte(`{"id":"evt_1","type":"validation_run.finished"}`)
+)
+
+func TestSendSignsAndCountsA2xx(t *testing.T) {
+	t.Parallel()
+	ok := newReceiver(t, []string{vector, other}, func(int64, http.ResponseWriter) {})
+	s := webhooks.NewSender(true, 0)
+	res := s.Send(context.Background(), ok.URL+"/hooks", "evt_1", []string{vector, other}, event, time.Now())
+	require.NoError(t, res.Err)
+	require.True(t, res.Delivered)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.EqualValues(t, 1, ok.hits.Load())
+
+	// A receiver that checks only the new secret still verifies (its
+	// signature is among the two); one that knows neither refuses.
+	onlyOld := newReceiver(t, []string{other}, func(int64, http.ResponseWriter) {})
+	res = s.Send(context.Background(), onlyOld.URL, "evt_1", []string{vector}, event, time.Now())
+	require.False(t, res.Delivered)
+	require.Equal(t, http.StatusUnauthorized, res.StatusCode)
+}
+
+// A receiver that fails twice and then answers 200 gets three attempts of
+// one event, the same webhook-id and a valid signature each time.
+func TestSendFailuresAreRetriableAttempts(t *testing.T) {
+	t.Parallel()
+	var ids []string
+	flaky := newReceiver(t, []string{vector}, func(n int64, w http.ResponseWriter) {
+		if n <= 2 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	inner := flaky.Config.Handler
+	flaky.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ids = append(ids, r.Header.Get("webhook-id"))
+		inner.ServeHTTP(w, r)
+	})
+	s := webhooks.NewSender(true, 0)
+	var results []webhooks.Result
+	for range 3 {
+		results = append(results, s.Send(context.Background(), flaky.URL, "evt_abc", []string{vector}, event, time.Now()))
+	}
+	require.Equal(t, []webhooks.Result{{StatusCode: 503}, {StatusCode: 503}, {Delivered: true, StatusCode: 200}}, results)
+	require.Equal(t, []string{"evt_abc", "evt_abc", "evt_abc"}, ids)
+}
+
+func TestSendNeverFollowsARedirect(t *testing.T) {
+	t.Parallel()
+	target := newReceiver(t, []string{vector}, func(int64, http.ResponseWriter) {})
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL, http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(redirect.Close)
+	res := webhooks.NewSender(true, 0).Send(context.Background(), redirect.URL, "evt_1", []string{vector}, event, time.Now())
+	require.False(t, res.Delivered, "a redirect is not a delivery")
+	require.Equal(t, http.StatusTemporaryRedirect, res.StatusCode)
+	require.Zero(t, target.hits.Load(), "the redirect was followed")
+}
+
+func TestSendTimesOut(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	slow := newReceiver(t, []string{vector}, func(int64, http.ResponseWriter) { <-release })
+	t.Cleanup(func() { close(release) })
+	res := webhooks.NewSender(true, 200*time.Millisecond).Send(context.Background(), slow.URL, "evt_1", []string{vector}, event, time.Now())
+	require.False(t, res.Delivered)
+	require.Error(t, res.Err)
+	require.Zero(t, res.StatusCode)
+}
+
+// A 2xx with a huge answer is a delivery; the sender reads a bounded part
+// of it (MaxAnswerBytes) and does not wait for the rest.
+func TestSendReadsABoundedAnswer(t *testing.T) {
+	t.Parallel()
+	stop := make(chan struct{})
+	var written atomic.Int64
+	big := newReceiver(t, []string{vector}, func(_ int64, w http.ResponseWriter) {
+		w.WriteHeader(http.StatusOK)
+		chunk := []byte(strings.Repeat("x", 32<<10))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n, err := w.Write(chunk)
+			written.Add(int64(n))
+			if err != nil || written.Load() > 1<<30 {
+				return
+			}
+		}
+	})
+	t.Cleanup(func() { close(stop) })
+	res := webhooks.NewSender(true, time.Minute).Send(context.Background(), big.URL, "evt_1", []string{vector}, event, time.Now())
+	require.NoError(t, res.Err)
+	require.True(t, res.Delivered)
+	require.Less(t, written.Load(), int64(1<<30), "the sender read the endless answer to its end")
+}
+
+// Without WEBHOOK_ALLOW_PRIVATE_TARGETS, the address being dialled is
+// checked: a loopback address, and a name that resolves to one at send
+// time, are refused before anything is sent.
+func TestSendRefusesPrivateTargetsAtConnect(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, []string{vector}, func(int64, http.ResponseWriter) {})
+	_, port, err := net.SplitHostPort(rc.Listener.Addr().String())
+	require.NoError(t, err)
+	strict := webhooks.NewSender(false, 0)
+	for _, url := range []string{rc.URL, "http://localhost:" + port + "/hooks"} {
+		res := strict.Send(context.Background(), url, "evt_1", []string{vector}, event, time.Now())
+		require.False(t, res.Delivered, url)
+		require.True(t, webhooks.IsPrivateTarget(res.Err), "%s: %v", url, res.Err)
+	}
+	require.Zero(t, rc.hits.Load(), "a private target was sent to")
+
+	res := webhooks.NewSender(true, 0).Send(context.Background(), "http://localhost:"+port+"/hooks", "evt_1", []string{vector}, event, time.Now())
+	require.True(t, res.Delivered, "%v", res.Err)
+}

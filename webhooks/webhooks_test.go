@@ -1,0 +1,75 @@
+package webhooks_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/webhooks"
+)
+
+// The Standard Webhooks specification's published test vector: matching it
+// is what lets receivers verify deliveries with any of its libraries.
+func TestSignStandardWebhooksVector(t *testing.T) {
+	t.Parallel()
+	sig, err := webhooks.Sign([]string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+		"msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, []byte(`{"test": 2432232314}`))
+	require.NoError(t, err)
+	require.Equal(t, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=", sig)
+}
+
+func TestSignTwoSecretsDuringRotation(t *testing.T) {
+	t.Parallel()
+	vector := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	other := "whsec_c2VjcmV0LW9mLWEtcm90YXRlZC1lbmRwb2ludA=="
+	sig, err := webhooks.Sign([]string{other, vector}, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, []byte(`{"test": 2432232314}`))
+	require.NoError(t, err)
+	parts := strings.Split(sig, " ")
+	require.Len(t, parts, 2)
+	require.Equal(t, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=", parts[1])
+	require.NotEqual(t, parts[0], parts[1])
+	require.True(t, strings.HasPrefix(parts[0], "v1,"))
+
+	_, err = webhooks.Sign([]string{"whsec_not base64!"}, "id", 1, nil)
+	require.Error(t, err)
+}
+
+func TestCheckURL(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		url          string
+		public, priv bool // accepted without / with WEBHOOK_ALLOW_PRIVATE_TARGETS
+	}{
+		{"https://example.com/hooks", true, true},
+		{"http://example.com:8080/hooks?x=1", true, true},
+		{"https://93.184.215.14/hooks", true, true},
+		{"https://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]/", true, true},
+		{"http://127.0.0.1:8080/hooks", false, true},
+		{"http://[::1]/", false, true},
+		{"http://[::ffff:127.0.0.1]/", false, true},
+		{"http://10.1.2.3/", false, true},
+		{"http://172.16.0.1/", false, true},
+		{"http://192.168.1.1/", false, true},
+		{"http://169.254.169.254/latest/meta-data/", false, true},
+		{"http://[fd00:ec2::254]/", false, true},
+		{"http://100.64.0.1/", false, true},
+		{"http://0.0.0.0/", false, true},
+		{"http://localhost:8080/", false, true},
+		{"http://api.localhost/", false, true},
+		{"http://metadata.google.internal/", false, true},
+		{"ftp://example.com/", false, false},
+		{"example.com/hooks", false, false},
+		{"https:///path", false, false},
+		{"https://user:pw@example.com/", false, false},
+		{"https://example.com/#frag", false, false},
+		{"", false, false},
+		{"https://example.com/" + strings.Repeat("a", webhooks.MaxURLLength), false, false},
+	} {
+		require.Equal(t, tt.public, webhooks.CheckURL(tt.url, false) == nil, "%s without private targets", tt.url)
+		require.Equal(t, tt.priv, webhooks.CheckURL(tt.url, true) == nil, "%s with private targets", tt.url)
+	}
+	require.False(t, webhooks.PublicAddr(netip.MustParseAddr("::ffff:10.0.0.1")))
+	require.True(t, webhooks.PublicAddr(netip.MustParseAddr("8.8.8.8")))
+}
