@@ -124,6 +124,7 @@ set +e
 "$TOOLS/node_modules/.bin/newman" run "$OUT/collection.json" \
 	--env-var "baseUrl=$BASE" --env-var "apiKey=Bearer $DEMO_TOKEN" --env-var "token=$DEMO_TOKEN" --env-var "workflowId=$DEMO_WORKFLOW" \
 	--env-var "runId=$RUN_ID" --env-var "idemKey=$IDEM_KEY" \
+	--env-var "runIdUpper=${RUN_ID^^}" --env-var "workflowIdUpper=${DEMO_WORKFLOW^^}" \
 	--reporters cli,json --reporter-json-export "$OUT/newman.json" \
 	--reporter-cli-no-summary --reporter-cli-no-success-assertions --reporter-cli-no-console \
 	--color off --timeout-request 30000 >"$OUT/newman.log" 2>&1
