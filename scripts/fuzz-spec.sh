@@ -27,6 +27,7 @@
 #   FUZZ_ADDR        listen address of the valruns under test (default: a free port on 127.0.0.1)
 #   FUZZ_REDIS_URL   a Redis to use instead of a private redis-server (it must be one nothing
 #                    else uses: its queue is the valruns under test's)
+#   FUZZ_REDIS_PORT  the private redis-server's port (default: a free one)
 #   FUZZ_OUT         directory for the collection, newman's JSON report and the server's log
 #                    (default: a temporary directory, kept when there are disagreements)
 #   FUZZ_KEEP=1      keep the database, FUZZ_OUT and print where they are
@@ -81,7 +82,7 @@ if [ -n "${FUZZ_REDIS_URL:-}" ]; then
 	REDIS="$FUZZ_REDIS_URL"
 else
 	command -v redis-server >/dev/null || die "redis-server is missing (apt-get install redis-server), or set FUZZ_REDIS_URL"
-	rport=$(free_port)
+	rport="${FUZZ_REDIS_PORT:-$(free_port)}"
 	redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
 		--logfile "$OUT/redis.log" &
 	redis_pid=$!
