@@ -13,7 +13,7 @@ export TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 # Another port: make run HTTP_ADDR=127.0.0.1:8090 (it prints B for the Quickstart).
 export HTTP_ADDR ?= 127.0.0.1:8080
 
-.PHONY: run test redis-dbs test-under-load test-tools reliability build services docs docs-check swag bench bench-e2e bench-noisy bench-go fmt vet
+.PHONY: run test fuzz-spec redis-dbs test-under-load test-tools reliability build services docs docs-check swag bench bench-e2e bench-noisy bench-go fmt vet
 
 # The first build on a machine downloads and compiles some 560 packages, for
 # minutes: scripts/build.sh says when a build is a first one and shows its
@@ -69,6 +69,14 @@ SKIP_BANNER = printf '\n%s\n%s\n%s\n\n' "$$(printf '!%.0s' $$(seq 72))" "$(1)" "
 test-tools:
 	@scripts/install-bench-tools.sh || $(call SKIP_BANNER,the bench tests that need pgbench / Node.js / redis-server will be SKIPPED: see above)
 	@scripts/install-chromium.sh >/dev/null || $(call SKIP_BANNER,the Swagger UI browser test will be SKIPPED: no Chromium (see above))
+
+# fuzz-spec: an independent fuzzer (Portman + newman, npm) runs against a valruns of
+# its own (bin/valruns, a fresh database, a private redis-server) and checks every answer
+# against docs/openapi.json; prints the requests sent and the disagreements, exit 1 on any
+# (about a minute; not part of make test: it needs the npm registry once). README: "Fuzzing the
+# spec with an independent tool".
+fuzz-spec: services build
+	@scripts/fuzz-spec.sh
 
 # The process-level fault suite alone, verbosely (reliability/, RELIABILITY.md):
 # real binaries, replicas and workers killed, its own PostgreSQL and Redis

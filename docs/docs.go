@@ -406,7 +406,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` (workflow_id not a UUID, limit not 1 to 100) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: a workflow_id that is not a UUID.",
+                        "description": "` + "`" + `validation_error` + "`" + ` (workflow_id not a UUID, limit not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: a workflow_id that is not a UUID.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -2498,7 +2498,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
+                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -5310,7 +5310,7 @@ const docTemplate = `{
                     "additionalProperties": true
                 },
                 "submission": {
-                    "description": "Submission is the JSON document to validate: any JSON value (an\nobject, an array, a string, a number, true, false or null).",
+                    "description": "Submission is the JSON document to validate: any JSON value (an\nobject, an array, a string, a number, true, false or null). A number\nin it may have at most 256 digits written out in decimal: 1e300 is a\n400 ` + "`" + `invalid_number` + "`" + ` (a rule JSON Schema cannot state).",
                     "x-nullable": true
                 }
             },

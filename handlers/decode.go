@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"reflect"
 	"slices"
 	"strconv"
@@ -223,8 +224,17 @@ func canonicalID(id string) (canonical string, ok bool) {
 }
 
 // pageOf reads ?limit= and ?cursor=; a bad value answers 400 and returns false.
+// So does a query string that is not valid percent-encoding (or has a ';'):
+// Go's query parser drops such a pair and gin reads what is left, so
+// `?cursor=%zz` would answer the first page and `?workflow_id=%zz` every
+// workflow's runs, as if the parameter had not been sent.
 func pageOf(c *gin.Context) (models.Page, bool) {
 	var p models.Page
+	if _, err := url.ParseQuery(c.Request.URL.RawQuery); err != nil {
+		problem.Write(c, badRequest("The query string is not valid: "+err.Error()+"; percent-encode each name and value.",
+			problem.FieldError{Field: "query", Message: "not valid percent-encoding"}))
+		return p, false
+	}
 	if s := c.Query("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > 100 {

@@ -27,7 +27,9 @@ type runHandlers struct {
 // it does not name is refused (400 validation_error).
 type StartRunRequest struct {
 	// Submission is the JSON document to validate: any JSON value (an
-	// object, an array, a string, a number, true, false or null).
+	// object, an array, a string, a number, true, false or null). A number
+	// in it may have at most 256 digits written out in decimal: 1e300 is a
+	// 400 `invalid_number` (a rule JSON Schema cannot state).
 	Submission json.RawMessage `json:"submission" validate:"required" extensions:"x-nullable"`
 	// Metadata is an optional JSON object (null is the same as absent), visible to CEL assertions as `metadata`.
 	Metadata json.RawMessage `json:"metadata,omitempty" swaggertype:"object" extensions:"x-nullable"`
@@ -279,7 +281,7 @@ func (h *runHandlers) get(c *gin.Context) {
 //	@Param			limit		query		int					false	"Page size, 1-100 (default 20)"		minimum(1)	maximum(100)
 //	@Param			cursor		query		string				false	"next_cursor of the previous page"
 //	@Success		200			{object}	RunList				"One page of runs."
-//	@Failure		400			{object}	ProblemBadRequest	"`validation_error` (workflow_id not a UUID, limit not 1 to 100) or `invalid_cursor` (not a cursor this API returned)."
+//	@Failure		400			{object}	ProblemBadRequest	"`validation_error` (workflow_id not a UUID, limit not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
 //	@Failure		401			{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
 //	@Failure		500			{object}	ProblemInternal		"`internal_error`: a query failed; retry."
 //	@Failure		503			{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."

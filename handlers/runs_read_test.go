@@ -256,6 +256,9 @@ func TestListRuns(t *testing.T) {
 		{"limit=0", "validation_error"},
 		{"limit=101", "validation_error"},
 		{"cursor=garbage", "invalid_cursor"},
+		// Not valid percent-encoding: a 400, not every workflow's runs or the first page.
+		{"limit=5&workflow_id=%zz", "validation_error"},
+		{"cursor=%%%not-a-cursor", "validation_error"},
 	}
 	for _, tt := range bad {
 		t.Run(tt.query, func(t *testing.T) {

@@ -281,6 +281,10 @@ func TestListWorkflows(t *testing.T) {
 		{"limit=abc", "validation_error"},
 		{"limit=1.5", "validation_error"},
 		{"cursor=garbage", "invalid_cursor"},
+		// Not valid percent-encoding: a 400, not the first page as if no cursor were sent.
+		{"limit=1&cursor=%%%not-a-cursor", "validation_error"},
+		{"cursor=%zz", "validation_error"},
+		{"limit=1;cursor=x", "validation_error"},
 		{"cursor=" + url.QueryEscape("not base64!"), "invalid_cursor"},
 		{"cursor=bm90LWEtY3Vyc29y", "invalid_cursor"},                           // base64 of "not-a-cursor"
 		{"cursor=MjAyNi0wMS0wMVQwMDowMDowMFp8bm90LWEtdXVpZA", "invalid_cursor"}, // a time and "not-a-uuid"

@@ -8,6 +8,7 @@
 #
 #   scripts/install-bench-tools.sh           everything
 #   scripts/install-bench-tools.sh pgbench   only pgbench (and so on: node, redis-server, peer, tsclient)
+#   scripts/install-bench-tools.sh fuzzspec  Portman and newman for make fuzz-spec (not in "everything")
 #
 # Set BENCH_REDIS_URL to a Redis the benchmark may flush and redis-server is not needed.
 set -euo pipefail
@@ -61,6 +62,10 @@ peer() { npm_ci bench/peer "the peer's Node packages"; }
 # tsclient: openapi-typescript and tsc for the typed-client test (internal/tsclient).
 tsclient() { npm_ci internal/tsclient "openapi-typescript and TypeScript"; }
 
+# fuzzspec: Portman and newman for make fuzz-spec (scripts/fuzz-spec.sh); not part of the
+# default list, since make test does not run the fuzzer.
+fuzzspec() { npm_ci scripts/fuzz-spec "Portman and newman"; }
+
 what=("$@")
 [ ${#what[@]} -gt 0 ] || what=(pgbench node redis-server peer tsclient)
 for w in "${what[@]}"; do
@@ -70,6 +75,7 @@ for w in "${what[@]}"; do
 	redis-server) [ -n "${BENCH_REDIS_URL:-}" ] || need redis-server redis-server ;;
 	peer) peer ;;
 	tsclient) tsclient ;;
-	*) die "unknown tool '$w' (want pgbench, node, redis-server, peer or tsclient)" ;;
+	fuzzspec) fuzzspec ;;
+	*) die "unknown tool '$w' (want pgbench, node, redis-server, peer, tsclient or fuzzspec)" ;;
 	esac
 done

@@ -106,3 +106,24 @@ func TestApplyRefuses(t *testing.T) {
 		})
 	}
 }
+
+// A response offers the one media type the server sends with its status:
+// problem+json for an error, JSON for a success, and the example goes with it.
+func TestOpenAPI3OneMediaTypePerStatus(t *testing.T) {
+	t.Parallel()
+	v, err := Decode([]byte(`{"swagger":"2.0","info":{"title":"t","version":"1"},"paths":{"/x/":{"post":{
+		"produces":["application/json","application/problem+json"],
+		"responses":{"201":{"description":"Created.","schema":{"type":"object"},"examples":{"application/json":{"id":"1"}}},
+		"422":{"description":"Reused.","schema":{"type":"object"},"examples":{"application/json":{"code":"reused"}}}}}}}}`), true)
+	require.NoError(t, err)
+	v3, err := ToOpenAPI3(v)
+	require.NoError(t, err)
+	rs := v3.Paths.Value("/x/").Post.Responses
+	created, reused := rs.Value("201").Value.Content, rs.Value("422").Value.Content
+	require.Len(t, created, 1)
+	require.NotNil(t, created["application/json"])
+	require.Equal(t, map[string]any{"id": "1"}, created["application/json"].Example)
+	require.Len(t, reused, 1)
+	require.NotNil(t, reused["application/problem+json"])
+	require.Equal(t, map[string]any{"code": "reused"}, reused["application/problem+json"].Example)
+}

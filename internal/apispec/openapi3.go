@@ -28,10 +28,50 @@ func ToOpenAPI3(spec *Value) (*openapi3.T, error) {
 	if err != nil {
 		return nil, fmt.Errorf("convert to OpenAPI 3: %w", err)
 	}
+	oneMediaTypePerStatus(v3)
 	if err := v3.Validate(context.Background()); err != nil {
 		return nil, fmt.Errorf("the OpenAPI 3 document is not valid: %w", err)
 	}
 	return v3, nil
+}
+
+// oneMediaTypePerStatus keeps, of a response that offers both
+// application/json and application/problem+json, the one the server sends
+// with that status: problem+json for an error (4xx, 5xx), JSON otherwise.
+// Swag 2.0 has one `produces` list per operation, so the converter gives
+// every response of an operation that can answer a problem both media types;
+// a tool that reads the first one (Portman's contract tests, make fuzz-spec)
+// then expects application/json on a 404, and a client generator offers a
+// problem body on a 200. Every error answer of the API is a problem document
+// (RFC 9457), every success is JSON: the conformance check
+// (internal/apispec/conform) holds the server to it.
+func oneMediaTypePerStatus(v3 *openapi3.T) {
+	for _, item := range v3.Paths.Map() {
+		for _, op := range item.Operations() {
+			if op.Responses == nil {
+				continue
+			}
+			for status, r := range op.Responses.Map() {
+				if r.Value == nil || r.Value.Content == nil {
+					continue
+				}
+				c := r.Value.Content
+				if c["application/json"] == nil || c["application/problem+json"] == nil {
+					continue
+				}
+				keep, drop := "application/json", "application/problem+json"
+				if status[0] == '4' || status[0] == '5' || status == "default" {
+					keep, drop = drop, keep
+				}
+				// The converter writes a response's example under the
+				// first media type: it moves to the one kept.
+				if k, d := c[keep], c[drop]; k.Example == nil && len(k.Examples) == 0 {
+					k.Example, k.Examples = d.Example, d.Examples
+				}
+				delete(c, drop)
+			}
+		}
+	}
 }
 
 // openAPI3Go embeds the OpenAPI 3 files in package docs, which serves them.
