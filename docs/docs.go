@@ -4108,8 +4108,10 @@ const docTemplate = `{
                 "url": {
                     "description": "URL receives the events: https, or http to a public address; at most 2048 bytes. Loopback, private, link-local and metadata addresses are refused unless the server sets WEBHOOK_ALLOW_PRIVATE_TARGETS=true.",
                     "type": "string",
+                    "format": "uri",
                     "maxLength": 2048,
                     "minLength": 1,
+                    "pattern": "^[hH][tT][tT][pP][sS]?://[^/?#@]+",
                     "example": "https://example.com/valruns-hooks"
                 }
             },

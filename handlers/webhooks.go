@@ -31,7 +31,7 @@ type webhookHandlers struct {
 // A member it does not name is refused (400 validation_error).
 type CreateWebhookEndpointRequest struct {
 	// URL receives the events: https, or http to a public address; at most 2048 bytes. Loopback, private, link-local and metadata addresses are refused unless the server sets WEBHOOK_ALLOW_PRIVATE_TARGETS=true.
-	URL string `json:"url" validate:"required" minLength:"1" maxLength:"2048" example:"https://example.com/valruns-hooks"`
+	URL string `json:"url" validate:"required" minLength:"1" maxLength:"2048" format:"uri" extensions:"x-pattern=^[hH][tT][tT][pP][sS]?://[^/?#@]+" example:"https://example.com/valruns-hooks"`
 	// Description is a note for people, at most 500 characters.
 	Description string `json:"description,omitempty" maxLength:"500" example:"invoices service"`
 	// Events are the event types delivered to the endpoint; absent means all of them (today: validation_run.finished).

@@ -112,6 +112,16 @@ RUN_ID=$(curl -fsS -X POST -H "Authorization: Bearer $DEMO_TOKEN" -H "Idempotenc
 	"$BASE/api/workflows/$DEMO_WORKFLOW/start/" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).id))')
 [ -n "$RUN_ID" ] || die "could not start the known run"
 
+# Two webhook endpoints: one the routes that read, list deliveries and rotate
+# use, and one that the delete route deletes.
+hook() {
+	curl -fsS -X POST -H "Authorization: Bearer $DEMO_TOKEN" -H 'Content-Type: application/json' \
+		-d "{\"url\":\"https://example.com/fuzz-$1\"}" "$BASE/api/webhook-endpoints/" |
+		node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).id))'
+}
+HOOK_ID=$(hook read) && HOOK_DELETE_ID=$(hook delete)
+[ -n "$HOOK_ID" ] && [ -n "$HOOK_DELETE_ID" ] || die "could not create the webhook endpoints"
+
 say "valruns at $BASE (database $DB); generating the collection with Portman from docs/openapi.json"
 node "$TOOLS/strip-schema-examples.js" docs/openapi.json "$OUT/openapi.json"
 # (in $OUT: Portman writes a tmp/ of its own in its working directory)
@@ -124,7 +134,7 @@ say "running the collection with newman"
 set +e
 "$TOOLS/node_modules/.bin/newman" run "$OUT/collection.json" \
 	--env-var "baseUrl=$BASE" --env-var "apiKey=Bearer $DEMO_TOKEN" --env-var "token=$DEMO_TOKEN" --env-var "workflowId=$DEMO_WORKFLOW" \
-	--env-var "runId=$RUN_ID" --env-var "idemKey=$IDEM_KEY" \
+	--env-var "runId=$RUN_ID" --env-var "idemKey=$IDEM_KEY" --env-var "hookId=$HOOK_ID" --env-var "hookDeleteId=$HOOK_DELETE_ID" \
 	--env-var "runIdUpper=${RUN_ID^^}" --env-var "workflowIdUpper=${DEMO_WORKFLOW^^}" \
 	--reporters cli,json --reporter-json-export "$OUT/newman.json" \
 	--reporter-cli-no-summary --reporter-cli-no-success-assertions --reporter-cli-no-console \
