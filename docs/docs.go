@@ -989,7 +989,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
+                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -2028,7 +2028,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
+                        "description": "` + "`" + `validation_error` + "`" + ` (limit is not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: ` + "`" + `?limit=0` + "`" + `.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },

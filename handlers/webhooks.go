@@ -174,7 +174,7 @@ func (h *webhookHandlers) create(tx *models.RequestTx, req idempotency.Request) 
 //	@Param			limit	query		int					false	"Page size, 1-100 (default 20)"	minimum(1)	maximum(100)
 //	@Param			cursor	query		string				false	"next_cursor of the previous page"
 //	@Success		200		{object}	WebhookEndpointList	"One page of endpoints."
-//	@Failure		400		{object}	ProblemBadRequest	"`validation_error` (limit is not 1 to 100) or `invalid_cursor` (not a cursor this API returned)."
+//	@Failure		400		{object}	ProblemBadRequest	"`validation_error` (limit is not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
 //	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
 //	@Failure		500		{object}	ProblemInternal		"`internal_error`: a query failed; retry."
 //	@Failure		503		{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
@@ -357,7 +357,7 @@ func utcPtr(t *time.Time) *time.Time {
 //	@Param			limit	query		int						false	"Page size, 1-100 (default 20)"	minimum(1)	maximum(100)
 //	@Param			cursor	query		string					false	"next_cursor of the previous page"
 //	@Success		200		{object}	WebhookDeliveryList		"One page of deliveries."
-//	@Failure		400		{object}	ProblemBadRequest		"`validation_error` (limit is not 1 to 100) or `invalid_cursor` (not a cursor this API returned)."
+//	@Failure		400		{object}	ProblemBadRequest		"`validation_error` (limit is not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
 //	@Failure		401		{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
 //	@Failure		404		{object}	ProblemWebhookNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
 //	@Failure		500		{object}	ProblemInternal			"`internal_error`: a query failed; retry."
