@@ -20,18 +20,11 @@ func cmdTokenCreate(ctx context.Context, args []string, out io.Writer) error {
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
-	if *slug == "" {
-		return badUsage("--org SLUG is required")
-	}
-	a, err := open(ctx, forWork)
+	a, org, err := openForOrg(ctx, *slug)
 	if err != nil {
 		return err
 	}
 	defer a.close()
-	org, err := orgBySlug(ctx, models.NewOrgStore(a.db), *slug)
-	if err != nil {
-		return err
-	}
 	token, _, err := models.NewTokenStore(a.db).Create(ctx, org.ID)
 	if err != nil {
 		return err
@@ -59,18 +52,11 @@ func cmdTokenList(ctx context.Context, args []string, out io.Writer) error {
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
-	if *slug == "" {
-		return badUsage("--org SLUG is required")
-	}
-	a, err := open(ctx, forWork)
+	a, org, err := openForOrg(ctx, *slug)
 	if err != nil {
 		return err
 	}
 	defer a.close()
-	org, err := orgBySlug(ctx, models.NewOrgStore(a.db), *slug)
-	if err != nil {
-		return err
-	}
 	tokens, err := models.NewTokenStore(a.db).List(ctx, org.ID)
 	if err != nil {
 		return err
@@ -141,4 +127,22 @@ func cmdTokenRevoke(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "revoked token %s (%s of %s) at %s\n", t.ID, t.Display, t.OrgSlug, timeText(*t.RevokedAt))
 	fmt.Fprintf(out, "API processes started from now on refuse it; running ones within AUTH_CACHE_TTL (%s in this environment).\n", a.cfg.AuthCacheTTL)
 	return nil
+}
+
+// openForOrg opens the database for work and finds the organisation that
+// --org names (a usage error when it names none).
+func openForOrg(ctx context.Context, slug string) (*app, *models.Organization, error) {
+	if slug == "" {
+		return nil, nil, badUsage("--org SLUG is required")
+	}
+	a, err := open(ctx, forWork)
+	if err != nil {
+		return nil, nil, err
+	}
+	org, err := orgBySlug(ctx, models.NewOrgStore(a.db), slug)
+	if err != nil {
+		a.close()
+		return nil, nil, err
+	}
+	return a, org, nil
 }
