@@ -3,6 +3,7 @@ package reliability
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -285,14 +286,17 @@ func workerKill(t *testing.T, s *suite, res *result) {
 	if len(held) == 0 {
 		res.fail(t, "worker A held no run at the kill: the scenario proved nothing")
 	}
-	requireTakenOver(t, c, res, held, "killed")
+	requireTakenOver(t, c, res, held, "killed", c.workers[0].log.String(), faultAt.Add(s.cfg.RunLease))
 }
 
 // stillHeld keeps the runs of held (run id -> attempt) that are still
 // running as that attempt: a line of the worker's log may not have been
 // read yet when it stopped, so its log alone may list a run it has ended.
 // Called once the worker is dead or stopped, before its lease can run out.
+// It first gives PostgreSQL a moment to read what the worker sent just
+// before the fault (such a statement ends a run while its lease is live).
 func stillHeld(c *cluster, held map[string]int) map[string]int {
+	time.Sleep(500 * time.Millisecond)
 	out := map[string]int{}
 	for id, attempt := range held {
 		// Not a run whose Finish transaction is open (its row locked): that
@@ -356,28 +360,76 @@ func runningRuns(c *cluster) []string {
 
 // requireTakenOver fails res unless every run in held (run id -> the
 // attempt a stopped or killed worker held) ended passed or failed by a
-// later delivery.
-func requireTakenOver(t *testing.T, c *cluster, res *result, held map[string]int, who string) {
+// later delivery. One exception, which is no stale write: the worker's
+// last statement may have been on its way to PostgreSQL at the fault (sent,
+// not yet read; a run ends in one statement), and PostgreSQL then runs it
+// while the lease is still live. silentUntil is until when the worker could
+// send nothing (its SIGCONT; for a kill, when its lease could first run
+// out): a run the held attempt ended before then was ended by such a
+// statement, is logged, and is not counted as taken over. The worker's own
+// log (log) must not say it ended a held run after silentUntil either: a
+// run's attempts count claims, so a stale delivery ending a run another
+// delivery had claimed would otherwise pass as taken over. At least one run
+// must have been taken over, or the scenario proved nothing.
+func requireTakenOver(t *testing.T, c *cluster, res *result, held map[string]int, who, log string, silentUntil time.Time) {
+	ended := endedAfter(log, silentUntil)
+	taken := 0
 	for id, attempt := range held {
+		if at, ok := ended[id]; ok {
+			res.fail(t, "run %s held by the %s worker as attempt %d: that stale delivery ended it at %s, after the worker could send again",
+				id, who, attempt, at.Format(time.RFC3339Nano))
+			continue
+		}
 		var status string
 		var attempts int64
-		err := c.db.QueryRow(`SELECT status, attempts FROM validation_runs WHERE id = $1`, id).Scan(&status, &attempts)
+		var finished sql.NullTime
+		err := c.db.QueryRow(`SELECT status, attempts, finished_at FROM validation_runs WHERE id = $1`, id).Scan(&status, &attempts, &finished)
 		switch {
 		case err != nil:
 			res.fail(t, "run %s held by the %s worker: %v", id, who, err)
 		case status != "passed" && status != "failed":
 			res.fail(t, "run %s held by the %s worker (attempt %d) ended %s", id, who, attempt, status)
-		case attempts <= int64(attempt):
-			res.fail(t, "run %s held by the %s worker as attempt %d was finished by that stale delivery", id, who, attempt)
+		case attempts > int64(attempt):
+			taken++
+		case finished.Valid && finished.Time.Before(silentUntil):
+			t.Logf("run %s: attempt %d's last statement was on its way at the fault and ended it at %s, while its lease was live",
+				id, attempt, finished.Time.Format(time.RFC3339Nano))
+		default:
+			res.fail(t, "run %s held by the %s worker as attempt %d was finished by that stale delivery at %s, after the worker could send again (%s)",
+				id, who, attempt, finished.Time.Format(time.RFC3339Nano), silentUntil.Format(time.RFC3339Nano))
 		}
+	}
+	if len(held) > 0 && taken == 0 {
+		res.fail(t, "no run the %s worker held was taken over by another delivery: the scenario proved nothing", who)
 	}
 }
 
+// endedAfter reads a worker's JSON log: the runs it says it ended (finished
+// or ended in error) at or after from, with the time it logged it.
+func endedAfter(log string, from time.Time) map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, line := range strings.Split(log, "\n") {
+		var e struct {
+			Time  time.Time `json:"time"`
+			Msg   string    `json:"msg"`
+			RunID string    `json:"run_id"`
+		}
+		if json.Unmarshal([]byte(line), &e) != nil || e.RunID == "" || e.Time.Before(from) {
+			continue
+		}
+		if e.Msg == "run finished" || e.Msg == "run ended in error" {
+			out[e.RunID] = e.Time
+		}
+	}
+	return out
+}
+
 // workerPause: slow runs keep both workers busy; worker A gets SIGSTOP
-// (a paused VM, a long GC) for RUN_LEASE plus the validation's time limit
-// and a second, then SIGCONT. Its deliveries lost their leases: they write
-// nothing, worker B takes their runs over, and every run ends as an
-// unpaused run does: no run in error, findings written once.
+// (a paused VM, a long GC) for a second more than RUN_LEASE and the
+// validation's time limits, then SIGCONT: soon enough that some of its runs
+// may not have been claimed again yet. Its deliveries lost their leases:
+// they write nothing, another delivery takes their runs over, and every run
+// ends as an unpaused run does: no run in error, findings written once.
 func workerPause(t *testing.T, s *suite, res *result) {
 	c, cl, rec, o := setup(t, s, "workerpause")
 	slow := slowWorkflow()
@@ -398,7 +450,8 @@ func workerPause(t *testing.T, s *suite, res *result) {
 		t.Fatalf("worker A did not stop")
 	}
 	held := stillHeld(c, heldRuns(c.workers[0].log.String()))
-	time.Sleep(s.cfg.RunLease + max(validate.SchemaTimeout, validate.EvalTimeout) + time.Second)
+	time.Sleep(max(s.cfg.RunLease, validate.SchemaTimeout, validate.EvalTimeout) + time.Second)
+	resumedAt := time.Now()
 	c.workers[0].signal(syscall.SIGCONT)
 	t.Logf("worker A stopped for %s holding %d runs", time.Since(faultAt).Round(time.Millisecond), len(held))
 	l.wait()
@@ -408,7 +461,7 @@ func workerPause(t *testing.T, s *suite, res *result) {
 	if len(held) == 0 {
 		res.fail(t, "worker A held no run at the stop: the scenario proved nothing")
 	}
-	requireTakenOver(t, c, res, held, "stopped")
+	requireTakenOver(t, c, res, held, "stopped", c.workers[0].log.String(), resumedAt)
 }
 
 // workerStarved: busy loops, two per core, beside the cluster while slow
