@@ -60,6 +60,18 @@ type Config struct {
 	// private, link-local and metadata addresses (WEBHOOK_ALLOW_PRIVATE_TARGETS);
 	// for local development and tests only.
 	WebhookAllowPrivateTargets bool
+	// WebhookConcurrency is how many webhook attempts one worker makes at
+	// once; 0: this worker sends none (WEBHOOK_CONCURRENCY).
+	WebhookConcurrency int
+	// WebhookPollInterval is how often a worker looks for webhook
+	// deliveries due (WEBHOOK_POLL_INTERVAL).
+	WebhookPollInterval time.Duration
+	// WebhookRetryBase is the delay after a delivery's first failed
+	// attempt, four times longer after each further one (WEBHOOK_RETRY_BASE).
+	WebhookRetryBase time.Duration
+	// WebhookRetryHorizon is how long a delivery is retried before it
+	// fails for good (WEBHOOK_RETRY_HORIZON).
+	WebhookRetryHorizon time.Duration
 	// IdempotencyMaxWait caps how long a request with `Prefer: wait=N` waits
 	// for the in-flight request with its key; 0 disables waiting (IDEMPOTENCY_MAX_WAIT).
 	IdempotencyMaxWait time.Duration
@@ -196,6 +208,10 @@ var Vars = []Var{
 	{"RUN_REDELIVER_AFTER", "10s", "how long a run may stay queued before the sweeper checks that Redis still has its task; also how long before it looks at the same run again"},
 	{"WORKER_METRICS_ADDR", "127.0.0.1:9091", "where `valruns worker` serves /metrics and /healthz (`serve --worker` uses the API's /metrics)"},
 	{"WEBHOOK_ALLOW_PRIVATE_TARGETS", "false", "`true`: webhook endpoints may point at loopback, private, link-local and metadata addresses (local development and tests); otherwise such a URL is refused (400 `validation_error`), when the endpoint is created and when a delivery resolves its host"},
+	{"WEBHOOK_CONCURRENCY", "10", "webhook delivery attempts one worker makes at once, beside (not among) its `WORKER_CONCURRENCY` run slots; 0: this worker sends no webhooks"},
+	{"WEBHOOK_POLL_INTERVAL", "1s", "how often a worker looks for webhook deliveries due; a worker that ends a run looks at once (at most ten times as often)"},
+	{"WEBHOOK_RETRY_BASE", "5s", "delay after a delivery's first failed attempt, four times longer after each further one up to 8h (5s: 5s, 20s, 80s, 5m, 21m, 85m, 5.7h, 8h...)"},
+	{"WEBHOOK_RETRY_HORIZON", "24h", "how long after its event a delivery is retried; then it is `failed`"},
 	{"PPROF_ADDR", "", "`host:port` where `serve` and `worker` serve Go's /debug/pprof/ for profiling; empty (the default) serves nothing. Keep it on loopback"},
 }
 
@@ -258,6 +274,10 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		WorkerMetricsAddr:          p.addr("WORKER_METRICS_ADDR"),
 		PprofAddr:                  p.optionalAddr("PPROF_ADDR"),
 		WebhookAllowPrivateTargets: p.bool("WEBHOOK_ALLOW_PRIVATE_TARGETS"),
+		WebhookConcurrency:         int(p.int("WEBHOOK_CONCURRENCY", 0)),
+		WebhookPollInterval:        p.duration("WEBHOOK_POLL_INTERVAL", 10*time.Millisecond),
+		WebhookRetryBase:           p.duration("WEBHOOK_RETRY_BASE", 10*time.Millisecond),
+		WebhookRetryHorizon:        p.duration("WEBHOOK_RETRY_HORIZON", time.Second),
 	}
 	if p.err == nil && c.MaxBodyBytesInFlight != 0 && c.MaxBodyBytesInFlight < c.MaxBodyBytes {
 		// A body of MaxBodyBytes could never be admitted.

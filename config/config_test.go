@@ -60,6 +60,10 @@ var documented = config.Config{
 	RunFastPath:            time.Second,
 	RunRedeliverAfter:      10 * time.Second,
 	WorkerMetricsAddr:      "127.0.0.1:9091",
+	WebhookConcurrency:     10,
+	WebhookPollInterval:    time.Second,
+	WebhookRetryBase:       5 * time.Second,
+	WebhookRetryHorizon:    24 * time.Hour,
 }
 
 func TestDefaults(t *testing.T) {

@@ -90,6 +90,11 @@ func runOf(r *models.ValidationRun, withFindings bool) Run {
 	return out
 }
 
+// RunEventData is a final run as a webhook event's data shows it: as GET
+// /api/runs/{id}/ does, findings included (the worker's webhook sender is
+// given it by the composition root: tasks cannot import handlers).
+func RunEventData(r *models.ValidationRun) any { return runOf(r, true) }
+
 func utc(t *time.Time) *time.Time {
 	if t == nil {
 		return nil

@@ -127,6 +127,16 @@ func (s *WebhookStore) RotateSecret(ctx context.Context, orgID, id, next string)
 	return &rows[0], nil
 }
 
+// A delivery's statuses.
+const (
+	// DeliveryPending: not yet delivered; attempts go on.
+	DeliveryPending = "pending"
+	// DeliveryDelivered: an attempt got a 2xx answer.
+	DeliveryDelivered = "delivered"
+	// DeliveryFailed: given up, its horizon passed without a 2xx answer.
+	DeliveryFailed = "failed"
+)
+
 // WebhookDelivery is the delivery of one event to one endpoint (the outbox
 // row recorded with the run's final state).
 type WebhookDelivery struct {
@@ -160,4 +170,140 @@ func (s *WebhookStore) Deliveries(ctx context.Context, orgID, endpointID string,
 		return nil, "", fmt.Errorf("list webhook deliveries: %w", err)
 	}
 	return ds, next, nil
+}
+
+// DeliveryClaim is a due delivery a worker claimed for one attempt.
+type DeliveryClaim struct {
+	ID string
+	// Attempts is how many attempts it had before this one.
+	Attempts int
+}
+
+// ClaimDueDeliveries claims up to limit pending deliveries whose next
+// attempt is due and that no attempt is under way for, for lease: until
+// then no other worker claims them (past it, a claim whose attempt never
+// recorded its outcome, the worker having died or Redis having lost the
+// task, is due again). Fair by endpoint: it claims the oldest due
+// deliveries of each endpoint in turn, and at most perEndpoint attempts of
+// one endpoint are under way at once, counting those already under way (a
+// slow or dead endpoint holds at most that many senders, not all of them).
+// Two workers claiming at once may each claim up to perEndpoint.
+func (s *WebhookStore) ClaimDueDeliveries(ctx context.Context, limit, perEndpoint int, lease time.Duration) ([]DeliveryClaim, error) {
+	var out []DeliveryClaim
+	err := s.db.WithContext(ctx).Raw(`
+WITH eps AS (
+	SELECT endpoint_id, min(next_attempt_at) AS first FROM webhook_deliveries
+	WHERE status = 'pending' AND next_attempt_at <= now() AND (sending_until IS NULL OR sending_until <= now())
+	GROUP BY endpoint_id ORDER BY first LIMIT @limit),
+busy AS (
+	SELECT e.endpoint_id, e.first, (SELECT count(*) FROM webhook_deliveries b
+		WHERE b.endpoint_id = e.endpoint_id AND b.status = 'pending' AND b.sending_until > now()) AS n
+	FROM eps e),
+pick AS (
+	SELECT c.id, row_number() OVER (PARTITION BY b.endpoint_id ORDER BY c.next_attempt_at) AS turn, b.first
+	FROM busy b CROSS JOIN LATERAL (
+		SELECT d.id, d.next_attempt_at FROM webhook_deliveries d
+		WHERE d.endpoint_id = b.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
+			AND (d.sending_until IS NULL OR d.sending_until <= now())
+		ORDER BY d.next_attempt_at LIMIT greatest(@per - b.n, 0)
+		FOR UPDATE SKIP LOCKED) c
+	ORDER BY turn, first LIMIT @limit)
+UPDATE webhook_deliveries d SET sending_until = now() + @lease * interval '1 microsecond'
+FROM pick WHERE d.id = pick.id
+RETURNING d.id, d.attempts`,
+		map[string]any{"limit": limit, "per": perEndpoint, "lease": lease.Microseconds()}).Scan(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("claim webhook deliveries: %w", translate(err))
+	}
+	return out, nil
+}
+
+// DeliveryJob is what one attempt of a delivery needs.
+type DeliveryJob struct {
+	Delivery WebhookDelivery
+	Endpoint WebhookEndpoint
+	// Run is the run the event is about, as final as it will ever be.
+	Run ValidationRun
+}
+
+// DeliveryJob reads what an attempt of the delivery id needs; ErrNotFound
+// when there is nothing left to attempt: the delivery was delivered or
+// failed meanwhile, or its endpoint was deleted (and its deliveries with it).
+func (s *WebhookStore) DeliveryJob(ctx context.Context, id string) (*DeliveryJob, error) {
+	var j DeliveryJob
+	db := s.db.WithContext(ctx)
+	if err := db.Where("id = ? AND status = 'pending'", id).Take(&j.Delivery).Error; err != nil {
+		return nil, fmt.Errorf("webhook delivery %s: %w", id, translate(err))
+	}
+	if err := db.Where("id = ?", j.Delivery.EndpointID).Take(&j.Endpoint).Error; err != nil {
+		return nil, fmt.Errorf("webhook delivery %s: endpoint: %w", id, translate(err))
+	}
+	if err := db.Where("id = ?", j.Delivery.RunID).Take(&j.Run).Error; err != nil {
+		return nil, fmt.Errorf("webhook delivery %s: run: %w", id, translate(err))
+	}
+	return &j, nil
+}
+
+// Attempt is the outcome of one attempt of a delivery.
+type Attempt struct {
+	// Delivered: the endpoint answered 2xx.
+	Delivered bool
+	// StatusCode is the answer's status, 0 when there was none.
+	StatusCode int
+	// Error says why there was no answer, "" if there was one.
+	Error string
+	// Retry is when to try again if it was not delivered: from now, unless
+	// that is past the delivery's horizon (then it failed for good).
+	Retry time.Duration
+}
+
+// RecordAttempt writes an attempt's outcome: delivered; or pending, with
+// its next attempt due after a.Retry; or failed, when that would be more
+// than horizon after the event. It returns the delivery's status, "" when
+// it was no longer pending (another attempt recorded it delivered or
+// failed first).
+func (s *WebhookStore) RecordAttempt(ctx context.Context, id string, a Attempt, horizon time.Duration) (string, error) {
+	var code *int
+	if a.StatusCode != 0 {
+		code = &a.StatusCode
+	}
+	var msg *string
+	if a.Error != "" {
+		e := truncate(a.Error, 1000)
+		msg = &e
+	}
+	var status []string
+	err := s.db.WithContext(ctx).Raw(`
+UPDATE webhook_deliveries SET attempts = attempts + 1, sending_until = NULL, last_status_code = @code, last_error = @msg,
+	status = CASE WHEN @delivered THEN 'delivered'
+		WHEN now() + @retry * interval '1 microsecond' > created_at + @horizon * interval '1 microsecond' THEN 'failed'
+		ELSE 'pending' END,
+	next_attempt_at = CASE WHEN @delivered THEN NULL
+		WHEN now() + @retry * interval '1 microsecond' > created_at + @horizon * interval '1 microsecond' THEN NULL
+		ELSE now() + @retry * interval '1 microsecond' END,
+	delivered_at = CASE WHEN @delivered THEN now() END
+WHERE id = @id AND status = 'pending'
+RETURNING status`, map[string]any{"id": id, "code": code, "msg": msg, "delivered": a.Delivered,
+		"retry": a.Retry.Microseconds(), "horizon": horizon.Microseconds()}).Scan(&status).Error
+	if err != nil {
+		return "", fmt.Errorf("record webhook delivery %s: %w", id, translate(err))
+	}
+	if len(status) == 0 {
+		return "", nil
+	}
+	return status[0], nil
+}
+
+// OldestPendingDelivery is when the oldest pending delivery's event
+// happened; ok is false when none is pending.
+func (s *WebhookStore) OldestPendingDelivery(ctx context.Context) (t time.Time, ok bool, err error) {
+	var ts []time.Time
+	if err := s.db.WithContext(ctx).Raw(`SELECT created_at FROM webhook_deliveries WHERE status = 'pending' ORDER BY created_at LIMIT 1`).
+		Scan(&ts).Error; err != nil {
+		return time.Time{}, false, fmt.Errorf("oldest pending webhook delivery: %w", translate(err))
+	}
+	if len(ts) == 0 {
+		return time.Time{}, false, nil
+	}
+	return ts[0], true, nil
 }

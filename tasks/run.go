@@ -37,6 +37,9 @@ type RunExecutor struct {
 	// beforeRun, when set (tests), is called with the execution's context
 	// just before the run is validated: it stands in for a long validation.
 	beforeRun func(ctx context.Context, runID string)
+	// ended, when set, is told that this worker ended a run (the webhook
+	// sender looks for the run's event at once).
+	ended func()
 	// dequeued, when set (tests), is told the runs of each task as soon as
 	// its handler begins, in the order asynq hands tasks out.
 	dequeued func(runIDs []string)
@@ -145,7 +148,7 @@ func (e *RunExecutor) afterWrite(ctx context.Context, out models.Outcome, ended 
 		// this delivery claims it).
 		return false, nil
 	}
-	e.m.runsEnded.WithLabelValues(out.Status).Inc()
+	e.countEnded(out.Status)
 	return true, nil
 }
 
@@ -419,7 +422,7 @@ func (e *RunExecutor) execute(ctx context.Context, run *models.ClaimedRun) error
 		e.log.WarnContext(ctx, "run was taken over by another delivery; result discarded", "run_id", run.ID, "attempt", run.Attempts)
 		return nil
 	}
-	e.m.runsEnded.WithLabelValues(status).Inc()
+	e.countEnded(status)
 	e.log.InfoContext(ctx, "run finished", "run_id", run.ID, "status", status, "findings", len(findings), "attempt", run.Attempts)
 	return nil
 }
@@ -530,7 +533,7 @@ func (e *RunExecutor) end(ctx context.Context, run *models.ClaimedRun, reason st
 		// Its lease runs out and the sweeper re-enqueues it: nothing is lost.
 		e.log.ErrorContext(ctx, "could not end run in error", "run_id", run.ID, "error", err)
 	case ended:
-		e.m.runsEnded.WithLabelValues(models.RunError).Inc()
+		e.countEnded(models.RunError)
 		e.log.WarnContext(ctx, "run ended in error", "run_id", run.ID, "attempt", run.Attempts, "reason", reason)
 	}
 }
@@ -544,7 +547,7 @@ func (e *RunExecutor) endUnheld(ctx context.Context, runID, reason string) {
 	case err != nil:
 		e.log.ErrorContext(ctx, "could not end run in error", "run_id", runID, "error", err)
 	case ended:
-		e.m.runsEnded.WithLabelValues(models.RunError).Inc()
+		e.countEnded(models.RunError)
 		e.log.WarnContext(ctx, "run ended in error", "run_id", runID, "reason", reason)
 	}
 }
@@ -597,6 +600,14 @@ func lastTry(ctx context.Context, err error) bool {
 
 // detached is a short context for writes that must happen even when the
 // task's context is cancelled (shutdown) or past its deadline.
+// countEnded counts a run this worker ended with status, and says so.
+func (e *RunExecutor) countEnded(status string) {
+	e.m.runsEnded.WithLabelValues(status).Inc()
+	if e.ended != nil {
+		e.ended()
+	}
+}
+
 func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/webhooks"
 )
 
 // Config configures a Worker; zero values take the defaults named.
@@ -67,6 +68,28 @@ type Config struct {
 	// ShutdownTimeout is how long in-flight tasks may finish at shutdown
 	// before they are handed back to the queue; 0 means 20s.
 	ShutdownTimeout time.Duration
+	// WebhookConcurrency is how many webhook attempts run at once, on an
+	// asynq server of their own (slow receivers never hold the slots that
+	// execute runs); 0 means 10, negative: this worker sends no webhooks.
+	WebhookConcurrency int
+	// WebhookPollInterval is how often the worker looks for webhook
+	// deliveries due (and at once, at most ten times as often, when it ends
+	// a run); 0 means 1s.
+	WebhookPollInterval time.Duration
+	// WebhookRetryBase is the delay after a delivery's first failed
+	// attempt, four times longer after each further one up to 8 h
+	// (WebhookRetryDelay); 0 means 5s.
+	WebhookRetryBase time.Duration
+	// WebhookRetryHorizon is how long after its event a delivery is
+	// retried before it fails for good; 0 means 24h.
+	WebhookRetryHorizon time.Duration
+	// WebhookAllowPrivate lets deliveries reach loopback, private,
+	// link-local and metadata addresses (WEBHOOK_ALLOW_PRIVATE_TARGETS).
+	WebhookAllowPrivate bool
+	// EventData is a run as an event's data shows it: the API's view of
+	// the run (the composition root injects handlers'); nil means the
+	// stored row as it is.
+	EventData func(*models.ValidationRun) any
 	// Registry receives the worker's metrics; nil means a private one.
 	Registry prometheus.Registerer
 	// Log; nil discards.
@@ -87,6 +110,8 @@ type Worker struct {
 	queue     queueWriter // the gate's and the run tasks' writer
 	runs      *RunExecutor
 	cleanup   *Cleanup
+	hooks     *webhookSender // nil: this worker sends no webhooks
+	hookSrv   *asynq.Server
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 }
@@ -105,6 +130,13 @@ func NewWorker(cfg Config) (*Worker, error) {
 	cfg.RedeliverAfter = cmp.Or(cfg.RedeliverAfter, 10*time.Second)
 	cfg.FastBudget = min(cmp.Or(cfg.FastBudget, time.Second), cfg.RunHeartbeat)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 20*time.Second)
+	cfg.WebhookConcurrency = cmp.Or(cfg.WebhookConcurrency, 10)
+	cfg.WebhookPollInterval = cmp.Or(cfg.WebhookPollInterval, time.Second)
+	cfg.WebhookRetryBase = cmp.Or(cfg.WebhookRetryBase, 5*time.Second)
+	cfg.WebhookRetryHorizon = cmp.Or(cfg.WebhookRetryHorizon, 24*time.Hour)
+	if cfg.EventData == nil {
+		cfg.EventData = func(r *models.ValidationRun) any { return r }
+	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
@@ -168,6 +200,26 @@ func NewWorker(cfg Config) (*Worker, error) {
 		}),
 	})
 	w.sched = sched
+	if cfg.WebhookConcurrency > 0 {
+		w.hooks = &webhookSender{store: models.NewWebhookStore(cfg.DB), client: w.client,
+			send: webhooks.NewSender(cfg.WebhookAllowPrivate, 0), eventData: cfg.EventData,
+			interval: cfg.WebhookPollInterval, limit: cfg.WebhookConcurrency, base: cfg.WebhookRetryBase,
+			horizon: cfg.WebhookRetryHorizon, log: log, m: newWebhookMetrics(cfg.Registry), poke: make(chan struct{}, 1)}
+		w.runs.ended = w.hooks.wake
+		w.hookSrv = asynq.NewServer(cfg.Redis, asynq.Config{
+			Concurrency:     cfg.WebhookConcurrency,
+			Queues:          map[string]int{webhookQueue: 1},
+			ShutdownTimeout: cfg.ShutdownTimeout,
+			// As the runs' server: an attempt enqueued waits at most ~30 ms.
+			TaskCheckInterval: 20 * time.Millisecond,
+			Logger:            slogAdapter{log},
+			LogLevel:          asynq.WarnLevel,
+			ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
+				m.failed.WithLabelValues(t.Type()).Inc()
+				log.WarnContext(ctx, "webhook attempt failed to run; its delivery is due again once its claim runs out", "error", err)
+			}),
+		})
+	}
 	return w, nil
 }
 
@@ -197,7 +249,18 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.server.Start(w.Mux()); err != nil {
 		return fmt.Errorf("start task server: %w", err)
 	}
+	if w.hookSrv != nil {
+		mux := asynq.NewServeMux()
+		mux.Handle(TypeWebhookDeliver, w.hooks)
+		if err := w.hookSrv.Start(mux); err != nil {
+			w.server.Shutdown()
+			return fmt.Errorf("start webhook task server: %w", err)
+		}
+	}
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if w.hooks != nil {
+		w.wg.Go(func() { w.hooks.run(ctx) })
+	}
 	w.wg.Add(2)
 	go func() {
 		defer w.wg.Done()
@@ -219,8 +282,14 @@ func (w *Worker) Shutdown() {
 	w.cancel()
 	w.wg.Wait()
 	w.server.Stop()
+	if w.hookSrv != nil {
+		w.hookSrv.Stop()
+	}
 	w.runs.handBack(w.cfg.ShutdownTimeout)
 	w.server.Shutdown()
+	if w.hookSrv != nil {
+		w.hookSrv.Shutdown()
+	}
 	_ = w.inspector.Close()
 	_ = w.client.Close()
 	_ = w.queue.client.Close()

@@ -42,9 +42,12 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 		CleanupBatchSize: a.cfg.CleanupBatchSize, RunLease: a.cfg.RunLease, RunHeartbeat: a.cfg.RunHeartbeat,
 		RunMaxRetry: a.cfg.RunMaxRetry, RetryDelay: a.cfg.RunRetryDelay, RunTimeout: a.cfg.RunTimeout,
 		SweepInterval: a.cfg.RunSweepInterval, RedeliverAfter: a.cfg.RunRedeliverAfter, FastBudget: fastBudget(a.cfg.RunFastPath),
-		RunShare:        a.cfg.OrgRunShare,
-		ShutdownTimeout: a.cfg.ShutdownTimeout,
-		Registry:        reg, Log: a.log,
+		RunShare:           a.cfg.OrgRunShare,
+		ShutdownTimeout:    a.cfg.ShutdownTimeout,
+		WebhookConcurrency: webhookConcurrency(a.cfg.WebhookConcurrency), WebhookPollInterval: a.cfg.WebhookPollInterval,
+		WebhookRetryBase: a.cfg.WebhookRetryBase, WebhookRetryHorizon: a.cfg.WebhookRetryHorizon,
+		WebhookAllowPrivate: a.cfg.WebhookAllowPrivateTargets, EventData: handlers.RunEventData,
+		Registry: reg, Log: a.log,
 	})
 	if err != nil {
 		return nil, err
@@ -66,6 +69,14 @@ func fastBudget(d time.Duration) time.Duration {
 		return -1 // off
 	}
 	return d
+}
+
+// webhookConcurrency is WEBHOOK_CONCURRENCY as tasks.Config takes it.
+func webhookConcurrency(n int) int {
+	if n == 0 {
+		return -1 // this worker sends none
+	}
+	return n
 }
 
 // startDispatcher starts the hand-off of committed runs to the queue.
