@@ -79,7 +79,8 @@ const docTemplate = `{
                         "enum": [
                             "workflow_start",
                             "workflow_create",
-                            "webhook_endpoint_create"
+                            "webhook_endpoint_create",
+                            "webhook_secret_rotate"
                         ],
                         "type": "string",
                         "description": "The endpoint scope",
@@ -2221,7 +2222,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "Gives the endpoint a new signing secret, answered here once. The secret it replaces keeps signing beside the new one for 24 h (` + "`" + `previous_secret_expires_at` + "`" + `): meanwhile ` + "`" + `webhook-signature` + "`" + ` carries both signatures, space-separated, so a receiver may switch to the new secret at any time within the day. Rotating again ends the old overlap at once. No body.",
+                "description": "Gives the endpoint a new signing secret, answered here once. The secret it replaces keeps signing beside the new one for 24 h (` + "`" + `previous_secret_expires_at` + "`" + `): meanwhile ` + "`" + `webhook-signature` + "`" + ` carries both signatures, space-separated, so a receiver may switch to the new secret at any time within the day. Rotating again ends the old overlap at once, so **send an ` + "`" + `Idempotency-Key` + "`" + `**: a retry of a rotation whose answer was lost then gets that answer (the same new secret) instead of rotating again, which would drop the secret your receivers still use. No body.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -2239,15 +2240,46 @@ const docTemplate = `{
                         "name": "id",
                         "in": "path",
                         "required": true
+                    },
+                    {
+                        "maxLength": 255,
+                        "minLength": 1,
+                        "type": "string",
+                        "pattern": "^[!#-~][ -~]*$|^\"[ !#-\\x5b\\x5d-~]+\"$",
+                        "description": "**A new value per rotation you mean to make** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, another endpoint: 422. First still running: 409.",
+                        "name": "Idempotency-Key",
+                        "in": "header"
+                    },
+                    {
+                        "type": "string",
+                        "description": "` + "`" + `wait=N` + "`" + ` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + `) for its answer instead of a 409. The answer then carries ` + "`" + `Preference-Applied: wait=N` + "`" + `. Other preferences are ignored.",
+                        "name": "Prefer",
+                        "in": "header"
                     }
                 ],
                 "responses": {
                     "200": {
-                        "description": "The endpoint with its new secret.\n\nExample: the new secret; the previous one signs beside it until previous_secret_expires_at.",
+                        "description": "The endpoint with its new secret; with ` + "`" + `Idempotent-Replayed: true` + "`" + `, the replay of the first answer.\n\nExample: the new secret; the previous one signs beside it until previous_secret_expires_at.",
                         "schema": {
                             "$ref": "#/definitions/handlers.WebhookEndpointWithSecret"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -2264,6 +2296,38 @@ const docTemplate = `{
                                 "previous_secret_expires_at": "2026-11-23T10:00:01Z",
                                 "created_at": "2026-11-22T10:00:01Z",
                                 "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq="
+                            }
+                        }
+                    },
+                    "400": {
+                        "description": "The Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true).\n\nExample: an empty Idempotency-Key.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBadRequest"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
+                                "code": "idempotency_key_invalid",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "21854fc73cf2ad2e76a74a93"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
+                                "code": "idempotency_key_invalid",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "21854fc73cf2ad2e76a74a93"
                             }
                         }
                     },
@@ -2304,11 +2368,27 @@ const docTemplate = `{
                         }
                     },
                     "404": {
-                        "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID).\n\nExample: an id no endpoint of the organisation has.",
+                        "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed.\n\nExample: an id no endpoint of the organisation has.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
                         },
                         "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -2335,8 +2415,84 @@ const docTemplate = `{
                             }
                         }
                     },
+                    "409": {
+                        "description": "` + "`" + `idempotency_key_in_progress` + "`" + `: a request with this key is still being processed; retry after ` + "`" + `Retry-After` + "`" + ` seconds, or send ` + "`" + `Prefer: wait=N` + "`" + `.\n\nExample: the Idempotency-Key of a request still being processed.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInProgress"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "176dcd46fb6e3b15cecca417"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "request_id": "176dcd46fb6e3b15cecca417"
+                            }
+                        }
+                    },
+                    "422": {
+                        "description": "` + "`" + `idempotency_key_reused` + "`" + `: the key was used for a different request (another endpoint) within 24 h; use a new key.\n\nExample: the Idempotency-Key of the 200 example sent for another endpoint.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemKeyReused"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret",
+                                "request_id": "775b56ce346d6bb669c85553"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret",
+                                "request_id": "775b56ce346d6bb669c85553"
+                            }
+                        }
+                    },
                     "500": {
-                        "description": "` + "`" + `internal_error` + "`" + `: the rotation failed and changed nothing; retry.\n\nExample: a query that failed (its table was renamed away).",
+                        "description": "` + "`" + `internal_error` + "`" + `: the rotation failed, changed nothing and stored nothing; retry, with the same key.\n\nExample: a query that failed (its table was renamed away).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInternal"
                         },
@@ -2355,7 +2511,7 @@ const docTemplate = `{
                                 "type": "https://valruns.dev/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
-                                "detail": "An internal error occurred; retry the request.",
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
                                 "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
                                 "request_id": "6e9cf197a715b38a19eabe69"
@@ -2364,7 +2520,7 @@ const docTemplate = `{
                                 "type": "https://valruns.dev/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
-                                "detail": "An internal error occurred; retry the request.",
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
                                 "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
                                 "request_id": "6e9cf197a715b38a19eabe69"
@@ -2372,7 +2528,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + `: the database cannot be reached (or the token could not be checked); retry after ` + "`" + `Retry-After` + "`" + ` seconds. Or ` + "`" + `overloaded` + "`" + `: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -2391,7 +2547,7 @@ const docTemplate = `{
                                 "type": "https://valruns.dev/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
-                                "detail": "The database is unavailable; retry shortly.",
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
                                 "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
                                 "request_id": "084d42160ee9152a0a2cb5b4"
@@ -2400,7 +2556,7 @@ const docTemplate = `{
                                 "type": "https://valruns.dev/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
-                                "detail": "The database is unavailable; retry shortly.",
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
                                 "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
                                 "request_id": "084d42160ee9152a0a2cb5b4"
@@ -4004,7 +4160,7 @@ const docTemplate = `{
                             }
                         },
                         "examples": {
-                            "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_endpoint_create\"} 3\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_endpoint_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 6\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
+                            "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_endpoint_create\"} 3\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_endpoint_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_secret_rotate\"} 2\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 6\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
                         }
                     }
                 },
@@ -4260,12 +4416,13 @@ const docTemplate = `{
                     "example": 201
                 },
                 "scope": {
-                    "description": "Scope is the endpoint the key belongs to: workflow_start, workflow_create or webhook_endpoint_create.",
+                    "description": "Scope is the endpoint the key belongs to: workflow_start, workflow_create, webhook_endpoint_create or webhook_secret_rotate.",
                     "type": "string",
                     "enum": [
                         "workflow_start",
                         "workflow_create",
-                        "webhook_endpoint_create"
+                        "webhook_endpoint_create",
+                        "webhook_secret_rotate"
                     ],
                     "example": "workflow_start"
                 },

@@ -53,6 +53,7 @@ const (
 	exHookID     = "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f"
 	exGoneHookID = "e1d2c3b4-a5f6-4e7d-8c9b-0a1f2e3d4c5b"
 	exHookKey    = "a2b3c4d5-e6f7-4a8b-9c0d-1e2f3a4b5c6d"
+	exRotateKey  = "3c2b1a09-8f7e-4d6c-9b5a-4e3d2c1b0a9f"
 	// exSecret is how a recorded signing secret is written (a real one is
 	// new at every recording).
 	exSecret     = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq="
@@ -217,7 +218,15 @@ func (rec *exRecorder) recordMain() {
 	rec.example(opListHooks, 400, "validation_error", "`?limit=0`", rec.send(e, "list hooks limit", http.MethodGet, "/api/webhook-endpoints/?limit=0", tok, nil))
 	rec.also(opListHooks, 400, "invalid_cursor", "a cursor this API did not return", rec.send(e, "list hooks cursor", http.MethodGet, "/api/webhook-endpoints/?cursor=abc", tok, nil))
 	rec.example(opRotateHook, 200, "", "the new secret; the previous one signs beside it until previous_secret_expires_at",
-		rec.send(e, "rotate hook", http.MethodPost, hookPath+"rotate-secret/", tok, nil))
+		rec.send(e, "rotate hook", http.MethodPost, hookPath+"rotate-secret/", tok, nil, idempotency.HeaderKey, exRotateKey))
+	rec.also(opRotateHook, 200, "", "the same request again: the replay of the first answer (the rotation happened once)",
+		rec.send(e, "rotate hook again", http.MethodPost, hookPath+"rotate-secret/", tok, nil, idempotency.HeaderKey, exRotateKey))
+	rec.example(opRotateHook, 422, "idempotency_key_reused", "the Idempotency-Key of the 200 example sent for another endpoint",
+		rec.send(e, "rotate hook reused", http.MethodPost, "/api/webhook-endpoints/"+exMissingID+"/rotate-secret/", tok, nil, idempotency.HeaderKey, exRotateKey))
+	rec.example(opRotateHook, 400, idempotency.CodeKeyInvalid, "an empty Idempotency-Key",
+		rec.send(e, "rotate hook empty key", http.MethodPost, hookPath+"rotate-secret/", tok, nil, idempotency.HeaderKey, ""))
+	rec.also(opRotateHook, 400, idempotency.CodeKeyTooLong, "an Idempotency-Key of 256 characters",
+		rec.send(e, "rotate hook long key", http.MethodPost, hookPath+"rotate-secret/", tok, nil, idempotency.HeaderKey, strings.Repeat("k", 256)))
 	rec.example(opGetHook, 404, "not_found", "an id no endpoint of the organisation has",
 		rec.send(e, "get hook missing", http.MethodGet, "/api/webhook-endpoints/"+exMissingID+"/", tok, nil))
 	rec.also(opGetHook, 404, "not_found", "an id that is not a UUID", rec.send(e, "get hook bad id", http.MethodGet, "/api/webhook-endpoints/orders/", tok, nil))
@@ -322,6 +331,7 @@ func (rec *exRecorder) recordMain() {
 		{opCreateWF, handlers.ScopeWorkflowCreate, "/api/workflows/", exWorkflowBody},
 		{opStart, handlers.ScopeWorkflowStart, start, exStartBody},
 		{opCreateHook, handlers.ScopeWebhookCreate, "/api/webhook-endpoints/", exHookBody},
+		{opRotateHook, handlers.ScopeWebhookRotate, hookPath + "rotate-secret/", ""},
 	} {
 		key := "6a5b4c3d-2e1f-4a0b-9c8d-7e6f5a4b3c2d"
 		release := idemHoldKeyLock(t, e, acme.ID, o.scope, key)
@@ -439,9 +449,14 @@ func (rec *exRecorder) recordTimeouts() {
 	rec.also(opCreateWF, 503, idempotency.CodeTimeout, situation,
 		rec.send(short, "create timeout", http.MethodPost, "/api/workflows/", org.Token, exWorkflowBody, idempotency.HeaderKey, "timeout-1"))
 	release()
+	h := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, exHookBody)
+	require.Equal(t, http.StatusCreated, h.Status, "%s", h.Body)
+	rec.ids[h.Map(t)["id"].(string)] = exHookID
 	release = exLockTable(t, e, "webhook_endpoints")
 	rec.also(opCreateHook, 503, idempotency.CodeTimeout, situation,
 		rec.send(short, "create hook timeout", http.MethodPost, "/api/webhook-endpoints/", org.Token, exHookBody, idempotency.HeaderKey, "timeout-1"))
+	rec.also(opRotateHook, 503, idempotency.CodeTimeout, situation,
+		rec.send(short, "rotate hook timeout", http.MethodPost, "/api/webhook-endpoints/"+h.Map(t)["id"].(string)+"/rotate-secret/", org.Token, nil, idempotency.HeaderKey, "timeout-2"))
 	release()
 	release = idemLockUsage(t, e, org.ID)
 	rec.also(opStart, 503, idempotency.CodeTimeout, situation,
@@ -462,6 +477,11 @@ func (rec *exRecorder) recordKeyRequired() {
 		rec.send(e, "create no key", http.MethodPost, "/api/workflows/", org.Token, exWorkflowBody))
 	rec.also(opCreateHook, 400, idempotency.CodeKeyMissing, situation,
 		rec.send(e, "create hook no key", http.MethodPost, "/api/webhook-endpoints/", org.Token, exHookBody))
+	h := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, exHookBody, idempotency.HeaderKey, "setup-hook")
+	require.Equal(t, http.StatusCreated, h.Status, "%s", h.Body)
+	rec.ids[h.Map(t)["id"].(string)] = exHookID
+	rec.also(opRotateHook, 400, idempotency.CodeKeyMissing, situation,
+		rec.send(e, "rotate hook no key", http.MethodPost, "/api/webhook-endpoints/"+h.Map(t)["id"].(string)+"/rotate-secret/", org.Token, nil))
 	rec.also(opStart, 400, idempotency.CodeKeyMissing, situation,
 		rec.send(e, "start no key", http.MethodPost, "/api/workflows/"+wf+"/start/", org.Token, exStartBody))
 }

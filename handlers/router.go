@@ -27,6 +27,7 @@ const (
 	ScopeWorkflowCreate = "workflow_create"
 	ScopeWorkflowStart  = "workflow_start"
 	ScopeWebhookCreate  = "webhook_endpoint_create"
+	ScopeWebhookRotate  = "webhook_secret_rotate"
 )
 
 // Deps is everything the router needs, built by main.
@@ -139,7 +140,7 @@ func NewRouter(d Deps) *gin.Engine {
 	get(api, "/webhook-endpoints", hooks.list)
 	get(api, "/webhook-endpoints/:id", hooks.get)
 	api.DELETE("/webhook-endpoints/:id", hooks.delete)
-	api.POST("/webhook-endpoints/:id/rotate-secret", hooks.rotate)
+	api.POST("/webhook-endpoints/:id/rotate-secret", idem.WrapNoBody(ScopeWebhookRotate, hooks.rotate))
 	get(api, "/webhook-endpoints/:id/deliveries", hooks.deliveries)
 	return r
 }

@@ -275,36 +275,47 @@ func (h *webhookHandlers) delete(c *gin.Context) {
 //
 //	@Summary		Rotate a webhook endpoint's secret
 //	@ID			rotateWebhookSecret
-//	@Description	Gives the endpoint a new signing secret, answered here once. The secret it replaces keeps signing beside the new one for 24 h (`previous_secret_expires_at`): meanwhile `webhook-signature` carries both signatures, space-separated, so a receiver may switch to the new secret at any time within the day. Rotating again ends the old overlap at once. No body.
+//	@Description	Gives the endpoint a new signing secret, answered here once. The secret it replaces keeps signing beside the new one for 24 h (`previous_secret_expires_at`): meanwhile `webhook-signature` carries both signatures, space-separated, so a receiver may switch to the new secret at any time within the day. Rotating again ends the old overlap at once, so **send an `Idempotency-Key`**: a retry of a rotation whose answer was lost then gets that answer (the same new secret) instead of rotating again, which would drop the secret your receivers still use. No body.
 //	@Tags			webhooks
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			id	path		string						true	"Webhook endpoint id (UUID)"	format(uuid)
-//	@Success		200	{object}	WebhookEndpointWithSecret	"The endpoint with its new secret."
-//	@Failure		401	{object}	ProblemUnauthorized			"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
-//	@Failure		404	{object}	ProblemWebhookNotFound		"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
-//	@Failure		500	{object}	ProblemInternal				"`internal_error`: the rotation failed and changed nothing; retry."
-//	@Failure		503	{object}	ProblemUnavailable			"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401	{string}	WWW-Authenticate			"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
-//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Param			id				path		string						true	"Webhook endpoint id (UUID)"	format(uuid)
+//	@Param			Idempotency-Key	header		string						false	"**A new value per rotation you mean to make** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.<br>1 to 255 printable ASCII characters. Optional unless the server sets `IDEMPOTENCY_KEY_REQUIRED=true`.<br>Same key and request: the first answer again. Same key, another endpoint: 422. First still running: 409."	minlength(1)	maxlength(255)	extensions(x-pattern=^[!#-~][ -~]*$|^"[ !#-\x5b\x5d-~]+"$)
+//	@Param			Prefer			header		string						false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
+//	@Success		200				{object}	WebhookEndpointWithSecret	"The endpoint with its new secret; with `Idempotent-Replayed: true`, the replay of the first answer."
+//	@Failure		400				{object}	ProblemBadRequest			"The Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true)."
+//	@Failure		401				{object}	ProblemUnauthorized			"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		404				{object}	ProblemWebhookNotFound		"`not_found`: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed."
+//	@Failure		409				{object}	ProblemInProgress			"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
+//	@Failure		422				{object}	ProblemKeyReused			"`idempotency_key_reused`: the key was used for a different request (another endpoint) within 24 h; use a new key."
+//	@Failure		500				{object}	ProblemInternal				"`internal_error`: the rotation failed, changed nothing and stored nothing; retry, with the same key."
+//	@Failure		503				{object}	ProblemUnavailable			"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds, with the same key."
+//	@Header			200,404			{string}	Idempotent-Replayed			"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+//	@Header			200,404			{string}	Original-Request-Id			"On a replay: the X-Request-Id of the request that did the work."
+//	@Header			200,404,422		{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+//	@Header			200,404,422		{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
+//	@Header			409,500,503		{integer}	Retry-After					"Seconds to wait before retrying."
+//	@Header			401				{string}	WWW-Authenticate			"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/rotate-secret/ [post]
-func (h *webhookHandlers) rotate(c *gin.Context) {
-	id, ok := canonicalID(c.Param("id"))
+func (h *webhookHandlers) rotate(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+	id, ok := canonicalID(req.Gin.Param("id"))
 	if !ok {
-		problem.Write(c, notFound("Webhook endpoint"))
-		return
+		return idempotency.Problem(req, notFound("Webhook endpoint")), nil
 	}
 	secret, err := models.NewWebhookSecret()
 	if err != nil {
-		internalError(c, err)
-		return
+		return idempotency.Response{}, err
 	}
-	e, err := h.endpoints.RotateSecret(c.Request.Context(), principalOf(c).OrgID, id, secret)
-	answerEndpoint(c, err, func() {
-		c.PureJSON(http.StatusOK, WebhookEndpointWithSecret{WebhookEndpoint: webhookEndpointOf(e), Secret: secret})
-	})
+	e, err := h.endpoints.RotateSecret(tx.DB(), principalOf(req.Gin).OrgID, id, secret)
+	if errors.Is(err, models.ErrNotFound) {
+		return idempotency.Problem(req, notFound("Webhook endpoint")), nil
+	}
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return idempotency.JSON(http.StatusOK, WebhookEndpointWithSecret{WebhookEndpoint: webhookEndpointOf(e), Secret: secret})
 }
 
 // WebhookDelivery is the delivery of one event to one endpoint.

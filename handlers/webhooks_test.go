@@ -121,6 +121,42 @@ func TestWebhookEndpointCreateIsIdempotent(t *testing.T) {
 	require.Equal(t, http.StatusOK, k.Status, "%s", k.Body)
 }
 
+// A rotation retried with its Idempotency-Key gets the first answer (the
+// same new secret) and rotates once: the secret the receivers still use
+// keeps signing. Without the key, the retry would rotate again and drop it.
+func TestWebhookRotationIsIdempotent(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t)
+	org := e.NewOrg("Acme")
+	c := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"https://example.com/hooks"}`)
+	require.Equal(t, http.StatusCreated, c.Status, "%s", c.Body)
+	var created handlers.WebhookEndpointWithSecret
+	c.JSON(t, &created)
+	path := "/api/webhook-endpoints/" + created.ID + "/rotate-secret/"
+
+	first := e.Do(http.MethodPost, path, org.Token, nil, idempotency.HeaderKey, "rotate-1")
+	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
+	again := e.Do(http.MethodPost, path, org.Token, nil, idempotency.HeaderKey, "rotate-1")
+	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, string(first.Body), string(again.Body), "the first answer, byte for byte")
+	var rotated handlers.WebhookEndpointWithSecret
+	first.JSON(t, &rotated)
+	stored, err := models.NewWebhookStore(e.DB).Get(context.Background(), org.ID, created.ID)
+	require.NoError(t, err)
+	require.Equal(t, []string{rotated.Secret, created.Secret}, stored.SigningSecrets(time.Now()),
+		"rotated once: the original secret still signs beside the new one")
+
+	// The same key on another endpoint is another request.
+	c2 := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"https://example.com/other"}`)
+	require.Equal(t, http.StatusCreated, c2.Status, "%s", c2.Body)
+	other := c2.Map(t)["id"].(string)
+	reused := e.Do(http.MethodPost, "/api/webhook-endpoints/"+other+"/rotate-secret/", org.Token, nil, idempotency.HeaderKey, "rotate-1")
+	require.Equal(t, http.StatusUnprocessableEntity, reused.Status, "%s", reused.Body)
+	k := e.Do(http.MethodGet, "/api/idempotency-keys/"+handlers.ScopeWebhookRotate+"/rotate-1", org.Token, nil)
+	require.Equal(t, http.StatusOK, k.Status, "%s", k.Body)
+}
+
 func TestWebhookEndpointValidation(t *testing.T) {
 	t.Parallel()
 	e := apitest.New(t)

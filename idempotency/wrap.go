@@ -305,6 +305,8 @@ type call struct {
 	// looked again.
 	waited    time.Duration
 	pollCount uint
+	// noBody: the route takes no body (WrapNoBody): an empty one is fine.
+	noBody bool
 }
 
 // Wrap returns a gin handler running h idempotently under scope (such as
@@ -316,8 +318,18 @@ func (w *Wrapper) Wrap(scope string, h Handler) gin.HandlerFunc { return w.WrapP
 // decide alone (Slow), or prep declines, goes to h in a transaction, as
 // with Wrap. The contract is the same either way.
 func (w *Wrapper) WrapPrepared(scope string, prep Preparer, h Handler) gin.HandlerFunc {
+	return w.wrap(scope, prep, h, false)
+}
+
+// WrapNoBody is Wrap for a route that takes no body (such as a secret's
+// rotation): a request without one reaches h, whatever AllowEmptyBody says.
+// The route and its ids are the request's fingerprint (and a body, if one
+// is sent).
+func (w *Wrapper) WrapNoBody(scope string, h Handler) gin.HandlerFunc { return w.wrap(scope, nil, h, true) }
+
+func (w *Wrapper) wrap(scope string, prep Preparer, h Handler, noBody bool) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		k := &call{w: w, c: c, scope: scope, tenant: w.cfg.Tenant(c), requestID: c.GetString(problem.RequestIDKey)}
+		k := &call{w: w, c: c, scope: scope, tenant: w.cfg.Tenant(c), requestID: c.GetString(problem.RequestIDKey), noBody: noBody}
 		if k.requestID == "" {
 			k.requestID = uuid.NewString()
 		}
@@ -467,7 +479,7 @@ func (k *call) readBody() bool {
 	case err != nil:
 		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body is not valid JSON: "+err.Error())
 		return false
-	case canonical == nil && !k.w.cfg.AllowEmptyBody:
+	case canonical == nil && !k.w.cfg.AllowEmptyBody && !k.noBody:
 		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body is empty; send a JSON object.")
 		return false
 	case canonical != nil && canonical[0] != '{':

@@ -108,10 +108,11 @@ func (s *WebhookStore) Delete(ctx context.Context, orgID, id string) error {
 // RotateSecret gives the endpoint the secret next, in one statement: the
 // current secret becomes the previous one, signing beside next until
 // SecretOverlap from now (a secret rotated out earlier stops at once).
-// It returns the endpoint as it now is.
-func (s *WebhookStore) RotateSecret(ctx context.Context, orgID, id, next string) (*WebhookEndpoint, error) {
+// It runs on tx (the request's transaction) and returns the endpoint as it
+// now is.
+func (s *WebhookStore) RotateSecret(tx *gorm.DB, orgID, id, next string) (*WebhookEndpoint, error) {
 	var rows []WebhookEndpoint
-	err := s.db.WithContext(ctx).Model(&rows).Clauses(clause.Returning{}).
+	err := tx.Model(&rows).Clauses(clause.Returning{}).
 		Where("id = ? AND org_id = ?", id, orgID).
 		Updates(map[string]any{
 			"previous_secret":            gorm.Expr("secret"),
