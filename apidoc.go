@@ -25,7 +25,7 @@ package main
 //	@tag.name			usage
 //	@tag.description	What the organisation is billed: its runs this month and its quota.
 //	@tag.name			webhooks
-//	@tag.description	Signed webhooks (Standard Webhooks): endpoints that receive `validation_run.finished` when a run is final, their secrets and rotation.
+//	@tag.description.markdown
 //	@tag.name			idempotency
 //	@tag.description	Look up one of your Idempotency-Keys: did the request with it go through, and what did it create?
 //	@tag.name			health

@@ -347,14 +347,6 @@ type WebhookDeliveryList struct {
 	NextCursor string `json:"next_cursor,omitempty" example:"MjAyNi0xMS0yMlQwMjo0MDo"`
 }
 
-func utcPtr(t *time.Time) *time.Time {
-	if t == nil {
-		return nil
-	}
-	u := t.UTC()
-	return &u
-}
-
 // deliveries godoc
 //
 //	@Summary		List a webhook endpoint's deliveries
@@ -397,7 +389,7 @@ func (h *webhookHandlers) deliveries(c *gin.Context) {
 		for _, d := range ds {
 			out.Data = append(out.Data, WebhookDelivery{ID: d.ID, EventID: d.EventID, EventType: d.EventType, RunID: d.RunID,
 				Status: d.Status, Attempts: d.Attempts, LastStatusCode: d.LastStatusCode, LastError: d.LastError,
-				NextAttemptAt: utcPtr(d.NextAttemptAt), CreatedAt: d.CreatedAt.UTC(), DeliveredAt: utcPtr(d.DeliveredAt)})
+				NextAttemptAt: utc(d.NextAttemptAt), CreatedAt: d.CreatedAt.UTC(), DeliveredAt: utc(d.DeliveredAt)})
 		}
 		c.PureJSON(http.StatusOK, out)
 	})

@@ -89,6 +89,9 @@ var wantSettings = []struct{ name, value string }{
 	{"IDEMPOTENCY_TX_TIMEOUT", "10s"},
 	{"MAX_BODY_BYTES", "1048576"},
 	{"LOG_FORMAT", "json"},
+	{"WEBHOOK_ALLOW_PRIVATE_TARGETS", "true"}, // webhook_outage's receiver is on loopback
+	{"WEBHOOK_RETRY_BASE", "4s"},              // attempts at 4, 16 and 64 s: past webhook_outage's 60 s
+	{"WEBHOOK_POLL_INTERVAL", "200ms"},
 	{"LOG_LEVEL", "info"},
 }
 

@@ -36,6 +36,7 @@ var scenarios = []scenario{
 	{"noisy_neighbour", noisyNeighbour},
 	{"pgbouncer", pgbouncerScenario},
 	{"sentinel_failover", sentinelFailover},
+	{"webhook_outage", webhookOutageScenario},
 }
 
 // TestReliability runs every scenario in turn (they share the private

@@ -1,0 +1,203 @@
+package reliability
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valruns/valruns/webhooks"
+)
+
+// webhookOutage is how long webhook_outage's receiver is down: the issue's
+// 60 s, longer than the first retries (WEBHOOK_RETRY_BASE 4s: 4, 16, 64 s).
+const webhookOutage = 60 * time.Second
+
+// hookSink is a webhook receiver on a fixed address that can go down
+// (connections refused) and come back. It records every POST it answered
+// and whether its signature held.
+type hookSink struct {
+	addr   string
+	secret string
+	mu     sync.Mutex
+	srv    *http.Server
+	ids    map[string]int // webhook-id -> POSTs answered 200
+	bad    []string       // what was wrong with POSTs refused
+}
+
+func newHookSink(t *testing.T) *hookSink {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &hookSink{addr: l.Addr().String(), ids: map[string]int{}}
+	s.serve(l)
+	t.Cleanup(s.down)
+	return s
+}
+
+func (s *hookSink) serve(l net.Listener) {
+	srv := &http.Server{Handler: http.HandlerFunc(s.handle), ReadHeaderTimeout: 5 * time.Second}
+	s.mu.Lock()
+	s.srv = srv
+	s.mu.Unlock()
+	go func() { _ = srv.Serve(l) }()
+}
+
+// down closes the listener and every connection: attempts are refused.
+func (s *hookSink) down() {
+	s.mu.Lock()
+	srv := s.srv
+	s.srv = nil
+	s.mu.Unlock()
+	if srv != nil {
+		_ = srv.Close()
+	}
+}
+
+// up listens on the same address again.
+func (s *hookSink) up(t *testing.T) {
+	t.Helper()
+	var l net.Listener
+	if !waitUntil(10*time.Second, func() bool {
+		var err error
+		l, err = net.Listen("tcp", s.addr)
+		return err == nil
+	}) {
+		t.Fatalf("the receiver's address %s did not come free", s.addr)
+	}
+	s.serve(l)
+}
+
+func (s *hookSink) handle(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	id := r.Header.Get("webhook-id")
+	ts, terr := strconv.ParseInt(r.Header.Get("webhook-timestamp"), 10, 64)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want, serr := webhooks.Sign([]string{s.secret}, id, ts, body)
+	var ev struct {
+		ID string `json:"id"`
+	}
+	switch {
+	case err != nil || terr != nil || serr != nil:
+		s.bad = append(s.bad, "unreadable attempt of "+id)
+	case r.Header.Get("webhook-signature") != want:
+		s.bad = append(s.bad, "bad signature on "+id)
+	case json.Unmarshal(body, &ev) != nil || ev.ID != id:
+		s.bad = append(s.bad, "body of "+id+" is not its event")
+	default:
+		s.ids[id]++
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	w.WriteHeader(http.StatusBadRequest)
+}
+
+func (s *hookSink) received() (map[string]int, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make(map[string]int, len(s.ids))
+	for k, v := range s.ids {
+		ids[k] = v
+	}
+	return ids, append([]string(nil), s.bad...)
+}
+
+// webhookOutageScenario: an organisation with a webhook endpoint starts
+// runs; during the load its receiver goes down for 60 s, and worker A is
+// killed (kill -9) a few seconds into the outage, with events recorded and
+// not yet delivered. Once the receiver is back, every run's event is
+// delivered, each validly signed; a duplicate shows only as a webhook-id
+// received again; no delivery ends failed.
+func webhookOutageScenario(t *testing.T, s *suite, res *result) {
+	c, cl, rec, o := setup(t, s, "hookoutage")
+	sink := newHookSink(t)
+	out := cl.do(context.Background(), request{Method: "POST", Path: "/api/webhook-endpoints/", Key: "hook-1",
+		Body: `{"url":"http://` + sink.addr + `/hooks"}`, Token: o.Token}, 0)
+	if !out.Definitive || out.Final.Status != 201 {
+		t.Fatalf("create the webhook endpoint: %s", lastOf(out))
+	}
+	var ep struct {
+		ID     string `json:"id"`
+		Secret string `json:"secret"`
+	}
+	if err := json.Unmarshal(out.Final.Body, &ep); err != nil || ep.Secret == "" {
+		t.Fatalf("create the webhook endpoint: %s", clip(out.Final.Body))
+	}
+	sink.mu.Lock()
+	sink.secret = ep.Secret
+	sink.mu.Unlock()
+
+	def := orderWorkflow()
+	wf := createWorkflow(t, cl, o, def)
+	ops := makeOps("hook", 60, o, wf, def)
+	l := startLoad(context.Background(), cl, ops, 3)
+	if !waitUntil(30*time.Second, func() bool { return l.done.Load() >= 10 }) {
+		t.Fatalf("the load did not get under way (%d of %d starts answered)", l.done.Load(), len(ops))
+	}
+	faultAt := time.Now()
+	sink.down()
+	time.Sleep(5 * time.Second)
+	c.workers[0].kill()
+	l.wait()
+	time.Sleep(time.Until(faultAt.Add(webhookOutage)))
+	pending, err := c.count(`SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'`)
+	if err != nil {
+		t.Fatalf("count pending deliveries: %v", err)
+	}
+	t.Logf("receiver down for %s; %d deliveries pending when it comes back", time.Since(faultAt).Round(time.Second), pending)
+	if pending == 0 {
+		res.fail(t, "no delivery was pending at the end of the outage: the scenario proved nothing")
+	}
+	sink.up(t)
+	back := time.Now()
+
+	verify(t, c, res, ops, expectations{faultAt: faultAt, finalBy: time.Now().Add(finalWithin)})
+	res.Requests = rec.requests.Load()
+	res.judge5xx(t, rec, nil)
+
+	want := map[string]bool{}
+	for _, o := range ops {
+		if o.RunID != "" {
+			want["evt_"+strings.ReplaceAll(o.RunID, "-", "")] = true
+		}
+	}
+	// The longest wait after the outage: an attempt just before the receiver
+	// came back is retried after at most 64 s (the fourth delay), then
+	// claimed within a poll.
+	if !waitUntil(3*time.Minute, func() bool {
+		n, err := c.count(`SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'`)
+		return err == nil && n >= int64(len(want))
+	}) {
+		res.fail(t, "not every event was delivered within 3 min of the receiver's return")
+	}
+	t.Logf("every event delivered %s after the receiver came back", time.Since(back).Round(time.Second))
+	if n, err := c.count(`SELECT count(*) FROM webhook_deliveries WHERE status = 'failed'`); err != nil || n != 0 {
+		res.fail(t, "%d deliveries failed (%v)", n, err)
+	}
+	ids, bad := sink.received()
+	for _, b := range bad {
+		res.fail(t, "receiver: %s", b)
+	}
+	dups := 0
+	for id, n := range ids {
+		if !want[id] {
+			res.fail(t, "receiver got event %s, which no run of the load has", id)
+		}
+		dups += n - 1
+	}
+	for id := range want {
+		if ids[id] == 0 {
+			res.fail(t, "event %s never reached the receiver", id)
+		}
+	}
+	t.Logf("%d events, each received; %d received again (the same webhook-id)", len(want), dups)
+}
