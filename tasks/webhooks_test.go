@@ -135,6 +135,21 @@ func waitDeliveries(t *testing.T, env *apitest.Env, org apitest.Org, endpointID 
 	return ds
 }
 
+// waitAttempts waits until the endpoint's one delivery has had n attempts
+// or more, and returns it.
+func waitAttempts(t *testing.T, env *apitest.Env, org apitest.Org, endpointID string, n int) apiDelivery {
+	t.Helper()
+	var d apiDelivery
+	apitest.Eventually(t, time.Minute, func() bool {
+		ds := deliveries(t, env, org, endpointID)
+		if len(ds) == 1 {
+			d = ds[0]
+		}
+		return len(ds) == 1 && d.Attempts >= n
+	}, "the delivery's attempts are made")
+	return d
+}
+
 // requireSigned fails unless the attempt carries a valid signature by
 // every secret in want, and by no other.
 func requireSigned(t *testing.T, a hookAttempt, want ...string) {
@@ -215,11 +230,7 @@ func TestWebhookReceiverDownThenUp(t *testing.T) {
 	runID := startRun(t, env, org, wf, validOrder)
 	waitRun(t, env, org, runID, 30*time.Second)
 
-	apitest.Eventually(t, time.Minute, func() bool {
-		ds := deliveries(t, env, org, ep.ID)
-		return len(ds) == 1 && ds[0].Attempts >= 3
-	}, "three attempts fail while the receiver is down")
-	down := deliveries(t, env, org, ep.ID)[0]
+	down := waitAttempts(t, env, org, ep.ID, 3)
 	require.Equal(t, "pending", down.Status)
 	require.NotNil(t, down.LastError, "a refused connection is recorded")
 	require.Nil(t, down.LastStatusCode)
@@ -274,11 +285,7 @@ func TestWebhookPrivateTargetRefusedAtSend(t *testing.T) {
 	ep := createEndpoint(t, env, org, "http://localhost:"+port+"/hooks")
 	startRun(t, env, org, wf, validOrder)
 
-	apitest.Eventually(t, time.Minute, func() bool {
-		ds := deliveries(t, env, org, ep.ID)
-		return len(ds) == 1 && ds[0].Attempts >= 2
-	}, "attempts are made and fail")
-	d := deliveries(t, env, org, ep.ID)[0]
+	d := waitAttempts(t, env, org, ep.ID, 2)
 	require.Equal(t, "pending", d.Status)
 	require.NotNil(t, d.LastError)
 	require.Contains(t, *d.LastError, "private address")
