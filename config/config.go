@@ -72,6 +72,9 @@ type Config struct {
 	// WebhookRetryHorizon is how long a delivery is retried before it
 	// fails for good (WEBHOOK_RETRY_HORIZON).
 	WebhookRetryHorizon time.Duration
+	// WebhookDeliveryRetention is how long a delivery delivered or failed
+	// is kept before the cleanup deletes it (WEBHOOK_DELIVERY_RETENTION).
+	WebhookDeliveryRetention time.Duration
 	// IdempotencyMaxWait caps how long a request with `Prefer: wait=N` waits
 	// for the in-flight request with its key; 0 disables waiting (IDEMPOTENCY_MAX_WAIT).
 	IdempotencyMaxWait time.Duration
@@ -212,6 +215,7 @@ var Vars = []Var{
 	{"WEBHOOK_POLL_INTERVAL", "1s", "how often a worker looks for webhook deliveries due; a worker that ends a run looks at once (at most ten times as often)"},
 	{"WEBHOOK_RETRY_BASE", "5s", "delay after a delivery's first failed attempt, four times longer after each further one up to 8h (5s: 5s, 20s, 80s, 5m, 21m, 85m, 5.7h, 8h...)"},
 	{"WEBHOOK_RETRY_HORIZON", "24h", "how long after its event a delivery is retried; then it is `failed`"},
+	{"WEBHOOK_DELIVERY_RETENTION", "720h", "how long a webhook delivery `delivered` or `failed` is kept (its deliveries list shows it) before the periodic cleanup deletes it; pending ones are kept"},
 	{"PPROF_ADDR", "", "`host:port` where `serve` and `worker` serve Go's /debug/pprof/ for profiling; empty (the default) serves nothing. Keep it on loopback"},
 }
 
@@ -278,6 +282,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		WebhookPollInterval:        p.duration("WEBHOOK_POLL_INTERVAL", 10*time.Millisecond),
 		WebhookRetryBase:           p.duration("WEBHOOK_RETRY_BASE", 10*time.Millisecond),
 		WebhookRetryHorizon:        p.duration("WEBHOOK_RETRY_HORIZON", time.Second),
+		WebhookDeliveryRetention:   p.duration("WEBHOOK_DELIVERY_RETENTION", time.Minute),
 	}
 	if p.err == nil && c.MaxBodyBytesInFlight != 0 && c.MaxBodyBytesInFlight < c.MaxBodyBytes {
 		// A body of MaxBodyBytes could never be admitted.

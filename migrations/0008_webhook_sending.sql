@@ -11,8 +11,12 @@ ALTER TABLE webhook_deliveries ADD COLUMN sending_until timestamptz;
 -- the senders); the metrics ask for the oldest pending delivery.
 CREATE INDEX webhook_deliveries_endpoint_due_idx ON webhook_deliveries (endpoint_id, next_attempt_at) WHERE status = 'pending';
 CREATE INDEX webhook_deliveries_pending_created_idx ON webhook_deliveries (created_at) WHERE status = 'pending';
+-- The cleanup deletes deliveries done (delivered or failed) past their
+-- retention, oldest first.
+CREATE INDEX webhook_deliveries_done_created_idx ON webhook_deliveries (created_at) WHERE status <> 'pending';
 
 -- +goose Down
+DROP INDEX webhook_deliveries_done_created_idx;
 DROP INDEX webhook_deliveries_pending_created_idx;
 DROP INDEX webhook_deliveries_endpoint_due_idx;
 ALTER TABLE webhook_deliveries DROP COLUMN sending_until;

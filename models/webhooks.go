@@ -308,3 +308,23 @@ func (s *WebhookStore) OldestPendingDelivery(ctx context.Context) (t time.Time, 
 	}
 	return ts[0], true, nil
 }
+
+// DeleteDoneDeliveries deletes the deliveries delivered or failed whose
+// event is older than before, batch per statement, until none remain, and
+// returns how many it deleted. Pending ones are kept, however old.
+func (s *WebhookStore) DeleteDoneDeliveries(ctx context.Context, before time.Time, batch int) (int64, error) {
+	var total int64
+	for {
+		res := s.db.WithContext(ctx).Exec(`
+DELETE FROM webhook_deliveries WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM webhook_deliveries WHERE status <> 'pending' AND created_at < ?
+	ORDER BY created_at LIMIT ? FOR UPDATE SKIP LOCKED))`, before, batch)
+		total += res.RowsAffected
+		if res.Error != nil {
+			return total, fmt.Errorf("delete old webhook deliveries: %w", translate(res.Error))
+		}
+		if res.RowsAffected == 0 {
+			return total, nil
+		}
+	}
+}

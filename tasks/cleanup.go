@@ -12,12 +12,16 @@ import (
 )
 
 // Cleanup handles TypeCleanup: it deletes expired idempotency keys in
-// batches, each batch its own short transaction, until none remain.
+// batches, each batch its own short transaction, until none remain; then
+// the webhook deliveries done (delivered or failed) past their retention.
 type Cleanup struct {
 	keys  *models.KeyStore
-	batch int
-	log   *slog.Logger
-	m     *metrics
+	hooks *models.WebhookStore
+	// retention is how long a delivery done is kept (0: for ever).
+	retention time.Duration
+	batch     int
+	log       *slog.Logger
+	m         *metrics
 }
 
 // ProcessTask runs one cleanup.
@@ -29,6 +33,15 @@ func (c *Cleanup) ProcessTask(ctx context.Context, _ *asynq.Task) error {
 		return fmt.Errorf("cleanup after %d keys: %w", n, err)
 	}
 	c.log.InfoContext(ctx, "expired idempotency keys deleted", "deleted", n, "duration_ms", time.Since(start).Milliseconds())
+	if c.hooks == nil || c.retention <= 0 {
+		return nil
+	}
+	start = time.Now()
+	d, err := c.hooks.DeleteDoneDeliveries(ctx, start.Add(-c.retention), c.batch)
+	if err != nil {
+		return fmt.Errorf("cleanup after %d webhook deliveries: %w", d, err)
+	}
+	c.log.InfoContext(ctx, "old webhook deliveries deleted", "deleted", d, "duration_ms", time.Since(start).Milliseconds())
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package tasks_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/config"
@@ -398,4 +400,33 @@ func TestWebhookSlowEndpointHoldsAFewSenders(t *testing.T) {
 	defer mu.Unlock()
 	require.Positive(t, most, "the slow endpoint's attempts were under way")
 	require.LessOrEqual(t, most, 4, "attempts under way to one endpoint")
+}
+
+// The periodic cleanup deletes deliveries delivered or failed past their
+// retention, and keeps a pending one, however old, and a recent one.
+func TestCleanupDeletesOldDoneDeliveries(t *testing.T) {
+	t.Parallel()
+	env, org, wf, w := hookEnv(t, nil)
+	rc := newHookReceiver(t, func(int) int { return http.StatusOK })
+	ep := createEndpoint(t, env, org, rc.URL)
+	for range 3 {
+		startRun(t, env, org, wf, validOrder)
+	}
+	ds := waitDeliveries(t, env, org, ep.ID, 3)
+	w.Stop() // nothing sends from here on
+	old := func(id string) {
+		require.NoError(t, env.DB.Exec(`UPDATE webhook_deliveries SET created_at = now() - interval '31 days' WHERE run_id = ?`, id).Error)
+	}
+	old(ds[0].RunID) // delivered, old: deleted
+	old(ds[1].RunID) // old but pending again: kept
+	require.NoError(t, env.DB.Exec(`UPDATE webhook_deliveries SET status = 'pending', delivered_at = NULL WHERE run_id = ?`, ds[1].RunID).Error)
+	// ds[2]: delivered, recent: kept
+
+	cleaner := newWorker(t, env, idleRedis(), nil)
+	require.NoError(t, cleaner.Mux().ProcessTask(context.Background(), asynq.NewTask(tasks.TypeCleanup, nil)))
+	left := map[string]bool{}
+	for _, d := range deliveries(t, env, org, ep.ID) {
+		left[d.RunID] = true
+	}
+	require.Equal(t, map[string]bool{ds[1].RunID: true, ds[2].RunID: true}, left)
 }

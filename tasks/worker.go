@@ -83,6 +83,9 @@ type Config struct {
 	// WebhookRetryHorizon is how long after its event a delivery is
 	// retried before it fails for good; 0 means 24h.
 	WebhookRetryHorizon time.Duration
+	// WebhookRetention is how long the cleanup keeps a delivery delivered
+	// or failed; 0 means 30 days, negative: for ever.
+	WebhookRetention time.Duration
 	// WebhookAllowPrivate lets deliveries reach loopback, private,
 	// link-local and metadata addresses (WEBHOOK_ALLOW_PRIVATE_TARGETS).
 	WebhookAllowPrivate bool
@@ -134,6 +137,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	cfg.WebhookPollInterval = cmp.Or(cfg.WebhookPollInterval, time.Second)
 	cfg.WebhookRetryBase = cmp.Or(cfg.WebhookRetryBase, 5*time.Second)
 	cfg.WebhookRetryHorizon = cmp.Or(cfg.WebhookRetryHorizon, 24*time.Hour)
+	cfg.WebhookRetention = cmp.Or(cfg.WebhookRetention, 30*24*time.Hour)
 	if cfg.EventData == nil {
 		cfg.EventData = func(r *models.ValidationRun) any { return r }
 	}
@@ -157,7 +161,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 	w.runs = &RunExecutor{runs: runs, lease: cfg.RunLease, heartbeat: cfg.RunHeartbeat,
 		maxAttempts: cfg.RunMaxRetry + 1, timeout: cfg.RunTimeout, log: log, m: m,
 		fastBudget: max(cfg.FastBudget, 0), fin: newFinisher(runs)}
-	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), batch: cfg.CleanupBatchSize, log: log, m: m}
+	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), hooks: models.NewWebhookStore(cfg.DB), retention: cfg.WebhookRetention,
+		batch: cfg.CleanupBatchSize, log: log, m: m}
 	w.client = asynq.NewClient(cfg.Redis)
 	w.inspector = asynq.NewInspector(cfg.Redis)
 	rc, ok := cfg.Redis.MakeRedisClient().(redis.UniversalClient)

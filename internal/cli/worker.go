@@ -46,6 +46,7 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 		ShutdownTimeout:    a.cfg.ShutdownTimeout,
 		WebhookConcurrency: webhookConcurrency(a.cfg.WebhookConcurrency), WebhookPollInterval: a.cfg.WebhookPollInterval,
 		WebhookRetryBase: a.cfg.WebhookRetryBase, WebhookRetryHorizon: a.cfg.WebhookRetryHorizon,
+		WebhookRetention:    a.cfg.WebhookDeliveryRetention,
 		WebhookAllowPrivate: a.cfg.WebhookAllowPrivateTargets, EventData: handlers.RunEventData,
 		Registry: reg, Log: a.log,
 	})
