@@ -41,6 +41,8 @@ const (
 	HeaderOriginalRequestID = "Original-Request-Id"
 	HeaderRequestID         = "X-Request-Id"
 	HeaderPrefer            = "Prefer"
+	// HeaderPreferenceApplied is on an answer that honoured `Prefer: wait`.
+	HeaderPreferenceApplied = "Preference-Applied"
 )
 
 // Defaults of the options.
@@ -414,12 +416,21 @@ func snippet(b []byte) string {
 // get reads path into v, retrying like any call, and returns the answer's
 // body.
 func (c *Client) get(ctx context.Context, path string, v any) ([]byte, error) {
-	resp, _, err := c.do(ctx, http.MethodGet, path, nil, nil)
+	resp, err := c.getWith(ctx, path, nil, v)
+	if err != nil {
+		return nil, err
+	}
+	return resp.body, nil
+}
+
+// getWith is get with request headers, returning the whole answer.
+func (c *Client) getWith(ctx context.Context, path string, hdr http.Header, v any) (*response, error) {
+	resp, _, err := c.do(ctx, http.MethodGet, path, nil, hdr)
 	if err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal(resp.body, v); err != nil {
 		return nil, fmt.Errorf("valruns: decode the answer to GET %s: %w", path, err)
 	}
-	return resp.body, nil
+	return resp, nil
 }

@@ -524,6 +524,78 @@ func TestWaitRun(t *testing.T) {
 	require.ErrorIs(t, err, client.ErrNotFound)
 }
 
+// TestWaitRunLongPolls: WaitRun asks the server to hold its request until
+// the run is final (Prefer: wait), so a run that ends while it waits costs
+// one GET, not a poll every few hundred milliseconds. Against a server that
+// does not wait (RUN_MAX_WAIT=0), it still polls until the run is final.
+func TestWaitRunLongPolls(t *testing.T) {
+	t.Parallel()
+	type out struct {
+		run *client.Run
+		err error
+	}
+	wait := func(s *server, id string) <-chan out {
+		done := make(chan out, 1)
+		go func() {
+			r, err := s.client().WaitRun(t.Context(), id)
+			done <- out{r, err}
+		}()
+		return done
+	}
+	finish := func(s *server, id string) {
+		runs := models.NewRunStore(s.env.DB)
+		c, err := runs.Claim(t.Context(), id, time.Minute, 5)
+		require.NoError(t, err)
+		ok, err := runs.Finish(t.Context(), id, c.Attempts, models.RunPassed, nil)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	result := func(done <-chan out) *client.Run {
+		select {
+		case o := <-done:
+			require.NoError(t, o.err)
+			return o.run
+		case <-time.After(2 * time.Minute): // a bound, far above the 30 s a request may wait
+			t.Fatal("WaitRun did not return")
+			return nil
+		}
+	}
+
+	s := newServer(t, nil)
+	res, err := s.client().StartRun(t.Context(), s.wf, map[string]int{"total": 1})
+	require.NoError(t, err)
+	before := s.hits.Load()
+	done := wait(s, res.Run.ID)
+	apitest.Eventually(t, 30*time.Second, func() bool { return waiters(t, s) == 1 }, "WaitRun's request waits on the server")
+	finish(s, res.Run.ID)
+	require.Equal(t, client.StatusPassed, result(done).Status)
+	require.EqualValues(t, 1, s.hits.Load()-before, "one GET: the server answered it once the run was final")
+
+	ignores := newServer(t, func(c *config.Config) { c.RunMaxWait = 0 })
+	res, err = ignores.client().StartRun(t.Context(), ignores.wf, map[string]int{"total": 1})
+	require.NoError(t, err)
+	before = ignores.hits.Load()
+	done = wait(ignores, res.Run.ID)
+	apitest.Eventually(t, 30*time.Second, func() bool { return ignores.hits.Load()-before >= 2 }, "WaitRun polls")
+	finish(ignores, res.Run.ID)
+	require.Equal(t, client.StatusPassed, result(done).Status)
+}
+
+// waiters reads the server's valruns_run_waiters gauge: requests it holds
+// until their run is final.
+func waiters(t *testing.T, s *server) float64 {
+	t.Helper()
+	families, err := s.env.Registry.Gather()
+	require.NoError(t, err)
+	for _, mf := range families {
+		if mf.GetName() == "valruns_run_waiters" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no valruns_run_waiters metric")
+	return 0
+}
+
 // TestNewKey: keys are UUIDv4 and do not repeat.
 func TestNewKey(t *testing.T) {
 	t.Parallel()

@@ -170,17 +170,33 @@ func (c *Client) write(ctx context.Context, path string, body []byte, o writeOpt
 
 // GetRun reads a run with its findings.
 func (c *Client) GetRun(ctx context.Context, runID string) (*Run, error) {
-	if runID == "" {
-		return nil, errors.New("valruns: GetRun: empty run id")
-	}
-	var r Run
-	body, err := c.get(ctx, "/api/runs/"+url.PathEscape(runID)+"/", &r)
-	if err != nil {
-		return nil, err
-	}
-	r.Raw = body
-	return &r, nil
+	r, _, err := c.readRun(ctx, runID, 0)
+	return r, err
 }
+
+// readRun reads a run, asking the server to hold the request up to wait
+// (whole seconds, `Prefer: wait=N`) while the run is not final; waited
+// reports that the server did (Preference-Applied).
+func (c *Client) readRun(ctx context.Context, runID string, wait time.Duration) (r *Run, waited bool, err error) {
+	if runID == "" {
+		return nil, false, errors.New("valruns: GetRun: empty run id")
+	}
+	var hdr http.Header
+	if p := preferWait(wait); p != "" {
+		hdr = http.Header{HeaderPrefer: {p}}
+	}
+	r = new(Run)
+	resp, err := c.getWith(ctx, "/api/runs/"+url.PathEscape(runID)+"/", hdr, r)
+	if err != nil {
+		return nil, false, err
+	}
+	r.Raw = resp.body
+	return r, resp.header.Get(HeaderPreferenceApplied) != "", nil
+}
+
+// DefaultLongPoll is the longest each request of WaitRun asks the server to
+// hold it while the run is not final (`Prefer: wait=30`).
+const DefaultLongPoll = 30 * time.Second
 
 // WaitOption configures WaitRun.
 type WaitOption func(*waitOptions)
@@ -188,14 +204,21 @@ type WaitOption func(*waitOptions)
 type waitOptions struct {
 	progress func(Run)
 	min, max time.Duration
+	longPoll time.Duration
 }
 
-// WithProgress calls f with the run after every poll (f runs on WaitRun's
-// goroutine; keep it short).
+// WithProgress calls f with the run after every answer (f runs on WaitRun's
+// goroutine; keep it short). A request the server holds answers when the
+// run is final or its wait ends: a status in between (running) shows only
+// when a wait ends in it.
 func WithProgress(f func(Run)) WaitOption { return func(o *waitOptions) { o.progress = f } }
 
 // WithPollInterval sets the bounds of WaitRun's polling: the first wait is
 // about min, doubling up to max. A value <= 0 keeps its default (200 ms, 2 s).
+// A max set here also bounds how long the server may hold each request, so
+// that a change of status is seen about that often: its whole seconds (a
+// max under a second asks for no wait: plain polling). Without it, a
+// request is held up to DefaultLongPoll.
 func WithPollInterval(min, max time.Duration) WaitOption {
 	return func(o *waitOptions) {
 		if min > 0 {
@@ -203,23 +226,29 @@ func WithPollInterval(min, max time.Duration) WaitOption {
 		}
 		if max > 0 {
 			o.max = max
+			o.longPoll = max
 		}
 	}
 }
 
-// WaitRun polls the run until it is final (passed, failed or error) and
-// returns it. Each poll is a GetRun, retried like any read; a poll that
+// WaitRun waits until the run is final (passed, failed or error) and
+// returns it. Each request is a GetRun, retried like any read, that asks the
+// server to hold it until the run is final (`Prefer: wait=N`, N at most
+// DefaultLongPoll, the http.Client's Timeout halved, and what is left of
+// ctx), so a run that ends meanwhile costs one request. Against a server
+// that answers at once (an older one, or one whose waiting is off or full),
+// it polls, backing off between WithPollInterval's bounds. A request that
 // still fails, or the end of ctx, ends the wait with that error (the run
 // itself goes on).
 func (c *Client) WaitRun(ctx context.Context, runID string, opts ...WaitOption) (*Run, error) {
-	o := waitOptions{min: 200 * time.Millisecond, max: 2 * time.Second}
+	o := waitOptions{min: 200 * time.Millisecond, max: 2 * time.Second, longPoll: DefaultLongPoll}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	o.max = max(o.max, o.min)
 	delay := o.min
 	for {
-		r, err := c.GetRun(ctx, runID)
+		r, waited, err := c.readRun(ctx, runID, c.longPoll(ctx, o.longPoll))
 		if err != nil {
 			return nil, err
 		}
@@ -228,6 +257,12 @@ func (c *Client) WaitRun(ctx context.Context, runID string, opts ...WaitOption) 
 		}
 		if r.Final() {
 			return r, nil
+		}
+		if waited {
+			// The server held the request for its whole wait: ask again
+			// soon, after a short pause (never a tight loop), without
+			// backing off.
+			delay = o.min
 		}
 		// Equal jitter: between half the delay and the delay, so polls of
 		// many waiters spread out but never come back at once.
@@ -238,8 +273,28 @@ func (c *Client) WaitRun(ctx context.Context, runID string, opts ...WaitOption) 
 			return nil, fmt.Errorf("valruns: waiting for run %s (last status %s): %w", runID, r.Status, ctx.Err())
 		case <-t.C:
 		}
-		delay = min(delay*2, o.max)
+		if !waited {
+			delay = min(delay*2, o.max)
+		}
 	}
+}
+
+// longPoll is how long the next request of WaitRun may ask the server to
+// hold it: at most limit, half the http.Client's Timeout (so an attempt does
+// not time out while the server holds it), and the whole seconds left
+// before ctx's deadline; 0 (ask for no wait) when that is under a second.
+func (c *Client) longPoll(ctx context.Context, limit time.Duration) time.Duration {
+	d := limit
+	if c.hc.Timeout > 0 {
+		d = min(d, c.hc.Timeout/2)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl))
+	}
+	if d < time.Second {
+		return 0
+	}
+	return d.Truncate(time.Second)
 }
 
 // ListOption configures a list iterator.

@@ -153,6 +153,14 @@ type Config struct {
 	// checks that its task is still in Redis, and how long before it looks at
 	// the same run again (RUN_REDELIVER_AFTER).
 	RunRedeliverAfter time.Duration
+	// RunMaxWait caps how long `GET /api/runs/{id}/` with `Prefer: wait=N`
+	// waits for the run to become final; 0 disables waiting: the run is
+	// answered at once (RUN_MAX_WAIT).
+	RunMaxWait time.Duration
+	// RunMaxWaiters caps the run reads waiting at once (`Prefer: wait`) per
+	// API process; past it a read is answered at once, the preference
+	// ignored (RUN_MAX_WAITERS).
+	RunMaxWaiters int
 	// RunFastPath is how long a run's first delivery may validate it
 	// without claiming it, writing it once from queued to final; past it
 	// the run is claimed and validated under a lease. 0: every run is
@@ -209,6 +217,8 @@ var Vars = []Var{
 	{"RUN_SWEEP_INTERVAL", "5s", "how often each worker looks for stranded runs (queued with their task lost, or running with an expired lease) and re-enqueues them"},
 	{"RUN_FAST_PATH", "1s", "how long a run's first delivery may validate it without claiming it (one write per run; at most RUN_HEARTBEAT); past it the run is claimed and validated under a lease; 0 claims every run first"},
 	{"RUN_REDELIVER_AFTER", "10s", "how long a run may stay queued before the sweeper checks that Redis still has its task; also how long before it looks at the same run again"},
+	{"RUN_MAX_WAIT", "30s", "longest `GET /api/runs/{id}/` with `Prefer: wait=N` waits for the run to become final (then answers it as it is); 0 disables waiting: the run is answered at once"},
+	{"RUN_MAX_WAITERS", "1000", "run reads that may wait at once per API process (`Prefer: wait`), one organisation at most a quarter of them; past either, a read is answered at once, without `Preference-Applied`"},
 	{"WORKER_METRICS_ADDR", "127.0.0.1:9091", "where `valruns worker` serves /metrics and /healthz (`serve --worker` uses the API's /metrics)"},
 	{"WEBHOOK_ALLOW_PRIVATE_TARGETS", "false", "`true`: webhook endpoints may point at loopback, private, link-local and metadata addresses (local development and tests); otherwise such a URL is refused (400 `validation_error`), when the endpoint is created and when a delivery resolves its host"},
 	{"WEBHOOK_CONCURRENCY", "10", "webhook delivery attempts one worker makes at once, beside (not among) its `WORKER_CONCURRENCY` run slots; 0: this worker sends no webhooks"},
@@ -275,6 +285,8 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		RunSweepInterval:           p.duration("RUN_SWEEP_INTERVAL", 100*time.Millisecond),
 		RunRedeliverAfter:          p.duration("RUN_REDELIVER_AFTER", 100*time.Millisecond),
 		RunFastPath:                p.duration("RUN_FAST_PATH", 0),
+		RunMaxWait:                 p.duration("RUN_MAX_WAIT", 0),
+		RunMaxWaiters:              int(p.int("RUN_MAX_WAITERS", 1)),
 		WorkerMetricsAddr:          p.addr("WORKER_METRICS_ADDR"),
 		PprofAddr:                  p.optionalAddr("PPROF_ADDR"),
 		WebhookAllowPrivateTargets: p.bool("WEBHOOK_ALLOW_PRIVATE_TARGETS"),

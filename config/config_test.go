@@ -60,6 +60,8 @@ var documented = config.Config{
 	RunFastPath:              time.Second,
 	RunRedeliverAfter:        10 * time.Second,
 	WorkerMetricsAddr:        "127.0.0.1:9091",
+	RunMaxWait:               30 * time.Second,
+	RunMaxWaiters:            1000,
 	WebhookConcurrency:       10,
 	WebhookPollInterval:      time.Second,
 	WebhookRetryBase:         5 * time.Second,
@@ -178,6 +180,11 @@ func TestGoodValues(t *testing.T) {
 				require.Zero(t, c.IdempotencyMaxWait)
 				require.Equal(t, "127.0.0.1:6060", c.PprofAddr)
 			}},
+		{"run long-poll", map[string]string{"RUN_MAX_WAIT": "0", "RUN_MAX_WAITERS": "5"},
+			func(t *testing.T, c config.Config) {
+				require.Zero(t, c.RunMaxWait, "0 disables waiting")
+				require.Equal(t, 5, c.RunMaxWaiters)
+			}},
 		{"worker timings", map[string]string{"RUN_LEASE": "3s", "RUN_HEARTBEAT": "500ms", "RUN_RETRY_DELAY": "10ms",
 			"RUN_TIMEOUT": "1m", "RUN_SWEEP_INTERVAL": "100ms", "RUN_REDELIVER_AFTER": "2s"},
 			func(t *testing.T, c config.Config) {
@@ -283,6 +290,10 @@ func TestBadValues(t *testing.T) {
 		{"IDEMPOTENCY_MAX_WAIT", "long"},
 		{"IDEMPOTENCY_MAX_WAITERS", "0"},
 		{"IDEMPOTENCY_MAX_WAITERS", "many"},
+		{"RUN_MAX_WAIT", "-1s"},
+		{"RUN_MAX_WAIT", "forever"},
+		{"RUN_MAX_WAITERS", "0"},
+		{"RUN_MAX_WAITERS", "-1"},
 		{"PPROF_ADDR", "6060"},
 		{"PPROF_ADDR", "http://127.0.0.1:6060"},
 		{"DEFAULT_MONTHLY_RUN_QUOTA", "-1"},

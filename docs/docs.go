@@ -568,7 +568,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "A run with its status and, once finished, its findings (` + "`" + `failed` + "`" + ` means findings of severity ` + "`" + `error` + "`" + `). Another organisation's run, or an id that is not a UUID, is a 404.",
+                "description": "A run with its status and, once finished, its findings (` + "`" + `failed` + "`" + ` means findings of severity ` + "`" + `error` + "`" + `). Another organisation's run, or an id that is not a UUID, is a 404.\n\nLong-poll: with ` + "`" + `Prefer: wait=N` + "`" + `, a run still ` + "`" + `queued` + "`" + ` or ` + "`" + `running` + "`" + ` is answered once it is final (` + "`" + `passed` + "`" + `, ` + "`" + `failed` + "`" + `, ` + "`" + `error` + "`" + `), or after N seconds (at most ` + "`" + `RUN_MAX_WAIT` + "`" + `) as it then is, with ` + "`" + `Preference-Applied: wait=N` + "`" + `: one request instead of many polls. A final run is answered at once.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -586,15 +586,25 @@ const docTemplate = `{
                         "name": "id",
                         "in": "path",
                         "required": true
+                    },
+                    {
+                        "type": "string",
+                        "description": "` + "`" + `wait=N` + "`" + ` (RFC 7240, N whole seconds): while the run is ` + "`" + `queued` + "`" + ` or ` + "`" + `running` + "`" + `, wait up to N seconds (at most ` + "`" + `RUN_MAX_WAIT` + "`" + `, 30 s by default) for it to become final, then answer it as it is: still not final when the time ran out is a 200 too. The answer then carries ` + "`" + `Preference-Applied: wait=N` + "`" + `. Other preferences are ignored.",
+                        "name": "Prefer",
+                        "in": "header"
                     }
                 ],
                 "responses": {
                     "200": {
-                        "description": "The run.\n\nExample: a run that has failed: its findings.",
+                        "description": "The run: final, or as it is when the wait (` + "`" + `Prefer: wait=N` + "`" + `) ran out.\n\nExample: a run that has failed: its findings.",
                         "schema": {
                             "$ref": "#/definitions/handlers.Run"
                         },
                         "headers": {
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `), N the seconds applied (after the ` + "`" + `RUN_MAX_WAIT` + "`" + ` cap). Absent when it did not wait: the run was final already, or the server waits for no request now (` + "`" + `RUN_MAX_WAIT=0` + "`" + `, or ` + "`" + `RUN_MAX_WAITERS` + "`" + ` wait already)."
+                            },
                             "X-Request-Id": {
                                 "type": "string",
                                 "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."

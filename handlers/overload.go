@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -65,6 +66,10 @@ func newAdmission(maxRequests int, maxBytes, maxBody int64, wait time.Duration, 
 	return a
 }
 
+// admissionKey holds, in the gin context of an admitted request, the func
+// that gives its room back (see leaveAdmission).
+const admissionKey = "valruns.admission.release"
+
 // middleware admits a request into the bounds, or answers 503 overloaded.
 func (a *admission) middleware() gin.HandlerFunc {
 	return func(c *gin.Context) {
@@ -73,8 +78,21 @@ func (a *admission) middleware() gin.HandlerFunc {
 			a.refuse(c, full)
 			return
 		}
-		defer a.release(n)
+		release := sync.OnceFunc(func() { a.release(n) })
+		c.Set(admissionKey, release)
+		defer release()
 		c.Next()
+	}
+}
+
+// leaveAdmission gives the request's room under MAX_REQUESTS_IN_FLIGHT and
+// MAX_BODY_BYTES_IN_FLIGHT back before it is answered: for a request about
+// to wait a long while holding nothing else (a long-poll), which would
+// otherwise keep other requests out for as long. It may be called more than
+// once, and on a request the bounds never admitted.
+func leaveAdmission(c *gin.Context) {
+	if release, ok := c.Value(admissionKey).(func()); ok {
+		release()
 	}
 }
 

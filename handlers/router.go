@@ -50,6 +50,11 @@ type Deps struct {
 	// (tasks.Dispatcher); without it, the worker's sweeper finds the run
 	// after RUN_REDELIVER_AFTER.
 	HandOff func(*models.QueuedRun)
+	// Stop, when set, is closed as the process begins to stop: every
+	// long-poll waiting (GET /api/runs/{id}/ with Prefer: wait) answers its
+	// run as it is at once, rather than holding up a graceful shutdown for
+	// up to RUN_MAX_WAIT, and the long-poll's poller ends. Nil: never.
+	Stop <-chan struct{}
 }
 
 // New builds the HTTP handler of the API: the router behind a trailing-slash
@@ -91,7 +96,16 @@ func NewRouter(d Deps) *gin.Engine {
 	wf := &workflowHandlers{workflows: models.NewWorkflowStore(d.DB)}
 	runStore := models.NewRunStore(d.DB)
 	runStore.SetStartTimeout(d.Config.IdempotencyTxTimeout)
-	runs := &runHandlers{runs: runStore, defaultQuota: d.Config.DefaultMonthlyRunQuota, handOff: d.HandOff}
+	// The long-poll's one poller asks for every waited run at once, under
+	// the bound of a read's first answer (a hung database fails the tick,
+	// not the poller).
+	finished := func(ctx context.Context, ids []string) ([]string, error) {
+		ctx, cancel := models.FirstAnswer(ctx, d.DB)
+		defer cancel()
+		return runStore.Finished(ctx, ids)
+	}
+	runs := &runHandlers{runs: runStore, defaultQuota: d.Config.DefaultMonthlyRunQuota, handOff: d.HandOff,
+		maxWait: d.Config.RunMaxWait, waits: newRunWaits(finished, d.Config.RunMaxWaiters, d.Stop, d.Log, d.Registry)}
 	usage := &usageHandlers{usage: models.NewUsageStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota}
 	keys := &keyHandlers{keys: models.NewKeyStore(d.DB)}
 	hooks := &webhookHandlers{endpoints: models.NewWebhookStore(d.DB), allowPrivate: d.Config.WebhookAllowPrivateTargets}
@@ -163,11 +177,49 @@ func firstAnswer(db *gorm.DB) gin.HandlerFunc {
 			c.Next()
 			return
 		}
-		ctx, cancel := models.FirstAnswer(c.Request.Context(), db)
-		defer cancel()
+		b := &answerBound{parent: c.Request.Context(), db: db}
+		ctx, cancel := models.FirstAnswer(b.parent, db)
+		b.cancel = cancel
+		defer func() { b.cancel() }() // the bound rebound made last, if any
+		c.Set(firstAnswerKey, b)
 		c.Request = c.Request.WithContext(ctx)
 		c.Next()
 	}
+}
+
+// firstAnswerKey holds a read's *answerBound in its gin context.
+const firstAnswerKey = "valruns.firstanswer"
+
+// answerBound is what firstAnswer bounded: the request's own context
+// before the bound, for a read that waits longer than the bound allows
+// (a long-poll) and then reads again (rebound).
+type answerBound struct {
+	parent context.Context
+	db     *gorm.DB
+	cancel context.CancelFunc
+}
+
+// unbounded is the request's context without firstAnswer's bound (still
+// ending when the client hangs up), for a wait that holds no connection.
+func unbounded(c *gin.Context) context.Context {
+	if b, ok := c.Value(firstAnswerKey).(*answerBound); ok {
+		return b.parent
+	}
+	return c.Request.Context()
+}
+
+// rebound gives the request a fresh first-answer bound, counted from now,
+// for its statements after a long wait; the organisation's turns
+// (models.WithTenant) go with it. The bound ends with the request.
+func rebound(c *gin.Context) {
+	b, ok := c.Value(firstAnswerKey).(*answerBound)
+	if !ok {
+		return
+	}
+	b.cancel() // the old bound, expired or not
+	ctx := models.WithTenant(b.parent, principalOf(c).OrgID)
+	ctx, b.cancel = models.FirstAnswer(ctx, b.db)
+	c.Request = c.Request.WithContext(ctx)
 }
 
 // StripTrailingSlash serves /a/b/ as /a/b, so every route answers with and

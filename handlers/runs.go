@@ -21,6 +21,10 @@ type runHandlers struct {
 	// handOff gives a committed run to the queue (nil: the sweeper
 	// delivers it, RUN_REDELIVER_AFTER later).
 	handOff func(*models.QueuedRun)
+	// maxWait caps a read's `Prefer: wait=N` (RUN_MAX_WAIT; 0: no read waits).
+	maxWait time.Duration
+	// waits are the reads waiting for their run to become final.
+	waits *runWaits
 }
 
 // StartRunRequest is the body of POST /api/workflows/{id}/start/. A member
@@ -242,16 +246,20 @@ func (h *runHandlers) created(p models.StartParams) (idempotency.Response, error
 //	@Summary		Read a run
 //	@ID			getRun
 //	@Description	A run with its status and, once finished, its findings (`failed` means findings of severity `error`). Another organisation's run, or an id that is not a UUID, is a 404.
+//	@Description
+//	@Description	Long-poll: with `Prefer: wait=N`, a run still `queued` or `running` is answered once it is final (`passed`, `failed`, `error`), or after N seconds (at most `RUN_MAX_WAIT`) as it then is, with `Preference-Applied: wait=N`: one request instead of many polls. A final run is answered at once.
 //	@Tags			runs
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			id	path		string				true	"Run id (UUID)"	format(uuid)
-//	@Success		200	{object}	Run					"The run."
+//	@Param			id		path		string				true	"Run id (UUID)"	format(uuid)
+//	@Param			Prefer	header		string				false	"`wait=N` (RFC 7240, N whole seconds): while the run is `queued` or `running`, wait up to N seconds (at most `RUN_MAX_WAIT`, 30 s by default) for it to become final, then answer it as it is: still not final when the time ran out is a 200 too. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
+//	@Success		200	{object}	Run					"The run: final, or as it is when the wait (`Prefer: wait=N`) ran out."
 //	@Failure		401	{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
 //	@Failure		404	{object}	ProblemRunNotFound	"`not_found`: no such run in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal		"`internal_error`: a query failed; retry."
 //	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
+//	@Header			200	{string}	Preference-Applied	"`wait=N` when the request waited (`Prefer: wait=N`), N the seconds applied (after the `RUN_MAX_WAIT` cap). Absent when it did not wait: the run was final already, or the server waits for no request now (`RUN_MAX_WAIT=0`, or `RUN_MAX_WAITERS` wait already)."
 //	@Header			401	{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
 //	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -262,7 +270,24 @@ func (h *runHandlers) get(c *gin.Context) {
 		problem.Write(c, notFound("Run"))
 		return
 	}
-	r, err := h.runs.Get(c.Request.Context(), principalOf(c).OrgID, id)
+	org := principalOf(c).OrgID
+	r, err := h.runs.Get(c.Request.Context(), org, id)
+	if wait := idempotency.PreferredWait(c.Request.Header, h.maxWait); err == nil && wait > 0 && !r.Final() {
+		if w := h.waits.join(org, id); w != nil { // else too many wait: the preference is ignored
+			// The wait holds no database connection (the read above gave
+			// its back), and no room of the overload guard: hundreds of
+			// long-polls must not keep starts out.
+			leaveAdmission(c)
+			if h.waits.wait(unbounded(c), w, wait) == waitGone {
+				c.Abort() // no one to answer
+				return
+			}
+			rebound(c) // the read's bound ran while it waited
+			if r, err = h.runs.Get(c.Request.Context(), org, id); err == nil {
+				c.Header(idempotency.HeaderPreferenceApplied, idempotency.AppliedWait(wait))
+			}
+		}
+	}
 	switch {
 	case errors.Is(err, models.ErrNotFound):
 		problem.Write(c, notFound("Run"))

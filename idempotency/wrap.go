@@ -399,7 +399,7 @@ func (k *call) serve(prep Preparer, h Handler) {
 			defer k.w.waiters.give(k.tenant)
 			k.waited = wait
 			deadline = time.Now().Add(wait)
-			k.c.Header(HeaderPreferenceApplied, "wait="+strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+			k.c.Header(HeaderPreferenceApplied, AppliedWait(wait))
 		}
 		if !k.waitForFlight(deadline) {
 			k.inProgress()
@@ -514,13 +514,21 @@ func routePath(c *gin.Context) string {
 }
 
 // preferredWait is how long the request may wait for its key's first
-// request: the Prefer header's wait (RFC 7240: whole seconds; other and
-// malformed preferences are ignored) within Config.MaxWait.
+// request: the Prefer header's wait within Config.MaxWait.
 func (k *call) preferredWait() time.Duration {
-	if k.w.cfg.MaxWait <= 0 {
+	return PreferredWait(k.c.Request.Header, k.w.cfg.MaxWait)
+}
+
+// PreferredWait is the wait a request asks for with RFC 7240's
+// `Prefer: wait=N` (whole seconds), capped at max: 0 when it asks for none,
+// when max is 0 (waiting disabled), and for a wait of 0, a negative one or a
+// malformed one. Other preferences and a preference's parameters are
+// ignored; an N too large for an int64 is above any cap, so it is max.
+func PreferredWait(h http.Header, max time.Duration) time.Duration {
+	if max <= 0 {
 		return 0
 	}
-	for _, line := range k.c.Request.Header.Values(HeaderPrefer) {
+	for _, line := range h.Values(HeaderPrefer) {
 		for pref := range strings.SplitSeq(line, ",") {
 			token, _, _ := strings.Cut(pref, ";") // parameters of a preference are not ours
 			name, value, ok := strings.Cut(strings.TrimSpace(token), "=")
@@ -531,18 +539,24 @@ func (k *call) preferredWait() time.Duration {
 			n, err := strconv.ParseInt(v, 10, 64)
 			switch {
 			case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(v, "-"):
-				return k.w.cfg.MaxWait // more seconds than an int64 holds: above any cap
+				return max // more seconds than an int64 holds: above any cap
 			case err != nil || n <= 0:
 				return 0
-			case n > int64(k.w.cfg.MaxWait/time.Second):
+			case n > int64(max/time.Second):
 				// Compared in seconds: n*time.Second overflows past
 				// 9223372036 and would wrap below the cap, or below 0.
-				return k.w.cfg.MaxWait
+				return max
 			}
-			return min(time.Duration(n)*time.Second, k.w.cfg.MaxWait)
+			return min(time.Duration(n)*time.Second, max)
 		}
 	}
 	return 0
+}
+
+// AppliedWait is the Preference-Applied value for a wait of d: `wait=N`,
+// N its whole seconds rounded up (a cap of 1.5s applies wait=2).
+func AppliedWait(d time.Duration) string {
+	return "wait=" + strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
 }
 
 // waitForFlight waits for the key's first request to finish, or a while

@@ -109,6 +109,12 @@ type ValidationRun struct {
 	IdempotencyKey *string
 }
 
+// Final reports whether the run has ended: passed, failed or error. A
+// final run never changes again.
+func (r *ValidationRun) Final() bool {
+	return r.Status == RunPassed || r.Status == RunFailed || r.Status == RunError
+}
+
 // Finding is one problem a run found in its submission, as stored in the
 // run's findings column.
 type Finding struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -204,4 +205,24 @@ func (s *RunStore) List(ctx context.Context, orgID, workflowID string, p Page) (
 		return nil, "", fmt.Errorf("list runs: %w", err)
 	}
 	return rs, next, nil
+}
+
+// Finished returns those of ids whose runs are final (passed, failed or
+// error), in one statement whatever the number of ids: the long-poll's
+// poller asks it for every run its waiters wait on at once. The ids must be
+// UUIDs; the runs' organisations are not checked (the waiters read their
+// own run again, scoped to their organisation).
+func (s *RunStore) Finished(ctx context.Context, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var final []string
+	// One text parameter (GORM would expand a slice into a list).
+	err := s.db.WithContext(ctx).Raw(`SELECT id FROM validation_runs
+		WHERE id = ANY(CAST(string_to_array(?, ',') AS uuid[])) AND status IN (?, ?, ?)`,
+		strings.Join(ids, ","), RunPassed, RunFailed, RunError).Scan(&final).Error
+	if err != nil {
+		return nil, fmt.Errorf("read final runs: %w", translate(err))
+	}
+	return final, nil
 }

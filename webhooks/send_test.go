@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/valruns/valruns/internal/webhooktest"
 	"github.com/valruns/valruns/webhooks"
 )
 
@@ -48,8 +49,8 @@ func newReceiver(t *testing.T, secrets []string, answer func(n int64, w http.Res
 }
 
 var (
-	vector = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-	other  = "whsec_c2VjcmV0LW9mLWEtcm90YXRlZC1lbmRwb2ludA=="
+	vector = webhooktest.Secret
+	other  = webhooktest.OtherSecret
 	event  = []byte(`{"id":"evt_1","type":"validation_run.finished"}`)
 )
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/valruns/valruns/internal/webhooktest"
 	"github.com/valruns/valruns/webhooks"
 )
 
@@ -14,21 +15,18 @@ import (
 // is what lets receivers verify deliveries with any of its libraries.
 func TestSignStandardWebhooksVector(t *testing.T) {
 	t.Parallel()
-	sig, err := webhooks.Sign([]string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
-		"msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, []byte(`{"test": 2432232314}`))
+	sig, err := webhooks.Sign([]string{webhooktest.Secret}, webhooktest.ID, webhooktest.Timestamp, []byte(webhooktest.Body))
 	require.NoError(t, err)
-	require.Equal(t, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=", sig)
+	require.Equal(t, webhooktest.Signature, sig)
 }
 
 func TestSignTwoSecretsDuringRotation(t *testing.T) {
 	t.Parallel()
-	vector := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-	other := "whsec_c2VjcmV0LW9mLWEtcm90YXRlZC1lbmRwb2ludA=="
-	sig, err := webhooks.Sign([]string{other, vector}, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, []byte(`{"test": 2432232314}`))
+	sig, err := webhooks.Sign([]string{webhooktest.OtherSecret, webhooktest.Secret}, webhooktest.ID, webhooktest.Timestamp, []byte(webhooktest.Body))
 	require.NoError(t, err)
 	parts := strings.Split(sig, " ")
 	require.Len(t, parts, 2)
-	require.Equal(t, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=", parts[1])
+	require.Equal(t, webhooktest.Signature, parts[1])
 	require.NotEqual(t, parts[0], parts[1])
 	require.True(t, strings.HasPrefix(parts[0], "v1,"))
 
