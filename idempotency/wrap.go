@@ -325,7 +325,9 @@ func (w *Wrapper) WrapPrepared(scope string, prep Preparer, h Handler) gin.Handl
 // rotation): a request without one reaches h, whatever AllowEmptyBody says.
 // The route and its ids are the request's fingerprint (and a body, if one
 // is sent).
-func (w *Wrapper) WrapNoBody(scope string, h Handler) gin.HandlerFunc { return w.wrap(scope, nil, h, true) }
+func (w *Wrapper) WrapNoBody(scope string, h Handler) gin.HandlerFunc {
+	return w.wrap(scope, nil, h, true)
+}
 
 func (w *Wrapper) wrap(scope string, prep Preparer, h Handler, noBody bool) gin.HandlerFunc {
 	return func(c *gin.Context) {
