@@ -299,10 +299,11 @@ func stillHeld(c *cluster, held map[string]int) map[string]int {
 	time.Sleep(500 * time.Millisecond)
 	out := map[string]int{}
 	for id, attempt := range held {
-		// Not a run whose Finish transaction is open (its row locked): that
-		// write passed the fence while the lease was live.
-		if n, err := c.count(`SELECT count(*) FROM (SELECT 1 FROM validation_runs
-			WHERE id = $1 AND status = 'running' AND attempts = $2 FOR SHARE SKIP LOCKED) r`,
+		// A plain read, not one that skips locked rows: a row is locked by
+		// any statement looking at it (a sweep, another worker's claim), and
+		// a statement ending it that was on its way at the fault is told
+		// apart later (requireTakenOver).
+		if n, err := c.count(`SELECT count(*) FROM validation_runs WHERE id = $1 AND status = 'running' AND attempts = $2`,
 			id, attempt); err == nil && n == 1 {
 			out[id] = attempt
 		}
