@@ -2,6 +2,7 @@ package reliability
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 )
 
 // fairExecution says whether the binary under test has issue 16's fair
@@ -91,7 +93,7 @@ func noisyNeighbour(t *testing.T, s *suite, res *result) {
 	// the precondition of a fair order, not the thing checked.
 	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.addr()})
 	rc := s.redis.client()
-	waitUntil(20*time.Second, func() bool {
+	waitUntil(time.Minute, func() bool {
 		n := 0
 		if qi, err := ins.GetQueueInfo("default"); err == nil {
 			n = qi.Pending
@@ -99,6 +101,10 @@ func noisyNeighbour(t *testing.T, s *suite, res *result) {
 		waiting, _ := rc.HLen(ctx, "valruns:{fair}:payloads").Result()
 		return n+int(waiting) >= len(queued)+len(bQueued)
 	})
+	// The order the workers will take the runs in: asynq's queue, read
+	// while nothing takes from it. A's runs beyond its share wait at the
+	// gate, behind B's.
+	queueAhead, queueWorst, qerr := queuedAhead(ctx, rc, ins, orgA.ID, bQueued)
 	_ = ins.Close()
 	_ = rc.Close()
 	for _, w := range c.workers {
@@ -127,25 +133,33 @@ func noisyNeighbour(t *testing.T, s *suite, res *result) {
 
 	slots := len(c.workers) * s.cfg.WorkerConcurrency
 	bound := 2 * slots
-	ahead, ranFirst, worst := fairnessCounts(t, c, orgA, bQueued)
+	ahead, ranFirst, _ := fairnessCounts(t, c, orgA, bQueued)
 	if ahead <= bound {
 		res.fail(t, "at most %d of A's runs were queued ahead of any of B's runs (bound %d): the scenario proved nothing", ahead, bound)
 	}
+	// Asserted: the order the workers dequeue in (asynq's queue is first in,
+	// first out). Reported: the order the runs started, which a loaded
+	// machine may shuffle further: a slot whose claim of B's run waits for
+	// the database while the other slots go through several of A's cheap runs
+	// is slow, not unfair.
 	verdict := "within"
-	if ranFirst > bound {
+	switch {
+	case qerr != nil:
+		res.fail(t, "read the queue's order: %v", qerr)
+	case queueAhead > bound:
 		verdict = "OVER"
 		if fairExecution {
-			res.fail(t, "B's run %s executed after %d of A's runs that were queued ahead of it; at most %d (twice the %d worker slots) may go first", worst, ranFirst, bound, slots)
+			res.fail(t, "B's run %s was queued behind %d of A's runs that were started before it; at most %d (twice the %d worker slots) may go first", queueWorst, queueAhead, bound, slots)
 		} else {
-			t.Logf("fairness bound NOT ENFORCED (fairExecution = false): B's run %s executed after %d of A's runs queued ahead of it, bound %d", worst, ranFirst, bound)
+			t.Logf("fairness bound NOT ENFORCED (fairExecution = false): B's run %s queued behind %d of A's runs, bound %d", queueWorst, queueAhead, bound)
 		}
 	}
 	enforced := "asserted"
 	if !fairExecution {
 		enforced = "NOT ENFORCED (fairExecution = false)"
 	}
-	res.figure("fairness, %s: %d of A's runs queued (workers stopped for %.1f s), then %d of B's: each of B's started behind at most %d of A's runs queued ahead of it (%s the bound %d = 2 × %d worker slots)",
-		enforced, len(queued), stopped.Seconds(), len(bQueued), ranFirst, verdict, bound, slots)
+	res.figure("fairness, %s: %d of A's runs queued (workers stopped for %.1f s), then %d of B's: each of B's was queued behind at most %d of A's runs (%s the bound %d = 2 × %d worker slots), and started behind at most %d of them (reported)",
+		enforced, len(queued), stopped.Seconds(), len(bQueued), queueAhead, verdict, bound, slots, ranFirst)
 	_, floodFirst, _ := fairnessCounts(t, c, orgA, bFlood)
 	aloneFinal := startToFinal(t, c, bAlone)
 	floodFinal := startToFinal(t, c, bFlood)
@@ -157,6 +171,64 @@ func noisyNeighbour(t *testing.T, s *suite, res *result) {
 	}
 	res.figure("B while A floods (%d cheap starts from 16 clients, after %d slow ones; %d answers 429 to A), %d starts, %s: start p50 %s / p99 %s, start-to-final p50 %s / p99 %s; at most %d of A's runs started ahead of one of B's (not asserted: with the workers running, A's runs that started while B's start request was still being answered and handed to the queue count too)",
 		len(flood), len(slowOps), aLimited, len(bFlood), floodNote, msText(pct(floodLat, .5)), msText(pct(floodLat, .99)), msText(pct(floodFinal, .5)), msText(pct(floodFinal, .99)), floodFirst)
+}
+
+// queuedAhead reads asynq's queue of run tasks in the order the workers
+// will take them (LPUSHed, taken from the right) and returns, of B's runs
+// (bOps), the most of organisation a's runs ahead of one, and that run.
+func queuedAhead(ctx context.Context, rc *redis.Client, ins *asynq.Inspector, a string, bOps []*op) (int, string, error) {
+	ids, err := rc.LRange(ctx, "asynq:{default}:pending", 0, -1).Result()
+	if err != nil {
+		return 0, "", err
+	}
+	tasks, err := ins.ListPendingTasks("default", asynq.PageSize(len(ids)+1))
+	if err != nil {
+		return 0, "", err
+	}
+	payloads := map[string][]byte{}
+	for _, t := range tasks {
+		payloads[t.ID] = t.Payload
+	}
+	isB := map[string]bool{}
+	for _, o := range bOps {
+		isB[o.RunID] = true
+	}
+	aAhead, most, worst, found := 0, 0, "", 0
+	for i := len(ids) - 1; i >= 0; i-- {
+		var p struct {
+			RunID string `json:"run_id"`
+			OrgID string `json:"org_id"`
+			Runs  []struct {
+				RunID string `json:"run_id"`
+				OrgID string `json:"org_id"`
+			} `json:"runs"`
+		}
+		if err := json.Unmarshal(payloads[ids[i]], &p); err != nil {
+			return 0, "", fmt.Errorf("task %s: %w", ids[i], err)
+		}
+		runs := p.Runs
+		if p.RunID != "" {
+			runs = append(runs, struct {
+				RunID string `json:"run_id"`
+				OrgID string `json:"org_id"`
+			}{p.RunID, p.OrgID})
+		}
+		for _, r := range runs {
+			switch {
+			case isB[r.RunID]:
+				found++
+				if aAhead >= most {
+					most, worst = aAhead, r.RunID
+				}
+			case r.OrgID == a:
+				aAhead++
+			}
+		}
+	}
+	if found < len(isB) {
+		return 0, "", fmt.Errorf("%d of B's %d runs are in the queue: the API had not handed them all off", found, len(isB))
+	}
+	return most, worst, nil
 }
 
 // startPaced sends ops one at a time, noisyPause apart, and returns how
