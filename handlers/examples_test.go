@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -491,36 +492,8 @@ func (rec *exRecorder) recordKeyRequired() {
 func (rec *exRecorder) recordFailures() {
 	t := rec.t
 	e := apitest.New(t) // the token cache on, as in production: requests get past authentication
-	org := e.NewOrg("Acme")
-	wf := e.NewWorkflow(org, exWorkflowBody)
-	rec.ids[wf] = exWorkflowID
-	start := "/api/workflows/" + wf + "/start/"
-	r := e.Do(http.MethodPost, start, org.Token, exStartBody)
-	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
-	run := r.Map(t)["id"].(string)
-	rec.ids[run] = exRunID
-	h := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, exHookBody)
-	require.Equal(t, http.StatusCreated, h.Status, "%s", h.Body)
-	hookPath := "/api/webhook-endpoints/" + h.Map(t)["id"].(string) + "/"
-	rec.ids[h.Map(t)["id"].(string)] = exHookID
-
-	all := []struct{ op, method, path, body string }{
-		{opCreateWF, http.MethodPost, "/api/workflows/", exWorkflowBody},
-		{opListWF, http.MethodGet, "/api/workflows/", ""},
-		{opGetWF, http.MethodGet, "/api/workflows/" + wf + "/", ""},
-		{opStart, http.MethodPost, start, exStartBody},
-		{opListRuns, http.MethodGet, "/api/runs/", ""},
-		{opGetRun, http.MethodGet, "/api/runs/" + run + "/", ""},
-		{opUsage, http.MethodGet, "/api/usage", ""},
-		{opKey, http.MethodGet, exStartKeyURL, ""},
-		{opCreateHook, http.MethodPost, "/api/webhook-endpoints/", exHookBody},
-		{opListHooks, http.MethodGet, "/api/webhook-endpoints/", ""},
-		{opGetHook, http.MethodGet, hookPath, ""},
-		{opDeleteHook, http.MethodDelete, hookPath, ""},
-		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/", ""},
-		{opDeliveries, http.MethodGet, hookPath + "deliveries/", ""},
-	}
-	send := func(name string, o struct{ op, method, path, body string }, headers ...string) exResponse {
+	org, all := rec.everyAPIRoute(e)
+	send := func(name string, o exRouteCall, headers ...string) exResponse {
 		var body any
 		if o.body != "" {
 			body = o.body
@@ -588,6 +561,37 @@ func (rec *exRecorder) recordRateLimit() {
 func (rec *exRecorder) recordOverload() {
 	t := rec.t
 	e := apitest.New(t, apitest.Options{Config: func(c *config.Config) { c.MaxRequestsInFlight, c.OverloadWait = 1, 0 }})
+	org, all := rec.everyAPIRoute(e)
+	start := all[slices.IndexFunc(all, func(o exRouteCall) bool { return o.op == opStart })].path
+
+	pr, pw := io.Pipe()
+	held := make(chan apitest.Response, 1)
+	go func() { held <- e.Do(http.MethodPost, start, org.Token, pr) }()
+	waitGauge(t, e.Registry, "valruns_http_requests_in_flight", 1)
+	for _, o := range all {
+		var body any
+		if o.body != "" {
+			body = o.body
+		}
+		rec.also(o.op, 503, handlers.CodeOverloaded, "while the process serves as many requests as it may (`MAX_REQUESTS_IN_FLIGHT`, `MAX_BODY_BYTES_IN_FLIGHT`)",
+			rec.send(e, "overloaded "+o.op, o.method, o.path, org.Token, body))
+	}
+	_, err := pw.Write([]byte(exStartBody))
+	require.NoError(t, err)
+	require.NoError(t, pw.Close())
+	require.Equal(t, http.StatusCreated, (<-held).Status)
+}
+
+// exRouteCall is one request to one route of the API, for the examples every
+// route has (500, 503).
+type exRouteCall struct{ op, method, path, body string }
+
+// everyAPIRoute makes, on e, an organisation with a workflow, a run of it
+// and a webhook endpoint (their ids recorded as the examples'), and returns
+// one request to each /api/ route that needs them. A route added to the
+// API is added here once, and gets every such example.
+func (rec *exRecorder) everyAPIRoute(e *apitest.Env) (apitest.Org, []exRouteCall) {
+	t := rec.t
 	org := e.NewOrg("Acme")
 	wf := e.NewWorkflow(org, exWorkflowBody)
 	rec.ids[wf] = exWorkflowID
@@ -600,12 +604,7 @@ func (rec *exRecorder) recordOverload() {
 	require.Equal(t, http.StatusCreated, h.Status, "%s", h.Body)
 	hookPath := "/api/webhook-endpoints/" + h.Map(t)["id"].(string) + "/"
 	rec.ids[h.Map(t)["id"].(string)] = exHookID
-
-	pr, pw := io.Pipe()
-	held := make(chan apitest.Response, 1)
-	go func() { held <- e.Do(http.MethodPost, start, org.Token, pr) }()
-	waitGauge(t, e.Registry, "valruns_http_requests_in_flight", 1)
-	for _, o := range []struct{ op, method, path, body string }{
+	return org, []exRouteCall{
 		{opCreateWF, http.MethodPost, "/api/workflows/", exWorkflowBody},
 		{opListWF, http.MethodGet, "/api/workflows/", ""},
 		{opGetWF, http.MethodGet, "/api/workflows/" + wf + "/", ""},
@@ -620,18 +619,7 @@ func (rec *exRecorder) recordOverload() {
 		{opDeleteHook, http.MethodDelete, hookPath, ""},
 		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/", ""},
 		{opDeliveries, http.MethodGet, hookPath + "deliveries/", ""},
-	} {
-		var body any
-		if o.body != "" {
-			body = o.body
-		}
-		rec.also(o.op, 503, handlers.CodeOverloaded, "while the process serves as many requests as it may (`MAX_REQUESTS_IN_FLIGHT`, `MAX_BODY_BYTES_IN_FLIGHT`)",
-			rec.send(e, "overloaded "+o.op, o.method, o.path, org.Token, body))
 	}
-	_, err := pw.Write([]byte(exStartBody))
-	require.NoError(t, err)
-	require.NoError(t, pw.Close())
-	require.Equal(t, http.StatusCreated, (<-held).Status)
 }
 
 // exDatabaseDown takes e's database away as a restart does: its connections
