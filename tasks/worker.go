@@ -114,7 +114,7 @@ type Worker struct {
 	runs      *RunExecutor
 	cleanup   *Cleanup
 	hooks     *webhookSender // nil: this worker sends no webhooks
-	hookSrv   *asynq.Server
+	hookSrv   *asynq.Server  // the server of hooks' attempts (nil with it)
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 }
@@ -161,7 +161,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 	w.runs = &RunExecutor{runs: runs, lease: cfg.RunLease, heartbeat: cfg.RunHeartbeat,
 		maxAttempts: cfg.RunMaxRetry + 1, timeout: cfg.RunTimeout, log: log, m: m,
 		fastBudget: max(cfg.FastBudget, 0), fin: newFinisher(runs)}
-	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), hooks: models.NewWebhookStore(cfg.DB), retention: cfg.WebhookRetention,
+	hooks := models.NewWebhookStore(cfg.DB)
+	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), hooks: hooks, retention: cfg.WebhookRetention,
 		batch: cfg.CleanupBatchSize, log: log, m: m}
 	w.client = asynq.NewClient(cfg.Redis)
 	w.inspector = asynq.NewInspector(cfg.Redis)
@@ -206,7 +207,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	})
 	w.sched = sched
 	if cfg.WebhookConcurrency > 0 {
-		w.hooks = &webhookSender{store: models.NewWebhookStore(cfg.DB), client: w.client,
+		w.hooks = &webhookSender{store: hooks, client: w.client,
 			send: webhooks.NewSender(cfg.WebhookAllowPrivate, 0), eventData: cfg.EventData,
 			interval: cfg.WebhookPollInterval, limit: cfg.WebhookConcurrency, base: cfg.WebhookRetryBase,
 			horizon: cfg.WebhookRetryHorizon, log: log, m: newWebhookMetrics(cfg.Registry), poke: make(chan struct{}, 1)}
@@ -254,7 +255,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.server.Start(w.Mux()); err != nil {
 		return fmt.Errorf("start task server: %w", err)
 	}
-	if w.hookSrv != nil {
+	if w.hooks != nil {
 		mux := asynq.NewServeMux()
 		mux.Handle(TypeWebhookDeliver, w.hooks)
 		if err := w.hookSrv.Start(mux); err != nil {
@@ -287,12 +288,12 @@ func (w *Worker) Shutdown() {
 	w.cancel()
 	w.wg.Wait()
 	w.server.Stop()
-	if w.hookSrv != nil {
+	if w.hooks != nil {
 		w.hookSrv.Stop()
 	}
 	w.runs.handBack(w.cfg.ShutdownTimeout)
 	w.server.Shutdown()
-	if w.hookSrv != nil {
+	if w.hooks != nil {
 		w.hookSrv.Shutdown()
 	}
 	_ = w.inspector.Close()
