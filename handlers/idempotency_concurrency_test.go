@@ -160,6 +160,59 @@ func TestStartStormSameKey(t *testing.T) {
 	}
 }
 
+// TestStartStormExpiredKey: 50 clients send a key whose row has expired,
+// five times over (the row expired again before each round): each round
+// takes the row over exactly once (the start's statement updates the
+// expired row in place rather than inserting), so one run more, billed
+// once, and the key row points to it; every answer is that 201 (first or
+// replayed) or a 409.
+func TestStartStormExpiredKey(t *testing.T) {
+	t.Parallel()
+	f := newIdemFixture(t, nil)
+	srv := f.e.Server()
+	const clients, rounds, key = 50, 5, "storm-expired"
+	first := f.start(idemBody, idemKey(key)...)
+	require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
+	for round := 1; round <= rounds; round++ {
+		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
+			require.NoError(t, f.e.DB.Exec(`UPDATE idempotency_keys SET created_at = now() - interval '25 hours',
+				expires_at = now() - interval '1 hour' WHERE org_id = ? AND key = ?`, f.org.ID, key).Error)
+			answers := idemStorm(t, srv, clients, func(int) (string, string, string, string) {
+				return idemStartPath(f.wf), f.org.Token, key, idemBody
+			})
+			tally := idemTally(answers)
+			t.Logf("answers by status: %v", tally)
+			require.Equal(t, clients, tally[201]+tally[409], "only 201 or 409: %v", tally)
+			var body string
+			fresh := 0
+			for _, a := range answers {
+				if a.Status != 201 {
+					continue
+				}
+				if body == "" {
+					body = a.Body
+				}
+				require.Equal(t, body, a.Body, "every 201 is the same answer")
+				if !a.Replayed {
+					fresh++
+				}
+			}
+			require.Equal(t, 1, fresh, "exactly one request executed")
+			runs := int64(round + 1)
+			require.Equal(t, idemCounts{Runs: runs, Usage: runs, Audits: runs, Keys: 1}, f.counts(t, f.org.ID))
+			k := idemKeyRow(t, f.e, f.org.ID, handlers.ScopeWorkflowStart, key)
+			require.NotNil(t, k)
+			require.Equal(t, body, string(k.ResponseBody))
+			require.True(t, k.ExpiresAt.After(time.Now()), "the row lives again")
+			var newest string
+			require.NoError(t, f.e.DB.Raw(`SELECT id FROM validation_runs WHERE org_id = ? ORDER BY created_at DESC, id DESC LIMIT 1`,
+				f.org.ID).Scan(&newest).Error)
+			require.NotNil(t, k.ValidationRunID)
+			require.Equal(t, newest, *k.ValidationRunID, "the key points to this round's run")
+		})
+	}
+}
+
 // TestStartStormSameKeyTwoBodies: half the storm sends another body under the
 // same key: still one run; answers are 201 (the winner's body), 409 or 422.
 func TestStartStormSameKeyTwoBodies(t *testing.T) {

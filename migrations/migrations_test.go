@@ -227,7 +227,15 @@ func TestConstraints(t *testing.T) {
 		{name: "passed without finished_at", sql: insertRun, args: []any{orgID, wfID, "passed", "{}", nil, nil}, wantCode: "23514"},
 		{name: "error without error text", sql: insertRun, args: []any{orgID, wfID, "error", "{}", "2026-01-01T00:00:00Z", nil}, wantCode: "23514"},
 		{name: "metadata not an object", sql: insertRun, args: []any{orgID, wfID, "queued", "[1]", nil, nil}, wantCode: "23514"},
-		{name: "run of an unknown workflow", sql: insertRun, args: []any{orgID, "00000000-0000-0000-0000-000000000000", "queued", "{}", nil, nil}, wantCode: "23503"},
+		// The start's statement checks the workflow is the organisation's;
+		// the runs table has no foreign key to workflows (migration 0009).
+		{name: "run of an unknown workflow", sql: insertRun, args: []any{orgID, "00000000-0000-0000-0000-000000000000", "queued", "{}", nil, nil}},
+		// The key's link to its run keeps its foreign key (CONTRACT).
+		{name: "key linked to an unknown run", sql: `INSERT INTO idempotency_keys
+			(org_id, endpoint, key, request_hash, request_method, request_path, response_status,
+			 response_body, request_id, expires_at, validation_run_id)
+			VALUES ($1, 'workflow_start', 'linked', sha256('x'::bytea), 'POST', '/p', 201, '\x7b7d', 'req', now() + interval '1 day',
+			 '00000000-0000-0000-0000-000000000000')`, args: []any{orgID}, wantCode: "23503"},
 		{name: "bad slug", sql: `INSERT INTO organizations (name, slug) VALUES ('x', 'Not A Slug')`, wantCode: "23514"},
 		{name: "token hash not 32 bytes", sql: `INSERT INTO api_tokens (org_id, token_hash, display) VALUES ($1, '\x00', 'vr_x')`, args: []any{orgID}, wantCode: "23514"},
 		{name: "usage period not the first of a month", sql: `INSERT INTO usage_slots (org_id, period, slot, quota) VALUES ($1, '2026-01-02', 0, 0)`, args: []any{orgID}, wantCode: "23514"},

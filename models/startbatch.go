@@ -278,12 +278,16 @@ const txGrace = 2 * time.Second
 //   - the starts of one organisation, period and quota bill one usage
 //     slot that has room for all of them, held by no other transaction
 //     (SKIP LOCKED); none: they go slow;
-//   - the rest write their key row (taking over an expired one) and run.
+//   - the rest write their key row and run. The key row is a plain INSERT,
+//     or an UPDATE of the expired row the lookup found (taking it over):
+//     not INSERT ... ON CONFLICT, whose speculative insertion costs an
+//     index probe and a WAL record more per key.
 //
 // A key row that another request committed after this snapshot (it held
-// the lock until then) makes the upsert write nothing: then the statement
-// fails (idempotency_key_taken) and writes nothing, and each start is
-// tried alone.
+// the lock until then) makes the INSERT fail (unique_violation on
+// idempotency_keys_pkey), or the takeover find no expired row and write
+// nothing (then idempotency_key_taken raises the same error): the
+// statement writes nothing, and each start is tried alone.
 const startBatchSQL = `
 WITH input AS (
 	SELECT * FROM unnest(CAST($1 AS uuid[]), CAST($2 AS timestamptz[]), CAST($3 AS uuid[]), CAST($4 AS uuid[]),
@@ -294,19 +298,20 @@ WITH input AS (
 	WITH ORDINALITY AS t(id, created_at, org, wf, submission, metadata, quota, token, request_id, key, endpoint, lock,
 		hash, method, path, status, body, headers, key_request_id, ip, ua, ttl, period, off, i)
 ), checked AS MATERIALIZED (
-	SELECT t.*, live.key AS live_key, live.request_hash AS live_hash, live.request_method AS live_method,
-		live.request_path AS live_path, live.response_status AS live_status, live.response_body AS live_body,
-		live.response_headers AS live_headers, live.validation_run_id AS live_run, live.request_id AS live_request,
-		live.created_at AS live_created, live.expires_at AS live_expires,
+	SELECT t.*, CASE WHEN f.live THEN f.key END AS live_key, f.request_hash AS live_hash,
+		f.request_method AS live_method, f.request_path AS live_path, f.response_status AS live_status,
+		f.response_body AS live_body, f.response_headers AS live_headers, f.validation_run_id AS live_run,
+		f.request_id AS live_request, f.created_at AS live_created, f.expires_at AS live_expires,
+		coalesce(NOT f.live, false) AS stale,
 		CASE WHEN t.key IS NULL THEN true
-		     WHEN live.key IS NOT NULL THEN false
+		     WHEN f.live THEN false
 		     ELSE pg_try_advisory_xact_lock(t.lock) END AS locked,
 		EXISTS (SELECT 1 FROM workflows w WHERE w.id = t.wf AND w.org_id = t.org) AS wf_ok
 	FROM input t
 	LEFT JOIN LATERAL (
-		SELECT k.* FROM idempotency_keys k
-		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key AND k.expires_at > now()
-		OFFSET 0) live ON true
+		SELECT k.*, k.expires_at > now() AS live FROM idempotency_keys k
+		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key
+		OFFSET 0) f ON true
 ), going AS (
 	SELECT * FROM checked WHERE locked AND live_key IS NULL AND wf_ok
 ), slots AS (
@@ -324,9 +329,21 @@ WITH input AS (
 	RETURNING u.org_id, u.period, u.quota
 ), ran AS (
 	SELECT g.* FROM going g JOIN bump b ON b.org_id = g.org AND b.period = g.period AND b.quota = g.quota
-), keys AS (` + keyInsert + `	SELECT org, endpoint, key, hash, method, path, status, body, CAST(headers AS jsonb), id, key_request_id,
+), fresh AS (` + keyInsert + `	SELECT org, endpoint, key, hash, method, path, status, body, CAST(headers AS jsonb), id, key_request_id,
 		ip, ua, now(), now() + ttl * interval '1 microsecond'
-	FROM ran WHERE key IS NOT NULL` + keyTakeOver + `	RETURNING k.validation_run_id AS run, k.expires_at, k.xmax <> 0 AS replaced
+	FROM ran WHERE key IS NOT NULL AND NOT stale
+	RETURNING k.validation_run_id AS run, k.expires_at, false AS replaced
+), retaken AS (
+	UPDATE idempotency_keys k SET request_hash = r.hash, request_method = r.method, request_path = r.path,
+		response_status = r.status, response_body = r.body, response_headers = CAST(r.headers AS jsonb),
+		validation_run_id = r.id, request_id = r.key_request_id, client_ip = r.ip, user_agent = r.ua,
+		created_at = now(), expires_at = now() + r.ttl * interval '1 microsecond'
+	FROM ran r
+	WHERE r.key IS NOT NULL AND r.stale
+	  AND k.org_id = r.org AND k.endpoint = r.endpoint AND k.key = r.key AND k.expires_at <= now()
+	RETURNING k.validation_run_id AS run, k.expires_at, true AS replaced
+), keys AS (
+	SELECT * FROM fresh UNION ALL SELECT * FROM retaken
 ), runs AS (
 	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
 		token_id, request_id, idempotency_key)
