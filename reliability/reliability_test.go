@@ -29,6 +29,7 @@ var scenarios = []scenario{
 	{"postgres_restart", postgresRestart},
 	{"redis_restart", redisRestart},
 	{"worker_kill", workerKill},
+	{"worker_kill_fast", workerKillFast},
 	{"worker_pause", workerPause},
 	{"worker_starved", workerStarved},
 	{"hostile_input", hostileInput},

@@ -289,6 +289,96 @@ func workerKill(t *testing.T, s *suite, res *result) {
 	requireTakenOver(t, c, res, held, "killed", c.workers[0].log.String(), faultAt.Add(s.cfg.RunLease))
 }
 
+// workerKillFast: worker A gets `kill -9` while it drains a backlog of
+// cheap runs, which the worker executes without a claim (the fast path, on
+// as by default:
+// validate, then one fenced write from queued to final, batched with other
+// tasks' writes). What A had taken from the queue then is neither claimed
+// nor final: asynq gives its tasks back once their lease runs out, and the
+// sweeper covers what asynq loses. Every run must be final within a minute
+// of the kill, exactly once; A must have held tasks at the kill (asynq's
+// active tasks that stay active while worker B goes through cheap runs in
+// milliseconds), or the scenario proved nothing.
+func workerKillFast(t *testing.T, s *suite, res *result) {
+	// The fast path as it runs by default (the suite claims every run
+	// first, RUN_FAST_PATH=0, so that the other scenarios catch held runs).
+	c := newClusterWith(t, s, 2, 2, func(*cluster) []string { return []string{"RUN_FAST_PATH=1s"} })
+	rec := &recorder{}
+	cl := newClient(c.baseURLs(), rec, s.cfg.MaxBodyBytes)
+	t.Cleanup(cl.close)
+	o := c.newOrg("wkillfast")
+	cheap := orderWorkflow()
+	wf := createWorkflow(t, cl, o, cheap)
+	ctx := context.Background()
+	for _, w := range c.workers {
+		w.signal(syscall.SIGSTOP)
+		if !waitUntil(10*time.Second, w.isStopped) {
+			t.Fatalf("%s did not stop", w.name)
+		}
+	}
+	ops := makeOps("wkill-fast", 400, o, wf, cheap)
+	startLoad(ctx, cl, ops, 16).wait()
+	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.addr()})
+	defer ins.Close()
+	rc := s.redis.client()
+	defer rc.Close()
+	// A backlog in Redis for the workers to drain (the API hands runs off
+	// after their 201, in the background).
+	if !waitUntil(time.Minute, func() bool { return runsWaitingInRedis(ctx, ins, rc) >= len(ops)/2 }) {
+		t.Fatalf("the backlog never reached Redis: %d runs waiting", runsWaitingInRedis(ctx, ins, rc))
+	}
+	for _, w := range c.workers {
+		w.signal(syscall.SIGCONT)
+	}
+	if !waitUntil(30*time.Second, func() bool {
+		n, err := c.count(`SELECT count(*) FROM validation_runs WHERE finished_at IS NOT NULL`)
+		return err == nil && n >= 20
+	}) {
+		t.Fatalf("the workers did not get going")
+	}
+	faultAt := time.Now()
+	c.workers[0].kill()
+	orphans := orphanedTasks(t, ins)
+	t.Logf("worker A killed while the workers drained %d runs; %d of its tasks left active", len(ops), len(orphans))
+	verify(t, c, res, ops, expectations{faultAt: faultAt, finalBy: faultAt.Add(finalWithin)})
+	res.Requests = rec.requests.Load()
+	res.judge5xx(t, rec, nil)
+	if len(orphans) == 0 {
+		res.fail(t, "worker A held no task at the kill: the scenario proved nothing")
+	}
+}
+
+// orphanedTasks lists the runs of asynq's active tasks that are still
+// active 2 s later: a dead worker's, since a live one ends a cheap run in
+// milliseconds.
+func orphanedTasks(t *testing.T, ins *asynq.Inspector) []string {
+	active := func() map[string]string {
+		out := map[string]string{}
+		tasks, err := ins.ListActiveTasks("default", asynq.PageSize(1000))
+		if err != nil {
+			t.Logf("active tasks: %v", err)
+			return out
+		}
+		for _, ti := range tasks {
+			var p struct {
+				RunID string `json:"run_id"`
+			}
+			_ = json.Unmarshal(ti.Payload, &p)
+			out[ti.ID] = p.RunID
+		}
+		return out
+	}
+	first := active()
+	time.Sleep(2 * time.Second)
+	var runs []string
+	for id := range active() {
+		if run, ok := first[id]; ok {
+			runs = append(runs, run)
+		}
+	}
+	return runs
+}
+
 // stillHeld keeps the runs of held (run id -> attempt) that are still
 // running as that attempt: a line of the worker's log may not have been
 // read yet when it stopped, so its log alone may list a run it has ended.
