@@ -34,6 +34,8 @@ type e2eResult struct {
 	Side    string // now, baseline, peer
 	Mode    string
 	Clients int
+	// APIs and Workers: the processes of each kind (Workers 0: in the API).
+	APIs, Workers int
 	Window  time.Duration
 	// From the load generator: the 201s inside the window and their latency.
 	Answers            int
@@ -50,7 +52,8 @@ type e2eResult struct {
 	HasRunning           bool
 	DrainedAfter         time.Duration // from the window's end to the last run's finished_at
 	ServerCPU, WorkerCPU time.Duration // per run started
-	PeakRSSKB            int64
+	PeakRSSKB            int64 // the largest API process's
+	DBConns              int   // the most connections the database saw
 	Failed               string
 }
 
@@ -78,12 +81,25 @@ type e2eTarget struct {
 	side *side // nil for the peer
 	peer bool
 	mode e2eMode
+	// apis and workers: how many API processes (the load spread over them
+	// by client) and, in a separate mode, worker processes (0: one each).
+	apis, workers int
+}
+
+// counts is the target's API and worker processes.
+func (t e2eTarget) counts() (apis, workers int) {
+	apis, workers = max(t.apis, 1), 0
+	if t.mode.Separate {
+		workers = max(t.workers, 1)
+	}
+	return apis, workers
 }
 
 // measureE2E runs the closed loop of new-key starts against t for dur
 // (after warm), then waits up to drainWait for the window's runs to end.
 func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, dur, drainWait time.Duration, extra ...string) (r e2eResult) {
 	r = e2eResult{Mode: t.mode.Name, Clients: clients}
+	r.APIs, r.Workers = t.counts()
 	tmpl, org := e.tmpl, e.orgs[0]
 	if t.peer {
 		r.Side = "peer"
@@ -104,28 +120,41 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 	if err := e.flushRedis(ctx); err != nil {
 		return fail(err)
 	}
-	var srv, worker *proc
-	var base string
-	switch {
-	case t.peer:
-		srv, base, err = e.startPeerOpts(ctx, e.dbURL(db), org, !t.mode.Separate)
-	default:
-		srv, base, err = e.startServerBin(ctx, t.side.bin, e.dbURL(db), !t.mode.Separate, extra...)
-	}
-	if err != nil {
-		return fail(err)
-	}
-	defer srv.Stop(20 * time.Second)
-	if t.mode.Separate {
-		if t.peer {
-			worker, err = e.startPeerWorker(ctx, e.dbURL(db))
-		} else {
-			worker, err = e.startWorkerBin(ctx, t.side.bin, e.dbURL(db), extra...)
+	// The processes: API i listens on e.port (the first) or e.port+10+i,
+	// worker j serves its metrics on e.port+2 or e.port+20+j.
+	nAPIs, nWorkers := t.counts()
+	var srvs, workers []*proc
+	var bases []string
+	defer func() {
+		for _, p := range append(srvs, workers...) {
+			p.Stop(20 * time.Second)
+		}
+	}()
+	for i := range nAPIs {
+		var srv *proc
+		var base string
+		switch {
+		case t.peer:
+			srv, base, err = e.startPeerOpts(ctx, e.dbURL(db), org, !t.mode.Separate)
+		default:
+			srv, base, err = e.startServerAt(ctx, t.side.bin, e.dbURL(db), !t.mode.Separate, extraPort(e.port, 10, i), extra...)
 		}
 		if err != nil {
 			return fail(err)
 		}
-		defer worker.Stop(20 * time.Second)
+		srvs, bases = append(srvs, srv), append(bases, base)
+	}
+	for j := range nWorkers {
+		var worker *proc
+		if t.peer {
+			worker, err = e.startPeerWorker(ctx, e.dbURL(db))
+		} else {
+			worker, err = e.startWorkerAt(ctx, t.side.bin, e.dbURL(db), extraPort(e.port+2, 20, j), extra...)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		workers = append(workers, worker)
 	}
 	conn, err := e.connect(ctx, db)
 	if err != nil {
@@ -137,46 +166,43 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 	if t.peer {
 		token = ""
 	}
-	url := base + org.startPath()
 	body := []byte(startBody)
 	run := time.Now().UnixNano()
 	next := func(c, i int) request {
-		return request{"POST", url, headerFor(token, fmt.Sprintf("e2e-%d-%d-%d", run, c, i)), body}
+		return request{"POST", bases[c%len(bases)] + org.startPath(), headerFor(token, fmt.Sprintf("e2e-%d-%d-%d", run, c, i)), body}
 	}
-	sm := &usageMeter{pid: srv.Pid()}
-	var wm *usageMeter
-	if worker != nil {
-		wm = &usageMeter{pid: worker.Pid()}
-	}
+	sm, wm := meters(srvs), meters(workers)
+	var conns *connsSampler
 	var from, to time.Time
 	var clockErr error
 	res := runLoad(ctx, clients, warm, dur, next, nil, nil, func(open bool) {
 		if open {
 			from = dbNow(ctx, conn, &clockErr)
 			sm.open()
-			if wm != nil {
-				wm.open()
-			}
+			wm.open()
+			conns = e.sampleConns(ctx, db)
 			return
 		}
 		to = dbNow(ctx, conn, &clockErr)
 		sm.close()
-		if wm != nil {
-			wm.close()
-		}
+		wm.close()
+		conns.finish()
 	})
 	if clockErr != nil {
 		return fail(clockErr)
 	}
-	if srv.Exited() {
-		return fail(fmt.Errorf("the server exited during the run: %v\n%s", srv.err, srv.Tail()))
+	for _, srv := range srvs {
+		if srv.Exited() {
+			return fail(fmt.Errorf("the server exited during the run: %v\n%s", srv.err, srv.Tail()))
+		}
 	}
 	r.Window = to.Sub(from)
 	r.Answers = res.Requests
 	r.StartP50, r.StartP99 = res.Percentile(.5), res.Percentile(.99)
 	r.Errors = res.Errors + res.Non2xx + res.Unexpected
 	r.Limited = res.Statuses[http.StatusTooManyRequests]
-	r.PeakRSSKB = sm.usage.PeakRSS
+	r.PeakRSSKB = sm.peakRSS()
+	r.DBConns = conns.max
 
 	if err := conn.QueryRow(ctx, `SELECT
 		count(*) FILTER (WHERE created_at >= $1 AND created_at < $2),
@@ -185,9 +211,9 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 		return fail(err)
 	}
 	if r.Started > 0 {
-		r.ServerCPU = sm.usage.CPU / time.Duration(r.Started)
-		if wm != nil {
-			r.WorkerCPU = wm.usage.CPU / time.Duration(r.Started)
+		r.ServerCPU = sm.cpu() / time.Duration(r.Started)
+		if len(workers) > 0 {
+			r.WorkerCPU = wm.cpu() / time.Duration(r.Started)
 		}
 	}
 	// The drain: the window's runs end after the load has stopped.
@@ -256,4 +282,52 @@ func secs(f *float64) time.Duration {
 		return 0
 	}
 	return time.Duration(*f * float64(time.Second))
+}
+
+// extraPort is the port of the i-th process of a kind: base for the first,
+// base+off+i for the others.
+func extraPort(base, off, i int) int {
+	if i == 0 {
+		return base
+	}
+	return base + off + i
+}
+
+// meterSet measures several processes over one window.
+type meterSet []*usageMeter
+
+func meters(ps []*proc) meterSet {
+	var m meterSet
+	for _, p := range ps {
+		m = append(m, &usageMeter{pid: p.Pid()})
+	}
+	return m
+}
+
+func (m meterSet) open() {
+	for _, u := range m {
+		u.open()
+	}
+}
+
+func (m meterSet) close() {
+	for _, u := range m {
+		u.close()
+	}
+}
+
+// cpu is the processes' CPU time over the window, together.
+func (m meterSet) cpu() (d time.Duration) {
+	for _, u := range m {
+		d += u.usage.CPU
+	}
+	return d
+}
+
+// peakRSS is the largest process's peak resident memory.
+func (m meterSet) peakRSS() (kb int64) {
+	for _, u := range m {
+		kb = max(kb, u.usage.PeakRSS)
+	}
+	return kb
 }

@@ -92,10 +92,12 @@ func openEnv(ctx context.Context, root, bin, logDir string, norgs int, port int)
 	if e.admin, err = pgx.Connect(ctx, admin.String()); err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL (DATABASE_URL with database postgres): %w", err)
 	}
-	for _, p := range []int{port, port + 1, port + 2} {
+	// The API, the peer and the worker's metrics; the scale table's other
+	// APIs (port+11 to port+13) and second worker (port+21).
+	for _, p := range []int{port, port + 1, port + 2, port + 11, port + 12, port + 13, port + 21} {
 		if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err != nil {
 			e.close()
-			return nil, fmt.Errorf("port %d is taken: set BENCH_PORT to a base of three free ports", p)
+			return nil, fmt.Errorf("port %d is taken: set BENCH_PORT to a base port B with B to B+2, B+11 to B+13 and B+21 free", p)
 		} else {
 			_ = ln.Close()
 		}
@@ -333,7 +335,12 @@ func (e *env) startServerURL(ctx context.Context, dbURL string, worker bool, ext
 
 // startServerBin is startServerURL with another valruns binary (a baseline's).
 func (e *env) startServerBin(ctx context.Context, bin, dbURL string, worker bool, extra ...string) (*proc, string, error) {
-	addr := fmt.Sprintf("127.0.0.1:%d", e.port)
+	return e.startServerAt(ctx, bin, dbURL, worker, e.port, extra...)
+}
+
+// startServerAt is startServerBin listening on port.
+func (e *env) startServerAt(ctx context.Context, bin, dbURL string, worker bool, port int, extra ...string) (*proc, string, error) {
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	// No start rate: the bench measures throughput beside an unlimited
 	// peer (BENCH_SERVER_ENV may set one).
 	kv := append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "REDIS_URL=" + e.redisURL, "ORG_START_RATE=0"}, e.serverEnv...)
@@ -342,7 +349,11 @@ func (e *env) startServerBin(ctx context.Context, bin, dbURL string, worker bool
 	if worker {
 		args = append(args, "--worker")
 	}
-	p, err := startProc("serve", e.logDir, e.root, childEnv(kv...), bin, args...)
+	name := "serve"
+	if port != e.port {
+		name = fmt.Sprintf("serve-%d", port)
+	}
+	p, err := startProc(name, e.logDir, e.root, childEnv(kv...), bin, args...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -362,10 +373,19 @@ func (e *env) startWorker(ctx context.Context, db string) (*proc, error) {
 // startWorkerBin runs `valruns worker` of binary bin on the database at
 // dbURL, with extra settings (such as WORKER_CONCURRENCY=50).
 func (e *env) startWorkerBin(ctx context.Context, bin, dbURL string, extra ...string) (*proc, error) {
-	metrics := fmt.Sprintf("127.0.0.1:%d", e.port+2)
+	return e.startWorkerAt(ctx, bin, dbURL, e.port+2, extra...)
+}
+
+// startWorkerAt is startWorkerBin serving its metrics on port.
+func (e *env) startWorkerAt(ctx context.Context, bin, dbURL string, port int, extra ...string) (*proc, error) {
+	metrics := fmt.Sprintf("127.0.0.1:%d", port)
 	kv := append([]string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + e.redisURL, "WORKER_METRICS_ADDR=" + metrics}, e.serverEnv...)
 	kv = append(kv, extra...)
-	p, err := startProc("worker", e.logDir, e.root, childEnv(kv...), bin, "worker")
+	name := "worker"
+	if port != e.port+2 {
+		name = fmt.Sprintf("worker-%d", port)
+	}
+	p, err := startProc(name, e.logDir, e.root, childEnv(kv...), bin, "worker")
 	if err != nil {
 		return nil, err
 	}

@@ -29,6 +29,8 @@ type experimentLog struct {
 	PgWork         []pgWorkResult
 	E2E            []e2eResult
 	Drain          []drainResult
+	Scale          []e2eResult // horizontal scale (issue 17), of "now"
+	ScaleDur       time.Duration
 	Load           string // load average before and after
 	Errors         []string
 }
@@ -144,6 +146,9 @@ func (x *experimentLog) markdown() string {
 	}
 	for _, d := range x.Drain {
 		x.writeDrain(&b, d)
+	}
+	if len(x.Scale) > 0 {
+		x.writeScale(&b)
 	}
 	return b.String()
 }
@@ -421,6 +426,10 @@ func runExperiments(ctx context.Context, e *env, p plan, baseline, root, scratch
 	if p.want("drain") && ctx.Err() == nil {
 		say("drain now: %d runs, WORKER_CONCURRENCY %v", p.DrainRuns, p.DrainConc)
 		x.Drain = append(x.Drain, e.measureDrain(ctx, now, p.DrainRuns, p.DrainConc))
+	}
+	if p.want("scale") && ctx.Err() == nil {
+		x.ScaleDur = p.ScaleDur
+		x.Scale = e.measureScale(ctx, now, p.Scale, p.E2EClients, p.E2E.Warm, p.ScaleDur)
 	}
 	x.Load += " before, " + loadavg() + " after"
 	return x

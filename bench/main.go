@@ -48,6 +48,9 @@ type plan struct {
 	NoisyRuns    int
 	NoisyB       int
 	NoisyEnv     [][]string
+	// Horizontal scale (issue 17): the topologies and each loop's window.
+	Scale    []scaleTopology
+	ScaleDur time.Duration
 }
 
 func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
@@ -57,12 +60,12 @@ func makePlan(quick bool) plan {
 		return plan{Quick: true, Levels: []int{32}, HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second},
 			PG: timing{Warm: time.Second, Dur: 2 * time.Second}, CleanupKeys: 100_000, Samples: 20, Orgs: 100,
 			E2E: timing{Warm: time.Second, Dur: 10 * time.Second}, E2EClients: 32, PgWorkRuns: 300, DrainRuns: 3_000, DrainConc: []int{10, 50},
-			NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv}
+			NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv, Scale: scaleQuick, ScaleDur: 5 * time.Second}
 	}
 	return plan{Levels: []int{1, 8, 32, 128}, HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second},
 		PG: timing{Warm: time.Second, Dur: 5 * time.Second}, CleanupKeys: 1_000_000, Samples: 100, Orgs: 100,
 		E2E: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, E2EClients: 32, PgWorkRuns: 2_000, DrainRuns: 100_000, DrainConc: []int{10, 20, 50, 100},
-		NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv}
+		NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv, Scale: scaleFull, ScaleDur: 20 * time.Second}
 }
 
 func main() {
@@ -85,7 +88,7 @@ func run(ctx context.Context) error {
 	scratch := flag.String("scratch", "bench/results", "logs, the pgbench script and results.json")
 	levels := flag.String("clients", "", "comma-separated client counts (default: 1,8,32,128; quick: 32)")
 	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
-	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,cleanup,latency,pgwork,e2e,drain,noisy (default all; e2e includes the peer's)")
+	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,cleanup,latency,pgwork,e2e,drain,scale,noisy (default all; e2e includes the peer's)")
 	baseline := flag.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
 	e2eDur := flag.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 60s; quick 10s)")
 	e2eClients := flag.Int("e2e-clients", 0, "clients of the end-to-end loop (default 32)")
@@ -249,7 +252,7 @@ func run(ctx context.Context) error {
 		}
 	}
 
-	if (p.want("pgwork") || p.want("e2e") || p.want("drain")) && ctx.Err() == nil {
+	if (p.want("pgwork") || p.want("e2e") || p.want("drain") || p.want("scale")) && ctx.Err() == nil {
 		res.Exp = runExperiments(ctx, e, p, *baseline, root, scratchDir)
 	}
 

@@ -60,7 +60,7 @@ go | micro)
 	exit 0
 	;;
 e2e)
-	parts=(-only pgwork,e2e,drain)
+	parts=(-only pgwork,e2e,drain,scale)
 	shift
 	[ "${1:-}" != -- ] || shift
 	;;
