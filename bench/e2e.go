@@ -36,7 +36,7 @@ type e2eResult struct {
 	Clients int
 	// APIs and Workers: the processes of each kind (Workers 0: in the API).
 	APIs, Workers int
-	Window  time.Duration
+	Window        time.Duration
 	// From the load generator: the 201s inside the window and their latency.
 	Answers            int
 	StartP50, StartP99 time.Duration
@@ -52,8 +52,8 @@ type e2eResult struct {
 	HasRunning           bool
 	DrainedAfter         time.Duration // from the window's end to the last run's finished_at
 	ServerCPU, WorkerCPU time.Duration // per run started
-	PeakRSSKB            int64 // the largest API process's
-	DBConns              int   // the most connections the database saw
+	PeakRSSKB            int64         // the largest API process's
+	DBConns              int           // the most connections the database saw
 	Failed               string
 }
 
