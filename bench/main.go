@@ -95,6 +95,7 @@ func run(ctx context.Context) error {
 	pgworkRuns := flag.Int("pgwork-runs", 0, "runs started and executed to measure PostgreSQL's work per run (default 2000; quick 300)")
 	drainRuns := flag.Int("drain-runs", 0, "runs queued for the backlog drain (default 100000; quick 3000)")
 	drainConc := flag.String("drain-concurrency", "", "WORKER_CONCURRENCY values the drain sweeps (default 10,20,50,100; quick 10,50)")
+	cleanupKeys := flag.Int("cleanup-keys", 0, "expired keys the cleanup measurement deletes (default 1000000; quick 100000)")
 	noisyRuns := flag.Int("noisy-runs", 0, "noisy neighbour: A's slow runs queued ahead of B's (default 1000; quick 200)")
 	noisyClients := flag.Int("noisy-clients", 0, "noisy neighbour: clients of A's flood (default 64)")
 	var noisyEnv settingsFlag
@@ -132,6 +133,9 @@ func run(ctx context.Context) error {
 			return fmt.Errorf("-drain-concurrency: %w", err)
 		}
 		p.DrainConc = cs
+	}
+	if *cleanupKeys > 0 {
+		p.CleanupKeys = *cleanupKeys
 	}
 	if *noisyRuns > 0 {
 		p.NoisyRuns = *noisyRuns
