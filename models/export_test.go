@@ -15,3 +15,7 @@ func (s *RunStore) StartBatch(ps []StartParams, ks []*KeyWrite) ([]OneResult, er
 	}
 	return out, err
 }
+
+// StartWritersForTest is how many statements of starts the batcher runs at
+// once before a light organisation's start goes by an express writer.
+const StartWritersForTest = startWriters

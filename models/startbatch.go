@@ -71,6 +71,12 @@ const (
 	// once: enough to keep PostgreSQL's two cores busy while one batch
 	// travels, few enough that starts wait in batches, not in connections.
 	startWriters = 4
+	// expressWriters is how many more statements may be under way for the
+	// starts of organisations that have none queued or being written,
+	// while every writer is busy: each goes alone, at once, instead of
+	// waiting behind a busy organisation's batches (issue 16: one
+	// tenant's flood must not set another's start latency).
+	expressWriters = 2
 )
 
 type startReq struct {
@@ -83,17 +89,38 @@ type startReq struct {
 
 // startBatcher sends waiting starts in batches. Writers exist only while
 // there is work: a start that finds fewer than startWriters at work starts
-// one, and a writer that finds nothing waiting ends.
+// one, and a writer that finds nothing waiting ends. A start of an
+// organisation with nothing in the batcher that finds every writer busy
+// goes alone, by an express writer, when fewer than expressWriters are.
 type startBatcher struct {
 	db      *gorm.DB
 	timeout time.Duration
 	mu      sync.Mutex
 	queue   []*startReq
 	active  int
+	express int
+	// orgs counts each organisation's starts queued or being written.
+	orgs map[string]int
 }
 
 func (b *startBatcher) submit(r *startReq) {
 	b.mu.Lock()
+	if b.orgs == nil {
+		b.orgs = map[string]int{}
+	}
+	light := b.orgs[r.p.OrgID] == 0
+	b.orgs[r.p.OrgID]++
+	if light && b.active >= startWriters && b.express < expressWriters {
+		b.express++
+		b.mu.Unlock()
+		go func() {
+			b.send([]*startReq{r})
+			b.mu.Lock()
+			b.express--
+			b.mu.Unlock()
+		}()
+		return
+	}
 	b.queue = append(b.queue, r)
 	spawn := b.active < startWriters
 	if spawn {
@@ -102,6 +129,17 @@ func (b *startBatcher) submit(r *startReq) {
 	b.mu.Unlock()
 	if spawn {
 		go b.write()
+	}
+}
+
+// sent forgets the starts of a statement that has ended.
+func (b *startBatcher) sent(batch []*startReq) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range batch {
+		if b.orgs[r.p.OrgID]--; b.orgs[r.p.OrgID] <= 0 {
+			delete(b.orgs, r.p.OrgID)
+		}
 	}
 }
 
@@ -150,10 +188,12 @@ func (b *startBatcher) send(batch []*startReq) {
 					break
 				}
 			}
-			close(r.done)
 		}
-		return
+		err = nil
 	}
+	// Forgotten before any answer: a client's next start, sent once it has
+	// its answer, is counted afresh.
+	b.sent(batch)
 	for _, r := range batch {
 		if err != nil {
 			r.err = err

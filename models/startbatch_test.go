@@ -135,3 +135,79 @@ func TestStartBatchConcurrentKeyOneRun(t *testing.T) {
 	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs`).Scan(&n).Error)
 	require.Equal(t, n, f.usage(t, f.now), "every run billed once, nothing else billed")
 }
+
+// TestStartExpressLane: while every writer of the batcher is busy with one
+// organisation's starts (each statement waits on a key row another
+// transaction inserted and holds), a start of an organisation with nothing
+// in the batcher goes at once, alone, and commits; a further start of the
+// busy organisation waits its turn. Ordering only: nothing is timed.
+func TestStartExpressLane(t *testing.T) {
+	t.Parallel()
+	f := newUsageFixture(t)
+	ctx := context.Background()
+	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots, for A
+	var b, bwf string
+	require.NoError(t, f.db.Raw(`INSERT INTO organizations (name, slug) VALUES ('Light', 'light') RETURNING id`).Scan(&b).Error)
+	require.NoError(t, f.db.Raw(`INSERT INTO workflows (org_id, name) VALUES (?, 'wf') RETURNING id`, b).Scan(&bwf).Error)
+	tx := f.begin(t)
+	require.NoError(t, f.runs.Start(tx, models.StartParams{ID: models.NewRunID(), CreatedAt: f.now, OrgID: b, WorkflowID: bwf,
+		Submission: []byte(`{}`)}))
+	require.NoError(t, tx.Commit(ctx)) // B's slots
+
+	// Another transaction inserts A's keys held-0..3 and keeps them
+	// uncommitted: a start of one of them waits on its index entry.
+	holder := f.db.Begin()
+	defer holder.Rollback()
+	for i := range models.StartWritersForTest {
+		require.NoError(t, holder.Exec(`INSERT INTO idempotency_keys (org_id, endpoint, key, request_hash, request_method,
+			request_path, response_status, response_body, request_id, expires_at)
+			VALUES (?, 'workflow_start', ?, sha256('x'::bytea), 'POST', '/p', 201, '\x7b7d', 'held', now() + interval '1 hour')`,
+			f.org, fmt.Sprintf("held-%d", i)).Error)
+	}
+	waiting := func() int64 {
+		var n int64
+		require.NoError(t, f.db.Raw(`SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n).Error)
+		return n
+	}
+	type outcome struct {
+		res models.OneResult
+		err error
+	}
+	start := func(p models.StartParams, k *models.KeyWrite) chan outcome {
+		ch := make(chan outcome, 1)
+		go func() {
+			res, err := f.runs.StartOne(ctx, p, k)
+			ch <- outcome{res, err}
+		}()
+		return ch
+	}
+	// One at a time, so that each takes a writer of its own.
+	var held []chan outcome
+	for i := range models.StartWritersForTest {
+		held = append(held, start(f.params(f.org, f.wf, 0), keyWrite(f.org, fmt.Sprintf("held-%d", i))))
+		require.Eventually(t, func() bool { return waiting() == int64(i+1) }, 30*time.Second, 10*time.Millisecond,
+			"start %d of A does not wait on the held key", i)
+	}
+	queued := start(f.params(f.org, f.wf, 0), keyWrite(f.org, "queued"))
+	light := start(models.StartParams{ID: models.NewRunID(), CreatedAt: f.now, OrgID: b, WorkflowID: bwf,
+		Submission: []byte(`{}`), RequestID: "req"}, keyWrite(b, "light"))
+	select {
+	case o := <-light:
+		require.NoError(t, o.err)
+		require.True(t, o.res.Done, "B's start commits: %+v", o.res)
+	case <-time.After(30 * time.Second):
+		t.Fatal("B's start waited behind A's busy writers")
+	}
+	select {
+	case o := <-queued:
+		t.Fatalf("A's start went ahead while every writer was busy: %+v %v", o.res, o.err)
+	default:
+	}
+	require.NoError(t, holder.Rollback().Error)
+	for i, ch := range append(held, queued) {
+		o := <-ch
+		require.NoError(t, o.err, "A's start %d", i)
+		require.True(t, o.res.Done, "A's start %d: %+v", i, o.res)
+	}
+}
