@@ -109,6 +109,35 @@ func idemTally(answers []idemAnswer) map[int]int {
 	return m
 }
 
+// requireOneExecution checks a storm of one key with one body: every
+// answer is the one 201 (first or replayed, byte for byte) or a 409 in
+// progress, and exactly one request executed. It returns the 201's body.
+func requireOneExecution(t *testing.T, answers []idemAnswer) string {
+	t.Helper()
+	tally := idemTally(answers)
+	t.Logf("answers by status: %v", tally)
+	require.Equal(t, len(answers), tally[201]+tally[409], "only 201 or 409: %v", tally)
+	var body string
+	fresh := 0
+	for _, a := range answers {
+		switch a.Status {
+		case 201:
+			if body == "" {
+				body = a.Body
+			}
+			require.Equal(t, body, a.Body, "every 201 is the same answer")
+			if !a.Replayed {
+				fresh++
+			}
+		case 409:
+			require.Equal(t, idempotency.CodeKeyInProgress, a.Code)
+			require.Equal(t, "1", a.Retry)
+		}
+	}
+	require.Equal(t, 1, fresh, "exactly one request executed")
+	return body
+}
+
 // TestStartStormSameKey: 50 clients send the same new key at once, five
 // times over: each round creates exactly one run, bills once, stages one
 // job, stores one key; every answer is the one 201 (first or replayed, byte
@@ -124,27 +153,7 @@ func TestStartStormSameKey(t *testing.T) {
 			answers := idemStorm(t, srv, clients, func(int) (string, string, string, string) {
 				return idemStartPath(f.wf), f.org.Token, key, idemBody
 			})
-			tally := idemTally(answers)
-			t.Logf("answers by status: %v", tally)
-			require.Equal(t, clients, tally[201]+tally[409], "only 201 or 409: %v", tally)
-			var body string
-			fresh := 0
-			for _, a := range answers {
-				switch a.Status {
-				case 201:
-					if body == "" {
-						body = a.Body
-					}
-					require.Equal(t, body, a.Body, "every 201 is the same answer")
-					if !a.Replayed {
-						fresh++
-					}
-				case 409:
-					require.Equal(t, idempotency.CodeKeyInProgress, a.Code)
-					require.Equal(t, "1", a.Retry)
-				}
-			}
-			require.Equal(t, 1, fresh, "exactly one request executed")
+			body := requireOneExecution(t, answers)
 			require.Equal(t, idemCounts{Runs: int64(round), Usage: int64(round), Audits: int64(round), Keys: int64(round)},
 				f.counts(t, f.org.ID))
 			k := idemKeyRow(t, f.e, f.org.ID, handlers.ScopeWorkflowStart, key)
@@ -180,24 +189,7 @@ func TestStartStormExpiredKey(t *testing.T) {
 			answers := idemStorm(t, srv, clients, func(int) (string, string, string, string) {
 				return idemStartPath(f.wf), f.org.Token, key, idemBody
 			})
-			tally := idemTally(answers)
-			t.Logf("answers by status: %v", tally)
-			require.Equal(t, clients, tally[201]+tally[409], "only 201 or 409: %v", tally)
-			var body string
-			fresh := 0
-			for _, a := range answers {
-				if a.Status != 201 {
-					continue
-				}
-				if body == "" {
-					body = a.Body
-				}
-				require.Equal(t, body, a.Body, "every 201 is the same answer")
-				if !a.Replayed {
-					fresh++
-				}
-			}
-			require.Equal(t, 1, fresh, "exactly one request executed")
+			body := requireOneExecution(t, answers)
 			runs := int64(round + 1)
 			require.Equal(t, idemCounts{Runs: runs, Usage: runs, Audits: runs, Keys: 1}, f.counts(t, f.org.ID))
 			k := idemKeyRow(t, f.e, f.org.ID, handlers.ScopeWorkflowStart, key)
