@@ -246,8 +246,11 @@ func translate(err error) error {
 
 // IsUnavailable reports whether err says the database cannot be reached or
 // is going away: the connection was refused or lost, the server is shutting
-// down, starting up or in recovery. A request that meets it did nothing
-// (its transaction died with the connection) and can be retried shortly.
+// down, starting up or in recovery, or it no longer takes writes (a primary
+// being demoted in a failover or switchover: read_only_sql_transaction).
+// A request that meets it did nothing (its transaction died with the
+// connection, or was refused) and can be retried shortly: with a multi-host
+// DATABASE_URL and target_session_attrs=read-write, on the new primary.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -267,6 +270,8 @@ func IsUnavailable(err error) bool {
 		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03": // admin/crash shutdown, cannot connect now
 			return true
 		case pgErr.Code == "53300": // too_many_connections
+			return true
+		case pgErr.Code == "25006": // read_only_sql_transaction: a demoted primary, or a standby
 			return true
 		}
 		return false
