@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -375,11 +377,12 @@ func (w window) took() time.Duration {
 // pgFailover: valruns on a pg_auto_failover formation (a monitor, a primary
 // and a synchronous secondary), 2 API replicas and 2 workers on the
 // multi-host DATABASE_URL with target_session_attrs=read-write.
-//   - 200 starts by 8 clients; once 50 are done, the primary's postmaster
-//     gets `kill -9`. Its keeper reports it down, the monitor promotes the
-//     secondary, and the old primary comes back as the new secondary.
-//   - then 200 more starts, and once 50 are done a planned switchover
-//     (`pg_autoctl perform switchover`).
+//   - a steady load (6 clients, about 50 starts a second); once 30 are
+//     done, the primary's postmaster gets `kill -9`. Its keeper reports it
+//     down, the monitor promotes the secondary, and the old primary comes
+//     back as the new secondary (pg_rewind); the load goes on until then.
+//   - a new steady load; once 30 are done, a planned switchover (`pg_autoctl
+//     perform switchover`); the load goes on until 2 s after it returned.
 //
 // Required: no accepted (201) start lost, none doubled, every run final;
 // in each switch only 503 with Retry-After (the COMMIT whose outcome a
@@ -407,9 +410,8 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	ctx := context.Background()
 
 	// The failover: kill -9 of the primary's postmaster.
-	killOps := makeOps("pgkill", 200, o, wf, def)
-	l := startLoad(ctx, cl, killOps, 8)
-	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 50 }) {
+	l := startSteadyLoad(ctx, cl, makeOps("pgkill", 3000, o, wf, def))
+	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 30 }) {
 		t.Fatalf("the load did not get going: %d operations done", l.done.Load())
 	}
 	old := f.primary()
@@ -420,19 +422,11 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	if err := syscall.Kill(old.postmaster(), syscall.SIGKILL); err != nil {
 		t.Fatalf("kill the primary's postmaster: %v", err)
 	}
-	doneAtKill := l.done.Load()
 	promoted := waitUntil(60*time.Second, func() bool { p := f.primary(); return p != nil && p != old })
 	promotedIn := time.Since(killAt)
 	if !promoted {
 		res.fail(t, "the monitor promoted no other node within 60 s of the kill: %s", f.states())
 	}
-	l.wait()
-	if doneAtKill >= int64(len(killOps)) {
-		res.fail(t, "the load ended before the kill: the scenario proved nothing")
-	}
-	kill := measureWindow(killOps, killAt)
-	t.Logf("primary %s killed after %d of %d starts; %s promoted by the monitor after %s; serving again after %s",
-		old.name, doneAtKill, len(killOps), f.primary().nameOr("none"), promotedIn.Round(time.Millisecond), kill.took().Round(time.Millisecond))
 	// The old primary comes back as the secondary (pg_rewind), so that the
 	// switchover has a node to switch to; whole for a second, as the
 	// primary passes through apply_settings when its standby returns.
@@ -450,48 +444,41 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 		t.Fatalf("the formation did not become whole after the failover: %s", f.states())
 	}
 	rejoinedIn := time.Since(killAt)
+	killOps, ranOut := l.stop()
+	if ranOut {
+		res.fail(t, "the load ran out of operations before the formation was whole again: the scenario proved less than it says")
+	}
+	kill := measureWindow(killOps, killAt)
+	t.Logf("primary %s killed; %s promoted by the monitor after %s; serving again after %s; %d starts in all",
+		old.name, f.primary().nameOr("none"), promotedIn.Round(time.Millisecond), kill.took().Round(time.Millisecond), len(killOps))
 
 	// The planned switchover under load.
-	swOps := makeOps("pgswitch", 200, o, wf, def)
-	l = startLoad(ctx, cl, swOps, 8)
-	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 50 }) {
+	l = startSteadyLoad(ctx, cl, makeOps("pgswitch", 3000, o, wf, def))
+	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 30 }) {
 		t.Fatalf("the load did not get going: %d operations done", l.done.Load())
 	}
 	before := f.primary()
 	switchAt := time.Now()
-	doneAtSwitch := l.done.Load()
 	if err := f.switchover(); err != nil {
 		res.fail(t, "%v", err)
 	}
 	switchCmd := time.Since(switchAt)
-	l.wait()
-	if doneAtSwitch >= int64(len(swOps)) {
-		res.fail(t, "the load ended before the switchover: the scenario proved nothing")
+	time.Sleep(2 * time.Second)
+	swOps, ranOut := l.stop()
+	if ranOut {
+		res.fail(t, "the load ran out of operations before the switchover was over: the scenario proved less than it says")
 	}
 	if p := f.primary(); p == nil || p == before {
 		res.fail(t, "after the switchover the primary is %s, was %s: %s", p.nameOr("none"), before.nameOr("none"), f.states())
 	}
 	sw := measureWindow(swOps, switchAt)
-	t.Logf("switchover from %s: the command took %s; serving again after %s", before.nameOr("none"),
-		switchCmd.Round(time.Millisecond), sw.took().Round(time.Millisecond))
+	t.Logf("switchover from %s: the command took %s; serving again after %s; %d starts in all", before.nameOr("none"),
+		switchCmd.Round(time.Millisecond), sw.took().Round(time.Millisecond), len(swOps))
 
 	c.reconnect()
 	verify(t, c, res, append(killOps, swOps...), expectations{faultAt: killAt})
-	if dir := os.Getenv("RELIABILITY_LOG_DIR"); dir != "" && t.Failed() {
-		for _, p := range append(append([]*vproc{}, c.servers...), c.workers...) {
-			_ = os.WriteFile(filepath.Join(dir, p.name+".log"), []byte(p.log.String()), 0o644)
-		}
-		for _, ch := range []*child{f.monitor, f.nodes[0].proc, f.nodes[1].proc} {
-			_ = os.WriteFile(filepath.Join(dir, ch.name+".log"), []byte(ch.log.String()), 0o644)
-		}
-		var b strings.Builder
-		for _, o := range append(killOps, swOps...) {
-			fmt.Fprintf(&b, "%s run=%s\n", o.Key, o.RunID)
-			for _, a := range o.Out.Attempts {
-				fmt.Fprintf(&b, "  %s replica=%d status=%d replayed=%v code=%s err=%s\n", a.At.Format("15:04:05.000"), a.Replica, a.Status, a.Replayed, a.Code, a.Err)
-			}
-		}
-		_ = os.WriteFile(filepath.Join(dir, "ops.txt"), []byte(b.String()), 0o644)
+	if dir := os.Getenv("RELIABILITY_LOG_DIR"); dir != "" {
+		f.writeLogs(dir, c, append(killOps, swOps...))
 	}
 	res.Requests = rec.requests.Load()
 	// Expected: a 503 problem with Retry-After from each switch until 10 s
@@ -529,6 +516,64 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 			sw.took().Seconds(), switchCmd.Seconds(), sw.created, sw.replayed, sw.unavail, sw.rest),
 		fmt.Sprintf("the formation (monitor, primary, secondary) was ready %.1f s after the scenario began; the scenario took %.0f s",
 			formedIn.Seconds(), time.Since(started).Seconds()))
+}
+
+// steadyLoad sends operations with 6 clients, each pausing 100 ms between
+// its operations (about 50 a second in all), until stop: a load that
+// lasts as long as the switch it spans, however long that takes.
+type steadyLoad struct {
+	ops     []*op
+	next    atomic.Int64
+	done    atomic.Int64
+	stopped atomic.Bool
+	wg      sync.WaitGroup
+}
+
+func startSteadyLoad(ctx context.Context, cl *client, ops []*op) *steadyLoad {
+	l := &steadyLoad{ops: ops}
+	for range 6 {
+		l.wg.Go(func() {
+			for !l.stopped.Load() {
+				i := int(l.next.Add(1) - 1)
+				if i >= len(ops) {
+					return
+				}
+				ops[i].finish(cl.do(ctx, ops[i].request(), i))
+				l.done.Add(1)
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+	}
+	return l
+}
+
+// stop waits for the operations under way and returns those started;
+// ranOut says every operation was started before stop was called.
+func (l *steadyLoad) stop() (started []*op, ranOut bool) {
+	ranOut = l.next.Load() >= int64(len(l.ops))
+	l.stopped.Store(true)
+	l.wg.Wait()
+	return l.ops[:min(int(l.next.Load()), len(l.ops))], ranOut
+}
+
+// writeLogs writes every process's output and the operations' attempts
+// into dir (RELIABILITY_LOG_DIR), for a look at a switch afterwards.
+func (f *formation) writeLogs(dir string, c *cluster, ops []*op) {
+	for _, p := range append(append([]*vproc{}, c.servers...), c.workers...) {
+		_ = os.WriteFile(filepath.Join(dir, p.name+".log"), []byte(p.log.String()), 0o644)
+	}
+	for _, ch := range []*child{f.monitor, f.nodes[0].proc, f.nodes[1].proc} {
+		_ = os.WriteFile(filepath.Join(dir, ch.name+".log"), []byte(ch.log.String()), 0o644)
+	}
+	var b strings.Builder
+	for _, o := range ops {
+		fmt.Fprintf(&b, "%s run=%s\n", o.Key, o.RunID)
+		for _, a := range o.Out.Attempts {
+			fmt.Fprintf(&b, "  %s replica=%d status=%d replayed=%v code=%s err=%s\n",
+				a.At.Format("15:04:05.000"), a.Replica, a.Status, a.Replayed, a.Code, a.Err)
+		}
+	}
+	_ = os.WriteFile(filepath.Join(dir, "ops.txt"), []byte(b.String()), 0o644)
 }
 
 // nameOr is the node's name, or other for no node.
