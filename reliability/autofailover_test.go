@@ -377,10 +377,10 @@ func (w window) took() time.Duration {
 // pgFailover: valruns on a pg_auto_failover formation (a monitor, a primary
 // and a synchronous secondary), 2 API replicas and 2 workers on the
 // multi-host DATABASE_URL with target_session_attrs=read-write.
-//   - a steady load (6 clients, about 50 starts a second); once 30 are
-//     done, the primary's postmaster gets `kill -9`. Its keeper reports it
-//     down, the monitor promotes the secondary, and the old primary comes
-//     back as the new secondary (pg_rewind); the load goes on until then.
+//   - 300 starts by 16 clients; once 100 are done, the primary's postmaster
+//     gets `kill -9`. Its keeper reports it down, the monitor promotes the
+//     secondary, and the old primary comes back as the new secondary
+//     (pg_rewind).
 //   - a new steady load; once 30 are done, a planned switchover (`pg_autoctl
 //     perform switchover`); the load goes on until 2 s after it returned.
 //
@@ -409,9 +409,15 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	wf := createWorkflow(t, cl, o, def)
 	ctx := context.Background()
 
-	// The failover: kill -9 of the primary's postmaster.
-	l := startSteadyLoad(ctx, cl, makeOps("pgkill", 3000, o, wf, def))
-	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 30 }) {
+	// The failover: kill -9 of the primary's postmaster, while 16 clients
+	// send starts as fast as they are answered, so that some COMMITs are
+	// on their way (written on the primary, not yet acknowledged by the
+	// standby) at the kill; their retries come a second later, when the
+	// keeper has restarted the old primary. The load lasts through the
+	// switch: every start is retried until it has its answer.
+	killOps := makeOps("pgkill", 300, o, wf, def)
+	l := startLoad(ctx, cl, killOps, 16)
+	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 100 }) {
 		t.Fatalf("the load did not get going: %d operations done", l.done.Load())
 	}
 	old := f.primary()
@@ -422,11 +428,19 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	if err := syscall.Kill(old.postmaster(), syscall.SIGKILL); err != nil {
 		t.Fatalf("kill the primary's postmaster: %v", err)
 	}
+	doneAtKill := l.done.Load()
 	promoted := waitUntil(60*time.Second, func() bool { p := f.primary(); return p != nil && p != old })
 	promotedIn := time.Since(killAt)
 	if !promoted {
 		res.fail(t, "the monitor promoted no other node within 60 s of the kill: %s", f.states())
 	}
+	l.wait()
+	if doneAtKill >= int64(len(killOps)) {
+		res.fail(t, "the load ended before the kill: the scenario proved nothing")
+	}
+	kill := measureWindow(killOps, killAt)
+	t.Logf("primary %s killed after %d of %d starts; %s promoted by the monitor after %s; serving again after %s",
+		old.name, doneAtKill, len(killOps), f.primary().nameOr("none"), promotedIn.Round(time.Millisecond), kill.took().Round(time.Millisecond))
 	// The old primary comes back as the secondary (pg_rewind), so that the
 	// switchover has a node to switch to; whole for a second, as the
 	// primary passes through apply_settings when its standby returns.
@@ -444,18 +458,11 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 		t.Fatalf("the formation did not become whole after the failover: %s", f.states())
 	}
 	rejoinedIn := time.Since(killAt)
-	killOps, ranOut := l.stop()
-	if ranOut {
-		res.fail(t, "the load ran out of operations before the formation was whole again: the scenario proved less than it says")
-	}
-	kill := measureWindow(killOps, killAt)
-	t.Logf("primary %s killed; %s promoted by the monitor after %s; serving again after %s; %d starts in all",
-		old.name, f.primary().nameOr("none"), promotedIn.Round(time.Millisecond), kill.took().Round(time.Millisecond), len(killOps))
 
 	// The planned switchover under load.
-	l = startSteadyLoad(ctx, cl, makeOps("pgswitch", 3000, o, wf, def))
-	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 30 }) {
-		t.Fatalf("the load did not get going: %d operations done", l.done.Load())
+	sl := startSteadyLoad(ctx, cl, makeOps("pgswitch", 3000, o, wf, def))
+	if !waitUntil(2*time.Minute, func() bool { return sl.done.Load() >= 30 }) {
+		t.Fatalf("the load did not get going: %d operations done", sl.done.Load())
 	}
 	before := f.primary()
 	switchAt := time.Now()
@@ -464,7 +471,7 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	}
 	switchCmd := time.Since(switchAt)
 	time.Sleep(2 * time.Second)
-	swOps, ranOut := l.stop()
+	swOps, ranOut := sl.stop()
 	if ranOut {
 		res.fail(t, "the load ran out of operations before the switchover was over: the scenario proved less than it says")
 	}
