@@ -87,7 +87,37 @@ func execModeBehindPooler(m pgx.QueryExecMode) (pgx.QueryExecMode, error) {
 	return m, nil
 }
 
+// errUnsurePrimary: a primary that has synchronous replication configured
+// and no standby connected (see validateSyncPrimary).
+var errUnsurePrimary = errors.New("primary with synchronous replication configured and no standby connected: it may show commits no standby has, and cannot acknowledge new ones")
+
+// validateSyncPrimary refuses a primary that cannot acknowledge a commit:
+// synchronous_standby_names set and no standby connected. That is a primary
+// restarted after a crash (pg_auto_failover's keeper restarts a killed
+// postmaster at once) while its standby is being promoted: until the
+// monitor demotes it, it takes connections as a read-write server, and it
+// shows the transactions it committed locally but never acknowledged (their
+// COMMIT died waiting for the standby). A request reading there would
+// replay a start the new primary never had, and the run would be lost. A
+// healthy pg_auto_failover primary has a standby connected, or runs with
+// synchronous replication off (wait_primary). Refused, pgx tries the URL's
+// next host; when none is acceptable the request is 503 with Retry-After.
+func validateSyncPrimary(ctx context.Context, c *pgconn.PgConn) error {
+	res, err := c.Exec(ctx, `SELECT current_setting('synchronous_standby_names') = '' OR EXISTS (SELECT FROM pg_stat_replication)`).ReadAll()
+	if err != nil {
+		return err
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || string(res[0].Rows[0][0]) != "t" {
+		return errUnsurePrimary
+	}
+	return nil
+}
+
 // Open connects to PostgreSQL through pgx and GORM and pings it.
+// With target_session_attrs in the URL (a multi-host URL that lists a
+// formation's nodes: target_session_attrs=read-write picks its primary), a
+// server is accepted only if it can acknowledge commits: see
+// validateSyncPrimary.
 // GORM's implicit per-statement transactions are off: every transaction in
 // valruns is explicit, so a request costs exactly the statements it makes.
 func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
@@ -96,6 +126,16 @@ func Open(ctx context.Context, url string, opt DBOptions) (*gorm.DB, error) {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
 	cfg.Tracer = opt.Tracer
+	if v := cfg.ValidateConnect; v != nil {
+		// target_session_attrs picks the primary among the URL's hosts
+		// (valruns needs writes); it must also be one whose data is sure.
+		cfg.ValidateConnect = func(ctx context.Context, c *pgconn.PgConn) error {
+			if err := v(ctx, c); err != nil {
+				return err
+			}
+			return validateSyncPrimary(ctx, c)
+		}
+	}
 	if opt.AcquireTimeout > 0 {
 		cfg.ConnectTimeout = opt.AcquireTimeout
 	}
@@ -246,8 +286,11 @@ func translate(err error) error {
 
 // IsUnavailable reports whether err says the database cannot be reached or
 // is going away: the connection was refused or lost, the server is shutting
-// down, starting up or in recovery. A request that meets it did nothing
-// (its transaction died with the connection) and can be retried shortly.
+// down, starting up or in recovery, or it no longer takes writes (a primary
+// being demoted in a failover or switchover: read_only_sql_transaction).
+// A request that meets it did nothing (its transaction died with the
+// connection, or was refused) and can be retried shortly: with a multi-host
+// DATABASE_URL and target_session_attrs=read-write, on the new primary.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -267,6 +310,8 @@ func IsUnavailable(err error) bool {
 		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03": // admin/crash shutdown, cannot connect now
 			return true
 		case pgErr.Code == "53300": // too_many_connections
+			return true
+		case pgErr.Code == "25006": // read_only_sql_transaction: a demoted primary, or a standby
 			return true
 		}
 		return false

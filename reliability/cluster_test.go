@@ -199,7 +199,7 @@ func newClusterWith(t *testing.T, s *suite, nServers, nWorkers int, env func(*cl
 // startProc starts `valruns cmd` listening on a free address given in
 // addrVar and waits for its /healthz.
 func (c *cluster) startProc(name, cmd, addrVar string) *vproc {
-	addr := proctest.FreeAddr(c.t)
+	addr := freeAddr(c.t)
 	kv := append([]string{"DATABASE_URL=" + c.dbURL, "REDIS_URL=" + c.s.redis.url(), addrVar + "=" + addr}, c.s.settings...)
 	kv = append(kv, c.extraEnv...)
 	env := proctest.Env(kv...)

@@ -37,6 +37,7 @@ var scenarios = []scenario{
 	{"noisy_neighbour", noisyNeighbour},
 	{"pgbouncer", pgbouncerScenario},
 	{"sentinel_failover", sentinelFailover},
+	{"pg_failover", pgFailover},
 	{"webhook_outage", webhookOutageScenario},
 }
 

@@ -114,8 +114,15 @@ func (c *child) tail(n int) string {
 // whose server is down for a restart (postgres_restart, redis_restart) is
 // still taken, so a second run started meanwhile (make reliability beside
 // make test) does not start its own server there.
+//
+// RELIABILITY_PORTS=FIRST-LAST, when set, replaces every range (and the
+// API replicas' and workers' ports, see freeAddr): on a machine shared
+// with others, every port the suite opens is then in that one range.
 func freePortIn(t testing.TB, first, last int, what string) int {
 	t.Helper()
+	if f, l, ok := portsOverride(t); ok {
+		first, last = f, l
+	}
 	for p := first; p <= last; p++ {
 		lock, err := os.OpenFile(filepath.Join(os.TempDir(), fmt.Sprintf("valruns-reliability-port-%d.lock", p)), os.O_CREATE|os.O_RDWR, 0o666)
 		if err != nil {
@@ -136,6 +143,31 @@ func freePortIn(t testing.TB, first, last int, what string) int {
 	}
 	t.Fatalf("no free port for the private %s in %d-%d (another run of this suite?)", what, first, last)
 	return 0
+}
+
+// portsOverride is RELIABILITY_PORTS's range, ok false when it is unset.
+func portsOverride(t testing.TB) (first, last int, ok bool) {
+	v := os.Getenv("RELIABILITY_PORTS")
+	if v == "" {
+		return 0, 0, false
+	}
+	a, b, _ := strings.Cut(v, "-")
+	first, err1 := strconv.Atoi(a)
+	last, err2 := strconv.Atoi(b)
+	if err1 != nil || err2 != nil || first <= 0 || last < first || last > 65535 {
+		t.Fatalf("RELIABILITY_PORTS=%q: want FIRST-LAST, such as 25400-25599", v)
+	}
+	return first, last, true
+}
+
+// freeAddr is a loopback address for a valruns child to listen on: any
+// free port, or one of RELIABILITY_PORTS's when it is set.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	if first, last, ok := portsOverride(t); ok {
+		return net.JoinHostPort("127.0.0.1", strconv.Itoa(freePortIn(t, first, last, "valruns child")))
+	}
+	return proctest.FreeAddr(t)
 }
 
 // installHint is what to install when a server binary is missing.

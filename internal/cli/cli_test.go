@@ -464,6 +464,8 @@ func TestStartupErrorsNameTheVariable(t *testing.T) {
 		{name: "unreachable database", dbURL: unreachableDB, args: []string{"org", "create", "Acme"}, wantVar: "DATABASE_URL", wantGone: "s3cret"},
 		{name: "unreachable database, serve", dbURL: unreachableDB, args: []string{"serve"}, wantVar: "DATABASE_URL", wantGone: "s3cret"},
 		{name: "unreachable database, migrate", dbURL: unreachableDB, args: []string{"migrate", "up"}, wantVar: "DATABASE_URL", wantGone: "s3cret"},
+		{name: "unreachable multi-host database", dbURL: "postgres://postgres:s3cret@127.0.0.1:1,127.0.0.1:2/valruns?sslmode=disable&target_session_attrs=read-write",
+			args: []string{"serve"}, wantVar: "DATABASE_URL", wantGone: "s3cret"},
 		{name: "bad IDEMPOTENCY_TTL", env: map[string]string{"IDEMPOTENCY_TTL": "abc"}, args: []string{"serve"}, wantVar: "IDEMPOTENCY_TTL"},
 		{name: "bad LOG_LEVEL", env: map[string]string{"LOG_LEVEL": "loud"}, args: []string{"migrate", "status"}, wantVar: "LOG_LEVEL"},
 		{name: "bad MAX_BODY_BYTES", env: map[string]string{"MAX_BODY_BYTES": "0"}, args: []string{"cleanup"}, wantVar: "MAX_BODY_BYTES"},
