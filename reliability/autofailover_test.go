@@ -3,10 +3,12 @@ package reliability
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,7 +168,7 @@ var (
 		{"pgautofailover.health_check_period", "2000"},               // ms, default 5000: a round of checks
 		{"pgautofailover.health_check_timeout", "2000"},              // ms, default 5000: one connect attempt
 		{"pgautofailover.health_check_retry_delay", "1000"},          // ms, default 2000; 2 retries kept
-		{"pgautofailover.node_considered_unhealthy_timeout", "8000"}, // ms, default 20000: nodeUnhealthyAfter
+		{"pgautofailover.node_considered_unhealthy_timeout", "8000"}, // ms, default 20000: silence before a failover
 		{"pgautofailover.primary_demote_timeout", "12000"},           // ms, default 30000
 	}
 	// nodeSettings are each data node's `pg_autoctl config set`.
@@ -571,7 +573,7 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	pm := lost.postmaster()
 	lossAt := time.Now()
 	lost.proc.signal(syscall.SIGKILL)
-	if err := syscall.Kill(pm, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
+	if err := syscall.Kill(pm, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		t.Fatalf("kill the primary's postmaster: %v", err)
 	}
 	lostPromoted := waitUntil(2*time.Minute, func() bool { p := f.primary(); return p != nil && p != lost })
@@ -593,7 +595,7 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	t.Logf("node %s lost; %s promoted by the monitor after %s; serving again after %s; %d starts in all: %s",
 		lost.name, f.primary().nameOr("none"), lostPromotedIn.Round(time.Millisecond), loss.took().Round(time.Millisecond), len(lossOps), f.states())
 
-	all := append(append(killOps, swOps...), lossOps...)
+	all := slices.Concat(killOps, swOps, lossOps)
 	c.reconnect()
 	verify(t, c, res, all, expectations{faultAt: killAt})
 	if dir := os.Getenv("RELIABILITY_LOG_DIR"); dir != "" {
