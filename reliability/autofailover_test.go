@@ -3,10 +3,12 @@ package reliability
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -145,7 +147,80 @@ func startFormation(t testing.TB, pg *pgServer) *formation {
 	}) {
 		t.Fatalf("node2 did not become node1's secondary: %s\n%s", f.states(), f.nodes[1].proc.tail(30))
 	}
+	f.tune()
 	return f
+}
+
+// Failover timeouts shorter than pg_auto_failover's defaults, so that a
+// whole node lost (keeper and postmaster: nobody reports it) is served
+// again within 30 s rather than about 50. The monitor promotes a silent
+// primary's standby no earlier than node_considered_unhealthy_timeout
+// after the primary's last report (and its health checks failing), then
+// primary_demote_timeout more; a primary cut off from the monitor and its
+// standby stops its PostgreSQL network_partition_timeout after its last
+// contact (plus a keeper loop of 1 s and a fast shutdown). 8 + 12 = 20 s
+// against 10 + 1 s keeps the order pg_auto_failover's defaults keep (20 +
+// 30 against 20): the old primary has demoted itself before the standby
+// is promoted.
+var (
+	// monitorSettings are the monitor's GUCs (ALTER SYSTEM, reloaded).
+	monitorSettings = [][2]string{
+		{"pgautofailover.health_check_period", "2000"},               // ms, default 5000: a round of checks
+		{"pgautofailover.health_check_timeout", "2000"},              // ms, default 5000: one connect attempt
+		{"pgautofailover.health_check_retry_delay", "1000"},          // ms, default 2000; 2 retries kept
+		{"pgautofailover.node_considered_unhealthy_timeout", "8000"}, // ms, default 20000: silence before a failover
+		{"pgautofailover.primary_demote_timeout", "12000"},           // ms, default 30000
+	}
+	// nodeSettings are each data node's `pg_autoctl config set`.
+	nodeSettings = [][2]string{
+		{"timeout.network_partition_timeout", "10"}, // s, default 20
+	}
+)
+
+// tune applies monitorSettings and nodeSettings to the running formation.
+func (f *formation) tune() {
+	f.t.Helper()
+	for _, kv := range monitorSettings {
+		if err := f.monitorExec(fmt.Sprintf(`ALTER SYSTEM SET %s = %s`, kv[0], kv[1])); err != nil {
+			f.t.Fatalf("set %s on the monitor: %v", kv[0], err)
+		}
+	}
+	if err := f.monitorExec(`SELECT pg_reload_conf()`); err != nil {
+		f.t.Fatalf("reload the monitor's settings: %v", err)
+	}
+	for _, n := range f.nodes {
+		for _, kv := range nodeSettings {
+			// Written to the node's pg_autoctl.cfg, and the running
+			// keeper is told to reload it.
+			if out, err := f.autoctl(30*time.Second, "config", "set", "--pgdata", n.pgdat, kv[0], kv[1]); err != nil {
+				f.t.Fatalf("pg_autoctl config set %s on %s: %v\n%s", kv[0], n.name, err, out)
+			}
+		}
+	}
+}
+
+// autoctl runs `pg_autoctl ARGS` as the formation's OS user, to its end.
+func (f *formation) autoctl(timeout time.Duration, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, f.bin, args...)
+	cmd.Env, cmd.Dir = f.env, f.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: f.cred}
+	return cmd.CombinedOutput()
+}
+
+// monitorExec runs a statement on the monitor's postgres database as the
+// superuser (the OS user pg_autoctl runs as).
+func (f *formation) monitorExec(stmt string) error {
+	d, err := sql.Open("pgx", fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", f.monPort))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = d.ExecContext(ctx, stmt)
+	return err
 }
 
 // run starts `pg_autoctl ARGS --auth trust --no-ssl --run` as a child
@@ -282,12 +357,7 @@ func (n *pgNode) postmaster() int {
 // primary drained and demoted and the secondary promoted; it returns when
 // the formation is whole again.
 func (f *formation) switchover() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, f.bin, "perform", "switchover", "--pgdata", f.nodes[0].pgdat, "--wait", "60")
-	cmd.Env, cmd.Dir = f.env, f.dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: f.cred}
-	out, err := cmd.CombinedOutput()
+	out, err := f.autoctl(90*time.Second, "perform", "switchover", "--pgdata", f.nodes[0].pgdat, "--wait", "60")
 	if err != nil {
 		return fmt.Errorf("pg_autoctl perform switchover: %w\n%s", err, out)
 	}
@@ -383,12 +453,17 @@ func (w window) took() time.Duration {
 //     (pg_rewind).
 //   - a new steady load; once 30 are done, a planned switchover (`pg_autoctl
 //     perform switchover`); the load goes on until 2 s after it returned.
+//   - a new steady load; once 30 are done, the primary node is lost: kill -9
+//     of its pg_autoctl and its postmaster at once. Nobody reports it: the
+//     monitor's health checks and timeouts (tune) have the secondary
+//     promoted; the load goes on until 30 more are done, then 2 s.
 //
 // Required: no accepted (201) start lost, none doubled, every run final;
 // in each switch only 503 with Retry-After (the COMMIT whose outcome a
 // dead primary never told is retried under its key: one run). The time
 // from the kill to serving again (the first 201 after the last 5xx) is
-// the row's recovery; the switchover's window is a figure.
+// the row's recovery; the switchover's and the node loss's windows are
+// figures.
 func pgFailover(t *testing.T, s *suite, res *result) {
 	started := time.Now()
 	f := startFormation(t, s.pg)
@@ -482,10 +557,49 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	t.Logf("switchover from %s: the command took %s; serving again after %s; %d starts in all", before.nameOr("none"),
 		switchCmd.Round(time.Millisecond), sw.took().Round(time.Millisecond), len(swOps))
 
+	// The whole primary node lost: kill -9 of its pg_autoctl (supervisor
+	// and keeper, the process group) and of its postmaster at once, so
+	// that nothing restarts PostgreSQL and nobody reports to the monitor.
+	// The monitor decides on its own timeouts (tune); the load goes on
+	// until 30 starts are done after the promotion, then 2 s more.
+	ll := startSteadyLoad(ctx, cl, makeOps("pgloss", 3000, o, wf, def))
+	if !waitUntil(2*time.Minute, func() bool { return ll.done.Load() >= 30 }) {
+		t.Fatalf("the load did not get going: %d operations done", ll.done.Load())
+	}
+	lost := f.primary()
+	if lost == nil || lost.postmaster() == 0 {
+		t.Fatalf("no primary with a postmaster before the node loss: %s", f.states())
+	}
+	pm := lost.postmaster()
+	lossAt := time.Now()
+	lost.proc.signal(syscall.SIGKILL)
+	if err := syscall.Kill(pm, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("kill the primary's postmaster: %v", err)
+	}
+	lostPromoted := waitUntil(2*time.Minute, func() bool { p := f.primary(); return p != nil && p != lost })
+	lostPromotedIn := time.Since(lossAt)
+	if !lostPromoted {
+		res.fail(t, "the monitor promoted no other node within 2 min of the node loss: %s", f.states())
+	} else {
+		doneAt := ll.done.Load()
+		if !waitUntil(time.Minute, func() bool { return ll.done.Load() >= doneAt+30 }) {
+			res.fail(t, "the load did not go on after the promotion: %d operations done", ll.done.Load())
+		}
+		time.Sleep(2 * time.Second)
+	}
+	lossOps, ranOut := ll.stop()
+	if ranOut {
+		res.fail(t, "the load ran out of operations before the node loss was over: the scenario proved less than it says")
+	}
+	loss := measureWindow(lossOps, lossAt)
+	t.Logf("node %s lost; %s promoted by the monitor after %s; serving again after %s; %d starts in all: %s",
+		lost.name, f.primary().nameOr("none"), lostPromotedIn.Round(time.Millisecond), loss.took().Round(time.Millisecond), len(lossOps), f.states())
+
+	all := slices.Concat(killOps, swOps, lossOps)
 	c.reconnect()
-	verify(t, c, res, append(killOps, swOps...), expectations{faultAt: killAt})
+	verify(t, c, res, all, expectations{faultAt: killAt})
 	if dir := os.Getenv("RELIABILITY_LOG_DIR"); dir != "" {
-		f.writeLogs(dir, c, append(killOps, swOps...))
+		f.writeLogs(dir, c, all)
 	}
 	res.Requests = rec.requests.Load()
 	// Expected: a 503 problem with Retry-After from each switch until 10 s
@@ -501,12 +615,12 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 		return !e.At.Before(w.from) && !e.At.After(end.Add(10*time.Second))
 	}
 	res.judge5xx(t, rec, func(e serverError) bool {
-		return e.Status == 503 && e.RetryAfter != "" && e.Problem && (in(e, kill) || in(e, sw))
+		return e.Status == 503 && e.RetryAfter != "" && e.Problem && (in(e, kill) || in(e, sw) || in(e, loss))
 	})
 	for _, w := range []struct {
 		name string
 		w    window
-	}{{"kill", kill}, {"switchover", sw}} {
+	}{{"kill", kill}, {"switchover", sw}, {"node loss", loss}} {
 		if w.w.serving.IsZero() {
 			res.fail(t, "no start was answered 201 after the last 5xx of the %s", w.name)
 		}
@@ -520,6 +634,8 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 			kill.took().Seconds(), promotedIn.Seconds(), rejoinedIn.Seconds(), kill.created, kill.replayed, kill.unavail, kill.rest),
 		fmt.Sprintf("pg_autoctl perform switchover under load: serving again after %.1f s (the command returned after %.1f s); meanwhile %d starts answered 201 (%d replays), %d 503 with Retry-After, %d other answers",
 			sw.took().Seconds(), switchCmd.Seconds(), sw.created, sw.replayed, sw.unavail, sw.rest),
+		fmt.Sprintf("the primary node lost (kill -9 of its pg_autoctl and postmaster) to serving again: %.1f s (the monitor named the new primary after %.1f s); meanwhile %d starts answered 201 (%d replays), %d 503 with Retry-After, %d other answers",
+			loss.took().Seconds(), lostPromotedIn.Seconds(), loss.created, loss.replayed, loss.unavail, loss.rest),
 		fmt.Sprintf("the formation (monitor, primary, secondary) was ready %.1f s after the scenario began; the scenario took %.0f s",
 			formedIn.Seconds(), time.Since(started).Seconds()))
 }
