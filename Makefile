@@ -53,7 +53,7 @@ test: redis-dbs services docs-check test-tools
 	$(GO) vet ./...
 	@bad=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' | grep -v '^docs/')); \
 	if [ -n "$$bad" ]; then echo "gofmt needed on:"; echo "$$bad"; echo "run: make fmt"; exit 1; fi
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
 
 # test-under-load: make test five times in a row beside a busy loop per
 # core (ROUNDS, HOGS); the tests must not depend on the machine's speed.
@@ -83,7 +83,7 @@ fuzz-spec: services build
 # restarted. It needs no running services; `make test` runs it too.
 # RELIABILITY_OUT=file also writes its report table there in Markdown.
 reliability:
-	$(GO) test -race -count=1 -v -timeout 10m -run TestReliability ./reliability/
+	$(GO) test -race -count=1 -v -timeout 20m -run TestReliability ./reliability/
 
 # bench: valruns beside the Node peer and the database limit (pgbench of the
 # captured start SQL), then the experiment log (PostgreSQL work per run, end
