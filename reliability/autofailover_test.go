@@ -468,7 +468,7 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	started := time.Now()
 	f := startFormation(t, s.pg)
 	formedIn := time.Since(started)
-	c := newClusterWith(t, s, 2, 2, func(c *cluster) []string {
+	c, cl, rec, o := setupWith(t, s, "failover", func(c *cluster) []string {
 		// The scenario's database is on the formation, not the suite's
 		// server: the suite's own pool (the checks) goes there too.
 		f.migrateOn(t, c.dbName)
@@ -476,10 +476,6 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 		c.reconnect()
 		return []string{"DATABASE_URL=" + c.dbURL}
 	})
-	rec := &recorder{}
-	cl := newClient(c.baseURLs(), rec, s.cfg.MaxBodyBytes)
-	t.Cleanup(cl.close)
-	o := c.newOrg("failover")
 	def := orderWorkflow()
 	wf := createWorkflow(t, cl, o, def)
 	ctx := context.Background()

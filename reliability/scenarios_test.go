@@ -25,7 +25,14 @@ import (
 // and a client on both replicas.
 func setup(t *testing.T, s *suite, name string) (*cluster, *client, *recorder, org) {
 	t.Helper()
-	c := newCluster(t, s, 2, 2)
+	return setupWith(t, s, name, nil)
+}
+
+// setupWith is setup with the children's extra settings env returns (see
+// newClusterWith).
+func setupWith(t *testing.T, s *suite, name string, env func(*cluster) []string) (*cluster, *client, *recorder, org) {
+	t.Helper()
+	c := newClusterWith(t, s, 2, 2, env)
 	rec := &recorder{}
 	cl := newClient(c.baseURLs(), rec, s.cfg.MaxBodyBytes)
 	t.Cleanup(cl.close)
@@ -293,11 +300,7 @@ func workerKill(t *testing.T, s *suite, res *result) {
 func workerKillFast(t *testing.T, s *suite, res *result) {
 	// The fast path as it runs by default (the suite claims every run
 	// first, RUN_FAST_PATH=0, so that the other scenarios catch held runs).
-	c := newClusterWith(t, s, 2, 2, func(*cluster) []string { return []string{"RUN_FAST_PATH=1s"} })
-	rec := &recorder{}
-	cl := newClient(c.baseURLs(), rec, s.cfg.MaxBodyBytes)
-	t.Cleanup(cl.close)
-	o := c.newOrg("wkillfast")
+	c, cl, rec, o := setupWith(t, s, "wkillfast", func(*cluster) []string { return []string{"RUN_FAST_PATH=1s"} })
 	cheap := orderWorkflow()
 	wf := createWorkflow(t, cl, o, cheap)
 	ctx := context.Background()
