@@ -105,9 +105,6 @@ type startBatcher struct {
 
 func (b *startBatcher) submit(r *startReq) {
 	b.mu.Lock()
-	if b.orgs == nil {
-		b.orgs = map[string]int{}
-	}
 	light := b.orgs[r.p.OrgID] == 0
 	b.orgs[r.p.OrgID]++
 	if light && b.active >= startWriters && b.express < expressWriters {
@@ -129,17 +126,6 @@ func (b *startBatcher) submit(r *startReq) {
 	b.mu.Unlock()
 	if spawn {
 		go b.write()
-	}
-}
-
-// sent forgets the starts of a statement that has ended.
-func (b *startBatcher) sent(batch []*startReq) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, r := range batch {
-		if b.orgs[r.p.OrgID]--; b.orgs[r.p.OrgID] <= 0 {
-			delete(b.orgs, r.p.OrgID)
-		}
 	}
 }
 
@@ -188,16 +174,30 @@ func (b *startBatcher) send(batch []*startReq) {
 					break
 				}
 			}
+			b.answer([]*startReq{r})
 		}
-		err = nil
+		return
 	}
-	// Forgotten before any answer: a client's next start, sent once it has
-	// its answer, is counted afresh.
-	b.sent(batch)
 	for _, r := range batch {
 		if err != nil {
 			r.err = err
 		}
+	}
+	b.answer(batch)
+}
+
+// answer forgets the starts of a statement that has ended, then lets
+// their requests go on: forgotten first, so that a client's next start,
+// sent once it has its answer, is counted afresh.
+func (b *startBatcher) answer(batch []*startReq) {
+	b.mu.Lock()
+	for _, r := range batch {
+		if b.orgs[r.p.OrgID]--; b.orgs[r.p.OrgID] <= 0 {
+			delete(b.orgs, r.p.OrgID)
+		}
+	}
+	b.mu.Unlock()
+	for _, r := range batch {
 		close(r.done)
 	}
 }
