@@ -120,9 +120,6 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 	if err := e.flushRedis(ctx); err != nil {
 		return fail(err)
 	}
-	// The processes: API i listens on e.port (the first) or e.port+10+i,
-	// worker j serves its metrics on e.port+2 or e.port+20+j.
-	nAPIs, nWorkers := t.counts()
 	var srvs, workers []*proc
 	var bases []string
 	defer func() {
@@ -130,26 +127,26 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 			p.Stop(20 * time.Second)
 		}
 	}()
-	for i := range nAPIs {
+	for i := range r.APIs {
 		var srv *proc
 		var base string
 		switch {
 		case t.peer:
 			srv, base, err = e.startPeerOpts(ctx, e.dbURL(db), org, !t.mode.Separate)
 		default:
-			srv, base, err = e.startServerAt(ctx, t.side.bin, e.dbURL(db), !t.mode.Separate, extraPort(e.port, 10, i), extra...)
+			srv, base, err = e.startServerAt(ctx, t.side.bin, e.dbURL(db), !t.mode.Separate, e.apiPort(i), extra...)
 		}
 		if err != nil {
 			return fail(err)
 		}
 		srvs, bases = append(srvs, srv), append(bases, base)
 	}
-	for j := range nWorkers {
+	for j := range r.Workers {
 		var worker *proc
 		if t.peer {
 			worker, err = e.startPeerWorker(ctx, e.dbURL(db))
 		} else {
-			worker, err = e.startWorkerAt(ctx, t.side.bin, e.dbURL(db), extraPort(e.port+2, 20, j), extra...)
+			worker, err = e.startWorkerAt(ctx, t.side.bin, e.dbURL(db), e.workerPort(j), extra...)
 		}
 		if err != nil {
 			return fail(err)
@@ -284,13 +281,26 @@ func secs(f *float64) time.Duration {
 	return time.Duration(*f * float64(time.Second))
 }
 
-// extraPort is the port of the i-th process of a kind: base for the first,
-// base+off+i for the others.
-func extraPort(base, off, i int) int {
+// maxAPIs and maxWorkers are the most processes of each kind a loop runs
+// (the scale table's): their ports are checked free at the start.
+const maxAPIs, maxWorkers = 4, 2
+
+// apiPort is the port of API process i: e.port for the first, e.port+10+i
+// for the others.
+func (e *env) apiPort(i int) int {
 	if i == 0 {
-		return base
+		return e.port
 	}
-	return base + off + i
+	return e.port + 10 + i
+}
+
+// workerPort is the metrics port of worker j: e.port+2 for the first,
+// e.port+20+j for the others.
+func (e *env) workerPort(j int) int {
+	if j == 0 {
+		return e.port + 2
+	}
+	return e.port + 20 + j
 }
 
 // meterSet measures several processes over one window.

@@ -92,9 +92,15 @@ func openEnv(ctx context.Context, root, bin, logDir string, norgs int, port int)
 	if e.admin, err = pgx.Connect(ctx, admin.String()); err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL (DATABASE_URL with database postgres): %w", err)
 	}
-	// The API, the peer and the worker's metrics; the scale table's other
-	// APIs (port+11 to port+13) and second worker (port+21).
-	for _, p := range []int{port, port + 1, port + 2, port + 11, port + 12, port + 13, port + 21} {
+	// The peer's, and every API's and worker's the loops may start.
+	ports := []int{port + 1}
+	for i := range maxAPIs {
+		ports = append(ports, e.apiPort(i))
+	}
+	for j := range maxWorkers {
+		ports = append(ports, e.workerPort(j))
+	}
+	for _, p := range ports {
 		if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err != nil {
 			e.close()
 			return nil, fmt.Errorf("port %d is taken: set BENCH_PORT to a base port B with B to B+2, B+11 to B+13 and B+21 free", p)
@@ -335,7 +341,7 @@ func (e *env) startServerURL(ctx context.Context, dbURL string, worker bool, ext
 
 // startServerBin is startServerURL with another valruns binary (a baseline's).
 func (e *env) startServerBin(ctx context.Context, bin, dbURL string, worker bool, extra ...string) (*proc, string, error) {
-	return e.startServerAt(ctx, bin, dbURL, worker, e.port, extra...)
+	return e.startServerAt(ctx, bin, dbURL, worker, e.apiPort(0), extra...)
 }
 
 // startServerAt is startServerBin listening on port.
@@ -350,7 +356,7 @@ func (e *env) startServerAt(ctx context.Context, bin, dbURL string, worker bool,
 		args = append(args, "--worker")
 	}
 	name := "serve"
-	if port != e.port {
+	if port != e.apiPort(0) {
 		name = fmt.Sprintf("serve-%d", port)
 	}
 	p, err := startProc(name, e.logDir, e.root, childEnv(kv...), bin, args...)
@@ -373,7 +379,7 @@ func (e *env) startWorker(ctx context.Context, db string) (*proc, error) {
 // startWorkerBin runs `valruns worker` of binary bin on the database at
 // dbURL, with extra settings (such as WORKER_CONCURRENCY=50).
 func (e *env) startWorkerBin(ctx context.Context, bin, dbURL string, extra ...string) (*proc, error) {
-	return e.startWorkerAt(ctx, bin, dbURL, e.port+2, extra...)
+	return e.startWorkerAt(ctx, bin, dbURL, e.workerPort(0), extra...)
 }
 
 // startWorkerAt is startWorkerBin serving its metrics on port.
@@ -382,7 +388,7 @@ func (e *env) startWorkerAt(ctx context.Context, bin, dbURL string, port int, ex
 	kv := append([]string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + e.redisURL, "WORKER_METRICS_ADDR=" + metrics}, e.serverEnv...)
 	kv = append(kv, extra...)
 	name := "worker"
-	if port != e.port+2 {
+	if port != e.workerPort(0) {
 		name = fmt.Sprintf("worker-%d", port)
 	}
 	p, err := startProc(name, e.logDir, e.root, childEnv(kv...), bin, "worker")
