@@ -212,15 +212,7 @@ func (f *formation) autoctl(timeout time.Duration, args ...string) ([]byte, erro
 // monitorExec runs a statement on the monitor's postgres database as the
 // superuser (the OS user pg_autoctl runs as).
 func (f *formation) monitorExec(stmt string) error {
-	d, err := sql.Open("pgx", fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", f.monPort))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err = d.ExecContext(ctx, stmt)
-	return err
+	return execOnce(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", f.monPort), stmt, 10*time.Second)
 }
 
 // run starts `pg_autoctl ARGS --auth trust --no-ssl --run` as a child
@@ -329,15 +321,7 @@ func (f *formation) primary() *pgNode {
 
 // exec runs a statement on one data node's database db.
 func (f *formation) exec(n *pgNode, db, stmt string) error {
-	d, err := sql.Open("pgx", fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", n.port, db))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err = d.ExecContext(ctx, stmt)
-	return err
+	return execOnce(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", n.port, db), stmt, 30*time.Second)
 }
 
 // postmaster is the node's postmaster pid (postmaster.pid), 0 when it has none.

@@ -59,16 +59,23 @@ func newSuite(t *testing.T) *suite {
 // on a connection of its own (a PostgreSQL restart kills pooled ones).
 func (s *suite) adminExec(t testing.TB, stmt string) {
 	t.Helper()
-	db, err := sql.Open("pgx", s.pg.url("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, stmt); err != nil {
+	if err := execOnce(s.pg.url("postgres"), stmt, 30*time.Second); err != nil {
 		t.Errorf("%s: %v", stmt, err)
 	}
+}
+
+// execOnce runs stmt on the database at url, on a connection of its own
+// that it closes, within timeout.
+func execOnce(url, stmt string, timeout time.Duration) error {
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_, err = db.ExecContext(ctx, stmt)
+	return err
 }
 
 // Short timings so that faults heal in seconds. Settings are set only when

@@ -329,29 +329,21 @@ func workerKillFast(t *testing.T, s *suite, res *result) {
 		w.signal(syscall.SIGCONT)
 	}
 	a := c.workers[0]
-	var faultAt time.Time
 	var held []string
-	for try := 1; try <= 20 && len(held) == 0; try++ {
-		if !waitUntil(time.Minute, func() bool {
-			n, err := c.count(`SELECT count(*) FROM validation_runs WHERE finished_at IS NULL`)
-			return err == nil && n > 0
-		}) {
-			t.Fatalf("the backlog drained before worker A could be caught (try %d)", try)
-		}
-		faultAt = time.Now()
-		a.signal(syscall.SIGSTOP)
-		if !waitUntil(10*time.Second, a.isStopped) {
-			t.Fatalf("worker A did not stop")
-		}
+	faultAt, _ := stopHolding(t, a, func() bool {
+		n, err := c.count(`SELECT count(*) FROM validation_runs WHERE finished_at IS NULL`)
+		return err == nil && n > 0
+	}, func(try int) string {
+		return fmt.Sprintf("the backlog drained before worker A could be caught (try %d)", try)
+	}, func() bool {
+		held = nil
 		for _, run := range orphanedTasks(t, ins) {
 			if n, err := c.count(`SELECT count(*) FROM validation_runs WHERE id = $1 AND status = 'queued'`, run); err == nil && n == 1 {
 				held = append(held, run)
 			}
 		}
-		if len(held) == 0 {
-			a.signal(syscall.SIGCONT)
-		}
-	}
+		return len(held) > 0
+	})
 	a.kill()
 	t.Logf("worker A killed holding %d unclaimed runs in tasks asynq still had active", len(held))
 	verify(t, c, res, ops, expectations{faultAt: faultAt, finalBy: faultAt.Add(finalWithin)})
@@ -414,25 +406,39 @@ func orphanedTasks(t *testing.T, ins *asynq.Inspector) []string {
 func catchMidRun(t *testing.T, c *cluster, s *suite) (held map[string]int, stoppedAt time.Time, running int) {
 	t.Helper()
 	need := s.cfg.WorkerConcurrency + 1
-	a := c.workers[0]
-	for try := 1; ; try++ {
-		if !waitUntil(time.Minute, func() bool {
-			running = len(runningRuns(c))
-			return running >= need
-		}) {
-			t.Fatalf("never saw %d runs running at once (saw %d, try %d): cannot catch a worker mid-run", need, running, try)
+	stoppedAt, try := stopHolding(t, c.workers[0], func() bool {
+		running = len(runningRuns(c))
+		return running >= need
+	}, func(try int) string {
+		return fmt.Sprintf("never saw %d runs running at once (saw %d, try %d): cannot catch a worker mid-run", need, running, try)
+	}, func() bool {
+		// Twice: a run whose last statement was on its way at the stop
+		// ends meanwhile, and does not count as held (it proves nothing).
+		held = stillHeld(c, stillHeld(c, heldRuns(c.workers[0].log.String())))
+		return len(held) > 0
+	})
+	t.Logf("worker A caught holding %d runs at try %d", len(held), try)
+	return held, stoppedAt, running
+}
+
+// stopHolding stops worker a (SIGSTOP) once ready holds (waiting up to a
+// minute for it, else the test fails with notReady's words), and asks
+// holds whether a, stopped, holds what the scenario needs to catch it
+// with. If not, a goes on (SIGCONT) and is caught again, up to 20 times.
+// It returns when a was last stopped, and the try; a is left stopped.
+func stopHolding(t *testing.T, a *vproc, ready func() bool, notReady func(try int) string, holds func() bool) (stoppedAt time.Time, try int) {
+	t.Helper()
+	for try = 1; ; try++ {
+		if !waitUntil(time.Minute, ready) {
+			t.Fatal(notReady(try))
 		}
 		stoppedAt = time.Now()
 		a.signal(syscall.SIGSTOP)
 		if !waitUntil(10*time.Second, a.isStopped) {
-			t.Fatalf("worker A did not stop")
+			t.Fatalf("%s did not stop", a.name)
 		}
-		// Twice: a run whose last statement was on its way at the stop
-		// ends meanwhile, and does not count as held (it proves nothing).
-		held = stillHeld(c, stillHeld(c, heldRuns(a.log.String())))
-		if len(held) > 0 || try == 20 {
-			t.Logf("worker A caught holding %d runs at try %d", len(held), try)
-			return held, stoppedAt, running
+		if holds() || try == 20 {
+			return stoppedAt, try
 		}
 		a.signal(syscall.SIGCONT)
 	}
