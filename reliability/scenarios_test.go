@@ -271,7 +271,7 @@ func workerKill(t *testing.T, s *suite, res *result) {
 	c, cl, rec, o := setup(t, s, "workerkill")
 	slow := slowWorkflow()
 	wf := createWorkflow(t, cl, o, slow)
-	ops := makeOps("wkill", 60, o, wf, slow)
+	ops := makeOps("wkill", 120, o, wf, slow)
 	l := startLoad(context.Background(), cl, ops, 6)
 	held, faultAt, running := catchMidRun(t, c, s)
 	c.workers[0].kill() // stopped: it dies holding what it held at the stop
@@ -590,7 +590,7 @@ func workerPause(t *testing.T, s *suite, res *result) {
 	c, cl, rec, o := setup(t, s, "workerpause")
 	slow := slowWorkflow()
 	wf := createWorkflow(t, cl, o, slow)
-	ops := makeOps("wpause", 60, o, wf, slow)
+	ops := makeOps("wpause", 120, o, wf, slow)
 	l := startLoad(context.Background(), cl, ops, 6)
 	held, faultAt, _ := catchMidRun(t, c, s)
 	time.Sleep(max(s.cfg.RunLease, validate.SchemaTimeout, validate.EvalTimeout) + time.Second)
