@@ -243,6 +243,11 @@ func (x *experimentLog) writePgWork(b *strings.Builder) {
 		}
 		b.WriteString(strings.Join(parts, "; then ") + ".\n")
 		for i, ph := range []phaseWork{s.Start, s.Exec} {
+			if ph.WAL != nil {
+				fmt.Fprintf(b, "\n%s %s, WAL per run by record type (records, bytes): %s.\n", s.Side, []string{"start", "execution"}[i], ph.walKinds())
+			}
+		}
+		for i, ph := range []phaseWork{s.Start, s.Exec} {
 			fmt.Fprintf(b, "\n%s %s, statements sent most (per run):\n\n", s.Side, []string{"start", "execution"}[i])
 			for _, st := range ph.TopStmts {
 				fmt.Fprintf(b, "- %s `%s`\n", f2(ph.per(int64(st.N))), strings.ReplaceAll(st.SQL, "`", "'"))

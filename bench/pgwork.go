@@ -15,8 +15,10 @@ package main
 // them; when pg_walinspect is missing, it is all there is.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -113,6 +115,19 @@ func (p phaseWork) rows() (ins, upd, hot, del int64) {
 		ins, upd, hot, del = ins+t.Ins, upd+t.Upd, hot+t.HotUpd, del+t.Del
 	}
 	return
+}
+
+// walKinds lists this database's WAL per run by "rmgr/type", most bytes
+// first, records then bytes: "Heap/INSERT 2.00, 531 B", ...
+func (p phaseWork) walKinds() string {
+	keys := slices.Collect(maps.Keys(p.WAL))
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Compare(p.WAL[b].Bytes, p.WAL[a].Bytes) })
+	var out []string
+	for _, k := range keys {
+		v := p.WAL[k]
+		out = append(out, fmt.Sprintf("%s %.2f, %.0f B", k, p.per(v.Records), p.per(v.Bytes)))
+	}
+	return strings.Join(out, ", ")
 }
 
 // walBytes is this database's WAL when known, else the cluster's.
