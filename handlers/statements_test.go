@@ -210,12 +210,13 @@ func TestStatementsPerRequest(t *testing.T) {
 			send: func() apitest.Response { return other(idemBody, idemKey("busy")...) }},
 	}
 	results := make([]idemStmtCount, len(cases))
-	// rows are what a request wrote: runs, key rows, runs billed.
-	type rows struct{ runs, keys, billed int64 }
+	// rows are what a request wrote: runs, runs listed as unfinished (for
+	// the sweeper), key rows, runs billed.
+	type rows struct{ runs, listed, keys, billed int64 }
 	count := func() rows {
 		var r rows
-		require.NoError(t, e.DB.Raw(`SELECT (SELECT count(*) FROM validation_runs), (SELECT count(*) FROM idempotency_keys),
-			(SELECT coalesce(sum(runs), 0) FROM usage_slots)`).Row().Scan(&r.runs, &r.keys, &r.billed))
+		require.NoError(t, e.DB.Raw(`SELECT (SELECT count(*) FROM validation_runs), (SELECT count(*) FROM unfinished_runs),
+			(SELECT count(*) FROM idempotency_keys), (SELECT coalesce(sum(runs), 0) FROM usage_slots)`).Row().Scan(&r.runs, &r.listed, &r.keys, &r.billed))
 		return r
 	}
 	written := make([]rows, len(cases))
@@ -227,15 +228,15 @@ func TestStatementsPerRequest(t *testing.T) {
 			c := tr.take()
 			results[i] = c
 			after := count()
-			written[i] = rows{after.runs - before.runs, after.keys - before.keys, after.billed - before.billed}
+			written[i] = rows{after.runs - before.runs, after.listed - before.listed, after.keys - before.keys, after.billed - before.billed}
 			want := rows{}
 			switch tc.name {
 			case "no-key start":
-				want = rows{runs: 1, billed: 1}
+				want = rows{runs: 1, listed: 1, billed: 1}
 			case "new-key start":
-				want = rows{runs: 1, keys: 1, billed: 1}
+				want = rows{runs: 1, listed: 1, keys: 1, billed: 1}
 			}
-			require.Equal(t, want, written[i], "rows written (runs, key rows, runs billed)")
+			require.Equal(t, want, written[i], "rows written (runs, runs listed, key rows, runs billed)")
 			require.Equal(t, tc.status, r.Status, "body %s", r.Body)
 			// PITFALLS: a NOTIFY in the request's transaction serialises the
 			// commits of every notifying transaction, cluster-wide.
@@ -263,12 +264,12 @@ func TestStatementsPerRequest(t *testing.T) {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-22s %10s %11s %6s %7s %9s %5s %9s %7s\n", "request", "statements", "round trips", "begins", "commits", "rollbacks",
-		"runs", "key rows", "billed")
+	fmt.Fprintf(&b, "\n%-22s %10s %11s %6s %7s %9s %5s %7s %9s %7s\n", "request", "statements", "round trips", "begins", "commits", "rollbacks",
+		"runs", "listed", "key rows", "billed")
 	for i, tc := range cases {
 		c, w := results[i], written[i]
-		fmt.Fprintf(&b, "%-22s %10d %11d %6d %7d %9d %5d %9d %7d\n", tc.name, c.Statements, c.RoundTrips, c.Begins, c.Commits, c.Rollbacks,
-			w.runs, w.keys, w.billed)
+		fmt.Fprintf(&b, "%-22s %10d %11d %6d %7d %9d %5d %7d %9d %7d\n", tc.name, c.Statements, c.RoundTrips, c.Begins, c.Commits, c.Rollbacks,
+			w.runs, w.listed, w.keys, w.billed)
 	}
 	t.Log(b.String())
 	// PITFALLS: no NOTIFY at all, inside a transaction or after it.

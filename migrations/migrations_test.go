@@ -316,3 +316,68 @@ func TestLeanRunMigrationKeepsData(t *testing.T) {
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM audit_records WHERE token_id = $1`, token).Scan(&audits))
 	require.Equal(t, 2, audits)
 }
+
+// Migration 0010 lists the runs not final in unfinished_runs (queued and
+// running, not a final one), and leaves validation_runs no index that holds
+// a column a claim or a run's end changes, so that both can be HOT updates
+// (no new index entries, issue 15): put the partial index on status back
+// and this fails.
+func TestUnfinishedRunsMigration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := emptyDB(t)
+	p, err := migrations.NewProvider(db)
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 9)
+	require.NoError(t, err)
+	var org, wf string
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&org))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO workflows (org_id, name) VALUES ($1, 'wf') RETURNING id`, org).Scan(&wf))
+	ids := map[string]string{}
+	for _, st := range []string{"queued", "running", "passed"} {
+		var id string
+		require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO validation_runs (org_id, workflow_id, status, submission, finished_at)
+			VALUES ($1, $2, $3, '{}', CASE WHEN $3 = 'passed' THEN now() END) RETURNING id`, org, wf, st).Scan(&id))
+		ids[st] = id
+	}
+
+	_, err = p.UpTo(ctx, 10)
+	require.NoError(t, err)
+	var listed []string
+	rows, err := db.QueryContext(ctx, `SELECT id FROM unfinished_runs ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		listed = append(listed, id)
+	}
+	require.NoError(t, rows.Err())
+	require.ElementsMatch(t, []string{ids["queued"], ids["running"]}, listed, "the runs not final are listed, the final one not")
+
+	// The columns a claim (runexec.go) or an end writes.
+	changed := []string{"status", "attempts", "lease_expires_at", "error", "started_at", "finished_at", "findings", "redeliveries"}
+	var defs []string
+	rows, err = db.QueryContext(ctx, `SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'validation_runs'::regclass`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var def string
+		require.NoError(t, rows.Scan(&def))
+		defs = append(defs, def)
+	}
+	require.NoError(t, rows.Err())
+	require.NotEmpty(t, defs)
+	for _, def := range defs {
+		for _, col := range changed {
+			require.NotRegexp(t, `\b`+col+`\b`, def, "an index on a column a run's end changes makes every end a non-HOT update")
+		}
+	}
+	var opts string
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT coalesce(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = 'validation_runs'::regclass`).Scan(&opts))
+	require.Contains(t, opts, "fillfactor=70", "room on each page for a run's finished version")
+
+	_, err = p.DownTo(ctx, 9)
+	require.NoError(t, err)
+	var idx int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM pg_indexes WHERE indexname = 'validation_runs_unfinished_idx'`).Scan(&idx))
+	require.Equal(t, 1, idx, "Down gives the sweeper's index back")
+}

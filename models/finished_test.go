@@ -19,9 +19,7 @@ func TestFinished(t *testing.T) {
 	db, _ := testdb.New(t)
 	ctx := context.Background()
 	runs := models.NewRunStore(db)
-	var org, wf string
-	require.NoError(t, db.Raw(`INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&org).Error)
-	require.NoError(t, db.Raw(`INSERT INTO workflows (org_id, name) VALUES (?, 'wf') RETURNING id`, org).Scan(&wf).Error)
+	org, wf := acmeWorkflow(t, db)
 	ids := map[string]string{}
 	for _, status := range []string{"queued", "running", "passed", "failed", "error"} {
 		var id string

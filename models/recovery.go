@@ -85,14 +85,17 @@ type StrandedRun struct {
 }
 
 // StrandedRunning lists up to limit running runs whose lease ran out,
-// oldest first. Reading takes no lock: several sweepers may list the same
-// run, and MarkRedelivered lets one of them count its redelivery.
+// oldest first (the ids are UUIDv7). Reading takes no lock: several
+// sweepers may list the same run, and MarkRedelivered lets one of them
+// count its redelivery. The runs not final are found in unfinished_runs
+// (migration 0010): no index of validation_runs holds its status.
 func (s *RunStore) StrandedRunning(ctx context.Context, limit int) ([]StrandedRun, error) {
 	var rs []StrandedRun
 	err := s.db.WithContext(ctx).Raw(`
-SELECT id, org_id, status, redeliveries, created_at FROM validation_runs
-WHERE status = 'running' AND coalesce(lease_expires_at < now(), true)
-ORDER BY created_at, id
+SELECT r.id, r.org_id, r.status, r.redeliveries, r.created_at
+FROM unfinished_runs u JOIN validation_runs r ON r.id = u.id
+WHERE r.status = 'running' AND coalesce(r.lease_expires_at < now(), true)
+ORDER BY u.id
 LIMIT ?`, limit).Scan(&rs).Error
 	if err != nil {
 		return nil, fmt.Errorf("list stranded runs: %w", translate(err))
@@ -100,33 +103,56 @@ LIMIT ?`, limit).Scan(&rs).Error
 	return rs, nil
 }
 
-// RunCursor is where a page of QueuedSince ends.
+// RunCursor is where a page of QueuedSince ends: the last id it read.
 type RunCursor struct {
-	CreatedAt time.Time
-	ID        string
+	ID string
 }
 
-// QueuedSince lists up to limit queued runs created more than after ago,
-// in (created_at, id) order from after the cursor (nil: the start), and
-// the cursor of the next page (nil: this was the last).
+// QueuedSince reads a page of up to limit runs listed as unfinished, in id
+// order from after the cursor (nil: the start), and returns those queued
+// and created more than after ago, with the cursor of the next page (nil:
+// this was the last). A listed run that is final, or gone, leaves the
+// list: a statement that ended a run and missed it (one sent by an older
+// valruns) costs a row until the next pass.
 func (s *RunStore) QueuedSince(ctx context.Context, after time.Duration, from *RunCursor, limit int) ([]StrandedRun, *RunCursor, error) {
-	var rs []StrandedRun
-	q := `SELECT id, org_id, status, redeliveries, created_at FROM validation_runs
-WHERE status = 'queued' AND created_at < now() - @after * interval '1 microsecond'`
+	var page []struct {
+		StrandedRun
+		Due bool
+	}
+	cond := ``
 	args := map[string]any{"after": after.Microseconds(), "limit": limit}
 	if from != nil {
-		q += ` AND (created_at, id) > (@created, CAST(@id AS uuid))`
-		args["created"], args["id"] = from.CreatedAt, from.ID
+		cond = `WHERE u.id > CAST(@from AS uuid)`
+		args["from"] = from.ID
 	}
-	err := s.db.WithContext(ctx).Raw(q+` ORDER BY created_at, id LIMIT @limit`, args).Scan(&rs).Error
+	err := s.db.WithContext(ctx).Raw(`
+WITH page AS (
+	SELECT u.id, r.org_id, r.status, r.redeliveries, r.created_at
+	FROM unfinished_runs u LEFT JOIN validation_runs r ON r.id = u.id
+	`+cond+`
+	ORDER BY u.id
+	LIMIT @limit
+), unlisted AS (
+	DELETE FROM unfinished_runs u USING page p
+	WHERE u.id = p.id AND coalesce(p.status NOT IN ('queued', 'running'), true)
+)
+SELECT id, coalesce(org_id::text, '') AS org_id, coalesce(status, '') AS status, coalesce(redeliveries, 0) AS redeliveries,
+	coalesce(created_at, now()) AS created_at,
+	coalesce(status = 'queued' AND created_at < now() - @after * interval '1 microsecond', false) AS due
+FROM page ORDER BY id`, args).Scan(&page).Error
 	if err != nil {
 		return nil, nil, fmt.Errorf("list queued runs: %w", translate(err))
 	}
-	if len(rs) < limit {
+	var rs []StrandedRun
+	for _, p := range page {
+		if p.Due {
+			rs = append(rs, p.StrandedRun)
+		}
+	}
+	if len(page) < limit {
 		return rs, nil, nil
 	}
-	last := rs[len(rs)-1]
-	return rs, &RunCursor{CreatedAt: last.CreatedAt, ID: last.ID}, nil
+	return rs, &RunCursor{ID: page[len(page)-1].ID}, nil
 }
 
 // MarkRedelivered counts a redelivery of run r, which had r.Redeliveries.

@@ -71,3 +71,62 @@ func TestIsTransient(t *testing.T) {
 		})
 	}
 }
+
+// The sweeper finds the runs not final in unfinished_runs: QueuedSince
+// pages through the list in id order and returns the queued runs older than
+// its bound, each once; a listed run that is final (a statement that ended
+// it missed its row) or gone leaves the list; StrandedRunning lists the
+// running runs whose lease ran out. Running and recent runs stay listed.
+func TestSweeperListsUnfinishedRuns(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	runs := models.NewRunStore(db)
+	org, wf := acmeWorkflow(t, db)
+	insert := func(status, age string) string {
+		t.Helper()
+		var id string
+		require.NoError(t, db.Raw(`INSERT INTO validation_runs (org_id, workflow_id, status, submission, created_at, finished_at)
+			VALUES (?, ?, ?, '{}', now() - CAST(? AS interval), CASE WHEN ? IN ('passed', 'failed') THEN now() END) RETURNING id`,
+			org, wf, status, age, status).Scan(&id).Error)
+		require.NoError(t, db.Exec(`INSERT INTO unfinished_runs (id) VALUES (?)`, id).Error)
+		return id
+	}
+	var old []string
+	for range 5 {
+		old = append(old, insert("queued", "1 hour"))
+	}
+	recent := insert("queued", "0 seconds")
+	running := insert("running", "1 hour")
+	ended := insert("passed", "1 hour")
+	gone := models.NewRunID()
+	require.NoError(t, db.Exec(`INSERT INTO unfinished_runs (id) VALUES (?)`, gone).Error)
+
+	var due []string
+	var cursor *models.RunCursor
+	for pages := 1; ; pages++ {
+		rs, next, err := runs.QueuedSince(ctx, time.Minute, cursor, 3)
+		require.NoError(t, err)
+		for _, r := range rs {
+			require.Equal(t, "queued", r.Status)
+			require.Equal(t, org, r.OrgID)
+			due = append(due, r.ID)
+		}
+		if cursor = next; cursor == nil {
+			require.Equal(t, 4, pages, "9 listed runs in pages of 3, then an empty one")
+			break
+		}
+	}
+	require.ElementsMatch(t, old, due, "each queued run older than the bound, once")
+
+	var listed []string
+	require.NoError(t, db.Raw(`SELECT id FROM unfinished_runs`).Scan(&listed).Error)
+	require.ElementsMatch(t, append(old, recent, running), listed, "the final run and the gone one left the list")
+
+	stranded, err := runs.StrandedRunning(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, stranded, 1)
+	require.Equal(t, running, stranded[0].ID)
+	require.NotContains(t, listed, ended)
+	require.NotContains(t, listed, gone)
+}

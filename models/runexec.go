@@ -91,13 +91,17 @@ func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status
 	return ended, nil
 }
 
-// recordFinished is the outbox part of every statement that ends runs: for
-// each run the UPDATE named done returned (id, org_id), a delivery of its
-// validation_run.finished event to each endpoint of its organisation that
-// subscribes to it. In the same statement as the final state, so both
-// commit or neither does; ON CONFLICT (the unique event per endpoint) keeps
-// it once. For an organisation without endpoints it costs one index probe.
-const recordFinished = `, finished_hooks AS (
+// recordFinished is the end of every statement that ends runs. For each
+// run the UPDATE named done returned (id, org_id): it is no longer listed
+// as unfinished (listRun), and a delivery of its validation_run.finished
+// event is recorded for each endpoint of its organisation that subscribes
+// to it (the outbox). In the same statement as the final state, so all
+// commit or none does; ON CONFLICT (the unique event per endpoint) keeps
+// an event once. For an organisation without endpoints it costs one index
+// probe.
+const recordFinished = `, unlisted AS (
+	DELETE FROM unfinished_runs u USING done d WHERE u.id = d.id
+), finished_hooks AS (
 	INSERT INTO webhook_deliveries (org_id, endpoint_id, run_id, event_id)
 	SELECT d.org_id, e.id, d.id, 'evt_' || replace(d.id::text, '-', '')
 	FROM done d JOIN webhook_endpoints e ON e.org_id = d.org_id AND e.events @> '["validation_run.finished"]'

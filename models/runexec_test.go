@@ -21,9 +21,8 @@ func TestExpiredLeaseFencesEveryWrite(t *testing.T) {
 	db, _ := testdb.New(t)
 	ctx := context.Background()
 	runs := models.NewRunStore(db)
-	var org, wf, id string
-	require.NoError(t, db.Raw(`INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&org).Error)
-	require.NoError(t, db.Raw(`INSERT INTO workflows (org_id, name) VALUES (?, 'wf') RETURNING id`, org).Scan(&wf).Error)
+	var id string
+	org, wf := acmeWorkflow(t, db)
 	require.NoError(t, db.Raw(`INSERT INTO validation_runs (org_id, workflow_id, status, submission, metadata)
 		VALUES (?, ?, 'queued', '{}', '{}') RETURNING id`, org, wf).Scan(&id).Error)
 

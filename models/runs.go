@@ -57,11 +57,20 @@ const (
 	RunTaskIDPrefix = "validation_run:"
 )
 
+// listRun is the end of every statement that starts runs: each run the
+// CTE named run inserted (RETURNING id) is listed as not final, where the
+// sweeper looks for it (migration 0010).
+const listRun = `, listed AS (
+	INSERT INTO unfinished_runs (id) SELECT id FROM run
+)`
+
 // startSlowSQL inserts the run once the slow path has claimed its slot.
-const startSlowSQL = `
-INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
-	token_id, request_id, idempotency_key)
-VALUES ($3, $1, $2, 'queued', CAST($4 AS json), CAST($5 AS json), $6, $7, $8, $9)`
+const startSlowSQL = `WITH run AS (
+	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
+		token_id, request_id, idempotency_key)
+	VALUES ($3, $1, $2, 'queued', CAST($4 AS json), CAST($5 AS json), $6, $7, $8, $9)
+	RETURNING id
+)` + listRun + ` SELECT id FROM run`
 
 // startTxFastSQL claims a slot without waiting and inserts the run, in one
 // statement (see claimSlotFast): $1 workflow, $2 org, $3 period, $4 quota,
@@ -72,7 +81,7 @@ const startTxFastSQL = `WITH ` + claimSlotFast + `, run AS (
 		token_id, request_id, idempotency_key)
 	SELECT $7, $2, $1, 'queued', CAST($8 AS json), CAST($9 AS json), $10, $11, $12, $13 FROM bump
 	RETURNING id
-) SELECT id FROM run`
+)` + listRun + ` SELECT id FROM run`
 
 // Start creates the queued run p on tx, billed to its usage of the period:
 // a start in a transaction, for what the one-step path (StartOne) leaves to

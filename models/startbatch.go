@@ -384,14 +384,14 @@ WITH input AS (
 	RETURNING k.validation_run_id AS run, k.expires_at, true AS replaced
 ), keys AS (
 	SELECT * FROM fresh UNION ALL SELECT * FROM retaken
-), runs AS (
+), run AS (
 	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
 		token_id, request_id, idempotency_key)
 	SELECT id, org, wf, 'queued', CAST(submission AS json), CAST(metadata AS json), created_at,
 		token, request_id, key
 	FROM ran
 	RETURNING id
-)
+)` + listRun + `
 SELECT c.i,
 	CASE WHEN c.live_key IS NOT NULL THEN 'stored'
 	     WHEN NOT c.locked THEN 'inflight'

@@ -91,6 +91,16 @@ func TestStatementsPerExecution(t *testing.T) {
 
 	const n = 6
 	singles, batch := queued(n), queued(n)
+	listed := func() (c int64) {
+		var ids []string
+		for _, q := range append(singles, batch...) {
+			ids = append(ids, q.ID)
+		}
+		require.NoError(t, env.DB.Raw(`SELECT count(*) FROM unfinished_runs WHERE id = ANY(CAST(? AS uuid[]))`,
+			"{"+strings.Join(ids, ",")+"}").Row().Scan(&c))
+		return c
+	}
+	require.EqualValues(t, 2*n, listed(), "each queued run is listed as unfinished, for the sweeper")
 	tr.set(true)
 	for _, q := range singles {
 		require.NoError(t, w.Mux().ProcessTask(ctx, tasks.NewRunTaskFor(q)))
@@ -106,10 +116,12 @@ func TestStatementsPerExecution(t *testing.T) {
 	fmt.Fprintf(&b, "\n%-28s %10s %11s %12s\n", "execution, per run", "statements", "round trips", "rows written")
 	fmt.Fprintf(&b, "%-28s %10.2f %11.2f %12.2f\n", "alone (fast path)", float64(stmts)/n, float64(trips)/n, float64(written)/n)
 	fmt.Fprintf(&b, "%-28s %10.2f %11.2f %12.2f\n", fmt.Sprintf("in a batch of %d", n), float64(bStmts)/n, float64(bTrips)/n, float64(bWritten)/n)
+	b.WriteString("(rows written: the run's; the same statement deletes its row in unfinished_runs, checked below)\n")
 	t.Log(b.String())
 	require.Equal(t, n, stmts, "one statement per run: %q", sqls)
 	require.Equal(t, n, trips, "one round trip per run")
 	require.Equal(t, n, written, "one row written per run: the run, once")
+	require.Zero(t, listed(), "the statement that ends a run unlists it")
 	require.Equal(t, 1, bStmts, "one statement for the whole batch: %q", bSQL)
 	require.Equal(t, 1, bTrips)
 	require.Equal(t, n, bWritten, "one row written per run")
