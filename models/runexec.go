@@ -167,6 +167,10 @@ func (s *RunStore) FinishUnclaimed(ctx context.Context, outs []Outcome) (map[str
 		}
 	}
 	ended := make(map[string]bool, n)
+	// Planned at each execution (the unnamed statement, the description
+	// cached), not once per connection: a plan made while the table was
+	// empty scans it whole (no index of runs holds status), and a cached
+	// one would keep doing so as the table grows.
 	err := withConn(ctx, s.db, func(c *pgx.Conn) error {
 		rows, err := c.Query(ctx, `
 WITH done AS (UPDATE validation_runs r SET status = v.status, findings = CAST(v.findings AS json), error = v.error,
@@ -175,7 +179,7 @@ FROM unnest(CAST($1 AS uuid[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 
 	AS v(id, status, findings, error, started)
 WHERE r.id = v.id AND r.status = 'queued'
 RETURNING r.id, r.org_id)`+recordFinished+`
-SELECT id FROM done`, ids, statuses, fss, errs, started)
+SELECT id FROM done`, pgx.QueryExecModeCacheDescribe, ids, statuses, fss, errs, started)
 		if err != nil {
 			return err
 		}
