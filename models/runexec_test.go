@@ -81,3 +81,48 @@ func TestExpiredLeaseFencesEveryWrite(t *testing.T) {
 	require.Nil(t, got.Error)
 	require.Zero(t, got.Findings)
 }
+
+// FinishUnclaimed is planned at each execution. No index of runs holds
+// status, so a plan made while the table was nearly empty scans the table
+// whole; cached on a connection (after five executions, PostgreSQL keeps a
+// generic plan), it went on doing so for every batch as the table grew.
+// Here one connection ends runs on a nearly empty table, then one more once
+// the table holds 20,000 runs: that one must read them through the primary
+// key, not scan them (force the statement back into the connection's cache
+// and this fails).
+func TestFinishUnclaimedPlannedEachTime(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	sqlDB.SetMaxOpenConns(1) // one connection: the one whose cache counts
+	ctx := context.Background()
+	runs := models.NewRunStore(db)
+	org, wf := acmeWorkflow(t, db)
+	queue := func(n int) (ids []string) {
+		t.Helper()
+		require.NoError(t, db.Raw(`INSERT INTO validation_runs (org_id, workflow_id, status, submission)
+			SELECT ?, ?, 'queued', '{}' FROM generate_series(1, ?) RETURNING id`, org, wf, n).Scan(&ids).Error)
+		return ids
+	}
+	finish := func(id string) {
+		t.Helper()
+		ended, err := runs.FinishUnclaimed(ctx, []models.Outcome{{RunID: id, Status: models.RunPassed, StartedAt: time.Now()}})
+		require.NoError(t, err)
+		require.True(t, ended[id])
+	}
+	for _, id := range queue(8) {
+		finish(id)
+	}
+	last := queue(20000)[0]
+	scanned := func() (n int64) {
+		t.Helper()
+		// This connection's counts, flushed at the end of the statement.
+		require.NoError(t, db.Exec(`SELECT pg_stat_force_next_flush()`).Error)
+		require.NoError(t, db.Raw(`SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables WHERE relname = 'validation_runs'`).Scan(&n).Error)
+		return n
+	}
+	before := scanned()
+	finish(last)
+	require.Less(t, scanned()-before, int64(1000), "ending one run must not scan the runs")
+}
