@@ -121,7 +121,9 @@ func (p phaseWork) rows() (ins, upd, hot, del int64) {
 // first, records then bytes: "Heap/INSERT 2.00, 531 B", ...
 func (p phaseWork) walKinds() string {
 	keys := slices.Collect(maps.Keys(p.WAL))
-	slices.SortFunc(keys, func(a, b string) int { return cmp.Compare(p.WAL[b].Bytes, p.WAL[a].Bytes) })
+	slices.SortFunc(keys, func(a, b string) int {
+		return cmp.Or(cmp.Compare(p.WAL[b].Bytes, p.WAL[a].Bytes), strings.Compare(a, b))
+	})
 	var out []string
 	for _, k := range keys {
 		v := p.WAL[k]
