@@ -25,6 +25,9 @@ type runHandlers struct {
 	maxWait time.Duration
 	// waits are the reads waiting for their run to become final.
 	waits *runWaits
+	// doubts hands off the runs whose start's commit was in doubt, once
+	// they are known to have committed (nil when handOff is).
+	doubts *doubtfulStarts
 }
 
 // StartRunRequest is the body of POST /api/workflows/{id}/start/. A member
@@ -134,7 +137,7 @@ func utc(t *time.Time) *time.Time {
 //	@Failure		422				{object}	ProblemKeyReused		"`idempotency_key_reused`: the key was used for a different request (another body or another workflow) within 24 h; use a new key."
 //	@Failure		429				{object}	ProblemTooManyRequests	"`quota_exceeded`: the organisation has used its monthly run quota (stored and replayed like any answer); do not retry. Or `rate_limited`: the organisation started runs faster than its rate; nothing was done or stored: retry after `Retry-After` seconds, with the same key."
 //	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done, billed or stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds, with the same key."
+//	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
 //	@Header			201				{string}	Location				"The run: /api/runs/{run_id}/"
 //	@Header			201,400,404,429				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
 //	@Header			201,400,404,429				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
@@ -237,6 +240,7 @@ func (h *runHandlers) created(p models.StartParams) (idempotency.Response, error
 		q := &models.QueuedRun{ID: p.ID, WorkflowID: p.WorkflowID, Submission: run.Submission, Metadata: run.Metadata,
 			CreatedAt: p.CreatedAt, OrgID: p.OrgID, RunShare: p.RunShare}
 		resp.AfterCommit = func() { h.handOff(q) }
+		resp.InDoubt = func() { h.doubts.add(q) }
 	}
 	return resp, nil
 }

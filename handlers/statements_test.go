@@ -185,7 +185,8 @@ func TestStatementsPerRequest(t *testing.T) {
 		maxBegins  int
 		maxCommits int
 	}{
-		// The statement's settings and the start (models.startBatchSQL), sent together.
+		// The statement's settings (with a key: and the key's lock,
+		// models.startLocksSQL) and the start (models.startBatchSQL), sent together.
 		{name: "no-key start", status: 201, maxStmts: 2, maxTrips: 1,
 			send: func() apitest.Response { return start(idemBody) }},
 		{name: "new-key start", status: 201, maxStmts: 2, maxTrips: 1,
@@ -203,7 +204,8 @@ func TestStatementsPerRequest(t *testing.T) {
 				return e.Do(http.MethodPost, idemStartPath(wf2), org.Token, idemBody, idemKey("measured")...)
 			}},
 		// Another process, which never answered these keys: the start's
-		// statement finds the key's row, or its lock taken, and writes nothing.
+		// first statement (models.startLocksSQL) finds the key's row, or its
+		// lock taken, and the start's own, sent with it, writes nothing.
 		{name: "replay, other process", status: 201, maxStmts: 2, maxTrips: 1,
 			send: func() apitest.Response { return other(idemBody, idemKey("measured")...) }},
 		{name: "409, other process", status: 409, maxStmts: 2, maxTrips: 1,
