@@ -116,7 +116,7 @@ func overloadMemory(t *testing.T, s *suite, res *result) {
 		if created == 0 {
 			res.fail(t, "%s: no start was admitted", wave.name)
 		}
-		res.figure("%s, %d at once: %d answered 201, %d answered 503 overloaded; the API process's RSS %d MB at rest, %d MB at the peak (bound: %d MB)",
+		res.figure("%s, %d at once: %d answered 201, %d answered 503 overloaded; the API process's RSS %d MB at rest, %d MB at the peak (asserted: under %d MB)",
 			wave.name, parallel, created, refused, idle/1_000_000, peak/1_000_000, overloadPeakLimit/1_000_000)
 		if peak >= overloadPeakLimit {
 			res.fail(t, "%s: the API process peaked at %d MB RSS, over %d MB, with the default bounds", wave.name, peak/1_000_000, overloadPeakLimit/1_000_000)
