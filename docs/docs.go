@@ -175,14 +175,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -451,14 +451,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -644,14 +644,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -828,14 +828,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1044,14 +1044,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1300,14 +1300,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1638,14 +1638,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1816,14 +1816,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2083,14 +2083,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2342,14 +2342,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2708,14 +2708,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2990,14 +2990,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -3354,14 +3354,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -3671,14 +3671,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",

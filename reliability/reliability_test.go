@@ -33,6 +33,7 @@ var scenarios = []scenario{
 	{"worker_pause", workerPause},
 	{"worker_starved", workerStarved},
 	{"hostile_input", hostileInput},
+	{"overload_memory", overloadMemory},
 	{"tenant_probing", tenantProbing},
 	{"noisy_neighbour", noisyNeighbour},
 	{"pgbouncer", pgbouncerScenario},
