@@ -36,9 +36,11 @@ type StartRunRequest struct {
 	// Submission is the JSON document to validate: any JSON value (an
 	// object, an array, a string, a number, true, false or null). A number
 	// in it may have at most 256 digits written out in decimal: 1e300 is a
-	// 400 `invalid_number` (a rule JSON Schema cannot state).
-	Submission json.RawMessage `json:"submission" validate:"required" extensions:"x-nullable"`
-	// Metadata is an optional JSON object (null is the same as absent), visible to CEL assertions as `metadata`.
+	// 400 `invalid_number`; no string or member name in it may hold the NUL
+	// character \u0000: a 400 `validation_error` (rules JSON Schema cannot
+	// state of any JSON value).
+	Submission json.RawMessage `json:"submission" validate:"required"`
+	// Metadata is an optional JSON object (null is the same as absent), visible to CEL assertions as `metadata`; no string or member name in it may hold the NUL character \u0000.
 	Metadata json.RawMessage `json:"metadata,omitempty" swaggertype:"object" extensions:"x-nullable"`
 }
 
@@ -56,7 +58,7 @@ type Run struct {
 	WorkflowID string `json:"workflow_id" validate:"required" format:"uuid" example:"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"`
 	Status     string `json:"status" validate:"required" example:"queued" enums:"queued,running,passed,failed,error"`
 	// Submission is the JSON value the run validates, as it was sent: any JSON value.
-	Submission json.RawMessage `json:"submission" validate:"required" extensions:"x-nullable"`
+	Submission json.RawMessage `json:"submission" validate:"required"`
 	// Metadata is the run's metadata, {} when none was sent.
 	Metadata json.RawMessage `json:"metadata" validate:"required" swaggertype:"object"`
 	// Findings are what the run found, once it has finished (passed, failed
@@ -127,7 +129,7 @@ func utc(t *time.Time) *time.Time {
 //	@Param			Prefer			header		string					false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		StartRunRequest			true	"The submission to validate, and optional metadata"
 //	@Success		201				{object}	Run						"Created: the queued run; with `Idempotent-Replayed: true`, the replay of the first answer."
-//	@Failure		400				{object}	ProblemBadRequest		"The body is not what the route needs: `validation_error` (submission missing, metadata not an object, a field the route does not take), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; a `validation_error` with a key is stored and replayed."
+//	@Failure		400				{object}	ProblemBadRequest		"The body is not what the route needs: `validation_error` (submission missing, metadata not an object, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; a `validation_error` with a key is stored and replayed."
 //	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		404				{object}	ProblemWorkflowNotFound	"`not_found`: no such workflow in your organisation (stored and replayed like any answer)."
 //	@Failure		409				{object}	ProblemInProgress		"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."

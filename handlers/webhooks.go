@@ -34,8 +34,8 @@ type CreateWebhookEndpointRequest struct {
 	URL string `json:"url" validate:"required" minLength:"1" maxLength:"2048" format:"uri" extensions:"x-pattern=^[hH][tT][tT][pP][sS]?://[^/?#@]+" example:"https://example.com/valruns-hooks"`
 	// Description is a note for people, at most 500 characters.
 	Description string `json:"description,omitempty" maxLength:"500" example:"invoices service"`
-	// Events are the event types delivered to the endpoint; absent means all of them (today: validation_run.finished).
-	Events []string `json:"events,omitempty" minItems:"1" enums:"validation_run.finished"`
+	// Events are the event types delivered to the endpoint, at least one; absent means all of them (today: validation_run.finished).
+	Events []string `json:"events,omitempty" extensions:"x-min-items=1" enums:"validation_run.finished"`
 }
 
 // WebhookEndpoint is a webhook endpoint as the API shows it (its secret only
@@ -93,7 +93,7 @@ func webhookEndpointOf(e *models.WebhookEndpoint) WebhookEndpoint {
 //	@Param			Prefer			header		string							false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		CreateWebhookEndpointRequest	true	"The endpoint"
 //	@Success		201				{object}	WebhookEndpointWithSecret		"Created, with its secret; with `Idempotent-Replayed: true`, the replay of the first answer."
-//	@Failure		400				{object}	ProblemBadRequest				"`validation_error` (url missing, not http or https, too long, with user information, or a private target; description over 500 characters; an unknown event type; a field the route does not take), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). `validation_error` with a key is stored and replayed."
+//	@Failure		400				{object}	ProblemBadRequest				"`validation_error` (url missing, not http or https, too long, with user information, or a private target; description over 500 characters; an empty events list or an unknown event type; a field the route does not take; a string or member name that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). `validation_error` with a key is stored and replayed."
 //	@Failure		401				{object}	ProblemUnauthorized				"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		408				{object}	ProblemBodyTimeout				"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."
 //	@Failure		409				{object}	ProblemInProgress				"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."

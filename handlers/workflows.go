@@ -23,12 +23,13 @@ type workflowHandlers struct {
 // CreateWorkflowRequest is the body of POST /api/workflows/. A member it
 // does not name is refused (400 validation_error).
 type CreateWorkflowRequest struct {
-	// Name of the workflow, 1-200 characters, not only spaces.
+	// Name of the workflow, 1-200 characters, not only spaces, without the NUL character \u0000.
 	Name string `json:"name" validate:"required" minLength:"1" maxLength:"200" extensions:"x-pattern=\\S" example:"invoice"`
 	// Schema is an optional JSON Schema (draft 2020-12 unless $schema says otherwise) the submission must satisfy:
-	// an object, or true or false; null is the same as absent.
-	Schema json.RawMessage `json:"schema,omitempty" extensions:"x-nullable"`
-	// Assertions are optional CEL rules over `submission` and `metadata`.
+	// an object, or true or false; null is the same as absent. Any other JSON value is a 400 `invalid_workflow`;
+	// a string or member name in it that holds the NUL character \u0000 is a 400 `validation_error`.
+	Schema json.RawMessage `json:"schema,omitempty" extensions:"x-json-types=object|boolean|null"`
+	// Assertions are optional CEL rules over `submission` and `metadata`, without the NUL character \u0000.
 	Assertions []validate.Assertion `json:"assertions,omitempty"`
 }
 
@@ -37,7 +38,7 @@ type Workflow struct {
 	ID   string `json:"id" validate:"required" format:"uuid" example:"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"`
 	Name string `json:"name" validate:"required" example:"invoice"`
 	// Schema is the workflow's JSON Schema (an object, or true or false); absent when it has none.
-	Schema     json.RawMessage      `json:"schema,omitempty"`
+	Schema     json.RawMessage      `json:"schema,omitempty" extensions:"x-json-types=object|boolean"`
 	Assertions []validate.Assertion `json:"assertions" validate:"required"`
 	CreatedAt  time.Time            `json:"created_at" validate:"required" format:"date-time" example:"2026-11-22T10:00:00Z"`
 }
@@ -73,7 +74,7 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@Param			Prefer			header		string					false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		CreateWorkflowRequest	true	"The workflow"
 //	@Success		201				{object}	Workflow				"Created; with `Idempotent-Replayed: true`, the replay of the first answer."
-//	@Failure		400				{object}	ProblemInvalidWorkflow	"The body is not what the route needs: `invalid_workflow` (a schema or expression does not compile), `validation_error` (name missing or too long, a field the route does not take), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; `invalid_workflow` and `validation_error` with a key are stored and replayed."
+//	@Failure		400				{object}	ProblemInvalidWorkflow	"The body is not what the route needs: `invalid_workflow` (a schema that is not an object, true or false, or a schema or expression that does not compile), `validation_error` (name missing or too long, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; `invalid_workflow` and `validation_error` with a key are stored and replayed."
 //	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		409				{object}	ProblemInProgress		"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		408				{object}	ProblemBodyTimeout		"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."

@@ -139,7 +139,7 @@ func JSON(status int, v any) (Response, error) {
 
 // Problem builds a Response carrying a problem document.
 func Problem(req Request, d problem.Details) Response {
-	d.Instance = req.Gin.Request.URL.Path
+	d.Instance = problem.Path(req.Gin.Request)
 	d.RequestID = req.RequestID
 	return Response{Status: d.Status, Body: d.Body(), Header: http.Header{"Content-Type": {problem.ContentType}}}
 }
