@@ -256,6 +256,44 @@ func TestWebhookReceiverDownThenUp(t *testing.T) {
 	}
 }
 
+// An attempt whose outcome could not be recorded (the database refused the
+// write) leaves its asynq task archived, since an attempt has no retries
+// of its own: once its claim runs out, the delivery is claimed and
+// attempted again with the same webhook-id, and ends delivered.
+func TestWebhookAttemptRedoneAfterItsOutcomeWasLost(t *testing.T) {
+	t.Parallel()
+	env, org, wf, _ := hookEnv(t, func(c *tasks.Config) { c.WebhookClaimLease = 300 * time.Millisecond })
+	// The first write of an attempt's outcome fails; later ones go through
+	// (a sequence is not rolled back with the failed statement).
+	require.NoError(t, env.DB.Exec(`CREATE SEQUENCE lose_outcome`).Error)
+	require.NoError(t, env.DB.Exec(`CREATE FUNCTION lose_first_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.attempts > OLD.attempts THEN
+		IF nextval('lose_outcome') = 1 THEN
+			RAISE EXCEPTION 'injected: the outcome of the first attempt is not written';
+		END IF;
+	END IF;
+	RETURN NEW;
+END $$`).Error)
+	require.NoError(t, env.DB.Exec(`CREATE TRIGGER lose_first_outcome BEFORE UPDATE ON webhook_deliveries
+		FOR EACH ROW EXECUTE FUNCTION lose_first_outcome()`).Error)
+	rc := newHookReceiver(t, func(int) int { return http.StatusOK })
+	ep := createEndpoint(t, env, org, rc.URL)
+	startRun(t, env, org, wf, validOrder)
+
+	d := waitDeliveries(t, env, org, ep.ID, 1)[0]
+	require.Equal(t, "delivered", d.Status)
+	var lost int64
+	require.NoError(t, env.DB.Raw(`SELECT last_value FROM lose_outcome`).Scan(&lost).Error)
+	require.GreaterOrEqual(t, lost, int64(2), "the first outcome was lost, a later one written")
+	got := rc.got()
+	require.GreaterOrEqual(t, len(got), 2, "the attempt whose outcome was lost is made again")
+	for _, a := range got {
+		require.Equal(t, d.EventID, a.ID, "the same webhook-id on every attempt")
+		requireSigned(t, a, ep.Secret)
+	}
+}
+
 // A delivery that never gets a 2xx ends failed once its horizon has
 // passed: no next attempt.
 func TestWebhookGivesUpPastItsHorizon(t *testing.T) {
