@@ -238,7 +238,9 @@ func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	res := s.send.Send(ctx, job.Endpoint.URL, d.EventID, job.Endpoint.SigningSecrets(now), body, now)
 	a := models.Attempt{Delivered: res.Delivered, StatusCode: res.StatusCode, Retry: WebhookRetryDelay(s.base, d.Attempts+1)}
 	if res.Err != nil {
-		a.Error = res.Err.Error()
+		// Coarse: the tenant sees it. The detail (addresses, the resolver)
+		// goes to the worker's log only.
+		a.Error = webhooks.Reason(res.Err)
 	} else if !res.Delivered {
 		a.Error = "answered " + strconv.Itoa(res.StatusCode)
 	}
@@ -253,6 +255,9 @@ func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		s.m.attempts.WithLabelValues(outcome).Inc()
 	}
 	log := s.log.With("delivery_id", d.ID, "event_id", d.EventID, "endpoint_id", d.EndpointID, "attempt", d.Attempts+1)
+	if res.Err != nil {
+		log = log.With("detail", res.Err.Error())
+	}
 	switch status {
 	case models.DeliveryDelivered:
 		log.InfoContext(ctx, "webhook delivered", "status_code", res.StatusCode)

@@ -235,6 +235,7 @@ func TestWebhookReceiverDownThenUp(t *testing.T) {
 	down := waitAttempts(t, env, org, ep.ID, 3)
 	require.Equal(t, "pending", down.Status)
 	require.NotNil(t, down.LastError, "a refused connection is recorded")
+	require.Equal(t, webhooks.ReasonRefused, *down.LastError, "without the address")
 	require.Nil(t, down.LastStatusCode)
 	require.NotNil(t, down.NextAttemptAt)
 
@@ -328,7 +329,7 @@ func TestWebhookPrivateTargetRefusedAtSend(t *testing.T) {
 	d := waitAttempts(t, env, org, ep.ID, 2)
 	require.Equal(t, "pending", d.Status)
 	require.NotNil(t, d.LastError)
-	require.Contains(t, *d.LastError, "private address")
+	require.Equal(t, webhooks.ReasonNotAllowed, *d.LastError, "a coarse reason, never the address the name resolved to")
 	require.Empty(t, rc.got(), "no attempt reached the loopback receiver")
 }
 
