@@ -1244,7 +1244,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` (url missing, not http or https, too long, with user information, or a private target; description over 500 characters; an unknown event type; a field the route does not take), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a URL to a loopback address (the server does not set WEBHOOK_ALLOW_PRIVATE_TARGETS).",
+                        "description": "` + "`" + `validation_error` + "`" + ` (url missing, not http or https, too long, with user information, a port out of 1-65535, an IPv4 address not in dotted-decimal form, or a private target; description over 500 characters; an unknown event type; a field the route does not take), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a URL to a loopback address (the server does not set WEBHOOK_ALLOW_PRIVATE_TARGETS).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -5601,7 +5601,7 @@ const docTemplate = `{
                     "example": "2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a"
                 },
                 "last_error": {
-                    "description": "LastError says why the last attempt failed without an answer (a timeout, a refused connection).",
+                    "description": "LastError says why the last attempt failed without an answer, coarsely and never with an address: the target's address is not allowed, the host name could not be resolved, connection refused, timed out...; or \"answered N\" when the answer was not a 2xx.",
                     "type": "string",
                     "example": "connection refused"
                 },
