@@ -387,6 +387,10 @@ func (h *webhookHandlers) deliveries(c *gin.Context) {
 	answerEndpoint(c, err, func() {
 		out := WebhookDeliveryList{Data: make([]WebhookDelivery, 0, len(ds)), NextCursor: next}
 		for _, d := range ds {
+			if d.LastError != nil {
+				shown := webhooks.Shown(*d.LastError) // never an address, whenever it was recorded
+				d.LastError = &shown
+			}
 			out.Data = append(out.Data, WebhookDelivery{ID: d.ID, EventID: d.EventID, EventType: d.EventType, RunID: d.RunID,
 				Status: d.Status, Attempts: d.Attempts, LastStatusCode: d.LastStatusCode, LastError: d.LastError,
 				NextAttemptAt: utc(d.NextAttemptAt), CreatedAt: d.CreatedAt.UTC(), DeliveredAt: utc(d.DeliveredAt)})

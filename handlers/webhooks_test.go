@@ -16,6 +16,7 @@ import (
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/webhooks"
 )
 
 func TestWebhookEndpoints(t *testing.T) {
@@ -254,6 +255,24 @@ func TestWebhookDeliveriesList(t *testing.T) {
 	require.Equal(t, "pending", d.Status)
 	require.Zero(t, d.Attempts)
 	require.NotNil(t, d.NextAttemptAt)
+
+	// A last_error recorded with addresses in it (as before reasons were
+	// coarse) is shown as a coarse reason; a coarse one as it is.
+	for recorded, shown := range map[string]string{
+		"dial tcp 10.0.0.1:18998: private address: 10.0.0.1":                                webhooks.ReasonFailed,
+		`Post "http://0x7f000001:18998/h": dial tcp: lookup 0x7f000001 on 10.255.255.53:53`: webhooks.ReasonFailed,
+		"answered 503":                    "answered 503",
+		webhooks.ReasonUnresolved:         webhooks.ReasonUnresolved,
+		"answered 503 from 10.0.0.1:8080": webhooks.ReasonFailed,
+	} {
+		require.NoError(t, e.DB.Exec(`UPDATE webhook_deliveries SET last_error = ? WHERE run_id = ?`, recorded, run).Error)
+		l := e.Do(http.MethodGet, path, org.Token, nil)
+		require.Equal(t, http.StatusOK, l.Status, "%s", l.Body)
+		var list handlers.WebhookDeliveryList
+		l.JSON(t, &list)
+		require.NotNil(t, list.Data[0].LastError)
+		require.Equal(t, shown, *list.Data[0].LastError, recorded)
+	}
 
 	ll := e.Do(http.MethodGet, "/api/webhook-endpoints/"+late.Map(t)["id"].(string)+"/deliveries/", org.Token, nil)
 	require.Equal(t, http.StatusOK, ll.Status, "%s", ll.Body)

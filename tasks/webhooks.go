@@ -242,7 +242,7 @@ func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		// goes to the worker's log only.
 		a.Error = webhooks.Reason(res.Err)
 	} else if !res.Delivered {
-		a.Error = "answered " + strconv.Itoa(res.StatusCode)
+		a.Error = webhooks.Answered(res.StatusCode)
 	}
 	wctx, cancel := detached(ctx)
 	defer cancel()

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -159,6 +160,27 @@ func Reason(err error) string {
 		return ReasonTLS
 	case errors.Is(err, errBadURL):
 		return ReasonBadURL
+	}
+	return ReasonFailed
+}
+
+// Answered is what a delivery records of an attempt answered with a
+// status other than 2xx.
+func Answered(status int) string { return "answered " + strconv.Itoa(status) }
+
+// Shown is what the API shows of a delivery's recorded last_error: the
+// reason itself when it is one that Reason or Answered gives; anything else
+// (recorded before reasons were coarse, an address in it) is ReasonFailed.
+func Shown(recorded string) string {
+	switch recorded {
+	case ReasonNotAllowed, ReasonUnresolved, ReasonRefused, ReasonTimedOut, ReasonClosed, ReasonUnreachable,
+		ReasonTLS, ReasonBadURL, ReasonFailed:
+		return recorded
+	}
+	if n, ok := strings.CutPrefix(recorded, "answered "); ok {
+		if code, err := strconv.Atoi(n); err == nil && code >= 100 && code <= 999 && Answered(code) == recorded {
+			return recorded
+		}
 	}
 	return ReasonFailed
 }
