@@ -298,7 +298,7 @@ func webhookAttemptKill(t *testing.T, s *suite, res *result) {
 	if !redone {
 		res.fail(t, "the attempt of %s that died with worker A was not made again within 60 s (WEBHOOK_CLAIM_LEASE %s)", heldID, webhookClaimLease)
 	} else {
-		res.Figures = append(res.Figures, fmt.Sprintf("the event whose attempt died was received again %.1f s after the kill (WEBHOOK_CLAIM_LEASE %s)",
+		res.Figures = append(res.Figures, fmt.Sprintf("the event whose attempt died was received again %.1f s after the kill, the new worker's start included (WEBHOOK_CLAIM_LEASE %s)",
 			time.Since(faultAt).Seconds(), webhookClaimLease))
 	}
 	if !waitUntil(60*time.Second, func() bool {
