@@ -75,6 +75,11 @@ type Config struct {
 	// WebhookDeliveryRetention is how long a delivery delivered or failed
 	// is kept before the cleanup deletes it (WEBHOOK_DELIVERY_RETENTION).
 	WebhookDeliveryRetention time.Duration
+	// WebhookClaimLease is how long a worker's claim of a delivery holds it
+	// for one attempt; an attempt that has not recorded its outcome by then
+	// (its worker died, the write failed) lets the delivery be claimed and
+	// attempted again (WEBHOOK_CLAIM_LEASE).
+	WebhookClaimLease time.Duration
 	// IdempotencyMaxWait caps how long a request with `Prefer: wait=N` waits
 	// for the in-flight request with its key; 0 disables waiting (IDEMPOTENCY_MAX_WAIT).
 	IdempotencyMaxWait time.Duration
@@ -226,6 +231,7 @@ var Vars = []Var{
 	{"WEBHOOK_RETRY_BASE", "5s", "delay after a delivery's first failed attempt, four times longer after each further one up to 8h (5s: 5s, 20s, 80s, 5m, 21m, 85m, 5.7h, 8h...)"},
 	{"WEBHOOK_RETRY_HORIZON", "24h", "how long after its event a delivery is retried; then it is `failed`"},
 	{"WEBHOOK_DELIVERY_RETENTION", "720h", "how long a webhook delivery `delivered` or `failed` is kept (its deliveries list shows it) before the periodic cleanup deletes it; pending ones are kept"},
+	{"WEBHOOK_CLAIM_LEASE", "2m", "how long a worker's claim holds a webhook delivery for one attempt; an attempt whose outcome is not recorded by then (its worker died, the write failed) is made again, with the same `webhook-id`, within this plus `WEBHOOK_POLL_INTERVAL`. At least 1s; keep it well above an attempt's 10 s limit, or a slow receiver gets the event twice at once"},
 	{"PPROF_ADDR", "", "`host:port` where `serve` and `worker` serve Go's /debug/pprof/ for profiling; empty (the default) serves nothing. Keep it on loopback"},
 }
 
@@ -313,6 +319,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		WebhookRetryBase:           p.duration("WEBHOOK_RETRY_BASE", 10*time.Millisecond),
 		WebhookRetryHorizon:        p.duration("WEBHOOK_RETRY_HORIZON", time.Second),
 		WebhookDeliveryRetention:   p.duration("WEBHOOK_DELIVERY_RETENTION", time.Minute),
+		WebhookClaimLease:          p.duration("WEBHOOK_CLAIM_LEASE", time.Second),
 	}
 	if p.err == nil && c.MaxBodyBytesInFlight < 0 {
 		// Unset: room for two of the largest bodies. What a body costs

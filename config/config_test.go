@@ -67,6 +67,7 @@ var documented = config.Config{
 	WebhookRetryBase:         5 * time.Second,
 	WebhookRetryHorizon:      24 * time.Hour,
 	WebhookDeliveryRetention: 30 * 24 * time.Hour,
+	WebhookClaimLease:        2 * time.Minute,
 }
 
 func TestDefaults(t *testing.T) {
@@ -201,6 +202,8 @@ func TestGoodValues(t *testing.T) {
 				require.Equal(t, 3*time.Second, c.RunLease)
 				require.Equal(t, time.Second, c.RunHeartbeat)
 			}},
+		{"webhook claim lease", map[string]string{"WEBHOOK_CLAIM_LEASE": "3s"},
+			func(t *testing.T, c config.Config) { require.Equal(t, 3*time.Second, c.WebhookClaimLease) }},
 		{"auth cache disabled", map[string]string{"AUTH_CACHE_TTL": "0"},
 			func(t *testing.T, c config.Config) { require.Zero(t, c.AuthCacheTTL) }},
 		{"bools", map[string]string{"IDEMPOTENCY_KEY_REQUIRED": "true", "MIGRATE_ON_START": "1"},
@@ -314,6 +317,10 @@ func TestBadValues(t *testing.T) {
 		{"MAX_BODY_BYTES_IN_FLIGHT", "1048575"}, // below MAX_BODY_BYTES: a full body could never enter
 		{"MAX_BODY_BYTES_IN_FLIGHT", "64MB"},
 		{"OVERLOAD_WAIT", "-1s"},
+		{"WEBHOOK_CLAIM_LEASE", "0"},
+		{"WEBHOOK_CLAIM_LEASE", "500ms"},
+		{"WEBHOOK_CLAIM_LEASE", "-2m"},
+		{"WEBHOOK_CLAIM_LEASE", "2 minutes"},
 		// The worker's scheduler would refuse these at registration, long after start-up.
 		{"CLEANUP_SCHEDULE", "every hour"},
 		{"CLEANUP_SCHEDULE", "@fortnightly"},

@@ -93,7 +93,7 @@ func webhookEndpointOf(e *models.WebhookEndpoint) WebhookEndpoint {
 //	@Param			Prefer			header		string							false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		CreateWebhookEndpointRequest	true	"The endpoint"
 //	@Success		201				{object}	WebhookEndpointWithSecret		"Created, with its secret; with `Idempotent-Replayed: true`, the replay of the first answer."
-//	@Failure		400				{object}	ProblemBadRequest				"`validation_error` (url missing, not http or https, too long, with user information, or a private target; description over 500 characters; an empty events list or an unknown event type; a field the route does not take; a string or member name that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). `validation_error` with a key is stored and replayed."
+//	@Failure		400				{object}	ProblemBadRequest				"`validation_error` (url missing, not http or https, too long, with user information, a port out of 1-65535, an IPv4 address not in dotted-decimal form, or a private target; description over 500 characters; an empty events list or an unknown event type; a field the route does not take; a string or member name that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). `validation_error` with a key is stored and replayed."
 //	@Failure		401				{object}	ProblemUnauthorized				"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		408				{object}	ProblemBodyTimeout				"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."
 //	@Failure		409				{object}	ProblemInProgress				"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
@@ -331,7 +331,7 @@ type WebhookDelivery struct {
 	Attempts int    `json:"attempts" validate:"required" minimum:"0" example:"0"`
 	// LastStatusCode is the HTTP status of the last attempt's answer; absent when it had none.
 	LastStatusCode *int `json:"last_status_code,omitempty" example:"503"`
-	// LastError says why the last attempt failed without an answer (a timeout, a refused connection).
+	// LastError says why the last attempt failed without an answer, coarsely and never with an address: the target's address is not allowed, the host name could not be resolved, connection refused, timed out...; or "answered N" when the answer was not a 2xx.
 	LastError *string `json:"last_error,omitempty" example:"connection refused"`
 	// NextAttemptAt is when the next attempt is due, while pending.
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty" format:"date-time" example:"2026-11-22T10:00:00Z"`
@@ -387,6 +387,10 @@ func (h *webhookHandlers) deliveries(c *gin.Context) {
 	answerEndpoint(c, err, func() {
 		out := WebhookDeliveryList{Data: make([]WebhookDelivery, 0, len(ds)), NextCursor: next}
 		for _, d := range ds {
+			if d.LastError != nil {
+				shown := webhooks.Shown(*d.LastError) // never an address, whenever it was recorded
+				d.LastError = &shown
+			}
 			out.Data = append(out.Data, WebhookDelivery{ID: d.ID, EventID: d.EventID, EventType: d.EventType, RunID: d.RunID,
 				Status: d.Status, Attempts: d.Attempts, LastStatusCode: d.LastStatusCode, LastError: d.LastError,
 				NextAttemptAt: utc(d.NextAttemptAt), CreatedAt: d.CreatedAt.UTC(), DeliveredAt: utc(d.DeliveredAt)})

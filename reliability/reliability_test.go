@@ -40,6 +40,7 @@ var scenarios = []scenario{
 	{"sentinel_failover", sentinelFailover},
 	{"pg_failover", pgFailover},
 	{"webhook_outage", webhookOutageScenario},
+	{"webhook_attempt_kill", webhookAttemptKill},
 }
 
 // TestReliability runs every scenario in turn (they share the private
