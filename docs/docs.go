@@ -1244,7 +1244,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` (url missing, not http or https, too long, with user information, or a private target; description over 500 characters; an empty events list or an unknown event type; a field the route does not take; a string or member name that holds the NUL character \\u0000), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a URL to a loopback address (the server does not set WEBHOOK_ALLOW_PRIVATE_TARGETS).",
+                        "description": "` + "`" + `validation_error` + "`" + ` (url missing, not http or https, too long, with user information, a port out of 1-65535, an IPv4 address not in dotted-decimal form, or a private target; description over 500 characters; an empty events list or an unknown event type; a field the route does not take; a string or member name that holds the NUL character \\u0000), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a URL to a loopback address (the server does not set WEBHOOK_ALLOW_PRIVATE_TARGETS).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -1548,7 +1548,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -2538,7 +2538,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -3238,7 +3238,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -4067,7 +4067,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -5600,7 +5600,7 @@ const docTemplate = `{
                     "example": "2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a"
                 },
                 "last_error": {
-                    "description": "LastError says why the last attempt failed without an answer (a timeout, a refused connection).",
+                    "description": "LastError says why the last attempt failed without an answer, coarsely and never with an address: the target's address is not allowed, the host name could not be resolved, connection refused, timed out...; or \"answered N\" when the answer was not a 2xx.",
                     "type": "string",
                     "example": "connection refused"
                 },
