@@ -163,6 +163,7 @@ func (q *pipe) readAll() error {
 		if err == nil {
 			res, err = q.p.GetResults()
 		}
+		var tag pgconn.CommandTag
 		if err == nil {
 			rr, ok := res.(*pgconn.ResultReader)
 			if !ok {
@@ -174,10 +175,11 @@ func (q *pipe) readAll() error {
 				if err == nil {
 					err = rows.Err()
 				}
+				tag = rows.CommandTag()
 			}
 		}
 		if q.tracer != nil {
-			q.tracer.TraceBatchQuery(q.tctx, q.c, pgx.TraceBatchQueryData{SQL: r.sql, Args: r.args, Err: err})
+			q.tracer.TraceBatchQuery(q.tctx, q.c, pgx.TraceBatchQueryData{SQL: r.sql, Args: r.args, CommandTag: tag, Err: err})
 		}
 		if err != nil {
 			q.forget(r.sql, err)
