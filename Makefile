@@ -61,13 +61,14 @@ test-under-load:
 	@scripts/test-under-load.sh
 
 # test-tools: what some tests need besides Go and the services, installed when
-# missing (apt-get as root; npm ci for the bench's peer): Chromium for the
+# missing (apt-get as root; npm ci for the Node packages): Chromium for the
 # browser test; pgbench, Node.js with the peer's packages and redis-server for
-# the bench package's tests. A test whose tool cannot be had skips itself, and
+# the bench package's tests; Node.js with openapi-typescript and Redocly CLI
+# for the typed-client and spec lint tests. A test whose tool cannot be had skips itself, and
 # since go test shows nothing of a package that passes, this says so here.
 SKIP_BANNER = printf '\n%s\n%s\n%s\n\n' "$$(printf '!%.0s' $$(seq 72))" "$(1)" "$$(printf '!%.0s' $$(seq 72))"
 test-tools:
-	@scripts/install-bench-tools.sh || $(call SKIP_BANNER,the bench tests that need pgbench / Node.js / redis-server will be SKIPPED: see above)
+	@scripts/install-bench-tools.sh || $(call SKIP_BANNER,the tests that need pgbench / Node.js / redis-server (bench, typed client, spec lint) will be SKIPPED: see above)
 	@scripts/install-chromium.sh >/dev/null || $(call SKIP_BANNER,the Swagger UI browser test will be SKIPPED: no Chromium (see above))
 
 # fuzz-spec: an independent fuzzer (Portman + newman, npm) runs against a valruns of

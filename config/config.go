@@ -75,6 +75,11 @@ type Config struct {
 	// WebhookDeliveryRetention is how long a delivery delivered or failed
 	// is kept before the cleanup deletes it (WEBHOOK_DELIVERY_RETENTION).
 	WebhookDeliveryRetention time.Duration
+	// WebhookClaimLease is how long a worker's claim of a delivery holds it
+	// for one attempt; an attempt that has not recorded its outcome by then
+	// (its worker died, the write failed) lets the delivery be claimed and
+	// attempted again (WEBHOOK_CLAIM_LEASE).
+	WebhookClaimLease time.Duration
 	// IdempotencyMaxWait caps how long a request with `Prefer: wait=N` waits
 	// for the in-flight request with its key; 0 disables waiting (IDEMPOTENCY_MAX_WAIT).
 	IdempotencyMaxWait time.Duration
@@ -109,8 +114,8 @@ type Config struct {
 	// MaxBodyBytesInFlight caps the request bodies one API process holds at
 	// once, each counted by its Content-Length (MaxBodyBytes when unknown);
 	// past it a request waits up to OverloadWait, then answers 503
-	// overloaded. 0 means unlimited; otherwise at least MaxBodyBytes
-	// (MAX_BODY_BYTES_IN_FLIGHT).
+	// overloaded. 0 means unlimited; otherwise at least MaxBodyBytes; unset,
+	// 2 x MaxBodyBytes (MAX_BODY_BYTES_IN_FLIGHT).
 	MaxBodyBytesInFlight int64
 	// OverloadWait is the longest a request waits for room under
 	// MaxRequestsInFlight and MaxBodyBytesInFlight; 0 answers 503 at once
@@ -201,7 +206,7 @@ var Vars = []Var{
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
 	{"MAX_BODY_BYTES", "1048576", "largest accepted request body; larger is 413"},
 	{"MAX_REQUESTS_IN_FLIGHT", "256", "`/api/` requests one API process serves at once; past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After`; 0 = unlimited"},
-	{"MAX_BODY_BYTES_IN_FLIGHT", "8388608", "request bodies one API process holds at once, in bytes, each counted by its `Content-Length` (`MAX_BODY_BYTES` when unknown, chunked or gzip); past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After` (its body read and dropped, never held); 0 = unlimited, else at least `MAX_BODY_BYTES`"},
+	{"MAX_BODY_BYTES_IN_FLIGHT", "", "request bodies one API process holds at once, in bytes, each counted by its `Content-Length` (`MAX_BODY_BYTES` when unknown, chunked or gzip); past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After` (its body read and dropped, never held); empty = 2 x `MAX_BODY_BYTES` (2 MiB), 0 = unlimited, else at least `MAX_BODY_BYTES`"},
 	{"OVERLOAD_WAIT", "1s", "longest a request waits for room under `MAX_REQUESTS_IN_FLIGHT` and `MAX_BODY_BYTES_IN_FLIGHT` before 503 `overloaded`; 0 = answer at once"},
 	{"LOG_LEVEL", "info", "debug, info, warn, error"},
 	{"LOG_FORMAT", "text", "text or json"},
@@ -226,6 +231,7 @@ var Vars = []Var{
 	{"WEBHOOK_RETRY_BASE", "5s", "delay after a delivery's first failed attempt, four times longer after each further one up to 8h (5s: 5s, 20s, 80s, 5m, 21m, 85m, 5.7h, 8h...)"},
 	{"WEBHOOK_RETRY_HORIZON", "24h", "how long after its event a delivery is retried; then it is `failed`"},
 	{"WEBHOOK_DELIVERY_RETENTION", "720h", "how long a webhook delivery `delivered` or `failed` is kept (its deliveries list shows it) before the periodic cleanup deletes it; pending ones are kept"},
+	{"WEBHOOK_CLAIM_LEASE", "2m", "how long a worker's claim holds a webhook delivery for one attempt; an attempt whose outcome is not recorded by then (its worker died, the write failed) is made again, with the same `webhook-id`, within this plus `WEBHOOK_POLL_INTERVAL`. At least 1s; keep it well above an attempt's 10 s limit, or a slow receiver gets the event twice at once"},
 	{"PPROF_ADDR", "", "`host:port` where `serve` and `worker` serve Go's /debug/pprof/ for profiling; empty (the default) serves nothing. Keep it on loopback"},
 }
 
@@ -243,6 +249,24 @@ func (e *Error) Error() string {
 
 // FromEnv loads the configuration from the process environment.
 func FromEnv() (Config, error) { return Load(os.LookupEnv) }
+
+// MemoryLimit is the soft memory limit `valruns serve` gives the Go runtime
+// (debug.SetMemoryLimit) unless GOMEMLIMIT is set or the worker runs in the
+// same process (its runs have limits of their own): 64 MiB for the process
+// at rest and its small requests, plus 48 bytes per byte of
+// MaxBodyBytesInFlight, what admitted bodies can take at their peak (a
+// 1 MB start takes 10 to 45 MB while it is served, depending on its shape:
+// see the README's Rate limits and overload). Near it the garbage
+// collector runs sooner, rather than let a burst's garbage double the heap
+// (GOGC) before the next collection; it is no cap: live memory past it
+// is kept, and collecting then takes at most half the CPU. 160 MiB with
+// the defaults; 0 (no limit) when MaxBodyBytesInFlight is unlimited.
+func (c Config) MemoryLimit() int64 {
+	if c.MaxBodyBytesInFlight <= 0 {
+		return 0
+	}
+	return 64<<20 + 48*c.MaxBodyBytesInFlight
+}
 
 // Load builds a Config from lookup (os.LookupEnv in production, a map in
 // tests). Unset or empty variables take their default.
@@ -269,7 +293,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		CleanupBatchSize:           int(p.int("CLEANUP_BATCH_SIZE", 1)),
 		MaxBodyBytes:               p.int("MAX_BODY_BYTES", 1),
 		MaxRequestsInFlight:        int(p.int("MAX_REQUESTS_IN_FLIGHT", 0)),
-		MaxBodyBytesInFlight:       p.int("MAX_BODY_BYTES_IN_FLIGHT", 0),
+		MaxBodyBytesInFlight:       p.intOr("MAX_BODY_BYTES_IN_FLIGHT", 0, -1),
 		OverloadWait:               p.duration("OVERLOAD_WAIT", 0),
 		LogLevel:                   p.oneOf("LOG_LEVEL", "debug", "info", "warn", "error"),
 		LogFormat:                  p.oneOf("LOG_FORMAT", "text", "json"),
@@ -295,6 +319,12 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		WebhookRetryBase:           p.duration("WEBHOOK_RETRY_BASE", 10*time.Millisecond),
 		WebhookRetryHorizon:        p.duration("WEBHOOK_RETRY_HORIZON", time.Second),
 		WebhookDeliveryRetention:   p.duration("WEBHOOK_DELIVERY_RETENTION", time.Minute),
+		WebhookClaimLease:          p.duration("WEBHOOK_CLAIM_LEASE", time.Second),
+	}
+	if p.err == nil && c.MaxBodyBytesInFlight < 0 {
+		// Unset: room for two of the largest bodies. What a body costs
+		// while it is served is many times its size (see MemoryLimit).
+		c.MaxBodyBytesInFlight = 2 * c.MaxBodyBytes
 	}
 	if p.err == nil && c.MaxBodyBytesInFlight != 0 && c.MaxBodyBytesInFlight < c.MaxBodyBytes {
 		// A body of MaxBodyBytes could never be admitted.
@@ -403,6 +433,14 @@ func (p *parser) int(name string, min int64) int64 {
 		p.fail(name, v, fmt.Sprintf("must be at least %d", min))
 	}
 	return n
+}
+
+// intOr is int, or unset when the variable and its default are empty.
+func (p *parser) intOr(name string, min, unset int64) int64 {
+	if p.raw(name) == "" {
+		return unset
+	}
+	return p.int(name, min)
 }
 
 func (p *parser) duration(name string, min time.Duration) time.Duration {

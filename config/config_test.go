@@ -43,7 +43,7 @@ var documented = config.Config{
 	CleanupBatchSize:         1000,
 	MaxBodyBytes:             1 << 20,
 	MaxRequestsInFlight:      256,
-	MaxBodyBytesInFlight:     8 << 20,
+	MaxBodyBytesInFlight:     2 << 20, // unset: 2 x MAX_BODY_BYTES
 	OverloadWait:             time.Second,
 	LogLevel:                 "info",
 	LogFormat:                "text",
@@ -67,6 +67,7 @@ var documented = config.Config{
 	WebhookRetryBase:         5 * time.Second,
 	WebhookRetryHorizon:      24 * time.Hour,
 	WebhookDeliveryRetention: 30 * 24 * time.Hour,
+	WebhookClaimLease:        2 * time.Minute,
 }
 
 func TestDefaults(t *testing.T) {
@@ -121,7 +122,8 @@ func TestVarsDocumentEverythingLoadReads(t *testing.T) {
 	for _, v := range config.Vars {
 		require.False(t, listed[v.Name], "%s listed twice", v.Name)
 		listed[v.Name] = true
-		if v.Name != "PPROF_ADDR" && v.Name != "DATABASE_DIRECT_URL" { // off unless set; DATABASE_URL unless set
+		// Off unless set; DATABASE_URL unless set; 2 x MAX_BODY_BYTES unless set.
+		if v.Name != "PPROF_ADDR" && v.Name != "DATABASE_DIRECT_URL" && v.Name != "MAX_BODY_BYTES_IN_FLIGHT" {
 			require.NotEmpty(t, v.Default, "%s has no default", v.Name)
 		}
 		require.NotEmpty(t, v.Doc, "%s has no doc", v.Name)
@@ -200,6 +202,8 @@ func TestGoodValues(t *testing.T) {
 				require.Equal(t, 3*time.Second, c.RunLease)
 				require.Equal(t, time.Second, c.RunHeartbeat)
 			}},
+		{"webhook claim lease", map[string]string{"WEBHOOK_CLAIM_LEASE": "3s"},
+			func(t *testing.T, c config.Config) { require.Equal(t, 3*time.Second, c.WebhookClaimLease) }},
 		{"auth cache disabled", map[string]string{"AUTH_CACHE_TTL": "0"},
 			func(t *testing.T, c config.Config) { require.Zero(t, c.AuthCacheTTL) }},
 		{"bools", map[string]string{"IDEMPOTENCY_KEY_REQUIRED": "true", "MIGRATE_ON_START": "1"},
@@ -227,7 +231,15 @@ func TestGoodValues(t *testing.T) {
 				require.Zero(t, c.OverloadWait)
 			}},
 		{"no overload bounds", map[string]string{"MAX_BODY_BYTES_IN_FLIGHT": "0"},
-			func(t *testing.T, c config.Config) { require.Zero(t, c.MaxBodyBytesInFlight) }},
+			func(t *testing.T, c config.Config) {
+				require.Zero(t, c.MaxBodyBytesInFlight)
+				require.Zero(t, c.MemoryLimit(), "no bound on bodies: no soft memory limit either")
+			}},
+		{"body budget follows MAX_BODY_BYTES", map[string]string{"MAX_BODY_BYTES": "4194304", "MAX_BODY_BYTES_IN_FLIGHT": " "},
+			func(t *testing.T, c config.Config) {
+				require.EqualValues(t, 8<<20, c.MaxBodyBytesInFlight, "unset: room for two of the largest bodies")
+				require.EqualValues(t, 64<<20+48*(8<<20), c.MemoryLimit())
+			}},
 		{"log level and format are case-insensitive", map[string]string{"LOG_LEVEL": "DEBUG", "LOG_FORMAT": "Json"},
 			func(t *testing.T, c config.Config) {
 				require.Equal(t, "debug", c.LogLevel)
@@ -305,6 +317,10 @@ func TestBadValues(t *testing.T) {
 		{"MAX_BODY_BYTES_IN_FLIGHT", "1048575"}, // below MAX_BODY_BYTES: a full body could never enter
 		{"MAX_BODY_BYTES_IN_FLIGHT", "64MB"},
 		{"OVERLOAD_WAIT", "-1s"},
+		{"WEBHOOK_CLAIM_LEASE", "0"},
+		{"WEBHOOK_CLAIM_LEASE", "500ms"},
+		{"WEBHOOK_CLAIM_LEASE", "-2m"},
+		{"WEBHOOK_CLAIM_LEASE", "2 minutes"},
 		// The worker's scheduler would refuse these at registration, long after start-up.
 		{"CLEANUP_SCHEDULE", "every hour"},
 		{"CLEANUP_SCHEDULE", "@fortnightly"},

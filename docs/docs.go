@@ -175,14 +175,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -424,7 +424,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "workflow_id must be a UUID.",
                                 "code": "validation_error",
-                                "instance": "/api/runs",
+                                "instance": "/api/runs/",
                                 "request_id": "99e1662d1d537c3eea749069",
                                 "errors": [
                                     {
@@ -439,7 +439,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "workflow_id must be a UUID.",
                                 "code": "validation_error",
-                                "instance": "/api/runs",
+                                "instance": "/api/runs/",
                                 "request_id": "99e1662d1d537c3eea749069",
                                 "errors": [
                                     {
@@ -451,14 +451,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -472,7 +472,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/runs",
+                                "instance": "/api/runs/",
                                 "request_id": "7010486a6cd4abdb76cbe385"
                             },
                             "application/problem+json": {
@@ -481,7 +481,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/runs",
+                                "instance": "/api/runs/",
                                 "request_id": "7010486a6cd4abdb76cbe385"
                             }
                         }
@@ -508,7 +508,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/runs",
+                                "instance": "/api/runs/",
                                 "request_id": "250e43bd2331c3ef00548862"
                             },
                             "application/problem+json": {
@@ -517,7 +517,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/runs",
+                                "instance": "/api/runs/",
                                 "request_id": "250e43bd2331c3ef00548862"
                             }
                         }
@@ -544,7 +544,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/runs",
+                                "instance": "/api/runs/",
                                 "request_id": "fc3e75d0c136d1ed169bc220"
                             },
                             "application/problem+json": {
@@ -553,7 +553,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/runs",
+                                "instance": "/api/runs/",
                                 "request_id": "fc3e75d0c136d1ed169bc220"
                             }
                         }
@@ -644,14 +644,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -665,7 +665,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a/",
                                 "request_id": "e84e9d1f1b8da3af68f8fef1"
                             },
                             "application/problem+json": {
@@ -674,7 +674,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a/",
                                 "request_id": "e84e9d1f1b8da3af68f8fef1"
                             }
                         }
@@ -697,7 +697,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Run not found.",
                                 "code": "not_found",
-                                "instance": "/api/runs/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "instance": "/api/runs/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/",
                                 "request_id": "99fcc41a9cad24afeeeda863"
                             },
                             "application/problem+json": {
@@ -706,7 +706,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Run not found.",
                                 "code": "not_found",
-                                "instance": "/api/runs/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "instance": "/api/runs/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/",
                                 "request_id": "99fcc41a9cad24afeeeda863"
                             }
                         }
@@ -733,7 +733,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a/",
                                 "request_id": "6a5f7cd71dc4a5ee061f8e3b"
                             },
                             "application/problem+json": {
@@ -742,7 +742,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a/",
                                 "request_id": "6a5f7cd71dc4a5ee061f8e3b"
                             }
                         }
@@ -769,7 +769,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a/",
                                 "request_id": "af415a5d12c3a0753fa08058"
                             },
                             "application/problem+json": {
@@ -778,7 +778,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "instance": "/api/runs/5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a/",
                                 "request_id": "af415a5d12c3a0753fa08058"
                             }
                         }
@@ -828,14 +828,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1017,7 +1017,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
                                 "code": "validation_error",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "ad817b3c85240cf8fb992523",
                                 "errors": [
                                     {
@@ -1032,7 +1032,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
                                 "code": "validation_error",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "ad817b3c85240cf8fb992523",
                                 "errors": [
                                     {
@@ -1044,14 +1044,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1065,7 +1065,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "b5dce4ce8e6fa04c9cc1df51"
                             },
                             "application/problem+json": {
@@ -1074,7 +1074,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "b5dce4ce8e6fa04c9cc1df51"
                             }
                         }
@@ -1101,7 +1101,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "51bbaf902b49dd3f34f5d2b8"
                             },
                             "application/problem+json": {
@@ -1110,7 +1110,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "51bbaf902b49dd3f34f5d2b8"
                             }
                         }
@@ -1137,7 +1137,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "cff5fc24691ff5e06f17aad2"
                             },
                             "application/problem+json": {
@@ -1146,7 +1146,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "cff5fc24691ff5e06f17aad2"
                             }
                         }
@@ -1244,7 +1244,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` (url missing, not http or https, too long, with user information, or a private target; description over 500 characters; an unknown event type; a field the route does not take), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a URL to a loopback address (the server does not set WEBHOOK_ALLOW_PRIVATE_TARGETS).",
+                        "description": "` + "`" + `validation_error` + "`" + ` (url missing, not http or https, too long, with user information, a port out of 1-65535, an IPv4 address not in dotted-decimal form, or a private target; description over 500 characters; an empty events list or an unknown event type; a field the route does not take; a string or member name that holds the NUL character \\u0000), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a URL to a loopback address (the server does not set WEBHOOK_ALLOW_PRIVATE_TARGETS).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -1273,7 +1273,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "url: private address: 127.0.0.1 is not a public address.",
                                 "code": "validation_error",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "e919d5445ea462a2c01bbc09",
                                 "errors": [
                                     {
@@ -1288,7 +1288,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "url: private address: 127.0.0.1 is not a public address.",
                                 "code": "validation_error",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "e919d5445ea462a2c01bbc09",
                                 "errors": [
                                     {
@@ -1300,14 +1300,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1321,7 +1321,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "3ddcdc62e3c4cdbb7ecf8835"
                             },
                             "application/problem+json": {
@@ -1330,7 +1330,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "3ddcdc62e3c4cdbb7ecf8835"
                             }
                         }
@@ -1353,7 +1353,7 @@ const docTemplate = `{
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
                                 "code": "request_body_timeout",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "9fa155a00422524e6389327c"
                             },
                             "application/problem+json": {
@@ -1362,7 +1362,7 @@ const docTemplate = `{
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
                                 "code": "request_body_timeout",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "9fa155a00422524e6389327c"
                             }
                         }
@@ -1389,7 +1389,7 @@ const docTemplate = `{
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
                                 "code": "idempotency_key_in_progress",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "503395c812eccada9a345ec5"
                             },
                             "application/problem+json": {
@@ -1398,7 +1398,7 @@ const docTemplate = `{
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
                                 "code": "idempotency_key_in_progress",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "503395c812eccada9a345ec5"
                             }
                         }
@@ -1421,7 +1421,7 @@ const docTemplate = `{
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
                                 "code": "request_body_too_large",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "ea7f720d58fff64b610ca94f"
                             },
                             "application/problem+json": {
@@ -1430,7 +1430,7 @@ const docTemplate = `{
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
                                 "code": "request_body_too_large",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "ea7f720d58fff64b610ca94f"
                             }
                         }
@@ -1457,7 +1457,7 @@ const docTemplate = `{
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
                                 "code": "unsupported_content_encoding",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "ee151ccc1001e2417b5972db"
                             },
                             "application/problem+json": {
@@ -1466,7 +1466,7 @@ const docTemplate = `{
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
                                 "code": "unsupported_content_encoding",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "ee151ccc1001e2417b5972db"
                             }
                         }
@@ -1497,7 +1497,7 @@ const docTemplate = `{
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
                                 "code": "idempotency_key_reused",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "1054fa8cf6c2816ec015fc8a"
                             },
                             "application/problem+json": {
@@ -1506,7 +1506,7 @@ const docTemplate = `{
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
                                 "code": "idempotency_key_reused",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "1054fa8cf6c2816ec015fc8a"
                             }
                         }
@@ -1533,7 +1533,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "f6c350f8360d84083a96c61a"
                             },
                             "application/problem+json": {
@@ -1542,13 +1542,13 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "f6c350f8360d84083a96c61a"
                             }
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -1569,7 +1569,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "8e2cd7ffd5f76a20e9290cf0"
                             },
                             "application/problem+json": {
@@ -1578,7 +1578,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints",
+                                "instance": "/api/webhook-endpoints/",
                                 "request_id": "8e2cd7ffd5f76a20e9290cf0"
                             }
                         }
@@ -1638,14 +1638,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1659,7 +1659,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "2072dceedaed3b83d9597053"
                             },
                             "application/problem+json": {
@@ -1668,7 +1668,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "2072dceedaed3b83d9597053"
                             }
                         }
@@ -1691,7 +1691,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
                                 "code": "not_found",
-                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/",
                                 "request_id": "35f52ad8bc21a17d9a6490b9"
                             },
                             "application/problem+json": {
@@ -1700,7 +1700,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
                                 "code": "not_found",
-                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/",
                                 "request_id": "35f52ad8bc21a17d9a6490b9"
                             }
                         }
@@ -1727,7 +1727,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "c14da75657f98458fa65ad29"
                             },
                             "application/problem+json": {
@@ -1736,7 +1736,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "c14da75657f98458fa65ad29"
                             }
                         }
@@ -1763,7 +1763,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "cf8b20e7cd4ac5ae31a2d85b"
                             },
                             "application/problem+json": {
@@ -1772,7 +1772,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "cf8b20e7cd4ac5ae31a2d85b"
                             }
                         }
@@ -1816,14 +1816,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -1837,7 +1837,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "127b7c95fccc2ccb72679fce"
                             },
                             "application/problem+json": {
@@ -1846,7 +1846,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "127b7c95fccc2ccb72679fce"
                             }
                         }
@@ -1869,7 +1869,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
                                 "code": "not_found",
-                                "instance": "/api/webhook-endpoints/e1d2c3b4-a5f6-4e7d-8c9b-0a1f2e3d4c5b",
+                                "instance": "/api/webhook-endpoints/e1d2c3b4-a5f6-4e7d-8c9b-0a1f2e3d4c5b/",
                                 "request_id": "b5b85cefae442a08e6082962"
                             },
                             "application/problem+json": {
@@ -1878,7 +1878,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
                                 "code": "not_found",
-                                "instance": "/api/webhook-endpoints/e1d2c3b4-a5f6-4e7d-8c9b-0a1f2e3d4c5b",
+                                "instance": "/api/webhook-endpoints/e1d2c3b4-a5f6-4e7d-8c9b-0a1f2e3d4c5b/",
                                 "request_id": "b5b85cefae442a08e6082962"
                             }
                         }
@@ -1905,7 +1905,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "15736f61c8bbefb0dfb045fb"
                             },
                             "application/problem+json": {
@@ -1914,7 +1914,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "15736f61c8bbefb0dfb045fb"
                             }
                         }
@@ -1941,7 +1941,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "59a4ffbac5fae0ead2eb66df"
                             },
                             "application/problem+json": {
@@ -1950,7 +1950,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/",
                                 "request_id": "59a4ffbac5fae0ead2eb66df"
                             }
                         }
@@ -2056,7 +2056,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
                                 "code": "validation_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/",
                                 "request_id": "8e8d70d4a78c89e35834cee8",
                                 "errors": [
                                     {
@@ -2071,7 +2071,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
                                 "code": "validation_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/",
                                 "request_id": "8e8d70d4a78c89e35834cee8",
                                 "errors": [
                                     {
@@ -2083,14 +2083,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2104,7 +2104,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/",
                                 "request_id": "4d8b53e799971c609919dc14"
                             },
                             "application/problem+json": {
@@ -2113,7 +2113,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/",
                                 "request_id": "4d8b53e799971c609919dc14"
                             }
                         }
@@ -2136,7 +2136,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
                                 "code": "not_found",
-                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/deliveries",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/deliveries/",
                                 "request_id": "665493af2b35b60f1b040e28"
                             },
                             "application/problem+json": {
@@ -2145,7 +2145,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
                                 "code": "not_found",
-                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/deliveries",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/deliveries/",
                                 "request_id": "665493af2b35b60f1b040e28"
                             }
                         }
@@ -2172,7 +2172,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/",
                                 "request_id": "7dfb127de34df8ab35c0402f"
                             },
                             "application/problem+json": {
@@ -2181,7 +2181,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/",
                                 "request_id": "7dfb127de34df8ab35c0402f"
                             }
                         }
@@ -2208,7 +2208,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/",
                                 "request_id": "741ed1a902129fd2057fef53"
                             },
                             "application/problem+json": {
@@ -2217,7 +2217,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/",
                                 "request_id": "741ed1a902129fd2057fef53"
                             }
                         }
@@ -2327,7 +2327,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
                                 "code": "idempotency_key_invalid",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "21854fc73cf2ad2e76a74a93"
                             },
                             "application/problem+json": {
@@ -2336,20 +2336,20 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
                                 "code": "idempotency_key_invalid",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "21854fc73cf2ad2e76a74a93"
                             }
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2363,7 +2363,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "0ab9b91eb6af3d03892133a2"
                             },
                             "application/problem+json": {
@@ -2372,7 +2372,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "0ab9b91eb6af3d03892133a2"
                             }
                         }
@@ -2411,7 +2411,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
                                 "code": "not_found",
-                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret/",
                                 "request_id": "74231c80df5c5cfd5248af1f"
                             },
                             "application/problem+json": {
@@ -2420,7 +2420,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
                                 "code": "not_found",
-                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret/",
                                 "request_id": "74231c80df5c5cfd5248af1f"
                             }
                         }
@@ -2447,7 +2447,7 @@ const docTemplate = `{
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
                                 "code": "idempotency_key_in_progress",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "176dcd46fb6e3b15cecca417"
                             },
                             "application/problem+json": {
@@ -2456,7 +2456,7 @@ const docTemplate = `{
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
                                 "code": "idempotency_key_in_progress",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "176dcd46fb6e3b15cecca417"
                             }
                         }
@@ -2487,7 +2487,7 @@ const docTemplate = `{
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
                                 "code": "idempotency_key_reused",
-                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret/",
                                 "request_id": "775b56ce346d6bb669c85553"
                             },
                             "application/problem+json": {
@@ -2496,7 +2496,7 @@ const docTemplate = `{
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
                                 "code": "idempotency_key_reused",
-                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret/",
                                 "request_id": "775b56ce346d6bb669c85553"
                             }
                         }
@@ -2523,7 +2523,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "6e9cf197a715b38a19eabe69"
                             },
                             "application/problem+json": {
@@ -2532,13 +2532,13 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "6e9cf197a715b38a19eabe69"
                             }
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -2559,7 +2559,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "084d42160ee9152a0a2cb5b4"
                             },
                             "application/problem+json": {
@@ -2568,7 +2568,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
-                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "084d42160ee9152a0a2cb5b4"
                             }
                         }
@@ -2681,7 +2681,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
                                 "code": "validation_error",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "bef351e4ebc86e7d8331a4d8",
                                 "errors": [
                                     {
@@ -2696,7 +2696,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
                                 "code": "validation_error",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "bef351e4ebc86e7d8331a4d8",
                                 "errors": [
                                     {
@@ -2708,14 +2708,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -2729,7 +2729,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "3d33c0d9f4b076e0927fd4af"
                             },
                             "application/problem+json": {
@@ -2738,7 +2738,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "3d33c0d9f4b076e0927fd4af"
                             }
                         }
@@ -2765,7 +2765,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "fd8d51e8cc800030e3c28ec3"
                             },
                             "application/problem+json": {
@@ -2774,7 +2774,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "fd8d51e8cc800030e3c28ec3"
                             }
                         }
@@ -2801,7 +2801,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "90deb5e714a694d2d91e00a8"
                             },
                             "application/problem+json": {
@@ -2810,7 +2810,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "90deb5e714a694d2d91e00a8"
                             }
                         }
@@ -2934,7 +2934,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "The body is not what the route needs: ` + "`" + `invalid_workflow` + "`" + ` (a schema or expression does not compile), ` + "`" + `validation_error` + "`" + ` (name missing or too long, a field the route does not take), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; ` + "`" + `invalid_workflow` + "`" + ` and ` + "`" + `validation_error` + "`" + ` with a key are stored and replayed.\n\nExample: an assertion whose expression does not compile (` + "`" + `total` + "`" + ` for ` + "`" + `submission.total` + "`" + `).",
+                        "description": "The body is not what the route needs: ` + "`" + `invalid_workflow` + "`" + ` (a schema that is not an object, true or false, or a schema or expression that does not compile), ` + "`" + `validation_error` + "`" + ` (name missing or too long, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \\u0000), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; ` + "`" + `invalid_workflow` + "`" + ` and ` + "`" + `validation_error` + "`" + ` with a key are stored and replayed.\n\nExample: an assertion whose expression does not compile (` + "`" + `total` + "`" + ` for ` + "`" + `submission.total` + "`" + `).",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemInvalidWorkflow"
                         },
@@ -2963,7 +2963,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^",
                                 "code": "invalid_workflow",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "5f54f647571df3af84859662",
                                 "errors": [
                                     {
@@ -2978,7 +2978,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^",
                                 "code": "invalid_workflow",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "5f54f647571df3af84859662",
                                 "errors": [
                                     {
@@ -2990,14 +2990,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -3011,7 +3011,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "e4506501bb3ad9c633db2953"
                             },
                             "application/problem+json": {
@@ -3020,7 +3020,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "e4506501bb3ad9c633db2953"
                             }
                         }
@@ -3043,7 +3043,7 @@ const docTemplate = `{
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
                                 "code": "request_body_timeout",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "1c5afbc3c3c37b909acc57eb"
                             },
                             "application/problem+json": {
@@ -3052,7 +3052,7 @@ const docTemplate = `{
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
                                 "code": "request_body_timeout",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "1c5afbc3c3c37b909acc57eb"
                             }
                         }
@@ -3079,7 +3079,7 @@ const docTemplate = `{
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
                                 "code": "idempotency_key_in_progress",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "a77c679e9f258310e39fafb9"
                             },
                             "application/problem+json": {
@@ -3088,7 +3088,7 @@ const docTemplate = `{
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
                                 "code": "idempotency_key_in_progress",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "a77c679e9f258310e39fafb9"
                             }
                         }
@@ -3111,7 +3111,7 @@ const docTemplate = `{
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
                                 "code": "request_body_too_large",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "f5335578c5f245b7347876a0"
                             },
                             "application/problem+json": {
@@ -3120,7 +3120,7 @@ const docTemplate = `{
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
                                 "code": "request_body_too_large",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "f5335578c5f245b7347876a0"
                             }
                         }
@@ -3147,7 +3147,7 @@ const docTemplate = `{
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
                                 "code": "unsupported_content_encoding",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "93d5f66525be1aa9349c26a3"
                             },
                             "application/problem+json": {
@@ -3156,7 +3156,7 @@ const docTemplate = `{
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
                                 "code": "unsupported_content_encoding",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "93d5f66525be1aa9349c26a3"
                             }
                         }
@@ -3187,7 +3187,7 @@ const docTemplate = `{
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
                                 "code": "idempotency_key_reused",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "8c7fc41d22757a307abac1c8"
                             },
                             "application/problem+json": {
@@ -3196,7 +3196,7 @@ const docTemplate = `{
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
                                 "code": "idempotency_key_reused",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "8c7fc41d22757a307abac1c8"
                             }
                         }
@@ -3223,7 +3223,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "50217cd32df629d1d84eb24e"
                             },
                             "application/problem+json": {
@@ -3232,13 +3232,13 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "50217cd32df629d1d84eb24e"
                             }
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -3259,7 +3259,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "22f9ad47f00af37d39024f4d"
                             },
                             "application/problem+json": {
@@ -3268,7 +3268,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
-                                "instance": "/api/workflows",
+                                "instance": "/api/workflows/",
                                 "request_id": "22f9ad47f00af37d39024f4d"
                             }
                         }
@@ -3354,14 +3354,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -3375,7 +3375,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/",
                                 "request_id": "89e27626989f69875b2f151b"
                             },
                             "application/problem+json": {
@@ -3384,7 +3384,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/",
                                 "request_id": "89e27626989f69875b2f151b"
                             }
                         }
@@ -3407,7 +3407,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Workflow not found.",
                                 "code": "not_found",
-                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/",
                                 "request_id": "93811630d0164d0ef98918e7"
                             },
                             "application/problem+json": {
@@ -3416,7 +3416,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Workflow not found.",
                                 "code": "not_found",
-                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58",
+                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/",
                                 "request_id": "93811630d0164d0ef98918e7"
                             }
                         }
@@ -3443,7 +3443,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/",
                                 "request_id": "d4245352003779a914face52"
                             },
                             "application/problem+json": {
@@ -3452,7 +3452,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/",
                                 "request_id": "d4245352003779a914face52"
                             }
                         }
@@ -3479,7 +3479,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/",
                                 "request_id": "04d4c9a813db08a01c99395d"
                             },
                             "application/problem+json": {
@@ -3488,7 +3488,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
                                 "code": "service_unavailable",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/",
                                 "request_id": "04d4c9a813db08a01c99395d"
                             }
                         }
@@ -3607,7 +3607,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "The body is not what the route needs: ` + "`" + `validation_error` + "`" + ` (submission missing, metadata not an object, a field the route does not take), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; a ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a body with \"Submission\" for \"submission\".",
+                        "description": "The body is not what the route needs: ` + "`" + `validation_error` + "`" + ` (submission missing, metadata not an object, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \\u0000), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; a ` + "`" + `validation_error` + "`" + ` with a key is stored and replayed.\n\nExample: a body with \"Submission\" for \"submission\".",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -3644,7 +3644,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "The body has fields this route does not take: Submission: unknown field; did you mean \"submission\"? (names are case-sensitive).",
                                 "code": "validation_error",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "ce3529293dcddac23e07f8b1",
                                 "errors": [
                                     {
@@ -3659,7 +3659,7 @@ const docTemplate = `{
                                 "status": 400,
                                 "detail": "The body has fields this route does not take: Submission: unknown field; did you mean \"submission\"? (names are case-sensitive).",
                                 "code": "validation_error",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "ce3529293dcddac23e07f8b1",
                                 "errors": [
                                     {
@@ -3671,14 +3671,14 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
                         "headers": {
                             "WWW-Authenticate": {
                                 "type": "string",
-                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token)."
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -3692,7 +3692,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "286359e14c13c52ff60b3c1c"
                             },
                             "application/problem+json": {
@@ -3701,7 +3701,7 @@ const docTemplate = `{
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
                                 "code": "unauthenticated",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "286359e14c13c52ff60b3c1c"
                             }
                         }
@@ -3744,7 +3744,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Workflow not found.",
                                 "code": "not_found",
-                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/start",
+                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/start/",
                                 "request_id": "74f21240266ef04982d73cc4"
                             },
                             "application/problem+json": {
@@ -3753,7 +3753,7 @@ const docTemplate = `{
                                 "status": 404,
                                 "detail": "Workflow not found.",
                                 "code": "not_found",
-                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/start",
+                                "instance": "/api/workflows/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/start/",
                                 "request_id": "74f21240266ef04982d73cc4"
                             }
                         }
@@ -3784,7 +3784,7 @@ const docTemplate = `{
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
                                 "code": "request_body_timeout",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "a83167f7aab372d965efde86"
                             },
                             "application/problem+json": {
@@ -3793,7 +3793,7 @@ const docTemplate = `{
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
                                 "code": "request_body_timeout",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "a83167f7aab372d965efde86"
                             }
                         }
@@ -3828,7 +3828,7 @@ const docTemplate = `{
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
                                 "code": "idempotency_key_in_progress",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "61ec2b3cf2681027eccb0f56"
                             },
                             "application/problem+json": {
@@ -3837,7 +3837,7 @@ const docTemplate = `{
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
                                 "code": "idempotency_key_in_progress",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "61ec2b3cf2681027eccb0f56"
                             }
                         }
@@ -3868,7 +3868,7 @@ const docTemplate = `{
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
                                 "code": "request_body_too_large",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "0feaa40e0037102f39c80963"
                             },
                             "application/problem+json": {
@@ -3877,7 +3877,7 @@ const docTemplate = `{
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
                                 "code": "request_body_too_large",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "0feaa40e0037102f39c80963"
                             }
                         }
@@ -3904,7 +3904,7 @@ const docTemplate = `{
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
                                 "code": "unsupported_content_encoding",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "edeb619097c01adf1072cd81"
                             },
                             "application/problem+json": {
@@ -3913,7 +3913,7 @@ const docTemplate = `{
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
                                 "code": "unsupported_content_encoding",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "edeb619097c01adf1072cd81"
                             }
                         }
@@ -3952,7 +3952,7 @@ const docTemplate = `{
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
                                 "code": "idempotency_key_reused",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "1c1aa38002eedee07216d36e"
                             },
                             "application/problem+json": {
@@ -3961,7 +3961,7 @@ const docTemplate = `{
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
                                 "code": "idempotency_key_reused",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "1c1aa38002eedee07216d36e"
                             }
                         }
@@ -4008,7 +4008,7 @@ const docTemplate = `{
                                 "status": 429,
                                 "detail": "The organisation has used its monthly quota of 100 runs.",
                                 "code": "quota_exceeded",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "67359d7d26ceac78a4d6809e"
                             },
                             "application/problem+json": {
@@ -4017,7 +4017,7 @@ const docTemplate = `{
                                 "status": 429,
                                 "detail": "The organisation has used its monthly quota of 100 runs.",
                                 "code": "quota_exceeded",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "67359d7d26ceac78a4d6809e"
                             }
                         }
@@ -4052,7 +4052,7 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "7601d431879f7d8ddfaf35e7"
                             },
                             "application/problem+json": {
@@ -4061,13 +4061,13 @@ const docTemplate = `{
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
                                 "code": "internal_error",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "7601d431879f7d8ddfaf35e7"
                             }
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after ` + "`" + `Retry-After` + "`" + ` seconds, with the same key.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -4096,7 +4096,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "940349f289eda7bd1de0abb8"
                             },
                             "application/problem+json": {
@@ -4105,7 +4105,7 @@ const docTemplate = `{
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
                                 "code": "service_unavailable",
-                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start",
+                                "instance": "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/",
                                 "request_id": "940349f289eda7bd1de0abb8"
                             }
                         }
@@ -4262,14 +4262,15 @@ const docTemplate = `{
                     "example": "invoices service"
                 },
                 "events": {
-                    "description": "Events are the event types delivered to the endpoint; absent means all of them (today: validation_run.finished).",
+                    "description": "Events are the event types delivered to the endpoint, at least one; absent means all of them (today: validation_run.finished).",
                     "type": "array",
                     "items": {
                         "type": "string",
                         "enum": [
                             "validation_run.finished"
                         ]
-                    }
+                    },
+                    "minItems": 1
                 },
                 "url": {
                     "description": "URL receives the events: https, or http to a public address; at most 2048 bytes. Loopback, private, link-local and metadata addresses are refused unless the server sets WEBHOOK_ALLOW_PRIVATE_TARGETS=true.",
@@ -4297,14 +4298,14 @@ const docTemplate = `{
             ],
             "properties": {
                 "assertions": {
-                    "description": "Assertions are optional CEL rules over ` + "`" + `submission` + "`" + ` and ` + "`" + `metadata` + "`" + `.",
+                    "description": "Assertions are optional CEL rules over ` + "`" + `submission` + "`" + ` and ` + "`" + `metadata` + "`" + `, without the NUL character \\u0000.",
                     "type": "array",
                     "items": {
                         "$ref": "#/definitions/validate.Assertion"
                     }
                 },
                 "name": {
-                    "description": "Name of the workflow, 1-200 characters, not only spaces.",
+                    "description": "Name of the workflow, 1-200 characters, not only spaces, without the NUL character \\u0000.",
                     "type": "string",
                     "maxLength": 200,
                     "minLength": 1,
@@ -4312,8 +4313,8 @@ const docTemplate = `{
                     "example": "invoice"
                 },
                 "schema": {
-                    "description": "Schema is an optional JSON Schema (draft 2020-12 unless $schema says otherwise) the submission must satisfy:\nan object, or true or false; null is the same as absent.",
-                    "x-nullable": true
+                    "description": "Schema is an optional JSON Schema (draft 2020-12 unless $schema says otherwise) the submission must satisfy:\nan object, or true or false; null is the same as absent. Any other JSON value is a 400 ` + "`" + `invalid_workflow` + "`" + `;\na string or member name in it that holds the NUL character \\u0000 is a 400 ` + "`" + `validation_error` + "`" + `.",
+                    "x-json-types": "object|boolean|null"
                 }
             },
             "additionalProperties": false,
@@ -4549,7 +4550,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -4606,7 +4607,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -4663,7 +4664,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -4720,7 +4721,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -4777,7 +4778,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -4834,7 +4835,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -4891,7 +4892,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -4948,7 +4949,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -5005,7 +5006,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -5062,7 +5063,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -5119,7 +5120,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -5176,7 +5177,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -5233,7 +5234,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -5290,7 +5291,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -5347,7 +5348,7 @@ const docTemplate = `{
                     }
                 },
                 "instance": {
-                    "description": "Instance is the request path (always present in an answer).",
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
                     "type": "string",
                     "example": "/api/workflows/7c0e.../start/"
                 },
@@ -5438,8 +5439,7 @@ const docTemplate = `{
                     "example": "queued"
                 },
                 "submission": {
-                    "description": "Submission is the JSON value the run validates, as it was sent: any JSON value.",
-                    "x-nullable": true
+                    "description": "Submission is the JSON value the run validates, as it was sent: any JSON value."
                 },
                 "workflow_id": {
                     "type": "string",
@@ -5473,14 +5473,13 @@ const docTemplate = `{
             ],
             "properties": {
                 "metadata": {
-                    "description": "Metadata is an optional JSON object (null is the same as absent), visible to CEL assertions as ` + "`" + `metadata` + "`" + `.",
+                    "description": "Metadata is an optional JSON object (null is the same as absent), visible to CEL assertions as ` + "`" + `metadata` + "`" + `; no string or member name in it may hold the NUL character \\u0000.",
                     "type": "object",
                     "x-nullable": true,
                     "additionalProperties": true
                 },
                 "submission": {
-                    "description": "Submission is the JSON document to validate: any JSON value (an\nobject, an array, a string, a number, true, false or null). A number\nin it may have at most 256 digits written out in decimal: 1e300 is a\n400 ` + "`" + `invalid_number` + "`" + ` (a rule JSON Schema cannot state).",
-                    "x-nullable": true
+                    "description": "Submission is the JSON document to validate: any JSON value (an\nobject, an array, a string, a number, true, false or null). A number\nin it may have at most 256 digits written out in decimal: 1e300 is a\n400 ` + "`" + `invalid_number` + "`" + `; no string or member name in it may hold the NUL\ncharacter \\u0000: a 400 ` + "`" + `validation_error` + "`" + ` (rules JSON Schema cannot\nstate of any JSON value)."
                 }
             },
             "additionalProperties": false,
@@ -5601,7 +5600,7 @@ const docTemplate = `{
                     "example": "2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a"
                 },
                 "last_error": {
-                    "description": "LastError says why the last attempt failed without an answer (a timeout, a refused connection).",
+                    "description": "LastError says why the last attempt failed without an answer, coarsely and never with an address: the target's address is not allowed, the host name could not be resolved, connection refused, timed out...; or \"answered N\" when the answer was not a 2xx.",
                     "type": "string",
                     "example": "connection refused"
                 },
@@ -5798,7 +5797,8 @@ const docTemplate = `{
                     "example": "invoice"
                 },
                 "schema": {
-                    "description": "Schema is the workflow's JSON Schema (an object, or true or false); absent when it has none."
+                    "description": "Schema is the workflow's JSON Schema (an object, or true or false); absent when it has none.",
+                    "x-json-types": "object|boolean"
                 }
             }
         },
@@ -5891,11 +5891,11 @@ const docTemplate = `{
     },
     "tags": [
         {
-            "description": "Workflows: what a submission is validated against. The rules below apply to **Create a workflow**.\n\n**Idempotency** (scope ` + "`" + `workflow_create` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create one workflow and get the first answer back.\n\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per workflow you mean to create, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a request without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `). In \"Try it out\", an empty key is filled with a new UUID at every Execute; type one to try a retry.\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when.\n- **Retry with the same key and request** (JSON body; key order, whitespace and number spelling do not matter): nothing is created again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as a 400 ` + "`" + `invalid_workflow` + "`" + `.\n- **The same key with another body**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.\n",
+            "description": "Workflows: what a submission is validated against. The rules below apply to **Create a workflow**.\n\n**Idempotency** (scope ` + "`" + `workflow_create` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create one workflow and get the first answer back.\n\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per workflow you mean to create, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a request without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `). In \"Try it out\", an empty key is filled with a new UUID at every Execute; type one to try a retry.\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when.\n- **Retry with the same key and request** (JSON body; key order, whitespace and number spelling do not matter): nothing is created again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as a 400 ` + "`" + `invalid_workflow` + "`" + `.\n- **The same key with another body**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key. One exception says so in its detail: a 503 whose outcome is unknown (the database stopped answering after the write was sent); the retry with the same key then replays what was done, or does it.\n",
             "name": "workflows"
         },
         {
-            "description": "Validation runs: start one (idempotently) and poll it. The rules below apply to **Start a validation run**; the operation itself says only what it does.\n\n**Idempotency** (scope ` + "`" + `workflow_start` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create exactly one run, bill once and get the first answer back.\n\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per run you mean to start, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a start without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `). In \"Try it out\", an empty key is filled with a new UUID at every Execute; type one to try a retry.\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when. Then the same key starts a new run.\n- **Retry with the same key and request** (path and JSON body; key order, whitespace and number spelling do not matter): nothing is executed or billed again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as 404 and 429.\n- **The same key with another body, or on another workflow**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key.\n\n**Rate limit**: an organisation may start ` + "`" + `ORG_START_RATE` + "`" + ` runs per second (100 by default; its own rate, set by ` + "`" + `valruns org rate` + "`" + `, wins; 0 is unlimited), counted across every API process, with a burst of one second's worth. Past it the answer is 429 ` + "`" + `rate_limited` + "`" + ` with ` + "`" + `Retry-After` + "`" + `, and nothing is stored against the Idempotency-Key: retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key, and the start executes. Every answer of the start after authentication carries ` + "`" + `RateLimit-Policy` + "`" + ` (` + "`" + `\"org\";q=100;w=1` + "`" + `: 100 starts per 1-second window) and ` + "`" + `RateLimit` + "`" + ` (` + "`" + `\"org\";r=37;t=1` + "`" + `: 37 starts left, full again in 1 s), while the organisation has a rate.\n\n**Overload**: each API process bounds the requests and request bodies it holds at once; past them, after a short wait, the answer is 503 ` + "`" + `overloaded` + "`" + ` with ` + "`" + `Retry-After` + "`" + `: nothing was done, retry with the same key.\n",
+            "description": "Validation runs: start one (idempotently) and poll it. The rules below apply to **Start a validation run**; the operation itself says only what it does.\n\n**Idempotency** (scope ` + "`" + `workflow_start` + "`" + `): send an ` + "`" + `Idempotency-Key` + "`" + `, and any number of retries create exactly one run, bill once and get the first answer back.\n\n- **The key**: 1 to 255 printable ASCII characters, bare (` + "`" + `abc` + "`" + `) or as a quoted Structured Field string (` + "`" + `\"abc\"` + "`" + `), both the same key. Use a new random value, such as a UUID, per run you mean to start, and the same on every retry of it. Optional, unless the server runs with ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + ` (then a start without one is 400 ` + "`" + `idempotency_key_missing` + "`" + `). In \"Try it out\", an empty key is filled with a new UUID at every Execute; type one to try a retry.\n- **Scope and life**: a key belongs to your organisation and this endpoint, and expires 24 h after first use (` + "`" + `IDEMPOTENCY_TTL` + "`" + `); ` + "`" + `Idempotency-Key-Expires` + "`" + ` on the answer says when. Then the same key starts a new run.\n- **Retry with the same key and request** (path and JSON body; key order, whitespace and number spelling do not matter): nothing is executed or billed again; the answer is the first one, same status, same body byte for byte and same ` + "`" + `Location` + "`" + `, plus ` + "`" + `Idempotent-Replayed: true` + "`" + ` and ` + "`" + `Original-Request-Id` + "`" + ` (the ` + "`" + `X-Request-Id` + "`" + ` of the first request). This holds for 4xx answers too, such as 404 and 429.\n- **The same key with another body, or on another workflow**: 422 ` + "`" + `idempotency_key_reused` + "`" + `. Use a new key.\n- **While the first request with the key is being processed**: 409 ` + "`" + `idempotency_key_in_progress` + "`" + ` with ` + "`" + `Retry-After` + "`" + `. With ` + "`" + `Prefer: wait=N` + "`" + ` the request waits instead, up to N seconds and at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + ` (10 s by default), for the first to finish, and gets its answer (or 422) with ` + "`" + `Preference-Applied: wait=N` + "`" + `; past that, the 409.\n- **5xx**: nothing was done or stored; retry with the same key. One exception says so in its detail: a 503 whose outcome is unknown (the database stopped answering after the write was sent); the retry with the same key then replays what was done, or does it.\n\n**Rate limit**: an organisation may start ` + "`" + `ORG_START_RATE` + "`" + ` runs per second (100 by default; its own rate, set by ` + "`" + `valruns org rate` + "`" + `, wins; 0 is unlimited), counted across every API process, with a burst of one second's worth. Past it the answer is 429 ` + "`" + `rate_limited` + "`" + ` with ` + "`" + `Retry-After` + "`" + `, and nothing is stored against the Idempotency-Key: retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key, and the start executes. Every answer of the start after authentication carries ` + "`" + `RateLimit-Policy` + "`" + ` (` + "`" + `\"org\";q=100;w=1` + "`" + `: 100 starts per 1-second window) and ` + "`" + `RateLimit` + "`" + ` (` + "`" + `\"org\";r=37;t=1` + "`" + `: 37 starts left, full again in 1 s), while the organisation has a rate.\n\n**Overload**: each API process bounds the requests and request bodies it holds at once; past them, after a short wait, the answer is 503 ` + "`" + `overloaded` + "`" + ` with ` + "`" + `Retry-After` + "`" + `: nothing was done, retry with the same key.\n",
             "name": "runs"
         },
         {
@@ -5918,7 +5918,13 @@ const docTemplate = `{
             "description": "Where to find the rest of the API.",
             "name": "meta"
         }
-    ]
+    ],
+    "x-trailing-slash": {
+        "canonical": true,
+        "description": "A path of this document that ends with a slash does so on purpose: it is the canonical form. Every route answers with and without a trailing slash, the same answer and no redirect.",
+        "optional": true,
+        "redirect": false
+    }
 }`
 
 // SwaggerInfo holds exported Swagger Info so clients can modify it
@@ -5928,7 +5934,7 @@ var SwaggerInfo = &swag.Spec{
 	BasePath:         "/",
 	Schemes:          []string{},
 	Title:            "valruns API",
-	Description:      "valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.\n\n**Authentication.** Every `/api/` route needs `Authorization: Bearer vr_...`, an API token of one organisation (`valruns token create --org SLUG`). Everything a token can see belongs to its organisation: another organisation's workflow or run is a 404.\n\n**Idempotency.** `POST /api/workflows/` and `POST /api/workflows/{id}/start/` accept an `Idempotency-Key` header (1 to 255 printable ASCII characters, bare `abc` or quoted `\"abc\"`; a new UUID per operation), so a client can retry after a network failure without creating, or billing, twice. Keys are scoped per organisation and endpoint and kept 24 h; `Idempotency-Key-Expires` says until when. A retry with the same key and body gets the first answer back, byte for byte, with `Idempotent-Replayed: true` and `Original-Request-Id`; the same key with another body is a 422 (`idempotency_key_reused`); a retry while the first request is still being processed is a 409 (`idempotency_key_in_progress`) with `Retry-After`, or, with `Prefer: wait=N`, waits for the first answer (`Preference-Applied: wait=N`). A request that failed with a 5xx stored nothing and may be retried with the same key. Each operation's description has the rules.\n\n**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support. Every 5xx carries `Retry-After`.\n\n**Examples.** Every response below shows an answer the API gave: the examples are recorded from the real service, with ids and times replaced by fixed values.",
+	Description:      "valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.\n\n**Authentication.** Every `/api/` route needs `Authorization: Bearer vr_...`, an API token of one organisation (`valruns token create --org SLUG`). Everything a token can see belongs to its organisation: another organisation's workflow or run is a 404.\n\n**Idempotency.** `POST /api/workflows/` and `POST /api/workflows/{id}/start/` accept an `Idempotency-Key` header (1 to 255 printable ASCII characters, bare `abc` or quoted `\"abc\"`; a new UUID per operation), so a client can retry after a network failure without creating, or billing, twice. Keys are scoped per organisation and endpoint and kept 24 h; `Idempotency-Key-Expires` says until when. A retry with the same key and body gets the first answer back, byte for byte, with `Idempotent-Replayed: true` and `Original-Request-Id`; the same key with another body is a 422 (`idempotency_key_reused`); a retry while the first request is still being processed is a 409 (`idempotency_key_in_progress`) with `Retry-After`, or, with `Prefer: wait=N`, waits for the first answer (`Preference-Applied: wait=N`). A request that failed with a 5xx stored nothing and may be retried with the same key. Each operation's description has the rules.\n\n**Trailing slashes are deliberate.** Every route answers with and without a trailing slash, the same answer and no redirect. This document writes each path in its canonical form, which for the routes of workflows, runs and webhook endpoints ends with a slash (`/api/workflows/{id}/start/`), on purpose: `x-trailing-slash` says so for tools, and a linter's rule against a trailing slash (Redocly's `no-path-trailing-slash`, Spectral's `path-keys-no-trailing-slash`) does not apply to this API.\n\n**Request bodies** are JSON objects, decoded strictly: a member the operation does not take is a 400 `validation_error`, and so is a string or member name anywhere in a body, a submission included, that holds the NUL character (`\\u0000`), which the database cannot store.\n\n**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support. Every 5xx carries `Retry-After`.\n\n**Examples.** Every response below shows an answer the API gave: the examples are recorded from the real service, with ids and times replaced by fixed values.",
 	InfoInstanceName: "swagger",
 	SwaggerTemplate:  docTemplate,
 	LeftDelim:        "{{",

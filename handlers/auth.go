@@ -24,9 +24,22 @@ func principalOf(c *gin.Context) *models.Principal {
 // authenticate maps `Authorization: Bearer <token>` to an organisation.
 // Verified tokens are cached for ttl (0: no cache), which saves every
 // request a database read; a revoked token stops working within ttl.
+//
+// A request that carries more than one credential (two Authorization
+// headers, or one header listing several, comma-separated) is refused,
+// whichever tokens they are: the server never picks one of them.
 func authenticate(tokens *models.TokenStore, ttl time.Duration) gin.HandlerFunc {
 	cache := &tokenCache{ttl: ttl}
 	return func(c *gin.Context) {
+		if ambiguousCredentials(c.Request.Header) {
+			// 401 rather than RFC 6750's suggested 400: it is the answer
+			// every /api/ route documents and every client already
+			// treats as "fix the credentials"; the error names the fault.
+			c.Header("WWW-Authenticate", `Bearer realm="valruns", error="invalid_request"`)
+			problem.Abort(c, http.StatusUnauthorized, "unauthenticated",
+				"The request carries more than one credential (several Authorization headers, or one listing several); send exactly one `Authorization: Bearer vr_...`.")
+			return
+		}
 		h := c.GetHeader("Authorization")
 		scheme, token, ok := strings.Cut(h, " ")
 		if h == "" || !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
@@ -57,6 +70,15 @@ func authenticate(tokens *models.TokenStore, ttl time.Duration) gin.HandlerFunc 
 		c.Request = c.Request.WithContext(models.WithTenant(c.Request.Context(), p.OrgID))
 		c.Next()
 	}
+}
+
+// ambiguousCredentials reports whether h holds more than one Authorization
+// credential: the field repeated (even empty), or a comma, which no bearer
+// token contains (RFC 6750's b64token) but which joins a list of
+// credentials when a proxy folds repeated fields into one.
+func ambiguousCredentials(h http.Header) bool {
+	v := h.Values("Authorization")
+	return len(v) > 1 || len(v) == 1 && strings.Contains(v[0], ",")
 }
 
 // tokenCache remembers verified tokens by their hash for a short while.

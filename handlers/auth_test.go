@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -163,5 +164,91 @@ func TestCrossOrgIsNotFound(t *testing.T) {
 	t.Cleanup(func() {
 		require.EqualValues(t, 1, e.Count("validation_runs", ""), "globex started nothing on acme's workflow")
 		require.Zero(t, e.Count("usage_slots", "org_id = ? AND runs > 0", globex.ID))
+	})
+}
+
+// A request with more than one credential is refused whichever tokens they
+// carry and in whichever order: the server never picks one (it used to
+// serve the first header's organisation). Nothing is executed or stored,
+// and the same start with one token then executes.
+func TestMoreThanOneCredential(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t)
+	a := e.NewOrg("Acme")
+	b := e.NewOrg("Globex")
+	wf := e.NewWorkflow(a, map[string]any{"name": "acme's"})
+	start := "/api/workflows/" + wf + "/start/"
+	body := map[string]any{"submission": map[string]any{"n": 1}}
+
+	tests := []struct {
+		name string
+		// auth holds the Authorization headers, one field each.
+		auth []string
+	}{
+		{"A then B", []string{"Bearer " + a.Token, "Bearer " + b.Token}},
+		{"B then A", []string{"Bearer " + b.Token, "Bearer " + a.Token}},
+		{"the same token twice", []string{"Bearer " + a.Token, "Bearer " + a.Token}},
+		{"valid then empty", []string{"Bearer " + a.Token, ""}},
+		{"empty then valid", []string{"", "Bearer " + a.Token}},
+		{"valid then Bearer without token", []string{"Bearer " + a.Token, "Bearer "}},
+		{"valid then unknown", []string{"Bearer " + a.Token, "Bearer vr_nope"}},
+		{"one field, two credentials", []string{"Bearer " + a.Token + ", Bearer " + b.Token}},
+		{"one field, two tokens", []string{"Bearer " + a.Token + "," + b.Token}},
+		{"one field, a token and a trailing comma", []string{"Bearer " + a.Token + ","}},
+		{"one field, the same credential twice", []string{"Bearer " + a.Token + ", Bearer " + a.Token}},
+		{"one field, another scheme first", []string{"Basic eDp5, Bearer " + a.Token}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var headers []string
+			for _, v := range tt.auth {
+				headers = append(headers, "Authorization", v)
+			}
+			for _, rq := range []struct {
+				method, path string
+				body         any
+				headers      []string
+			}{
+				{http.MethodGet, "/api/workflows/", nil, nil},
+				{http.MethodGet, "/api/usage", nil, nil},
+				{http.MethodPost, start, body, []string{"Idempotency-Key", "two-creds " + tt.name}},
+				{http.MethodPost, start, body, nil},
+			} {
+				r := e.Do(rq.method, rq.path, "", rq.body, append(rq.headers, headers...)...)
+				requireProblem(t, r, http.StatusUnauthorized, "unauthenticated")
+				require.Equal(t, `Bearer realm="valruns", error="invalid_request"`, r.Header.Get("WWW-Authenticate"),
+					"%s %s", rq.method, rq.path)
+				require.Contains(t, string(r.Body), "more than one credential")
+			}
+		})
+	}
+
+	t.Run("on the wire", func(t *testing.T) {
+		t.Parallel()
+		// A real HTTP/1.1 server keeps every field, an empty one too.
+		addr := wireServer(t, e, time.Minute)
+		for _, auth := range [][]string{
+			{"Bearer " + a.Token, "Bearer " + b.Token},
+			{"Bearer " + a.Token, ""},
+		} {
+			head := "GET /api/workflows/ HTTP/1.1\nHost: x"
+			for _, v := range auth {
+				head += "\nAuthorization: " + v
+			}
+			_, br := rawRequest(t, addr, head, nil)
+			r := readAnswer(t, br)
+			requireProblem(t, r, http.StatusUnauthorized, "unauthenticated")
+			require.Contains(t, r.Header.Get("WWW-Authenticate"), `error="invalid_request"`)
+		}
+	})
+
+	t.Cleanup(func() {
+		require.Zero(t, e.Count("validation_runs", ""), "nothing executed")
+		require.Zero(t, e.Count("idempotency_keys", ""), "nothing stored")
+		require.Zero(t, e.Count("usage_slots", "runs > 0"), "nothing billed")
+		// One credential: the same key executes.
+		r := e.Do(http.MethodPost, start, a.Token, body, "Idempotency-Key", "two-creds A then B")
+		require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 	})
 }

@@ -1,7 +1,10 @@
 package handlers_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -207,4 +210,163 @@ func TestNoConnectionIs503(t *testing.T) {
 	require.NoError(t, held.Close())
 	r := busy.Do(http.MethodPost, "/api/workflows/"+wf+"/start/", acme.Token, `{"submission":1}`, idempotency.HeaderKey, "busy-1")
 	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+}
+
+// dropper is a TCP proxy to PostgreSQL that, once armed, lets the client's
+// statements through but drops the server's answer to them: it discards
+// what the server sends and, once that ends with ReadyForQuery (the
+// implicit transaction is over: committed, unless a statement failed),
+// closes the connection to the client, as a network that breaks after
+// COMMIT was sent does. The server never notices.
+type dropper struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	armed bool
+	conns []net.Conn
+}
+
+func newDropper(t *testing.T, upstream string) *dropper {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	d := &dropper{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", upstream)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			d.mu.Lock()
+			d.conns = append(d.conns, c, u)
+			d.mu.Unlock()
+			go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+			go d.answers(u, c)
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for _, c := range d.conns {
+			_ = c.Close()
+		}
+	})
+	return d
+}
+
+// readyForQuery is the message that ends the server's answer to a Sync
+// (idle: the transaction ended).
+var readyForQuery = []byte{'Z', 0, 0, 0, 5, 'I'}
+
+// answers passes the server's bytes to the client, or drops them while armed.
+func (d *dropper) answers(server, client net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := server.Read(buf)
+		d.mu.Lock()
+		armed := d.armed
+		if armed && n > 0 && bytes.HasSuffix(buf[:n], readyForQuery) {
+			d.armed = false // one answer dropped
+			_ = client.Close()
+		}
+		d.mu.Unlock()
+		if n > 0 && !armed {
+			if _, werr := client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = client.Close()
+			return
+		}
+	}
+}
+
+func (d *dropper) arm() {
+	d.mu.Lock()
+	d.armed = true
+	d.mu.Unlock()
+}
+
+// A start whose statement reached PostgreSQL and committed, but whose answer
+// never came back (the connection broke after COMMIT was sent, as in a
+// failover or a frozen server), is a 503 that says the outcome is unknown,
+// never that nothing was done: the independent trial saw clients told
+// "nothing was done" for runs that had committed. The retry with the same
+// key replays the run; and the run reaches the queue (is handed off) as
+// soon as the database tells that it committed, without the sweeper.
+func TestCommitInDoubtIs503OutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t)
+	acme := e.NewOrg("acme")
+	wf := e.NewWorkflow(acme, idemWorkflowBody)
+
+	u, err := url.Parse(e.DBURL)
+	require.NoError(t, err)
+	dr := newDropper(t, u.Host)
+	u.Host = dr.ln.Addr().String()
+	// One connection: the warm-up prepares the start's statements on it.
+	db, err := models.Open(context.Background(), u.String(), models.DBOptions{MaxOpenConns: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = models.SQLDB(db).Close() })
+	handed := make(chan string, 16)
+	h := handlers.New(handlers.Deps{Config: e.Config, DB: db, HandOff: func(q *models.QueuedRun) { handed <- q.ID }})
+	api := &apitest.Env{T: t, DB: db, Config: e.Config, Handler: h}
+	start := func(headers ...string) apitest.Response {
+		return api.Do(http.MethodPost, "/api/workflows/"+wf+"/start/", acme.Token, idemBody, headers...)
+	}
+	for i, tc := range []struct {
+		name    string
+		headers []string
+		detail  string
+	}{
+		{"with a key", idemKey("doubt-1"), idempotency.OutcomeUnknownDetail},
+		{"without a key", nil, idempotency.OutcomeUnknownNoKeyDetail},
+	} {
+		// The connection (a new one after a drop: the broken one may cost
+		// a 503 first) has prepared the start's statements.
+		var warm apitest.Response
+		apitest.Eventually(t, 30*time.Second, func() bool {
+			warm = start(idemKey(fmt.Sprintf("warm-%d", i))...)
+			return warm.Status != http.StatusServiceUnavailable
+		}, "a start is answered")
+		requireExecuted(t, warm)
+		<-handed
+		if tc.headers == nil {
+			requireExecuted(t, start())
+			<-handed
+		}
+		before := e.Count("validation_runs", "")
+		dr.arm()
+		r := start(tc.headers...)
+		requireUnavailable(t, r, tc.name)
+		require.Equal(t, tc.detail, idemProblem(t, r).Detail, tc.name)
+		require.NotContains(t, idemProblem(t, r).Detail, "nothing was done", tc.name)
+		require.Equal(t, before+1, e.Count("validation_runs", ""), "%s: the start committed", tc.name)
+		var id string
+		require.NoError(t, e.DB.Raw(`SELECT id FROM validation_runs ORDER BY id DESC LIMIT 1`).Scan(&id).Error)
+		select {
+		case got := <-handed:
+			require.Equal(t, id, got, "%s: the committed run is handed off", tc.name)
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%s: the run whose commit was in doubt was not handed off", tc.name)
+		}
+		if tc.headers == nil {
+			continue
+		}
+		// The pool's broken connection may cost the retry one 503 more.
+		var again apitest.Response
+		apitest.Eventually(t, 30*time.Second, func() bool {
+			again = start(tc.headers...)
+			return again.Status != http.StatusServiceUnavailable
+		}, "the retry is answered")
+		require.Equal(t, http.StatusCreated, again.Status, "%s", again.Body)
+		require.Equal(t, "true", again.Header.Get(idempotency.HeaderReplayed), "the retry replays the run that committed")
+		require.Equal(t, id, idemRunID(t, again))
+		require.Equal(t, before+1, e.Count("validation_runs", ""), "one run")
+	}
 }

@@ -325,6 +325,8 @@ func (rec *exRecorder) recordMain() {
 			rec.send(e, o.op+" no token", o.method, o.path, "", body))
 		rec.also(o.op, 401, "invalid_token", "a token that is unknown or revoked",
 			rec.send(e, o.op+" bad token", o.method, o.path, "vr_0000000000000000000000000000000000000000", body))
+		rec.also(o.op, 401, "unauthenticated", "more than one credential (two Authorization headers, or one listing two)",
+			rec.send(e, o.op+" two tokens", o.method, o.path, "", body, "Authorization", "Bearer "+tok, "Authorization", "Bearer "+tok))
 	}
 
 	// A request in flight holds its key's lock: another with the key is 409.

@@ -106,6 +106,9 @@ func NewRouter(d Deps) *gin.Engine {
 	}
 	runs := &runHandlers{runs: runStore, defaultQuota: d.Config.DefaultMonthlyRunQuota, handOff: d.HandOff,
 		maxWait: d.Config.RunMaxWait, waits: newRunWaits(finished, d.Config.RunMaxWaiters, d.Stop, d.Log, d.Registry)}
+	if d.HandOff != nil {
+		runs.doubts = newDoubtfulStarts(runStore, d.HandOff, d.Config.IdempotencyTxTimeout, d.Log)
+	}
 	usage := &usageHandlers{usage: models.NewUsageStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota}
 	keys := &keyHandlers{keys: models.NewKeyStore(d.DB)}
 	hooks := &webhookHandlers{endpoints: models.NewWebhookStore(d.DB), allowPrivate: d.Config.WebhookAllowPrivateTargets}

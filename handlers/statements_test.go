@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -26,9 +27,13 @@ import (
 // PostgreSQL serialises it with every other notifying commit, is kept in
 // notifiesInTx.
 type idemTracer struct {
-	mu           sync.Mutex
-	sqls         []string
-	roundTrips   int
+	mu         sync.Mutex
+	sqls       []string
+	roundTrips int
+	// batches are the batches begun and not yet ended: a start answered
+	// by its key's lock or row is answered before the rest of its batch
+	// is read (take waits for it).
+	batches      int
 	inTx         map[*pgx.Conn]bool
 	notifies     int      // NOTIFYs outside any transaction
 	notifiesInTx []string // NOTIFYs between a begin and its commit or rollback
@@ -75,6 +80,7 @@ func (tr *idemTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tr
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	tr.roundTrips++
+	tr.batches++
 	return ctx
 }
 
@@ -85,7 +91,11 @@ func (tr *idemTracer) TraceBatchQuery(_ context.Context, conn *pgx.Conn, data pg
 	tr.sqls = append(tr.sqls, data.SQL)
 }
 
-func (tr *idemTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (tr *idemTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.batches--
+}
 
 func (tr *idemTracer) reset() {
 	tr.mu.Lock()
@@ -111,6 +121,16 @@ type idemStmtCount struct {
 }
 
 func (tr *idemTracer) take() idemStmtCount {
+	// A request answered early leaves its batch's last statement to be
+	// read: wait until every batch has ended (a generous bound).
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		tr.mu.Lock()
+		open := tr.batches
+		tr.mu.Unlock()
+		if open == 0 {
+			break
+		}
+	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	c := idemStmtCount{Statements: len(tr.sqls), RoundTrips: tr.roundTrips, SQL: tr.sqls, NotifiesInTx: tr.notifiesInTx}
@@ -185,7 +205,8 @@ func TestStatementsPerRequest(t *testing.T) {
 		maxBegins  int
 		maxCommits int
 	}{
-		// The statement's settings and the start (models.startBatchSQL), sent together.
+		// The statement's settings (with a key: and the key's lock,
+		// models.startLocksSQL) and the start (models.startBatchSQL), sent together.
 		{name: "no-key start", status: 201, maxStmts: 2, maxTrips: 1,
 			send: func() apitest.Response { return start(idemBody) }},
 		{name: "new-key start", status: 201, maxStmts: 2, maxTrips: 1,
@@ -203,7 +224,8 @@ func TestStatementsPerRequest(t *testing.T) {
 				return e.Do(http.MethodPost, idemStartPath(wf2), org.Token, idemBody, idemKey("measured")...)
 			}},
 		// Another process, which never answered these keys: the start's
-		// statement finds the key's row, or its lock taken, and writes nothing.
+		// first statement (models.startLocksSQL) finds the key's row, or its
+		// lock taken, and the start's own, sent with it, writes nothing.
 		{name: "replay, other process", status: 201, maxStmts: 2, maxTrips: 1,
 			send: func() apitest.Response { return other(idemBody, idemKey("measured")...) }},
 		{name: "409, other process", status: 409, maxStmts: 2, maxTrips: 1,

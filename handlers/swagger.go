@@ -392,7 +392,8 @@ type ProblemInternal struct {
 	Code string `json:"code" example:"internal_error"`
 }
 
-// ProblemUnavailable is a 503 problem: nothing was done; retry after Retry-After seconds.
+// ProblemUnavailable is a 503 problem: retry after Retry-After seconds (with the
+// same key: its detail says when the outcome is unknown).
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.
 type ProblemUnavailable struct {

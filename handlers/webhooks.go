@@ -34,8 +34,8 @@ type CreateWebhookEndpointRequest struct {
 	URL string `json:"url" validate:"required" minLength:"1" maxLength:"2048" format:"uri" extensions:"x-pattern=^[hH][tT][tT][pP][sS]?://[^/?#@]+" example:"https://example.com/valruns-hooks"`
 	// Description is a note for people, at most 500 characters.
 	Description string `json:"description,omitempty" maxLength:"500" example:"invoices service"`
-	// Events are the event types delivered to the endpoint; absent means all of them (today: validation_run.finished).
-	Events []string `json:"events,omitempty" minItems:"1" enums:"validation_run.finished"`
+	// Events are the event types delivered to the endpoint, at least one; absent means all of them (today: validation_run.finished).
+	Events []string `json:"events,omitempty" extensions:"x-min-items=1" enums:"validation_run.finished"`
 }
 
 // WebhookEndpoint is a webhook endpoint as the API shows it (its secret only
@@ -93,15 +93,15 @@ func webhookEndpointOf(e *models.WebhookEndpoint) WebhookEndpoint {
 //	@Param			Prefer			header		string							false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		CreateWebhookEndpointRequest	true	"The endpoint"
 //	@Success		201				{object}	WebhookEndpointWithSecret		"Created, with its secret; with `Idempotent-Replayed: true`, the replay of the first answer."
-//	@Failure		400				{object}	ProblemBadRequest				"`validation_error` (url missing, not http or https, too long, with user information, or a private target; description over 500 characters; an unknown event type; a field the route does not take), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). `validation_error` with a key is stored and replayed."
-//	@Failure		401				{object}	ProblemUnauthorized				"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		400				{object}	ProblemBadRequest				"`validation_error` (url missing, not http or https, too long, with user information, a port out of 1-65535, an IPv4 address not in dotted-decimal form, or a private target; description over 500 characters; an empty events list or an unknown event type; a field the route does not take; a string or member name that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). `validation_error` with a key is stored and replayed."
+//	@Failure		401				{object}	ProblemUnauthorized				"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		408				{object}	ProblemBodyTimeout				"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."
 //	@Failure		409				{object}	ProblemInProgress				"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		413				{object}	ProblemTooLarge					"`request_body_too_large`: the body exceeds MAX_BODY_BYTES (nothing is stored)."
 //	@Failure		415				{object}	ProblemUnsupportedEncoding		"`unsupported_content_encoding`: a Content-Encoding other than gzip; nothing is stored."
 //	@Failure		422				{object}	ProblemKeyReused				"`idempotency_key_reused`: the key was used for a different request (another body) within 24 h; use a new key."
 //	@Failure		500				{object}	ProblemInternal					"`internal_error`: nothing was done and nothing stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable				"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds, with the same key."
+//	@Failure		503				{object}	ProblemUnavailable				"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
 //	@Header			201				{string}	Location						"The endpoint: /api/webhook-endpoints/{id}/"
 //	@Header			201,400			{string}	Idempotent-Replayed				"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
 //	@Header			201,400			{string}	Original-Request-Id				"On a replay: the X-Request-Id of the request that did the work."
@@ -109,7 +109,7 @@ func webhookEndpointOf(e *models.WebhookEndpoint) WebhookEndpoint {
 //	@Header			201,422			{string}	Preference-Applied				"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500,503		{integer}	Retry-After						"Seconds to wait before retrying."
 //	@Header			415				{string}	Accept-Encoding					"`gzip`: the one Content-Encoding accepted."
-//	@Header			401				{string}	WWW-Authenticate				"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			401				{string}	WWW-Authenticate				"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
 //	@Header			all				{string}	X-Request-Id					"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/ [post]
 func (h *webhookHandlers) create(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
@@ -175,10 +175,10 @@ func (h *webhookHandlers) create(tx *models.RequestTx, req idempotency.Request) 
 //	@Param			cursor	query		string				false	"next_cursor of the previous page"
 //	@Success		200		{object}	WebhookEndpointList	"One page of endpoints."
 //	@Failure		400		{object}	ProblemBadRequest	"`validation_error` (limit is not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
-//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		500		{object}	ProblemInternal		"`internal_error`: a query failed; retry."
 //	@Failure		503		{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401		{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			401		{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
 //	@Header			500,503	{integer}	Retry-After			"Seconds to wait before retrying."
 //	@Header			all		{string}	X-Request-Id		"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/ [get]
@@ -210,11 +210,11 @@ func (h *webhookHandlers) list(c *gin.Context) {
 //	@Security		BearerAuth
 //	@Param			id	path		string					true	"Webhook endpoint id (UUID)"	format(uuid)
 //	@Success		200	{object}	WebhookEndpoint			"The endpoint."
-//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		404	{object}	ProblemWebhookNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal			"`internal_error`: a query failed; retry."
 //	@Failure		503	{object}	ProblemUnavailable		"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401	{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			401	{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
 //	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/ [get]
@@ -253,11 +253,11 @@ func answerEndpoint(c *gin.Context, err error, ok func()) {
 //	@Security		BearerAuth
 //	@Param			id	path		string					true	"Webhook endpoint id (UUID)"	format(uuid)
 //	@Success		204	"Deleted."
-//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		404	{object}	ProblemWebhookNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal			"`internal_error`: the deletion failed; retry."
 //	@Failure		503	{object}	ProblemUnavailable		"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401	{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			401	{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
 //	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/ [delete]
@@ -285,18 +285,18 @@ func (h *webhookHandlers) delete(c *gin.Context) {
 //	@Param			Prefer			header		string						false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Success		200				{object}	WebhookEndpointWithSecret	"The endpoint with its new secret; with `Idempotent-Replayed: true`, the replay of the first answer."
 //	@Failure		400				{object}	ProblemBadRequest			"The Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true)."
-//	@Failure		401				{object}	ProblemUnauthorized			"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		401				{object}	ProblemUnauthorized			"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		404				{object}	ProblemWebhookNotFound		"`not_found`: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed."
 //	@Failure		409				{object}	ProblemInProgress			"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		422				{object}	ProblemKeyReused			"`idempotency_key_reused`: the key was used for a different request (another endpoint) within 24 h; use a new key."
 //	@Failure		500				{object}	ProblemInternal				"`internal_error`: the rotation failed, changed nothing and stored nothing; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable			"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds, with the same key."
+//	@Failure		503				{object}	ProblemUnavailable			"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
 //	@Header			200,404			{string}	Idempotent-Replayed			"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
 //	@Header			200,404			{string}	Original-Request-Id			"On a replay: the X-Request-Id of the request that did the work."
 //	@Header			200,404,422		{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
 //	@Header			200,404,422		{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500,503		{integer}	Retry-After					"Seconds to wait before retrying."
-//	@Header			401				{string}	WWW-Authenticate			"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			401				{string}	WWW-Authenticate			"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
 //	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/rotate-secret/ [post]
 func (h *webhookHandlers) rotate(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
@@ -331,7 +331,7 @@ type WebhookDelivery struct {
 	Attempts int    `json:"attempts" validate:"required" minimum:"0" example:"0"`
 	// LastStatusCode is the HTTP status of the last attempt's answer; absent when it had none.
 	LastStatusCode *int `json:"last_status_code,omitempty" example:"503"`
-	// LastError says why the last attempt failed without an answer (a timeout, a refused connection).
+	// LastError says why the last attempt failed without an answer, coarsely and never with an address: the target's address is not allowed, the host name could not be resolved, connection refused, timed out...; or "answered N" when the answer was not a 2xx.
 	LastError *string `json:"last_error,omitempty" example:"connection refused"`
 	// NextAttemptAt is when the next attempt is due, while pending.
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty" format:"date-time" example:"2026-11-22T10:00:00Z"`
@@ -361,11 +361,11 @@ type WebhookDeliveryList struct {
 //	@Param			cursor	query		string					false	"next_cursor of the previous page"
 //	@Success		200		{object}	WebhookDeliveryList		"One page of deliveries."
 //	@Failure		400		{object}	ProblemBadRequest		"`validation_error` (limit is not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
-//	@Failure		401		{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header) or `invalid_token` (unknown or revoked)."
+//	@Failure		401		{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
 //	@Failure		404		{object}	ProblemWebhookNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
 //	@Failure		500		{object}	ProblemInternal			"`internal_error`: a query failed; retry."
 //	@Failure		503		{object}	ProblemUnavailable		"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401		{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token)."
+//	@Header			401		{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
 //	@Header			500,503	{integer}	Retry-After				"Seconds to wait before retrying."
 //	@Header			all		{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/deliveries/ [get]
@@ -387,6 +387,10 @@ func (h *webhookHandlers) deliveries(c *gin.Context) {
 	answerEndpoint(c, err, func() {
 		out := WebhookDeliveryList{Data: make([]WebhookDelivery, 0, len(ds)), NextCursor: next}
 		for _, d := range ds {
+			if d.LastError != nil {
+				shown := webhooks.Shown(*d.LastError) // never an address, whenever it was recorded
+				d.LastError = &shown
+			}
 			out.Data = append(out.Data, WebhookDelivery{ID: d.ID, EventID: d.EventID, EventType: d.EventType, RunID: d.RunID,
 				Status: d.Status, Attempts: d.Attempts, LastStatusCode: d.LastStatusCode, LastError: d.LastError,
 				NextAttemptAt: utc(d.NextAttemptAt), CreatedAt: d.CreatedAt.UTC(), DeliveredAt: utc(d.DeliveredAt)})

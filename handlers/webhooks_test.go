@@ -16,6 +16,7 @@ import (
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/webhooks"
 )
 
 func TestWebhookEndpoints(t *testing.T) {
@@ -172,6 +173,14 @@ func TestWebhookEndpointValidation(t *testing.T) {
 		{"private", `{"url":"http://10.0.0.8/"}`, "url"},
 		{"metadata", `{"url":"http://169.254.169.254/latest/meta-data/"}`, "url"},
 		{"ipv6 loopback", `{"url":"http://[::1]/"}`, "url"},
+		{"localhost.localdomain", `{"url":"http://localhost.localdomain:18998/h"}`, "url"},
+		{"ip6-localhost", `{"url":"http://ip6-localhost:18998/h"}`, "url"},
+		{"ipv4-compatible", `{"url":"http://[::127.0.0.1]:18998/h"}`, "url"},
+		{"ipv4-compatible hex", `{"url":"http://[::7f00:1]:18998/h"}`, "url"},
+		{"6to4", `{"url":"http://[2002:7f00:1::]:18998/h"}`, "url"},
+		{"teredo", `{"url":"http://[2001:0:7f00:1::]:18998/h"}`, "url"},
+		{"local-use nat64", `{"url":"http://[64:ff9b:1::7f00:1]:18998/h"}`, "url"},
+		{"6to4 relay", `{"url":"http://192.88.99.1/h"}`, "url"},
 		{"long description", `{"url":"https://example.com/","description":"` + strings.Repeat("é", 501) + `"}`, "description"},
 		{"unknown event", `{"url":"https://example.com/","events":["validation_run.started"]}`, "events[0]"},
 		{"no events", `{"url":"https://example.com/","events":[]}`, "events"},
@@ -191,6 +200,22 @@ func TestWebhookEndpointValidation(t *testing.T) {
 	dev := e.WithConfig(func(c *config.Config) { c.WebhookAllowPrivateTargets = true })
 	r := dev.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"http://127.0.0.1:18500/hooks"}`)
 	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+
+	// A URL that can never be valid is refused even then: an IPv4 address
+	// not in dotted-decimal form (resolvers read these as addresses), a
+	// port out of range.
+	for _, url := range []string{"http://0x7f000001:18998/h", "http://2130706433:18998/h", "http://0177.0.0.1:18998/h",
+		"http://127.1:18998/h", "http://0:18998/h", "http://127.0.0.1:0/h", "http://127.0.0.1:99999/h", "http://example.com:0/h"} {
+		for _, env := range []*apitest.Env{e, dev} {
+			r := env.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, map[string]any{"url": url})
+			require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", url, r.Body)
+			m := r.Map(t)
+			require.Equal(t, "validation_error", m["code"], url)
+			require.Contains(t, string(r.Body), `"field":"url"`, url)
+			require.Contains(t, m["detail"], "url: ", url)
+		}
+	}
+	require.EqualValues(t, 1, e.Count("webhook_endpoints", "org_id = ?", org.ID))
 }
 
 // A run that ends records its event for each endpoint of its organisation,
@@ -230,6 +255,24 @@ func TestWebhookDeliveriesList(t *testing.T) {
 	require.Equal(t, "pending", d.Status)
 	require.Zero(t, d.Attempts)
 	require.NotNil(t, d.NextAttemptAt)
+
+	// A last_error recorded with addresses in it (as before reasons were
+	// coarse) is shown as a coarse reason; a coarse one as it is.
+	for recorded, shown := range map[string]string{
+		"dial tcp 10.0.0.1:18998: private address: 10.0.0.1":                                webhooks.ReasonFailed,
+		`Post "http://0x7f000001:18998/h": dial tcp: lookup 0x7f000001 on 10.255.255.53:53`: webhooks.ReasonFailed,
+		"answered 503":                    "answered 503",
+		webhooks.ReasonUnresolved:         webhooks.ReasonUnresolved,
+		"answered 503 from 10.0.0.1:8080": webhooks.ReasonFailed,
+	} {
+		require.NoError(t, e.DB.Exec(`UPDATE webhook_deliveries SET last_error = ? WHERE run_id = ?`, recorded, run).Error)
+		l := e.Do(http.MethodGet, path, org.Token, nil)
+		require.Equal(t, http.StatusOK, l.Status, "%s", l.Body)
+		var list handlers.WebhookDeliveryList
+		l.JSON(t, &list)
+		require.NotNil(t, list.Data[0].LastError)
+		require.Equal(t, shown, *list.Data[0].LastError, recorded)
+	}
 
 	ll := e.Do(http.MethodGet, "/api/webhook-endpoints/"+late.Map(t)["id"].(string)+"/deliveries/", org.Token, nil)
 	require.Equal(t, http.StatusOK, ll.Status, "%s", ll.Body)

@@ -66,6 +66,15 @@ const (
 	CodeUnavailable      = "service_unavailable"
 )
 
+// The detail of a 503 whose work's outcome is unknown (the database
+// stopped answering after the commit was sent), with and without a key.
+const (
+	OutcomeUnknownDetail = "The database stopped answering after this request was sent to it, so whether it was done is unknown. " +
+		"Retry with the same Idempotency-Key: the retry gets the first answer if it was done, and does it if not."
+	OutcomeUnknownNoKeyDetail = "The database stopped answering after this request was sent to it, so whether it was done is unknown. " +
+		"Without an Idempotency-Key a retry may do it twice: send one to make retries safe."
+)
+
 // Outcomes counted by the idempotency_requests_total metric. Every request
 // through the wrapper is counted under exactly one.
 const (
@@ -110,6 +119,11 @@ type Response struct {
 	// for a replay, a rollback or a 5xx): work that must not happen inside
 	// the transaction, such as waking a consumer of what it staged.
 	AfterCommit func()
+	// InDoubt, when set, is called instead when the commit was sent and
+	// its outcome is unknown (models.ErrOutcomeUnknown: the request is
+	// answered 503, saying so): the handler may find out later whether its
+	// work committed and then do what AfterCommit would have done.
+	InDoubt func()
 }
 
 // JSON builds a Response with v encoded as application/json.
@@ -125,7 +139,7 @@ func JSON(status int, v any) (Response, error) {
 
 // Problem builds a Response carrying a problem document.
 func Problem(req Request, d problem.Details) Response {
-	d.Instance = req.Gin.Request.URL.Path
+	d.Instance = problem.Path(req.Gin.Request)
 	d.RequestID = req.RequestID
 	return Response{Status: d.Status, Body: d.Body(), Header: http.Header{"Content-Type": {problem.ContentType}}}
 }
@@ -357,36 +371,16 @@ func (k *call) serve(prep Preparer, h Handler) {
 	k.lockID = models.LockID(k.tenant, k.scope, k.key)
 	wait := k.preferredWait()
 	var deadline time.Time
-	// A key this process answered lately, or is executing now, probably
-	// comes back as a retry: look it up first, with one read and no
-	// transaction (a replay, a 422, or a 409 while in flight, seen in
-	// pg_locks by the same statement). A first attempt begins its
-	// transaction at once, reading the key in the same round trip.
+	// A key this process answered lately probably comes back as a retry:
+	// look it up first, with one read and no transaction (a replay, a 422,
+	// or a 409 while in flight, seen in pg_locks by the same statement). A
+	// first attempt goes straight to its work, which takes the key's lock
+	// (or finds its row) before anything else.
 	lookFirst := k.w.recent.has(k.lockID)
-	if !lookFirst {
-		_, lookFirst = k.w.flights.Load(k.lockID)
-	}
 	for {
-		if lookFirst {
-			stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
-			switch {
-			case err != nil:
-				k.fail(err)
-				return
-			case stored.Found() && !stored.Expired:
-				k.replay(stored)
-				return
-			case stored.InFlight:
-				goto inFlight
-			}
-		}
-		if stored, done := k.run(ctx, prep, h); done {
-			return
-		} else if stored.Found() && !stored.Expired {
-			k.replay(stored)
+		if k.try(ctx, prep, h, lookFirst) {
 			return
 		}
-	inFlight:
 		// Another request holds the key's lock.
 		k.w.recent.add(k.lockID)
 		if wait == 0 {
@@ -409,6 +403,46 @@ func (k *call) serve(prep Preparer, h Handler) {
 		}
 		lookFirst = true // the cheap look, until the key is free
 	}
+}
+
+// try answers a keyed request, unless another request holds its key
+// (false): with the cheap look first when lookFirst, then by its work.
+func (k *call) try(ctx context.Context, prep Preparer, h Handler, lookFirst bool) (answered bool) {
+	if lookFirst {
+		stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
+		switch {
+		case err != nil:
+			k.fail(err)
+			return true
+		case stored.Found() && !stored.Expired:
+			k.replay(stored)
+			return true
+		case stored.InFlight:
+			return false
+		}
+	}
+	// The key is this process's to work on, unless one of its requests
+	// holds it: then this one is a duplicate in flight, known at once,
+	// whatever the first request waits on (PITFALLS: a later duplicate
+	// must never overtake the first while it waits). Requests of this
+	// process waiting on the key are woken once the work has ended.
+	f := &flight{done: make(chan struct{})}
+	if _, held := k.w.flights.LoadOrStore(k.lockID, f); held {
+		return false
+	}
+	defer func() {
+		k.w.flights.CompareAndDelete(k.lockID, f)
+		close(f.done)
+	}()
+	stored, done := k.run(ctx, prep, h)
+	switch {
+	case done:
+		return true
+	case stored.Found() && !stored.Expired:
+		k.replay(stored)
+		return true
+	}
+	return false
 }
 
 // readKey reads the Idempotency-Key header; false when it answered 400.
@@ -626,7 +660,7 @@ func (k *call) executePrepared(ctx context.Context, prep Preparer) (stored *mode
 		k.replayCommitted(ctx)
 		return nil, true, true
 	case err != nil:
-		k.fail(err)
+		k.failCommit(err, resp)
 		return nil, true, true
 	case res.Slow:
 		return nil, false, false
@@ -687,14 +721,6 @@ func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey
 			k.outcome = OutcomeExpiredReused
 		}
 		defer k.w.recent.add(k.lockID)
-		// Requests of this process waiting on the key are woken once the
-		// transaction has ended (deferred first: it runs after the rollback).
-		f := &flight{done: make(chan struct{})}
-		k.w.flights.Store(k.lockID, f)
-		defer func() {
-			k.w.flights.CompareAndDelete(k.lockID, f)
-			close(f.done)
-		}()
 	}
 	defer tx.Rollback() // after a commit, nothing to do
 
@@ -735,7 +761,7 @@ func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey
 		return nil, true
 	}
 	if err != nil {
-		k.fail(err)
+		k.failCommit(err, resp)
 		return nil, true
 	}
 	if resp.AfterCommit != nil {
@@ -743,6 +769,15 @@ func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey
 	}
 	k.write(resp.Status, resp.Header, resp.Body)
 	return nil, true
+}
+
+// failCommit answers an error of the commit of resp's work (fail), and
+// tells the handler when that commit's outcome is unknown (Response.InDoubt).
+func (k *call) failCommit(err error, resp Response) {
+	if errors.Is(err, models.ErrOutcomeUnknown) && resp.InDoubt != nil {
+		resp.InDoubt()
+	}
+	k.fail(err)
 }
 
 // handle runs the handler on tx; a panic is an error (logged with its stack).
@@ -851,13 +886,23 @@ func (k *call) problem(status int, code, detail string) {
 	problem.Abort(k.c, status, code, detail)
 }
 
-// fail answers an error that rolled everything back: 5xx, nothing stored,
-// so a retry executes afresh. Every such answer carries Retry-After.
+// fail answers an error with a 5xx: nothing stored, so a retry executes
+// afresh, except when the work's outcome is unknown, which the answer says
+// (a retry with the same key then replays, or does the work). Every such
+// answer carries Retry-After.
 func (k *call) fail(err error) {
 	k.outcome = OutcomeError
 	k.c.Writer.Header().Del(HeaderPreferenceApplied)
 	k.c.Header("Retry-After", strconv.Itoa(k.w.cfg.RetryAfter))
 	switch {
+	case errors.Is(err, models.ErrOutcomeUnknown):
+		k.w.cfg.Log.WarnContext(k.c.Request.Context(), "idempotent request: outcome unknown",
+			"scope", k.scope, "error", err, "request_id", k.requestID)
+		detail := OutcomeUnknownDetail
+		if k.key == "" {
+			detail = OutcomeUnknownNoKeyDetail
+		}
+		k.problem(http.StatusServiceUnavailable, CodeUnavailable, detail)
 	case models.IsUnavailable(err):
 		k.w.cfg.Log.WarnContext(k.c.Request.Context(), "idempotent request: database unavailable",
 			"scope", k.scope, "error", err, "request_id", k.requestID)

@@ -35,6 +35,11 @@ var (
 	// answer a request's first statement, within DBOptions.AcquireTimeout or
 	// AnswerTimeout (a hung or overwhelmed server). IsUnavailable holds for it.
 	ErrStalled = errors.New("the database did not answer in time")
+	// ErrOutcomeUnknown: a write was sent and its answer never came (the
+	// connection broke, or the database stopped answering): it may have
+	// committed or not. Only the retry of a keyed request can tell (it
+	// replays, or does the work); IsUnavailable holds for it too.
+	ErrOutcomeUnknown = errors.New("the database stopped answering after the write was sent: whether it committed is unknown")
 )
 
 // DBOptions tunes Open. The zero value is fine for production.
@@ -295,7 +300,7 @@ func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrStalled) {
+	if errors.Is(err, ErrStalled) || errors.Is(err, ErrOutcomeUnknown) {
 		return true
 	}
 	var connectErr *pgconn.ConnectError
@@ -320,6 +325,23 @@ func IsUnavailable(err error) bool {
 	return errors.As(err, &netErr) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, io.EOF) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, pgconn.ErrConnClosed) ||
 		pgconn.SafeToRetry(err)
+}
+
+// inDoubt reports whether err, met after a write (or its COMMIT) was sent,
+// leaves the write's outcome unknown: the server answered nothing about it
+// (a broken connection, no answer in time) or ended the session (FATAL: it
+// may end it after the commit, before the answer). An error the server
+// answered the statement with rolled it back; one pgx met before sending
+// anything (SafeToRetry) wrote nothing.
+func inDoubt(err error) bool {
+	if errors.Is(err, errRolledBack) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+	}
+	return !pgconn.SafeToRetry(err)
 }
 
 // IsTimeout reports whether err comes from a cancelled or timed-out statement.

@@ -8,7 +8,7 @@ func (s *RunStore) StartBatch(ps []StartParams, ks []*KeyWrite) ([]OneResult, er
 	for i := range ps {
 		batch[i] = &startReq{p: ps[i], k: ks[i], done: make(chan struct{})}
 	}
-	err := s.batcher.exec(batch)
+	_, err := s.batcher.exec(batch)
 	out := make([]OneResult, len(ps))
 	for i, r := range batch {
 		out[i] = r.res

@@ -143,6 +143,10 @@ func (t *RequestTx) DB() *gorm.DB { return t.db }
 // cannot cancel, with the transaction's deadline.
 func (t *RequestTx) Context() context.Context { return t.ctx }
 
+// errRolledBack: COMMIT answered ROLLBACK (a statement of the transaction
+// had failed): nothing was written.
+var errRolledBack = errors.New("the transaction had failed and was rolled back")
+
 // Commit commits. A transaction that failed (a statement's error was
 // ignored) is rolled back instead, and Commit says so.
 func (t *RequestTx) Commit(ctx context.Context) error {
@@ -150,12 +154,15 @@ func (t *RequestTx) Commit(ctx context.Context) error {
 		tag, err := c.Exec(ctx, "commit")
 		t.open = err != nil // an error leaves the state unknown: Rollback discards the connection
 		if err == nil && tag.String() == "ROLLBACK" {
-			return errors.New("the transaction had failed and was rolled back")
+			return errRolledBack
 		}
 		return err
 	})
 	if err != nil {
 		t.Rollback()
+		if inDoubt(err) {
+			return fmt.Errorf("commit: %w: %w", ErrOutcomeUnknown, err)
+		}
 		return fmt.Errorf("commit: %w", translate(err))
 	}
 	t.release()
@@ -182,7 +189,7 @@ func (t *RequestTx) CommitWithKey(ctx context.Context, k *IdempotencyKey, ttl ti
 		if err == nil {
 			t.open = false
 			if tag.String() == "ROLLBACK" {
-				err = errors.New("the transaction had failed and was rolled back")
+				err = errRolledBack
 			}
 		}
 		if cerr := br.Close(); err == nil {
@@ -192,6 +199,9 @@ func (t *RequestTx) CommitWithKey(ctx context.Context, k *IdempotencyKey, ttl ti
 	})
 	if err != nil {
 		t.Rollback()
+		if inDoubt(err) {
+			return time.Time{}, fmt.Errorf("save idempotency key: %w: %w", ErrOutcomeUnknown, err)
+		}
 		return time.Time{}, fmt.Errorf("save idempotency key: %w", translate(err))
 	}
 	t.release()

@@ -235,3 +235,20 @@ func (s *RunStore) Finished(ctx context.Context, ids []string) ([]string, error)
 	}
 	return final, nil
 }
+
+// StillQueued returns which of the runs ids exist and are still queued: for
+// starts whose commit was in doubt (ErrOutcomeUnknown), whether they
+// committed and still need handing to the queue.
+func (s *RunStore) StillQueued(ctx context.Context, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var queued []string
+	err := s.db.WithContext(ctx).Raw(`SELECT id FROM validation_runs
+		WHERE id = ANY(CAST(string_to_array(?, ',') AS uuid[])) AND status = ?`,
+		strings.Join(ids, ","), RunQueued).Scan(&queued).Error
+	if err != nil {
+		return nil, fmt.Errorf("read queued runs: %w", translate(err))
+	}
+	return queued, nil
+}

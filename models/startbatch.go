@@ -161,35 +161,42 @@ func (b *startBatcher) write() {
 }
 
 // send runs one batch; when it fails for another reason than an
-// unreachable database, each start is tried alone, so one bad start (or a
-// key another request finished meanwhile) fails alone.
+// unreachable database or an outcome it cannot know, each start not yet
+// answered is tried alone, so one bad start (or a key another request
+// finished meanwhile) fails alone.
 func (b *startBatcher) send(batch []*startReq) {
-	err := b.exec(batch)
-	if err != nil && len(batch) > 1 && !IsUnavailable(err) && !errors.Is(err, ErrStalled) {
-		for _, r := range batch {
+	rest, err := b.exec(batch)
+	if err != nil && len(rest) > 1 && !IsUnavailable(err) && !errors.Is(err, ErrOutcomeUnknown) {
+		for _, r := range rest {
 			for try := 1; ; try++ {
-				err := b.exec([]*startReq{r})
+				left, err := b.exec([]*startReq{r})
+				if len(left) == 0 {
+					break // answered by its key's lock or row
+				}
 				if err == nil || !isDeadlock(err) || try == 5 {
 					r.err = err
+					b.answer([]*startReq{r})
 					break
 				}
 			}
-			b.answer([]*startReq{r})
 		}
 		return
 	}
-	for _, r := range batch {
+	for _, r := range rest {
 		if err != nil {
 			r.err = err
 		}
 	}
-	b.answer(batch)
+	b.answer(rest)
 }
 
 // answer forgets the starts of a statement that has ended, then lets
 // their requests go on: forgotten first, so that a client's next start,
 // sent once it has its answer, is counted afresh.
 func (b *startBatcher) answer(batch []*startReq) {
+	if len(batch) == 0 {
+		return
+	}
 	b.mu.Lock()
 	for _, r := range batch {
 		if b.orgs[r.p.OrgID]--; b.orgs[r.p.OrgID] <= 0 {
@@ -202,7 +209,12 @@ func (b *startBatcher) answer(batch []*startReq) {
 	}
 }
 
-func (b *startBatcher) exec(batch []*startReq) error {
+// exec runs a batch: with keyed starts, first their keys' locks
+// (startLocksSQL), whose answers let the starts whose key is taken or
+// answered go on at once (answered here), then the others (startBatchSQL),
+// in one implicit transaction and one round trip (pipe). It returns the
+// starts it did not answer, with the error that stopped them.
+func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 	n := len(batch)
 	var (
 		ids, orgs, wfs, subs, metas, reqIDs      = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -213,6 +225,7 @@ func (b *startBatcher) exec(batch []*startReq) error {
 		tokens, keys, endpoints                  = make([]*string, n), make([]*string, n), make([]*string, n)
 		methods, paths, headers, krids, ips, uas = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		hashes, bodies                           = make([][]byte, n), make([][]byte, n)
+		keyed                                    bool
 	)
 	for i, r := range batch {
 		p := r.p
@@ -224,6 +237,7 @@ func (b *startBatcher) exec(batch []*startReq) error {
 		created[i], periods[i], quotas[i], offs[i] = p.CreatedAt, UsagePeriod(p.CreatedAt), p.Quota, int32(slotOffset())
 		tokens[i] = nullable(p.TokenID)
 		if k := r.k; k != nil {
+			keyed = true
 			keys[i], endpoints[i], locks[i] = &k.Key, &k.Endpoint, &k.LockID
 			hashes[i], methods[i], paths[i], statuses[i], bodies[i] = k.RequestHash, k.Method, truncate(k.Path, 2000), int32(k.Status), k.Body
 			headers[i], krids[i], ips[i], uas[i] = string(k.Headers), truncate(k.RequestID, 200), truncate(k.ClientIP, 100), truncate(k.UserAgent, 1000)
@@ -234,76 +248,174 @@ func (b *startBatcher) exec(batch []*startReq) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout+txGrace)
 	defer cancel()
+	settings := []any{strconv.FormatInt(max(b.timeout.Milliseconds(), 1), 10), clientCheckMS}
+	early := map[int]bool{} // the starts answered by their key's lock or row
 	seen := 0
-	err := withConn(ctx, b.db, func(c *pgx.Conn) error {
-		var pb pgx.Batch
-		// One implicit transaction up to the Sync: the settings are the
-		// statement's own, as a request transaction's are.
-		pb.Queue(`SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true)`,
-			strconv.FormatInt(max(b.timeout.Milliseconds(), 1), 10), clientCheckMS)
-		pb.Queue(startBatchSQL, ids, created, orgs, wfs, subs, metas, quotas, tokens, reqIDs, keys, endpoints, locks,
-			hashes, methods, paths, statuses, bodies, headers, krids, ips, uas, ttls, periods, offs).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var (
-					i                          int64
-					outcome                    string
-					expires, created, lexpires *time.Time
-					replaced                   *bool
-					key, method, path, reqID   *string
-					status                     *int
-					st                         StoredKey
-				)
-				if err := rows.Scan(&i, &outcome, &expires, &replaced, &key, &st.RequestHash, &method,
-					&path, &status, &st.ResponseBody, &st.ResponseHeaders, &st.ValidationRunID,
-					&reqID, &created, &lexpires); err != nil {
-					return err
-				}
-				if i < 1 || int(i) > n {
-					return fmt.Errorf("start batch: row %d of %d", i, n)
-				}
-				res := &batch[i-1].res
-				switch outcome {
-				case "done":
-					res.Done = true
-					if expires != nil {
-						res.Expires = *expires
-					}
-					res.Replaced = replaced != nil && *replaced
-				case "stored":
-					st.OrgID, st.Endpoint = batch[i-1].p.OrgID, batch[i-1].k.Endpoint
-					st.Key, st.RequestMethod, st.RequestPath, st.RequestID = *key, *method, *path, *reqID
-					st.ResponseStatus, st.CreatedAt, st.ExpiresAt = *status, *created, *lexpires
-					res.Stored = &st
-				case "inflight":
-					res.InFlight = true
-				default:
-					res.Slow = true
-				}
-				seen++
-			}
-			return rows.Err()
-		})
-		// The answer has its own short deadline (DATABASE_ANSWER_TIMEOUT),
+	sent := false
+	err = withConn(ctx, b.db, func(c *pgx.Conn) error {
+		// The answers have their own short deadline (DATABASE_ANSWER_TIMEOUT),
 		// as a request transaction's first round trip does: a hung
 		// database is a 503 in seconds.
 		actx, cancel := stallBound(ctx, optionsOf(b.db).AnswerTimeout)
 		defer cancel()
-		return stalled(ctx, actx, c.SendBatch(actx, &pb).Close())
+		q := startPipe(actx, c, !optionsOf(b.db).TransactionPooler)
+		var err error
+		if keyed {
+			// The keys' locks first, flushed: a start whose key another
+			// request holds, or whose key's row answers it, is answered
+			// before this batch waits on anything (a lock, a full disk).
+			err = q.query(startLocksSQL, append(settings, orgs, endpoints, keys, locks), func(rows pgx.Rows) error {
+				var answered []*startReq
+				for rows.Next() {
+					var (
+						i    *int64
+						held *bool
+						st   StoredKey
+					)
+					if err := scanKey(rows, &st, &i, &held); err != nil {
+						return err
+					}
+					if i == nil {
+						continue // the settings' row: no start answered yet
+					}
+					if *i < 1 || int(*i) > n {
+						return fmt.Errorf("start batch: key %d of %d", *i, n)
+					}
+					r := batch[*i-1]
+					switch {
+					case st.Found() && !st.Expired:
+						st.OrgID, st.Endpoint = r.p.OrgID, r.k.Endpoint
+						r.res = OneResult{Stored: &st}
+					case !*held:
+						r.res = OneResult{InFlight: true}
+					default:
+						continue
+					}
+					early[int(*i)] = true
+					answered = append(answered, r)
+				}
+				if err := rows.Err(); err != nil {
+					return err
+				}
+				b.answer(answered)
+				return nil
+			}, true)
+		} else {
+			err = q.query(`SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true)`,
+				settings, func(pgx.Rows) error { return nil }, false)
+		}
+		if err == nil && len(early) < n {
+			err = q.query(startBatchSQL, []any{ids, created, orgs, wfs, subs, metas, quotas, tokens, reqIDs, keys, endpoints, locks,
+				hashes, methods, paths, statuses, bodies, headers, krids, ips, uas, ttls, periods, offs}, func(rows pgx.Rows) error {
+				for rows.Next() {
+					var (
+						i                          int64
+						outcome                    string
+						expires, created, lexpires *time.Time
+						replaced                   *bool
+						key, method, path, reqID   *string
+						status                     *int
+						st                         StoredKey
+					)
+					if err := rows.Scan(&i, &outcome, &expires, &replaced, &key, &st.RequestHash, &method,
+						&path, &status, &st.ResponseBody, &st.ResponseHeaders, &st.ValidationRunID,
+						&reqID, &created, &lexpires); err != nil {
+						return err
+					}
+					if i < 1 || int(i) > n {
+						return fmt.Errorf("start batch: row %d of %d", i, n)
+					}
+					seen++
+					if early[int(i)] {
+						continue
+					}
+					res := &batch[i-1].res
+					switch outcome {
+					case "done":
+						res.Done = true
+						if expires != nil {
+							res.Expires = *expires
+						}
+						res.Replaced = replaced != nil && *replaced
+					case "stored":
+						st.OrgID, st.Endpoint = batch[i-1].p.OrgID, batch[i-1].k.Endpoint
+						st.Key, st.RequestMethod, st.RequestPath, st.RequestID = *key, *method, *path, *reqID
+						st.ResponseStatus, st.CreatedAt, st.ExpiresAt = *status, *created, *lexpires
+						res.Stored = &st
+					case "inflight":
+						res.InFlight = true
+					default:
+						res.Slow = true
+					}
+				}
+				return rows.Err()
+			}, false)
+		}
+		err = q.sync(err)
+		sent = q.sent
+		return stalled(ctx, actx, err)
 	})
-	if err != nil {
-		for _, r := range batch {
+	for i, r := range batch {
+		if !early[i+1] {
+			rest = append(rest, r)
+		}
+	}
+	switch {
+	case err != nil:
+		for _, r := range rest {
 			r.res = OneResult{}
 		}
-		if errors.Is(err, ErrStalled) {
-			return fmt.Errorf("start run: %w", err)
+		if sent && inDoubt(err) {
+			// The statement reached the server, and its answer did not
+			// come back: it may have committed (ErrOutcomeUnknown).
+			return rest, fmt.Errorf("start run: %w: %w", ErrOutcomeUnknown, err)
 		}
-		return fmt.Errorf("start run: %w", translate(err))
+		if errors.Is(err, ErrStalled) {
+			return rest, fmt.Errorf("start run: %w", err)
+		}
+		return rest, fmt.Errorf("start run: %w", translate(err))
+	case len(rest) > 0 && seen != n:
+		return rest, fmt.Errorf("start run: %d answers for %d starts", seen, n)
 	}
-	if seen != n {
-		return fmt.Errorf("start run: %d answers for %d starts", seen, n)
-	}
-	return nil
+	return rest, nil
 }
+
+// startLocksSQL sets a batch's statement_timeout and
+// client_connection_check_interval and takes its keyed starts' locks, as
+// the statement after it (startBatchSQL) would otherwise do: a start whose
+// key has a live row is answered by it (that row is returned; a replay
+// takes no lock, so replays never contend), and otherwise it tries the
+// key's lock (pg_try_advisory_xact_lock, held to the implicit
+// transaction's end); one taken elsewhere is returned as not held. Which
+// starts hold their lock is left for startBatchSQL in the setting
+// valruns.start_locks: one character per start of the batch, t when it
+// goes on (a start without a key always does).
+//
+// This is a statement of its own, run and answered before the start's
+// statement, because that one can wait (on a lock of validation_runs, on
+// I/O): the first request to send a key takes its lock at once, and a
+// duplicate of it learns so at once, never after the first has committed.
+const startLocksSQL = `
+WITH checked AS MATERIALIZED (
+	SELECT t.i, f.key, f.request_hash, f.request_method, f.request_path, f.response_status, f.response_body,
+		f.response_headers, f.validation_run_id, f.request_id, f.created_at, f.expires_at, NOT f.live AS expired,
+		CASE WHEN t.key IS NULL THEN true
+		     WHEN f.live THEN false
+		     ELSE pg_try_advisory_xact_lock(t.lock) END AS locked
+	FROM unnest(CAST($3 AS uuid[]), CAST($4 AS text[]), CAST($5 AS text[]), CAST($6 AS bigint[]))
+		WITH ORDINALITY AS t(org, endpoint, key, lock, i)
+	LEFT JOIN LATERAL (
+		SELECT k.*, k.expires_at > now() AS live FROM idempotency_keys k
+		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key
+		OFFSET 0) f ON true
+), settings AS MATERIALIZED (
+	SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true),
+		set_config('valruns.start_locks', (SELECT string_agg(CASE WHEN locked THEN 't' ELSE 'f' END, '' ORDER BY i) FROM checked), true)
+)
+SELECT c.key, c.request_hash, c.request_method, c.request_path, c.response_status, c.response_body,
+	c.response_headers, c.validation_run_id, c.request_id, c.created_at, c.expires_at, c.expired, c.i, c.locked
+FROM settings
+LEFT JOIN checked c ON c.key IS NOT NULL AND NOT c.expired OR NOT c.locked`
 
 // txGrace lets a statement's statement_timeout fire before its context's
 // deadline does (see idempotency.Config.TxTimeout).
@@ -345,7 +457,8 @@ WITH input AS (
 		coalesce(NOT f.live, false) AS stale,
 		CASE WHEN t.key IS NULL THEN true
 		     WHEN f.live THEN false
-		     ELSE pg_try_advisory_xact_lock(t.lock) END AS locked,
+		     ELSE coalesce(substr(current_setting('valruns.start_locks', true), CAST(t.i AS integer), 1) = 't', false)
+		END AS locked,
 		EXISTS (SELECT 1 FROM workflows w WHERE w.id = t.wf AND w.org_id = t.org) AS wf_ok
 	FROM input t
 	LEFT JOIN LATERAL (

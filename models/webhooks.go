@@ -178,6 +178,11 @@ type DeliveryClaim struct {
 	ID string
 	// Attempts is how many attempts it had before this one.
 	Attempts int
+	// Claim is when the claim runs out (the delivery's sending_until, to
+	// the microsecond): it names this claim, since the next claim of the
+	// delivery ends later. Its attempt reads and records the delivery only
+	// while this is still its claim (DeliveryJob, RecordAttempt).
+	Claim time.Time
 }
 
 // ClaimDueDeliveries claims up to limit pending deliveries whose next
@@ -211,7 +216,7 @@ pick AS (
 	ORDER BY turn, first LIMIT @limit)
 UPDATE webhook_deliveries d SET sending_until = now() + @lease * interval '1 microsecond'
 FROM pick WHERE d.id = pick.id
-RETURNING d.id, d.attempts`,
+RETURNING d.id, d.attempts, d.sending_until AS claim`,
 		map[string]any{"limit": limit, "per": perEndpoint, "lease": lease.Microseconds()}).Scan(&out).Error
 	if err != nil {
 		return nil, fmt.Errorf("claim webhook deliveries: %w", translate(err))
@@ -227,13 +232,15 @@ type DeliveryJob struct {
 	Run ValidationRun
 }
 
-// DeliveryJob reads what an attempt of the delivery id needs; ErrNotFound
-// when there is nothing left to attempt: the delivery was delivered or
-// failed meanwhile, or its endpoint was deleted (and its deliveries with it).
-func (s *WebhookStore) DeliveryJob(ctx context.Context, id string) (*DeliveryJob, error) {
+// DeliveryJob reads what the attempt of the delivery id under claim needs;
+// ErrNotFound when there is nothing left for it to attempt: the delivery
+// was delivered or failed meanwhile, its endpoint was deleted (and its
+// deliveries with it), or claim ran out and the delivery was claimed again
+// (the newer claim's attempt sends it).
+func (s *WebhookStore) DeliveryJob(ctx context.Context, id string, claim time.Time) (*DeliveryJob, error) {
 	var j DeliveryJob
 	db := s.db.WithContext(ctx)
-	if err := db.Where("id = ? AND status = 'pending'", id).Take(&j.Delivery).Error; err != nil {
+	if err := db.Where("id = ? AND status = 'pending' AND sending_until = ?", id, claim).Take(&j.Delivery).Error; err != nil {
 		return nil, fmt.Errorf("webhook delivery %s: %w", id, translate(err))
 	}
 	if err := db.Where("id = ?", j.Delivery.EndpointID).Take(&j.Endpoint).Error; err != nil {
@@ -258,12 +265,14 @@ type Attempt struct {
 	Retry time.Duration
 }
 
-// RecordAttempt writes an attempt's outcome: delivered; or pending, with
-// its next attempt due after a.Retry; or failed, when that would be more
-// than horizon after the event. It returns the delivery's status, "" when
-// it was no longer pending (another attempt recorded it delivered or
-// failed first).
-func (s *WebhookStore) RecordAttempt(ctx context.Context, id string, a Attempt, horizon time.Duration) (string, error) {
+// RecordAttempt writes the outcome of the attempt made under claim:
+// delivered; or pending, with its next attempt due after a.Retry; or
+// failed, when that would be more than horizon after the event. It returns
+// the delivery's status, "" when it wrote nothing: the delivery is no
+// longer pending, or claim is no longer its claim (it ran out and the
+// delivery was claimed again: a late attempt never records over a newer
+// claim). A claim that ran out and was not taken again still records.
+func (s *WebhookStore) RecordAttempt(ctx context.Context, id string, claim time.Time, a Attempt, horizon time.Duration) (string, error) {
 	var code *int
 	if a.StatusCode != 0 {
 		code = &a.StatusCode
@@ -283,8 +292,8 @@ UPDATE webhook_deliveries SET attempts = attempts + 1, sending_until = NULL, las
 		WHEN now() + @retry * interval '1 microsecond' > created_at + @horizon * interval '1 microsecond' THEN NULL
 		ELSE now() + @retry * interval '1 microsecond' END,
 	delivered_at = CASE WHEN @delivered THEN now() END
-WHERE id = @id AND status = 'pending'
-RETURNING status`, map[string]any{"id": id, "code": code, "msg": msg, "delivered": a.Delivered,
+WHERE id = @id AND status = 'pending' AND sending_until = @claim
+RETURNING status`, map[string]any{"id": id, "claim": claim, "code": code, "msg": msg, "delivered": a.Delivered,
 		"retry": a.Retry.Microseconds(), "horizon": horizon.Microseconds()}).Scan(&status).Error
 	if err != nil {
 		return "", fmt.Errorf("record webhook delivery %s: %w", id, translate(err))

@@ -112,3 +112,71 @@ func TestFinalWritesRecordTheEventOnce(t *testing.T) {
 	require.NoError(t, db.Session(&gorm.Session{}).Raw(`SELECT count(*) FROM webhook_deliveries WHERE org_id = ?`, other).Scan(&otherN).Error)
 	require.Zero(t, otherN)
 }
+
+// A claim of a delivery is fenced: once it ran out and the delivery was
+// claimed again, the attempt made under the old claim neither reads the
+// delivery to send it nor records its outcome over the newer claim. An
+// attempt's outcome is recorded once, and a claim that ran out and was
+// not taken again still records.
+func TestLateAttemptNeverRecordsOverANewerClaim(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	hooks := models.NewWebhookStore(db)
+	org, wf := acmeWorkflow(t, db)
+	ep := &models.WebhookEndpoint{OrgID: org, URL: "https://example.com/hooks", Events: models.JSON(`["validation_run.finished"]`), Secret: "whsec_AAAA"}
+	require.NoError(t, hooks.Create(db, ep))
+	var run, id string
+	require.NoError(t, db.Raw(`INSERT INTO validation_runs (org_id, workflow_id, status, submission, metadata)
+		VALUES (?, ?, 'queued', '{}', '{}') RETURNING id`, org, wf).Scan(&run).Error)
+	require.NoError(t, db.Raw(`INSERT INTO webhook_deliveries (org_id, endpoint_id, run_id, event_id)
+		VALUES (?, ?, ?, 'evt_1') RETURNING id`, org, ep.ID, run).Scan(&id).Error)
+	// A lease of 0: each claim has run out by the next statement.
+	claim := func() models.DeliveryClaim {
+		t.Helper()
+		cs, err := hooks.ClaimDueDeliveries(ctx, 10, 4, 0)
+		require.NoError(t, err)
+		require.Len(t, cs, 1)
+		require.Equal(t, id, cs[0].ID)
+		return cs[0]
+	}
+	attempts := func() (n int, status string) {
+		t.Helper()
+		require.NoError(t, db.Raw(`SELECT attempts, status FROM webhook_deliveries WHERE id = ?`, id).Row().Scan(&n, &status))
+		return n, status
+	}
+	failed := models.Attempt{Error: "connection refused", Retry: 0}
+
+	old := claim()
+	newer := claim()
+	require.True(t, newer.Claim.After(old.Claim), "each claim is a new one")
+	_, err := hooks.DeliveryJob(ctx, id, old.Claim)
+	require.ErrorIs(t, err, models.ErrNotFound, "the old claim's attempt has nothing to send")
+	job, err := hooks.DeliveryJob(ctx, id, newer.Claim)
+	require.NoError(t, err)
+	require.Equal(t, "evt_1", job.Delivery.EventID)
+
+	status, err := hooks.RecordAttempt(ctx, id, old.Claim, models.Attempt{Delivered: true, StatusCode: 200}, time.Hour)
+	require.NoError(t, err)
+	require.Empty(t, status, "a late attempt records nothing over a newer claim")
+	n, st := attempts()
+	require.Equal(t, 0, n)
+	require.Equal(t, models.DeliveryPending, st)
+
+	status, err = hooks.RecordAttempt(ctx, id, newer.Claim, failed, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, models.DeliveryPending, status, "the newer claim's attempt records, its lease run out or not")
+	status, err = hooks.RecordAttempt(ctx, id, newer.Claim, failed, time.Hour)
+	require.NoError(t, err)
+	require.Empty(t, status, "an attempt records its outcome once")
+	n, _ = attempts()
+	require.Equal(t, 1, n)
+
+	next := claim() // due again at once (Retry 0)
+	status, err = hooks.RecordAttempt(ctx, id, next.Claim, models.Attempt{Delivered: true, StatusCode: 204}, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, models.DeliveryDelivered, status)
+	n, st = attempts()
+	require.Equal(t, 2, n)
+	require.Equal(t, models.DeliveryDelivered, st)
+}

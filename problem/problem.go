@@ -7,6 +7,8 @@ package problem
 import (
 	"encoding/json"
 	"net/http"
+	"net/url"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 )
@@ -29,7 +31,9 @@ type Details struct {
 	Detail string `json:"detail" validate:"required" example:"Idempotency key has already been used with a different request body."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
 	Code string `json:"code" validate:"required" example:"idempotency_key_reused"`
-	// Instance is the request path (always present in an answer).
+	// Instance is the path of the request as the client sent it, trailing
+	// slash and percent-escapes included, without the query (always present
+	// in an answer).
 	Instance string `json:"instance,omitempty" validate:"required" example:"/api/workflows/7c0e.../start/"`
 	// RequestID is the X-Request-Id of the request, for support (always
 	// present in an answer; on a replay, the first request's).
@@ -74,7 +78,7 @@ const RequestIDKey = "request_id"
 // Write answers the request with d, aborting the gin chain.
 func Write(c *gin.Context, d Details) {
 	if d.Instance == "" {
-		d.Instance = c.Request.URL.Path
+		d.Instance = Path(c.Request)
 	}
 	if d.RequestID == "" {
 		d.RequestID = c.GetString(RequestIDKey)
@@ -83,6 +87,23 @@ func Write(c *gin.Context, d Details) {
 	c.Writer.WriteHeader(d.Status)
 	_, _ = c.Writer.Write(d.Body())
 	c.Abort()
+}
+
+// Path is the path of r as its client sent it: the request line's target
+// without its query, escapes and trailing slash kept. It is a problem's
+// instance. r.URL.Path is not: the router serves /a/b/ as /a/b by rewriting
+// it (handlers.StripTrailingSlash), and it is unescaped. r.RequestURI, which
+// nothing rewrites, is read instead; a request without one (made by a
+// client, not received) has only its URL.
+func Path(r *http.Request) string {
+	if strings.HasPrefix(r.RequestURI, "/") {
+		path, _, _ := strings.Cut(r.RequestURI, "?")
+		return path
+	}
+	if u, err := url.ParseRequestURI(r.RequestURI); err == nil && u.Path != "" {
+		return u.EscapedPath() // the absolute form: http://host/path
+	}
+	return r.URL.EscapedPath()
 }
 
 // Abort is Write(c, New(status, code, detail)).

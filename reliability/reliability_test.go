@@ -34,12 +34,14 @@ var scenarios = []scenario{
 	{"worker_pause_fast", workerPauseFast},
 	{"worker_starved", workerStarved},
 	{"hostile_input", hostileInput},
+	{"overload_memory", overloadMemory},
 	{"tenant_probing", tenantProbing},
 	{"noisy_neighbour", noisyNeighbour},
 	{"pgbouncer", pgbouncerScenario},
 	{"sentinel_failover", sentinelFailover},
 	{"pg_failover", pgFailover},
 	{"webhook_outage", webhookOutageScenario},
+	{"webhook_attempt_kill", webhookAttemptKill},
 }
 
 // TestReliability runs every scenario in turn (they share the private

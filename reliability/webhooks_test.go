@@ -3,6 +3,7 @@ package reliability
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -29,6 +30,12 @@ type hookSink struct {
 	srv    *http.Server
 	ids    map[string]int // webhook-id -> POSTs answered 200
 	bad    []string       // what was wrong with POSTs refused
+	// hold, when set before the first POST, makes the sink hold that POST
+	// unanswered until its connection closes (a receiver that hangs);
+	// held is closed when it arrives, heldID is its webhook-id.
+	hold   bool
+	held   chan struct{}
+	heldID string
 }
 
 func newHookSink(t *testing.T) *hookSink {
@@ -37,7 +44,7 @@ func newHookSink(t *testing.T) *hookSink {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &hookSink{addr: l.Addr().String(), ids: map[string]int{}}
+	s := &hookSink{addr: l.Addr().String(), ids: map[string]int{}, held: make(chan struct{})}
 	s.serve(l)
 	t.Cleanup(s.down)
 	return s
@@ -81,6 +88,14 @@ func (s *hookSink) handle(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("webhook-id")
 	ts, terr := strconv.ParseInt(r.Header.Get("webhook-timestamp"), 10, 64)
 	s.mu.Lock()
+	if s.hold {
+		s.hold = false
+		s.heldID = id
+		close(s.held)
+		s.mu.Unlock()
+		<-r.Context().Done() // its sender is gone
+		return
+	}
 	defer s.mu.Unlock()
 	want, serr := webhooks.Sign([]string{s.secret}, id, ts, body)
 	var ev struct {
@@ -200,4 +215,114 @@ func webhookOutageScenario(t *testing.T, s *suite, res *result) {
 		}
 	}
 	t.Logf("%d events, each received; %d received again (the same webhook-id)", len(want), dups)
+}
+
+// webhookClaimLease is webhook_attempt_kill's WEBHOOK_CLAIM_LEASE: a
+// killed worker's claim runs out soon.
+const webhookClaimLease = 3 * time.Second
+
+// webhookAttemptKill: one worker; an organisation with a webhook endpoint
+// whose receiver holds the first attempt it gets unanswered (it hangs).
+// While the attempt is under way its worker gets kill -9 and a new worker
+// starts at once. The delivery whose attempt died is attempted again, with
+// the same webhook-id, and delivered: asynq archived the dead attempt's
+// task, and the next claim of the delivery must not stand behind it.
+// Every other run's event is delivered too, none failed.
+func webhookAttemptKill(t *testing.T, s *suite, res *result) {
+	c := newClusterWith(t, s, 2, 1, func(*cluster) []string {
+		return []string{"WEBHOOK_CLAIM_LEASE=" + webhookClaimLease.String()}
+	})
+	rec := &recorder{}
+	cl := newClient(c.baseURLs(), rec, s.cfg.MaxBodyBytes)
+	t.Cleanup(cl.close)
+	o := c.newOrg("hookkill")
+	sink := newHookSink(t)
+	sink.mu.Lock()
+	sink.hold = true
+	sink.mu.Unlock()
+	out := cl.do(context.Background(), request{Method: "POST", Path: "/api/webhook-endpoints/", Key: "hook-1",
+		Body: `{"url":"http://` + sink.addr + `/hooks"}`, Token: o.Token}, 0)
+	if !out.Definitive || out.Final.Status != 201 {
+		t.Fatalf("create the webhook endpoint: %s", lastOf(out))
+	}
+	var ep struct {
+		Secret string `json:"secret"`
+	}
+	if err := json.Unmarshal(out.Final.Body, &ep); err != nil || ep.Secret == "" {
+		t.Fatalf("create the webhook endpoint: %s", clip(out.Final.Body))
+	}
+	sink.mu.Lock()
+	sink.secret = ep.Secret
+	sink.mu.Unlock()
+
+	def := orderWorkflow()
+	wf := createWorkflow(t, cl, o, def)
+	ops := makeOps("hookkill", 6, o, wf, def)
+	l := startLoad(context.Background(), cl, ops, 2)
+	select {
+	case <-sink.held:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no webhook attempt reached the receiver within 60 s (%d of %d starts answered)", l.done.Load(), len(ops))
+	}
+	sink.mu.Lock()
+	heldID := sink.heldID
+	sink.mu.Unlock()
+	faultAt := time.Now()
+	c.workers[0].kill()
+	t.Logf("worker A killed while its attempt of %s was held by the receiver", heldID)
+	next := c.startProc("worker-B", "worker", "WORKER_METRICS_ADDR")
+	if next == nil {
+		t.FailNow() // startProc reported why
+	}
+	c.workers = append(c.workers, next)
+	l.wait()
+	verify(t, c, res, ops, expectations{faultAt: faultAt, finalBy: time.Now().Add(finalWithin)})
+	res.Requests = rec.requests.Load()
+	res.judge5xx(t, rec, nil)
+
+	want := map[string]bool{}
+	for _, o := range ops {
+		if o.RunID != "" {
+			want["evt_"+strings.ReplaceAll(o.RunID, "-", "")] = true
+		}
+	}
+	if !want[heldID] {
+		res.fail(t, "the receiver held event %s, which no run of the load has", heldID)
+	}
+	// The claim runs out WEBHOOK_CLAIM_LEASE after it was made, and the
+	// next poll claims it again: a minute is a generous bound.
+	redone := waitUntil(60*time.Second, func() bool {
+		ids, _ := sink.received()
+		return ids[heldID] > 0
+	})
+	if !redone {
+		res.fail(t, "the attempt of %s that died with worker A was not made again within 60 s (WEBHOOK_CLAIM_LEASE %s)", heldID, webhookClaimLease)
+	} else {
+		res.Figures = append(res.Figures, fmt.Sprintf("the event whose attempt died was received again %.1f s after the kill, the new worker's start included (WEBHOOK_CLAIM_LEASE %s)",
+			time.Since(faultAt).Seconds(), webhookClaimLease))
+	}
+	if !waitUntil(60*time.Second, func() bool {
+		n, err := c.count(`SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'`)
+		return err == nil && n >= int64(len(want))
+	}) {
+		res.fail(t, "not every event was delivered within 60 s of the load's end")
+	}
+	if n, err := c.count(`SELECT count(*) FROM webhook_deliveries WHERE status <> 'delivered'`); err != nil || n != 0 {
+		res.fail(t, "%d deliveries not delivered (%v)", n, err)
+	}
+	ids, bad := sink.received()
+	for _, b := range bad {
+		res.fail(t, "receiver: %s", b)
+	}
+	for id := range ids {
+		if !want[id] {
+			res.fail(t, "receiver got event %s, which no run of the load has", id)
+		}
+	}
+	for id := range want {
+		if ids[id] == 0 {
+			res.fail(t, "event %s never reached the receiver", id)
+		}
+	}
+	t.Logf("%d events, each received; the one held at the kill (%s) received %d time(s) after it", len(want), heldID, ids[heldID])
 }

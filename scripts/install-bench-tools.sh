@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # install-bench-tools.sh: make sure what the benchmark (make bench) and its tests need exists:
 # pgbench, Node.js with npm, redis-server, and the peer's Node packages (npm ci in bench/peer);
-# also the typed-client test's Node packages (npm ci in internal/tsclient: openapi-typescript, tsc).
+# also the typed-client test's Node packages (npm ci in internal/tsclient: openapi-typescript, tsc)
+# and the spec lint test's (npm ci in internal/apispec/lint: Redocly CLI).
 # Installs the missing Debian packages (postgresql-client, nodejs, npm, redis-server) with
 # apt-get when running as root; otherwise it says what to install and exits 1.
 # Idempotent and quick when everything is there.
 #
 #   scripts/install-bench-tools.sh           everything
-#   scripts/install-bench-tools.sh pgbench   only pgbench (and so on: node, redis-server, peer, tsclient)
+#   scripts/install-bench-tools.sh pgbench   only pgbench (and so on: node, redis-server, peer, tsclient, speclint)
 #   scripts/install-bench-tools.sh fuzzspec  Portman and newman for make fuzz-spec (not in "everything")
 #
 # Set BENCH_REDIS_URL to a Redis the benchmark may flush and redis-server is not needed.
@@ -62,12 +63,15 @@ peer() { npm_ci bench/peer "the peer's Node packages"; }
 # tsclient: openapi-typescript and tsc for the typed-client test (internal/tsclient).
 tsclient() { npm_ci internal/tsclient "openapi-typescript and TypeScript"; }
 
+# speclint: Redocly CLI for the spec lint test (internal/apispec/lint).
+speclint() { npm_ci internal/apispec/lint "Redocly CLI"; }
+
 # fuzzspec: Portman and newman for make fuzz-spec (scripts/fuzz-spec.sh); not part of the
 # default list, since make test does not run the fuzzer.
 fuzzspec() { npm_ci scripts/fuzz-spec "Portman and newman"; }
 
 what=("$@")
-[ ${#what[@]} -gt 0 ] || what=(pgbench node redis-server peer tsclient)
+[ ${#what[@]} -gt 0 ] || what=(pgbench node redis-server peer tsclient speclint)
 for w in "${what[@]}"; do
 	case "$w" in
 	pgbench) need pgbench postgresql-client ;;
@@ -75,7 +79,8 @@ for w in "${what[@]}"; do
 	redis-server) [ -n "${BENCH_REDIS_URL:-}" ] || need redis-server redis-server ;;
 	peer) peer ;;
 	tsclient) tsclient ;;
+	speclint) speclint ;;
 	fuzzspec) fuzzspec ;;
-	*) die "unknown tool '$w' (want pgbench, node, redis-server, peer, tsclient or fuzzspec)" ;;
+	*) die "unknown tool '$w' (want pgbench, node, redis-server, peer, tsclient, speclint or fuzzspec)" ;;
 	esac
 done

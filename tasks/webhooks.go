@@ -29,14 +29,13 @@ const webhookQueue = "webhooks"
 // WebhookPayload is the payload of TypeWebhookDeliver.
 type WebhookPayload struct {
 	DeliveryID string `json:"delivery_id"`
+	// Claim names the claim the attempt is made under: when it runs out,
+	// in unix microseconds (models.DeliveryClaim.Claim).
+	Claim int64 `json:"claim"`
 }
 
 // Defaults of the webhook sender.
 const (
-	// webhookLease is how long a claimed delivery waits for its attempt's
-	// outcome before it is due again: far longer than an attempt
-	// (webhooks.Timeout) and than a task waits in the queue for a slot.
-	webhookLease = 2 * time.Minute
 	// webhookPerEndpoint bounds the attempts under way to one endpoint per
 	// claiming worker.
 	webhookPerEndpoint = 4
@@ -65,8 +64,9 @@ func WebhookRetryDelay(base time.Duration, n int) time.Duration {
 // (models.WebhookStore.ClaimDueDeliveries) and enqueues one task per
 // attempt; the task sends the event (webhooks.Sender) and records the
 // outcome, which schedules the next attempt. PostgreSQL says what is left
-// to deliver: a task lost with Redis, or a worker killed mid-attempt,
-// leaves a claim that runs out, and the delivery is due again.
+// to deliver: a task lost with Redis, a worker killed mid-attempt, or an
+// outcome that could not be written leaves a claim that runs out (lease),
+// and the delivery is claimed and attempted again.
 type webhookSender struct {
 	store  *models.WebhookStore
 	client *asynq.Client
@@ -77,8 +77,11 @@ type webhookSender struct {
 	limit     int
 	base      time.Duration
 	horizon   time.Duration
-	log       *slog.Logger
-	m         *webhookMetrics
+	// lease is how long a claim holds a delivery for its attempt
+	// (WEBHOOK_CLAIM_LEASE).
+	lease time.Duration
+	log   *slog.Logger
+	m     *webhookMetrics
 	// poke wakes the poller before its interval: a run ended here.
 	poke chan struct{}
 }
@@ -177,19 +180,22 @@ func (s *webhookSender) readOldest(ctx context.Context) {
 }
 
 // dispatch claims the deliveries due and enqueues an attempt of each. The
-// TaskID names the delivery and its attempt: a delivery claimed again
-// while its attempt still waits in Redis (its claim ran out) is not
-// enqueued twice.
+// TaskID names the delivery and its claim, a new one each time it is
+// claimed: an attempt whose task asynq archived (its worker was killed
+// while it ran, or it failed: it has no retries) never stands in the way
+// of the next claim's. An attempt still waiting in Redis when its delivery
+// is claimed again finds its claim gone and sends nothing (ProcessTask).
 func (s *webhookSender) dispatch(ctx context.Context) (int, error) {
-	claims, err := s.store.ClaimDueDeliveries(ctx, s.limit, webhookPerEndpoint, webhookLease)
+	claims, err := s.store.ClaimDueDeliveries(ctx, s.limit, webhookPerEndpoint, s.lease)
 	if err != nil {
 		return 0, err
 	}
 	for _, c := range claims {
-		b, _ := json.Marshal(WebhookPayload{DeliveryID: c.ID}) // a string: cannot fail
+		claim := c.Claim.UnixMicro()
+		b, _ := json.Marshal(WebhookPayload{DeliveryID: c.ID, Claim: claim}) // a string and a number: cannot fail
 		_, err := s.client.EnqueueContext(ctx, asynq.NewTask(TypeWebhookDeliver, b), asynq.Queue(webhookQueue),
-			asynq.TaskID("webhook:"+c.ID+":"+strconv.Itoa(c.Attempts)), asynq.MaxRetry(0), asynq.Timeout(2*webhooks.Timeout))
-		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+			asynq.TaskID("webhook:"+c.ID+":"+strconv.FormatInt(claim, 10)), asynq.MaxRetry(0), asynq.Timeout(2*webhooks.Timeout))
+		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) { // a conflict: this claim's attempt is enqueued already
 			// Its claim runs out and it is due again.
 			s.log.WarnContext(ctx, "could not enqueue a webhook attempt; it is retried once its claim runs out",
 				"delivery_id", c.ID, "error", err)
@@ -215,9 +221,10 @@ func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.DeliveryID == "" {
 		return fmt.Errorf("webhook task payload %q: %w", t.Payload(), asynq.SkipRetry)
 	}
-	job, err := s.store.DeliveryJob(ctx, p.DeliveryID)
+	claim := time.UnixMicro(p.Claim)
+	job, err := s.store.DeliveryJob(ctx, p.DeliveryID, claim)
 	if errors.Is(err, models.ErrNotFound) {
-		return nil // delivered, failed or its endpoint deleted meanwhile
+		return nil // delivered, failed, its endpoint deleted, or claimed again meanwhile
 	}
 	if err != nil {
 		return err
@@ -231,13 +238,15 @@ func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	res := s.send.Send(ctx, job.Endpoint.URL, d.EventID, job.Endpoint.SigningSecrets(now), body, now)
 	a := models.Attempt{Delivered: res.Delivered, StatusCode: res.StatusCode, Retry: WebhookRetryDelay(s.base, d.Attempts+1)}
 	if res.Err != nil {
-		a.Error = res.Err.Error()
+		// Coarse: the tenant sees it. The detail (addresses, the resolver)
+		// goes to the worker's log only.
+		a.Error = webhooks.Reason(res.Err)
 	} else if !res.Delivered {
-		a.Error = "answered " + strconv.Itoa(res.StatusCode)
+		a.Error = webhooks.Answered(res.StatusCode)
 	}
 	wctx, cancel := detached(ctx)
 	defer cancel()
-	status, err := s.store.RecordAttempt(wctx, d.ID, a, s.horizon)
+	status, err := s.store.RecordAttempt(wctx, d.ID, claim, a, s.horizon)
 	if err != nil {
 		return err
 	}
@@ -246,6 +255,9 @@ func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		s.m.attempts.WithLabelValues(outcome).Inc()
 	}
 	log := s.log.With("delivery_id", d.ID, "event_id", d.EventID, "endpoint_id", d.EndpointID, "attempt", d.Attempts+1)
+	if res.Err != nil {
+		log = log.With("detail", res.Err.Error())
+	}
 	switch status {
 	case models.DeliveryDelivered:
 		log.InfoContext(ctx, "webhook delivered", "status_code", res.StatusCode)
@@ -253,6 +265,9 @@ func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		log.InfoContext(ctx, "webhook not delivered; retried later", "status_code", res.StatusCode, "error", a.Error, "retry_in", a.Retry)
 	case models.DeliveryFailed:
 		log.WarnContext(ctx, "webhook not delivered; given up", "status_code", res.StatusCode, "error", a.Error)
+	default:
+		log.InfoContext(ctx, "webhook attempt not recorded: its claim ran out and the delivery was claimed again, or is done",
+			"status_code", res.StatusCode, "error", a.Error)
 	}
 	return nil
 }

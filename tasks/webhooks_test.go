@@ -235,6 +235,7 @@ func TestWebhookReceiverDownThenUp(t *testing.T) {
 	down := waitAttempts(t, env, org, ep.ID, 3)
 	require.Equal(t, "pending", down.Status)
 	require.NotNil(t, down.LastError, "a refused connection is recorded")
+	require.Equal(t, webhooks.ReasonRefused, *down.LastError, "without the address")
 	require.Nil(t, down.LastStatusCode)
 	require.NotNil(t, down.NextAttemptAt)
 
@@ -252,6 +253,44 @@ func TestWebhookReceiverDownThenUp(t *testing.T) {
 	require.NotEmpty(t, got)
 	for _, a := range got {
 		require.Equal(t, d.EventID, a.ID)
+		requireSigned(t, a, ep.Secret)
+	}
+}
+
+// An attempt whose outcome could not be recorded (the database refused the
+// write) leaves its asynq task archived, since an attempt has no retries
+// of its own: once its claim runs out, the delivery is claimed and
+// attempted again with the same webhook-id, and ends delivered.
+func TestWebhookAttemptRedoneAfterItsOutcomeWasLost(t *testing.T) {
+	t.Parallel()
+	env, org, wf, _ := hookEnv(t, func(c *tasks.Config) { c.WebhookClaimLease = 300 * time.Millisecond })
+	// The first write of an attempt's outcome fails; later ones go through
+	// (a sequence is not rolled back with the failed statement).
+	require.NoError(t, env.DB.Exec(`CREATE SEQUENCE lose_outcome`).Error)
+	require.NoError(t, env.DB.Exec(`CREATE FUNCTION lose_first_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.attempts > OLD.attempts THEN
+		IF nextval('lose_outcome') = 1 THEN
+			RAISE EXCEPTION 'injected: the outcome of the first attempt is not written';
+		END IF;
+	END IF;
+	RETURN NEW;
+END $$`).Error)
+	require.NoError(t, env.DB.Exec(`CREATE TRIGGER lose_first_outcome BEFORE UPDATE ON webhook_deliveries
+		FOR EACH ROW EXECUTE FUNCTION lose_first_outcome()`).Error)
+	rc := newHookReceiver(t, func(int) int { return http.StatusOK })
+	ep := createEndpoint(t, env, org, rc.URL)
+	startRun(t, env, org, wf, validOrder)
+
+	d := waitDeliveries(t, env, org, ep.ID, 1)[0]
+	require.Equal(t, "delivered", d.Status)
+	var lost int64
+	require.NoError(t, env.DB.Raw(`SELECT last_value FROM lose_outcome`).Scan(&lost).Error)
+	require.GreaterOrEqual(t, lost, int64(2), "the first outcome was lost, a later one written")
+	got := rc.got()
+	require.GreaterOrEqual(t, len(got), 2, "the attempt whose outcome was lost is made again")
+	for _, a := range got {
+		require.Equal(t, d.EventID, a.ID, "the same webhook-id on every attempt")
 		requireSigned(t, a, ep.Secret)
 	}
 }
@@ -290,7 +329,7 @@ func TestWebhookPrivateTargetRefusedAtSend(t *testing.T) {
 	d := waitAttempts(t, env, org, ep.ID, 2)
 	require.Equal(t, "pending", d.Status)
 	require.NotNil(t, d.LastError)
-	require.Contains(t, *d.LastError, "private address")
+	require.Equal(t, webhooks.ReasonNotAllowed, *d.LastError, "a coarse reason, never the address the name resolved to")
 	require.Empty(t, rc.got(), "no attempt reached the loopback receiver")
 }
 

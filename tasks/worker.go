@@ -86,6 +86,10 @@ type Config struct {
 	// WebhookRetention is how long the cleanup keeps a delivery delivered
 	// or failed; 0 means 30 days, negative: for ever.
 	WebhookRetention time.Duration
+	// WebhookClaimLease is how long a claim holds a delivery for one
+	// attempt; an attempt that has not recorded its outcome by then lets
+	// the delivery be claimed and attempted again. 0 means 2 min.
+	WebhookClaimLease time.Duration
 	// WebhookAllowPrivate lets deliveries reach loopback, private,
 	// link-local and metadata addresses (WEBHOOK_ALLOW_PRIVATE_TARGETS).
 	WebhookAllowPrivate bool
@@ -138,6 +142,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	cfg.WebhookRetryBase = cmp.Or(cfg.WebhookRetryBase, 5*time.Second)
 	cfg.WebhookRetryHorizon = cmp.Or(cfg.WebhookRetryHorizon, 24*time.Hour)
 	cfg.WebhookRetention = cmp.Or(cfg.WebhookRetention, 30*24*time.Hour)
+	cfg.WebhookClaimLease = cmp.Or(cfg.WebhookClaimLease, 2*time.Minute)
 	if cfg.EventData == nil {
 		cfg.EventData = func(r *models.ValidationRun) any { return r }
 	}
@@ -211,7 +216,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 		w.hooks = &webhookSender{store: hooks, client: w.client,
 			send: webhooks.NewSender(cfg.WebhookAllowPrivate, 0), eventData: cfg.EventData,
 			interval: cfg.WebhookPollInterval, limit: cfg.WebhookConcurrency, base: cfg.WebhookRetryBase,
-			horizon: cfg.WebhookRetryHorizon, log: log, m: newWebhookMetrics(cfg.Registry), poke: make(chan struct{}, 1)}
+			horizon: cfg.WebhookRetryHorizon, lease: cfg.WebhookClaimLease, log: log, m: newWebhookMetrics(cfg.Registry), poke: make(chan struct{}, 1)}
 		w.runs.ended = w.hooks.wake
 		w.hookSrv = asynq.NewServer(cfg.Redis, asynq.Config{
 			Concurrency:     cfg.WebhookConcurrency,

@@ -3,6 +3,8 @@ package webhooks
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -73,7 +76,8 @@ type Result struct {
 	// StatusCode is the answer's status; 0 when there was none.
 	StatusCode int
 	// Err says why there was no answer (refused, timed out, a private
-	// target), or is nil.
+	// target), or is nil; in detail, for logs: Reason(Err) is what a
+	// delivery records.
 	Err error
 }
 
@@ -89,7 +93,7 @@ func (s *Sender) Send(ctx context.Context, url, eventID string, secrets []string
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return Result{Err: err}
+		return Result{Err: fmt.Errorf("%w: %w", errBadURL, err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "valruns-webhooks/1")
@@ -109,3 +113,78 @@ func (s *Sender) Send(ctx context.Context, url, eventID string, secrets []string
 
 // IsPrivateTarget reports whether err is a refusal of a private target.
 func IsPrivateTarget(err error) bool { return errors.Is(err, ErrPrivateTarget) }
+
+// Why an attempt got no answer, as a delivery records it and the API shows
+// it (Reason). Coarse on purpose: a tenant must not learn from a delivery
+// what a name resolves to inside the network, nor the resolver's address.
+const (
+	ReasonNotAllowed  = "the target's address is not allowed"
+	ReasonUnresolved  = "the host name could not be resolved"
+	ReasonRefused     = "connection refused"
+	ReasonTimedOut    = "timed out"
+	ReasonClosed      = "the connection was closed before an answer"
+	ReasonUnreachable = "the target is unreachable"
+	ReasonTLS         = "the TLS handshake failed"
+	ReasonBadURL      = "the URL cannot be sent to"
+	ReasonFailed      = "the connection failed"
+)
+
+// Reason is the coarse reason for err, an attempt's Result.Err: one of the
+// Reason constants, never an address or a host name.
+func Reason(err error) string {
+	var dns *net.DNSError
+	var ne net.Error
+	var tlsAlert tls.AlertError
+	var tlsRecord tls.RecordHeaderError
+	var cert *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	var badHost x509.HostnameError
+	var invalidCert x509.CertificateInvalidError
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, ErrPrivateTarget):
+		return ReasonNotAllowed
+	case errors.As(err, &dns):
+		return ReasonUnresolved
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return ReasonTimedOut
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return ReasonRefused
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EADDRNOTAVAIL):
+		return ReasonUnreachable
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return ReasonClosed
+	case errors.As(err, &tlsAlert), errors.As(err, &tlsRecord), errors.As(err, &cert), errors.As(err, &unknownCA),
+		errors.As(err, &badHost), errors.As(err, &invalidCert):
+		return ReasonTLS
+	case errors.Is(err, errBadURL):
+		return ReasonBadURL
+	}
+	return ReasonFailed
+}
+
+// Answered is what a delivery records of an attempt answered with a
+// status other than 2xx.
+func Answered(status int) string { return "answered " + strconv.Itoa(status) }
+
+// Shown is what the API shows of a delivery's recorded last_error: the
+// reason itself when it is one that Reason or Answered gives; anything else
+// (recorded before reasons were coarse, an address in it) is ReasonFailed.
+func Shown(recorded string) string {
+	switch recorded {
+	case ReasonNotAllowed, ReasonUnresolved, ReasonRefused, ReasonTimedOut, ReasonClosed, ReasonUnreachable,
+		ReasonTLS, ReasonBadURL, ReasonFailed:
+		return recorded
+	}
+	if n, ok := strings.CutPrefix(recorded, "answered "); ok {
+		if code, err := strconv.Atoi(n); err == nil && code >= 100 && code <= 999 && Answered(code) == recorded {
+			return recorded
+		}
+	}
+	return ReasonFailed
+}
+
+// errBadURL: the endpoint's URL could not make a request (one stored
+// before CheckURL refused its form).
+var errBadURL = errors.New("the URL cannot make a request")

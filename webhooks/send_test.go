@@ -2,6 +2,7 @@ package webhooks_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -118,6 +119,7 @@ func TestSendTimesOut(t *testing.T) {
 	require.False(t, res.Delivered)
 	require.Error(t, res.Err)
 	require.Zero(t, res.StatusCode)
+	require.Equal(t, webhooks.ReasonTimedOut, webhooks.Reason(res.Err))
 }
 
 // A 2xx with a huge answer is a delivery; the sender reads a bounded part
@@ -167,4 +169,79 @@ func TestSendRefusesPrivateTargetsAtConnect(t *testing.T) {
 
 	res := webhooks.NewSender(true, 0).Send(context.Background(), "http://localhost:"+port+"/hooks", "evt_1", []string{vector}, event, time.Now())
 	require.True(t, res.Delivered, "%v", res.Err)
+}
+
+// Without WEBHOOK_ALLOW_PRIVATE_TARGETS, the IPv6 forms that reach an IPv4
+// address (IPv4-compatible, 6to4, Teredo, NAT64) are refused when dialled,
+// like the loopback they hide: nothing is sent.
+func TestSendRefusesIPv6FormsOfIPv4AtConnect(t *testing.T) {
+	t.Parallel()
+	strict := webhooks.NewSender(false, 2*time.Second)
+	for _, host := range []string{"[::127.0.0.1]", "[::7f00:1]", "[::ffff:0:7f00:1]", "[2002:7f00:1::]", "[2001:0:7f00:1::]",
+		"[64:ff9b::7f00:1]", "[64:ff9b:1::7f00:1]", "192.88.99.1", "[::ffff:127.0.0.1]"} {
+		res := strict.Send(context.Background(), "http://"+host+":18998/h", "evt_1", []string{vector}, event, time.Now())
+		require.False(t, res.Delivered, host)
+		require.True(t, webhooks.IsPrivateTarget(res.Err), "%s: %v", host, res.Err)
+		require.Equal(t, webhooks.ReasonNotAllowed, webhooks.Reason(res.Err), host)
+	}
+}
+
+// What a delivery records of a failed attempt is a coarse reason: no
+// address the name resolved to, no resolver, no port, whatever the
+// failure. The errors are the ones real attempts get.
+func TestReasonNamesNoAddress(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	strict := webhooks.NewSender(false, 2*time.Second)
+	lax := webhooks.NewSender(true, 2*time.Second)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens: refused
+	hangUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = c.Close()
+		}
+	}))
+	t.Cleanup(hangUp.Close)
+	tlsOnly := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(tlsOnly.Close)
+	_, tlsPort, err := net.SplitHostPort(tlsOnly.Listener.Addr().String())
+	require.NoError(t, err)
+
+	for _, tt := range []struct {
+		name   string
+		send   *webhooks.Sender
+		url    string
+		reason string
+	}{
+		{"a name that resolves to loopback", strict, "http://localhost:" + tlsPort + "/h", webhooks.ReasonNotAllowed},
+		{"a private address", strict, "http://10.0.0.1:18998/h", webhooks.ReasonNotAllowed},
+		{"a name that does not resolve", lax, "http://no-such-host.invalid:18998/h", webhooks.ReasonUnresolved},
+		{"a numeric spelling looked up as a name", lax, "http://0x7f000001:18998/h", ""}, // resolvers differ: any coarse reason
+		{"nothing listens", lax, "http://" + closed + "/h", webhooks.ReasonRefused},
+		{"the receiver hangs up", lax, hangUp.URL, webhooks.ReasonClosed},
+		{"a certificate nobody vouches for", lax, tlsOnly.URL, webhooks.ReasonTLS},
+	} {
+		res := tt.send.Send(ctx, tt.url, "evt_1", []string{vector}, event, time.Now())
+		require.Error(t, res.Err, tt.name)
+		got := webhooks.Reason(res.Err)
+		if tt.reason != "" {
+			require.Equal(t, tt.reason, got, "%s: %v", tt.name, res.Err)
+		}
+		require.NotContains(t, got, ":", "%s: %q", tt.name, got)
+		require.False(t, strings.ContainsAny(got, "0123456789"), "%s: %q names an address", tt.name, got)
+	}
+
+	// As the probes saw them.
+	for _, err := range []error{
+		&net.OpError{Op: "dial", Net: "tcp", Addr: &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 18998},
+			Err: fmt.Errorf("%w: 10.0.0.1", webhooks.ErrPrivateTarget)},
+		&net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "0x7f000001", Server: "10.255.255.53:53", IsNotFound: true}},
+	} {
+		got := webhooks.Reason(err)
+		require.NotEqual(t, webhooks.ReasonFailed, got, "%v", err)
+		require.False(t, strings.ContainsAny(got, "0123456789"), "%v: %q", err, got)
+	}
 }

@@ -82,24 +82,49 @@ func PublicAddr(a netip.Addr) bool {
 }
 
 // nonPublic are ranges the net/netip predicates leave out: shared address
-// space (carrier NAT), "this network", benchmarking, the AWS/GCP/Azure
-// metadata service's IPv6 form and NAT64's well-known prefix (which embeds
-// an IPv4 address of any kind).
+// space (carrier NAT), "this network", benchmarking, the 6to4 relay
+// anycast, the AWS/GCP/Azure metadata service's IPv6 form, and the IPv6
+// ranges that embed or reach an IPv4 address of any kind (so 127.0.0.1
+// hides in them): IPv4-compatible (::/96), IPv4-translated
+// (::ffff:0:0:0/96), NAT64's well-known and local-use prefixes, Teredo
+// (2001::/32) and 6to4 (2002::/16).
 var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("100.64.0.0/10"),
 	netip.MustParsePrefix("192.0.0.0/24"),
+	netip.MustParsePrefix("192.88.99.0/24"),
 	netip.MustParsePrefix("198.18.0.0/15"),
 	netip.MustParsePrefix("240.0.0.0/4"),
 	netip.MustParsePrefix("fd00:ec2::/32"),
+	netip.MustParsePrefix("::/96"),
+	netip.MustParsePrefix("::ffff:0:0:0/96"),
 	netip.MustParsePrefix("64:ff9b::/96"),
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+	netip.MustParsePrefix("2001::/32"),
+	netip.MustParsePrefix("2002::/16"),
+}
+
+// localNames are host names of the local host (or a cloud's metadata
+// service) in common hosts files and resolvers; "localhost" and every name
+// under ".localhost" are refused too.
+var localNames = map[string]bool{
+	"localhost.localdomain":    true,
+	"localhost6":               true,
+	"localhost6.localdomain6":  true,
+	"ip6-localhost":            true,
+	"ip6-loopback":             true,
+	"metadata.google.internal": true,
 }
 
 // CheckURL checks an endpoint's URL: absolute http or https with a host, at
 // most MaxURLLength bytes, no user information (a secret in a URL shows in
-// logs). Unless allowPrivate, a host that is an address must be a public
-// one and a name must not be the local host's; a name is resolved only when
-// a delivery is sent, and checked again then (a name may resolve anywhere).
+// logs), a port (if any) from 1 to 65535, and a host that is a name or an
+// address as written by RFC 3986: one that ends in a number must be an
+// IPv4 address in dotted-decimal form, since resolvers and browsers read
+// 0x7f000001, 2130706433, 0177.0.0.1, 127.1 and 0 as addresses too. Unless
+// allowPrivate, a host that is an address must be a public one and a name
+// must not be the local host's; a name is resolved only when a delivery is
+// sent, and checked again then (a name may resolve anywhere).
 func CheckURL(raw string, allowPrivate bool) error {
 	if raw == "" || len(raw) > MaxURLLength {
 		return fmt.Errorf("1 to %d characters", MaxURLLength)
@@ -111,7 +136,8 @@ func CheckURL(raw string, allowPrivate bool) error {
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return errors.New("must be an http or https URL")
 	}
-	if u.Host == "" || u.Hostname() == "" {
+	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
+	if u.Host == "" || host == "" {
 		return errors.New("must name a host")
 	}
 	if u.User != nil {
@@ -120,18 +146,36 @@ func CheckURL(raw string, allowPrivate bool) error {
 	if u.Fragment != "" {
 		return errors.New("must not carry a fragment")
 	}
-	if allowPrivate {
-		return nil
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %s is not a port number (1 to 65535)", p)
+		}
 	}
-	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
-	if a, err := netip.ParseAddr(host); err == nil {
+	a, err := netip.ParseAddr(host)
+	isAddr := err == nil
+	if !isAddr && endsInNumber(host) {
+		return fmt.Errorf("host %s: an IPv4 address must be written as four decimal numbers (such as 192.0.2.1)", host)
+	}
+	switch {
+	case allowPrivate:
+		return nil
+	case isAddr:
 		if !PublicAddr(a) {
 			return fmt.Errorf("%w: %s is not a public address", ErrPrivateTarget, host)
 		}
 		return nil
-	}
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") || host == "metadata.google.internal" {
+	case host == "localhost" || strings.HasSuffix(host, ".localhost") || localNames[host]:
 		return fmt.Errorf("%w: %s names a local or metadata host", ErrPrivateTarget, host)
 	}
 	return nil
+}
+
+// endsInNumber reports whether host's last label is a number, decimal or
+// 0x hexadecimal: what the WHATWG URL standard parses as an IPv4 address.
+func endsInNumber(host string) bool {
+	last := host[strings.LastIndexByte(host, '.')+1:]
+	if h, ok := strings.CutPrefix(last, "0x"); ok {
+		return strings.Trim(h, "0123456789abcdef") == ""
+	}
+	return last != "" && strings.Trim(last, "0123456789") == ""
 }

@@ -57,6 +57,33 @@ func TestCheckURL(t *testing.T) {
 		{"http://localhost:8080/", false, true},
 		{"http://api.localhost/", false, true},
 		{"http://metadata.google.internal/", false, true},
+		{"http://localhost.localdomain/", false, true},
+		{"http://ip6-localhost/", false, true},
+		{"http://ip6-loopback:8080/", false, true},
+		// IPv6 ranges that reach an IPv4 address, and the 6to4 relay.
+		{"http://[::127.0.0.1]:18998/h", false, true},
+		{"http://[::7f00:1]:18998/h", false, true},
+		{"http://[2002:7f00:1::]:18998/h", false, true},
+		{"http://[2001:0:7f00:1::]/", false, true},
+		{"http://[64:ff9b::7f00:1]/", false, true},
+		{"http://[64:ff9b:1::a00:1]/", false, true},
+		{"http://[::ffff:0:7f00:1]/", false, true},
+		{"http://192.88.99.1/", false, true},
+		// Never valid: IPv4 addresses not in dotted-decimal form, ports out of range.
+		{"http://0x7f000001:18998/h", false, false},
+		{"http://0X7F000001/", false, false},
+		{"http://2130706433:18998/h", false, false},
+		{"http://0177.0.0.1:18998/h", false, false},
+		{"http://127.1:18998/h", false, false},
+		{"http://0:18998/h", false, false},
+		{"http://1.2.3.4.5/", false, false},
+		{"http://example.com:0/", false, false},
+		{"http://example.com:99999/", false, false},
+		{"http://127.0.0.1:0/", false, false},
+		{"http://./", false, false},
+		{"http://example.com:/", true, true},
+		{"http://x1.example/", true, true},
+		{"http://0x.example.com/", true, true},
 		{"ftp://example.com/", false, false},
 		{"example.com/hooks", false, false},
 		{"https:///path", false, false},
@@ -70,4 +97,10 @@ func TestCheckURL(t *testing.T) {
 	}
 	require.False(t, webhooks.PublicAddr(netip.MustParseAddr("::ffff:10.0.0.1")))
 	require.True(t, webhooks.PublicAddr(netip.MustParseAddr("8.8.8.8")))
+	require.True(t, webhooks.PublicAddr(netip.MustParseAddr("2606:4700:4700::1111")))
+	require.True(t, webhooks.PublicAddr(netip.MustParseAddr("2001:4860:4860::8888")), "outside Teredo's 2001::/32")
+	for _, a := range []string{"::127.0.0.1", "::7f00:1", "::8.8.8.8", "2002:7f00:1::", "2002:808:808::1", "2001::1",
+		"64:ff9b:1::1", "64:ff9b::8.8.8.8", "192.88.99.1"} {
+		require.False(t, webhooks.PublicAddr(netip.MustParseAddr(a)), a)
+	}
 }

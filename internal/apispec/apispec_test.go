@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
 )
 
@@ -126,4 +127,72 @@ func TestOpenAPI3OneMediaTypePerStatus(t *testing.T) {
 	require.Len(t, reused, 1)
 	require.NotNil(t, reused["application/problem+json"])
 	require.Equal(t, map[string]any{"code": "reused"}, reused["application/problem+json"].Example)
+}
+
+// openAPI3Of converts a Swagger 2.0 document with one definition, Req, the
+// body of POST /x/, after Tighten.
+func openAPI3Of(t *testing.T, req string) (*openapi3.Schema, error) {
+	t.Helper()
+	v, err := Decode([]byte(`{"swagger":"2.0","info":{"title":"t","version":"1"},"paths":{"/x/":{"post":{
+		"parameters":[{"name":"body","in":"body","required":true,"schema":{"$ref":"#/definitions/Req"}}],
+		"responses":{"204":{"description":"Done."}}}}},"definitions":{"Req":`+req+`}}`), true)
+	require.NoError(t, err)
+	if err := Tighten(v); err != nil {
+		return nil, err
+	}
+	v3, err := ToOpenAPI3(v)
+	if err != nil {
+		return nil, err
+	}
+	return v3.Components.Schemas["Req"].Value, nil
+}
+
+// x-json-types becomes anyOf with a branch per type, null as the nullable
+// of the first branch (OpenAPI 3.0 has no null type, and nullable needs a
+// type beside it): what takes an object, true, false or null, and no other.
+func TestOpenAPI3JSONTypes(t *testing.T) {
+	t.Parallel()
+	req, err := openAPI3Of(t, `{"type":"object","properties":{"schema":{"description":"d","x-json-types":"object|boolean|null"}}}`)
+	require.NoError(t, err)
+	s := req.Properties["schema"].Value
+	require.Len(t, s.AnyOf, 2)
+	require.Equal(t, "d", s.Description)
+	require.False(t, s.Nullable, "nullable without a type is not OpenAPI 3.0")
+	for _, ok := range []any{map[string]any{"type": "object"}, true, false, nil} {
+		require.NoError(t, s.VisitJSON(ok), "%v", ok)
+	}
+	for _, bad := range []any{5.0, "object", []any{}} {
+		require.Error(t, s.VisitJSON(bad), "%v", bad)
+	}
+
+	for _, tc := range []struct{ schema, want string }{
+		{`{"x-json-types":"object|date"}`, `"date" is not a JSON type`},
+		{`{"x-json-types":"null"}`, "names no type but null"},
+		{`{"type":"string","x-json-types":"object|boolean"}`, "the schema itself has none"},
+	} {
+		_, err := openAPI3Of(t, `{"type":"object","properties":{"schema":`+tc.schema+`}}`)
+		require.ErrorContains(t, err, tc.want, tc.schema)
+	}
+}
+
+// A schema that is nullable without a type (swag's x-nullable on a member
+// of any JSON value) is refused: it is not OpenAPI 3.0, whatever
+// kin-openapi's own validation says.
+func TestOpenAPI3RefusesNullableWithoutType(t *testing.T) {
+	t.Parallel()
+	_, err := openAPI3Of(t, `{"type":"object","properties":{"submission":{"x-nullable":true}}}`)
+	require.ErrorContains(t, err, "nullable without a type")
+	req, err := openAPI3Of(t, `{"type":"object","properties":{"metadata":{"type":"object","x-nullable":true},"submission":{}}}`)
+	require.NoError(t, err)
+	require.True(t, req.Properties["metadata"].Value.Nullable)
+}
+
+// x-min-items becomes minItems, a number (swag drops a minItems tag).
+func TestTightenMinItems(t *testing.T) {
+	t.Parallel()
+	req, err := openAPI3Of(t, `{"type":"object","properties":{"events":{"type":"array","items":{"type":"string"},"x-min-items":"1"}}}`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, req.Properties["events"].Value.MinItems)
+	_, err = openAPI3Of(t, `{"type":"object","properties":{"events":{"type":"array","items":{"type":"string"},"x-min-items":"one"}}}`)
+	require.ErrorContains(t, err, "x-min-items")
 }

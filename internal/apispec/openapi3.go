@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/getkin/kin-openapi/openapi2"
 	"github.com/getkin/kin-openapi/openapi2conv"
@@ -29,6 +30,12 @@ func ToOpenAPI3(spec *Value) (*openapi3.T, error) {
 		return nil, fmt.Errorf("convert to OpenAPI 3: %w", err)
 	}
 	oneMediaTypePerStatus(v3)
+	if err := jsonTypes(v3); err != nil {
+		return nil, err
+	}
+	if err := v3.WalkSchemas(typedNullable); err != nil {
+		return nil, err
+	}
 	if err := v3.Validate(context.Background()); err != nil {
 		return nil, fmt.Errorf("the OpenAPI 3 document is not valid: %w", err)
 	}
@@ -72,6 +79,61 @@ func oneMediaTypePerStatus(v3 *openapi3.T) {
 			}
 		}
 	}
+}
+
+// jsonTypes writes, for every schema with the extension x-json-types, the
+// JSON types it lists ("object|boolean|null") as anyOf, one branch per type.
+// Swagger 2.0 has neither anyOf nor a null type, so swag cannot say that a
+// workflow's schema is an object, true, false or null (on a field:
+// `extensions:"x-json-types=object|boolean|null"`); the Swagger 2.0 document
+// keeps the extension and the field's description. OpenAPI 3.0 has no null
+// type either, and its nullable needs a type beside it, so null is said by
+// the nullable of the first branch. The extension stays, for the reader.
+func jsonTypes(v3 *openapi3.T) error {
+	return v3.WalkSchemas(func(ptr string, ref *openapi3.SchemaRef) error {
+		s := ref.Value
+		list, ok := s.Extensions["x-json-types"].(string)
+		if !ok {
+			return nil
+		}
+		if s.Type != nil || len(s.AnyOf) > 0 || s.Nullable {
+			return fmt.Errorf("%s: x-json-types says the types, so the schema itself has none (nor anyOf or nullable)", ptr)
+		}
+		nullable := false
+		for _, t := range strings.Split(list, "|") {
+			branch := &openapi3.Schema{Type: &openapi3.Types{t}}
+			switch t {
+			case openapi3.TypeNull:
+				nullable = true
+				continue
+			case openapi3.TypeObject:
+				branch.AdditionalProperties = openapi3.AdditionalProperties{Has: openapi3.Ptr(true)}
+			case openapi3.TypeArray:
+				branch.Items = openapi3.NewSchemaRef("", &openapi3.Schema{})
+			case openapi3.TypeString, openapi3.TypeNumber, openapi3.TypeInteger, openapi3.TypeBoolean:
+			default:
+				return fmt.Errorf("%s: x-json-types %q: %q is not a JSON type", ptr, list, t)
+			}
+			s.AnyOf = append(s.AnyOf, openapi3.NewSchemaRef("", branch))
+		}
+		if len(s.AnyOf) == 0 {
+			return fmt.Errorf("%s: x-json-types %q names no type but null", ptr, list)
+		}
+		s.AnyOf[0].Value.Nullable = nullable
+		return nil
+	})
+}
+
+// typedNullable refuses a schema that is nullable without a type: OpenAPI
+// 3.0 ignores such a nullable, linters call it an error, and kin-openapi
+// (whose Validate lets it pass) takes it to allow null. A member that takes
+// any JSON value, null included, is an empty schema: in OpenAPI 3.0.3 a
+// schema without type takes every value.
+func typedNullable(ptr string, ref *openapi3.SchemaRef) error {
+	if s := ref.Value; s.Nullable && (s.Type == nil || len(*s.Type) == 0) {
+		return fmt.Errorf("%s: nullable without a type is not valid OpenAPI 3.0 (an empty schema already takes null; give a type, or x-json-types)", ptr)
+	}
+	return nil
 }
 
 // openAPI3Go embeds the OpenAPI 3 files in package docs, which serves them.

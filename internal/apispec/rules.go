@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -15,6 +16,10 @@ import (
 //     struct fields. Write it as the extension x-pattern (`extensions(x-pattern=...)`
 //     on a @Param, `extensions:"x-pattern=..."` on a field); Tighten renames
 //     it pattern.
+//   - A list's least length: swag v1.16.6 reads no minItems struct tag (it
+//     has the field, but never sets it: the tag is dropped silently). Write
+//     it as the extension x-min-items (`extensions:"x-min-items=1"`);
+//     Tighten renames it minItems, a number.
 //   - Unknown members refused: every request body is decoded strictly (an
 //     unknown member is a 400), so every definition a body parameter
 //     reaches, through properties and items, gets additionalProperties:
@@ -28,6 +33,9 @@ import (
 //     (openapi-typescript: Record<string, never>).
 func Tighten(spec *Value) error {
 	renamePattern(spec)
+	if err := renameMinItems(spec); err != nil {
+		return err
+	}
 	openFreeForm(spec.Get("definitions"))
 	paths := spec.Get("paths")
 	if paths == nil {
@@ -107,6 +115,34 @@ func renamePattern(v *Value) {
 	for _, item := range v.Array {
 		renamePattern(item)
 	}
+}
+
+// renameMinItems renames every member x-min-items of v, at any depth,
+// minItems, with the number its string holds.
+func renameMinItems(v *Value) error {
+	if v == nil {
+		return nil
+	}
+	for i := range v.Object {
+		m := &v.Object[i]
+		if m.Key == "x-min-items" {
+			n, err := strconv.ParseUint(m.Value.Str(), 10, 31)
+			if err != nil {
+				return fmt.Errorf("x-min-items %s is not a count: %w", m.Value.Compact(), err)
+			}
+			m.Key, m.Value = "minItems", &Value{Raw: json.RawMessage(strconv.FormatUint(n, 10))}
+			continue
+		}
+		if err := renameMinItems(m.Value); err != nil {
+			return err
+		}
+	}
+	for _, item := range v.Array {
+		if err := renameMinItems(item); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // openFreeForm gives every free-form object schema under v, at any depth,

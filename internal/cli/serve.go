@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/valruns/valruns/handlers"
@@ -32,6 +34,9 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer stopPprof()
+	if !*withWorker {
+		setMemoryLimit(a, os.Getenv("GOMEMLIMIT"))
+	}
 	var worker *workerProcess
 	if *withWorker {
 		if worker, err = startWorker(ctx, a); err != nil {
@@ -72,4 +77,17 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		worker.stop()
 	}
 	return err
+}
+
+// setMemoryLimit gives the Go runtime the API's soft memory limit
+// (config.MemoryLimit), so that a burst of large bodies is collected as it
+// goes instead of doubling the heap; an operator's GOMEMLIMIT (env, which
+// the runtime has applied already) wins.
+func setMemoryLimit(a *app, env string) {
+	limit := a.cfg.MemoryLimit()
+	if env != "" || limit <= 0 {
+		return
+	}
+	debug.SetMemoryLimit(limit)
+	a.log.Info("soft memory limit", "bytes", limit, "from", "64 MiB + 48 x MAX_BODY_BYTES_IN_FLIGHT (set GOMEMLIMIT to choose another)")
 }

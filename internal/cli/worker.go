@@ -46,7 +46,7 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 		ShutdownTimeout:    a.cfg.ShutdownTimeout,
 		WebhookConcurrency: webhookConcurrency(a.cfg.WebhookConcurrency), WebhookPollInterval: a.cfg.WebhookPollInterval,
 		WebhookRetryBase: a.cfg.WebhookRetryBase, WebhookRetryHorizon: a.cfg.WebhookRetryHorizon,
-		WebhookRetention:    a.cfg.WebhookDeliveryRetention,
+		WebhookRetention: a.cfg.WebhookDeliveryRetention, WebhookClaimLease: a.cfg.WebhookClaimLease,
 		WebhookAllowPrivate: a.cfg.WebhookAllowPrivateTargets, EventData: handlers.RunEventData,
 		Registry: reg, Log: a.log,
 	})

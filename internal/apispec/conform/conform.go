@@ -53,6 +53,9 @@ func New(doc []byte) (*Checker, error) {
 	if err := t.Validate(loader.Context); err != nil {
 		return nil, fmt.Errorf("conform: the document is not valid: %w", err)
 	}
+	if err := t.WalkSchemas(anyValueTakesNull); err != nil {
+		return nil, err
+	}
 	c := &Checker{doc: t}
 	for path, item := range t.Paths.Map() {
 		r := route{path: path, item: item}
@@ -67,6 +70,21 @@ func New(doc []byte) (*Checker, error) {
 		return c.routes[i].path < c.routes[j].path
 	})
 	return c, nil
+}
+
+// anyValueTakesNull makes a schema that constrains nothing take null too,
+// as OpenAPI 3.0.3 reads it: a schema without type takes every value, and
+// nullable only adds null to a type written beside it. kin-openapi refuses
+// null there unless nullable is set, and the document cannot set it: nullable
+// without a type is invalid OpenAPI 3.0 (the linters' error). So a member
+// of any JSON value (a run's submission) is an empty schema in the document,
+// and nullable here.
+func anyValueTakesNull(_ string, ref *openapi3.SchemaRef) error {
+	s := ref.Value
+	if (s.Type == nil || len(*s.Type) == 0) && s.Not == nil && len(s.AnyOf)+len(s.OneOf)+len(s.AllOf)+len(s.Enum) == 0 && s.Const == nil {
+		s.Nullable = true
+	}
+	return nil
 }
 
 // templateExpr matches the paths of the template path: a parameter is one
