@@ -257,30 +257,9 @@ func TestStartRateLimitFailsOpen(t *testing.T) {
 	refusedAddr := closed.Addr().String()
 	require.NoError(t, closed.Close())
 
-	hung, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = hung.Close() })
-	var conns sync.WaitGroup
-	t.Cleanup(conns.Wait)
-	go func() {
-		for {
-			c, err := hung.Accept()
-			if err != nil {
-				return
-			}
-			conns.Go(func() { // reads, never answers, until the end of the test
-				buf := make([]byte, 512)
-				for {
-					if _, err := c.Read(buf); err != nil {
-						return
-					}
-				}
-			})
-			t.Cleanup(func() { _ = c.Close() })
-		}
-	}()
+	hung := newHungRedis(t)
 
-	for name, addr := range map[string]string{"unreachable": refusedAddr, "hung": hung.Addr().String()} {
+	for name, addr := range map[string]string{"unreachable": refusedAddr, "hung": hung.addr} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			// As serve builds it: timeouts of handlers.RateLimitTimeout.
@@ -297,4 +276,116 @@ func TestStartRateLimitFailsOpen(t *testing.T) {
 			require.EqualValues(t, 10, f.e.Count("validation_runs", "org_id = ?", o.ID))
 		})
 	}
+}
+
+// hungRedis is a Redis that hangs: a listener that accepts connections,
+// reads what is sent, and never answers, until the end of the test.
+type hungRedis struct {
+	addr string
+
+	mu       sync.Mutex
+	accepted []time.Time // when each connection was accepted
+}
+
+func newHungRedis(t *testing.T) *hungRedis {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	h := &hungRedis{addr: ln.Addr().String()}
+	var conns sync.WaitGroup
+	t.Cleanup(conns.Wait)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			h.mu.Lock()
+			h.accepted = append(h.accepted, time.Now())
+			h.mu.Unlock()
+			conns.Go(func() { // reads, never answers, until the end of the test
+				buf := make([]byte, 512)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+				}
+			})
+			t.Cleanup(func() { _ = c.Close() })
+		}
+	}()
+	return h
+}
+
+// connections counts the connections accepted from since (inclusive) to
+// until (exclusive). A connection's time is taken once it is accepted: it
+// came at that time or earlier.
+func (h *hungRedis) connections(since, until time.Time) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, at := range h.accepted {
+		if !at.Before(since) && at.Before(until) {
+			n++
+		}
+	}
+	return n
+}
+
+// The README: "If Redis fails or answers slower than 250 ms, starts go
+// ahead unlimited ..., Redis is left alone for a second". Here Redis hangs,
+// and its client has no bound of its own (no read or write timeout; it
+// honours its context's deadline): only the limit's own bound can answer a
+// start, and every start is answered (a stuck one would wait forever; the
+// test waits half a minute). A start that failed open failed at
+// t0+RateLimitTimeout at the earliest (t0: before it was sent), so Redis is
+// left alone until t0+RateLimitTimeout+RateLimitPause at least: no other
+// connection reaches the hung server before then, however many starts come
+// meanwhile. Once the pause is surely over (RateLimitPause after the last
+// start returned), the next start asks Redis again, and fails open again.
+// Two rounds at least, until at least 5 starts were answered inside a pause.
+func TestStartRateLimitHungRedisIsBoundedThenLeftAlone(t *testing.T) {
+	t.Parallel()
+	hung := newHungRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: hung.addr, ContextTimeoutEnabled: true, ReadTimeout: -1, WriteTimeout: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	f := newRateFixture(t, 1, rdb)
+	o, wf := f.org(t, "hung", nil)
+
+	i := 0
+	start := func() {
+		t.Helper()
+		i++
+		answered := make(chan apitest.Response, 1)
+		go func() { answered <- f.start(o, wf, fmt.Sprintf("hung-%d", i), i) }()
+		select {
+		case r := <-answered:
+			require.Equal(t, http.StatusCreated, r.Status, "start %d: %s", i, r.Body)
+			require.Empty(t, r.Header.Get(handlers.HeaderRateLimit), "start %d: no RateLimit it cannot know", i)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("start %d unanswered after 30 s: the limit waits on a hung Redis beyond its bound (%s)", i, handlers.RateLimitTimeout)
+		}
+	}
+
+	inPause := 0
+	deadline := time.Now().Add(3 * time.Minute)
+	for round := 1; round <= 2 || inPause < 5; round++ {
+		require.True(t, time.Now().Before(deadline), "after %d rounds, only %d starts answered inside a pause", round-1, inPause)
+		t0 := time.Now()
+		start() // the pause is over (or none began): it asks Redis
+		require.Eventually(t, func() bool { return hung.connections(t0, time.Now().Add(time.Hour)) >= 1 },
+			30*time.Second, 10*time.Millisecond, "round %d: the first start did not ask Redis", round)
+		paused := t0.Add(handlers.RateLimitTimeout + handlers.RateLimitPause) // Redis is left alone until then at least
+		for time.Now().Before(paused) {
+			start()
+			if time.Now().Before(paused) {
+				inPause++
+			}
+		}
+		require.Equal(t, 1, hung.connections(t0, paused),
+			"round %d: Redis was asked again within the pause after the first start failed open", round)
+		time.Sleep(handlers.RateLimitPause) // surely over: the last start failed (if it asked Redis) before it returned
+	}
+	require.EqualValues(t, i, f.e.Count("validation_runs", "org_id = ?", o.ID), "every start created its run")
 }

@@ -232,13 +232,16 @@ func TestRunLongPollMaxWaiters(t *testing.T) {
 // that serves 8 requests and has 12 database connections: they hold
 // neither a request slot of the overload guard nor a connection, so a
 // start still gets its 201 while they wait, and then every one of them
-// gets the final run.
+// gets the final run. A request finding no slot waits up to 20 s for one:
+// far longer than 200 reads take to pass through 8 slots on a loaded box,
+// far shorter than the long-polls wait (30 s), so waiters that held their
+// slots would get the 9th answered 503 before the run ended.
 func TestRunLongPollHoldsNoSlot(t *testing.T) {
 	t.Parallel()
 	const waiters = 200
 	f := newLPFixture(t, apitest.Options{Config: func(c *config.Config) {
 		c.MaxRequestsInFlight = 8
-		c.OverloadWait = time.Second
+		c.OverloadWait = 20 * time.Second
 	}})
 	id := f.queued(t)
 	answers := make(chan apitest.Response, waiters)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -296,12 +297,14 @@ func workerKill(t *testing.T, s *suite, res *result) {
 // sweeper covers what asynq loses. The runs are the slow workflow's (a
 // tenth of a second to half a second each, under RUN_FAST_PATH), so that
 // A's slots are busy: cheap runs travel many to a task and a backlog of
-// them drains in milliseconds. A is stopped first (SIGSTOP); the tasks
-// still active 2 s later are its own (worker B ends each of its tasks in
-// well under that), and it is killed only when one of them holds a run
-// still queued (unclaimed: on the fast path); else it goes on and is
-// caught again, up to 20 times, or the scenario proved nothing. Every run
-// must be final within a minute of the kill, exactly once.
+// them drains in milliseconds. A is stopped first (SIGSTOP); its tasks are
+// those still active 7 s later whose lease nobody extended since the stop
+// (a live worker's heartbeat extends its tasks' leases every 5 s, so none
+// of B's, however slow B's runs are), and it is killed only when one of
+// them held a run still queued at the stop (unclaimed: on the fast path;
+// B's sweeper may deliver it again meanwhile, RUN_REDELIVER_AFTER); else it
+// goes on and is caught again, up to 20 times, or the scenario proved
+// nothing. Every run must be final within a minute of the kill, exactly once.
 func workerKillFast(t *testing.T, s *suite, res *result) {
 	// The fast path as it runs by default (the suite claims every run
 	// first, RUN_FAST_PATH=0, so that the other scenarios catch held runs).
@@ -315,7 +318,7 @@ func workerKillFast(t *testing.T, s *suite, res *result) {
 			t.Fatalf("%s did not stop", w.name)
 		}
 	}
-	ops := makeOps("wkill-fast", 200, o, wf, slow)
+	ops := makeOps("wkill-fast", 400, o, wf, slow)
 	startLoad(ctx, cl, ops, 16).wait()
 	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.addr()})
 	defer ins.Close()
@@ -337,16 +340,15 @@ func workerKillFast(t *testing.T, s *suite, res *result) {
 	}, func(try int) string {
 		return fmt.Sprintf("the backlog drained before worker A could be caught (try %d)", try)
 	}, func() bool {
-		held = nil
-		for _, run := range orphanedTasks(t, ins) {
-			if n, err := c.count(`SELECT count(*) FROM validation_runs WHERE id = $1 AND status = 'queued'`, run); err == nil && n == 1 {
-				held = append(held, run)
-			}
+		queued := func(run string) bool {
+			n, err := c.count(`SELECT count(*) FROM validation_runs WHERE id = $1 AND status = 'queued'`, run)
+			return err == nil && n == 1
 		}
+		held = stoppedWorkersTasks(t, ins, rc, time.Now(), queued)
 		return len(held) > 0
 	})
 	a.kill()
-	t.Logf("worker A killed holding %d unclaimed runs in tasks asynq still had active", len(held))
+	t.Logf("worker A killed holding %d runs unclaimed at its stop, in tasks asynq still had active", len(held))
 	verify(t, c, res, ops, expectations{faultAt: faultAt, finalBy: faultAt.Add(finalWithin)})
 	res.Requests = rec.requests.Load()
 	res.judge5xx(t, rec, nil)
@@ -356,10 +358,15 @@ func workerKillFast(t *testing.T, s *suite, res *result) {
 	requireTakeoverWithin(t, s, c, res, held, a, faultAt, "unclaimed")
 }
 
-// orphanedTasks lists the runs of asynq's active tasks that are still
-// active 2 s later: a stopped or dead worker's, since a live one ends its
-// tasks in well under that.
-func orphanedTasks(t *testing.T, ins *asynq.Inspector) []string {
+// stoppedWorkersTasks lists the runs of asynq's active tasks that belong to
+// a worker stopped (or dead) by stopped, of those that keep kept then: the
+// tasks still active 7 s later whose lease was not extended since (if no
+// active task has a run to keep, it says so at once). asynq leases a task for 30 s when a worker
+// takes it (the score in asynq:{default}:lease, in whole seconds), and the
+// worker's heartbeat extends the leases of its tasks every 5 s: 7 s after
+// stopped, a live worker's task has a lease past stopped+30 s, a stopped
+// worker's task at most that.
+func stoppedWorkersTasks(t *testing.T, ins *asynq.Inspector, rc *redis.Client, stopped time.Time, keep func(run string) bool) []string {
 	active := func() map[string][]string {
 		out := map[string][]string{}
 		tasks, err := ins.ListActiveTasks("default", asynq.PageSize(1000))
@@ -385,14 +392,24 @@ func orphanedTasks(t *testing.T, ins *asynq.Inspector) []string {
 		return out
 	}
 	first := active()
-	time.Sleep(2 * time.Second)
+	for id, runs := range first {
+		if runs = slices.DeleteFunc(runs, func(run string) bool { return run == "" || !keep(run) }); len(runs) > 0 {
+			first[id] = runs
+		} else {
+			delete(first, id)
+		}
+	}
+	if len(first) == 0 {
+		return nil
+	}
+	time.Sleep(time.Until(stopped.Add(7 * time.Second)))
 	var runs []string
 	for id := range active() {
-		for _, run := range first[id] {
-			if run != "" {
-				runs = append(runs, run)
-			}
+		lease, err := rc.ZScore(context.Background(), "asynq:{default}:lease", id).Result()
+		if err != nil || lease > float64(stopped.Unix()+30) {
+			continue // a live worker's (or no lease to read)
 		}
+		runs = append(runs, first[id]...)
 	}
 	return runs
 }

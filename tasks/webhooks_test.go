@@ -7,9 +7,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -220,14 +222,21 @@ func TestWebhookDeliveredAfterTwoFailures(t *testing.T) {
 }
 
 // A receiver that is down (nothing listens) for the first attempts, then
-// comes back, gets the event: the delivery is delivered.
+// comes back, gets the event: the delivery is delivered. The receiver's
+// port is held throughout by a socket bound but not listening (so a
+// connection to it is refused), which then listens: a port released and
+// bound again could be taken meanwhile by a parallel test.
 func TestWebhookReceiverDownThenUp(t *testing.T) {
 	t.Parallel()
 	env, org, wf, _ := hookEnv(t, nil)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close()) // down: connections are refused
+	sock := os.NewFile(uintptr(fd), "receiver")
+	t.Cleanup(func() { _ = sock.Close() })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port)) // down: connections are refused
 	ep := createEndpoint(t, env, org, "http://"+addr+"/hooks")
 	runID := startRun(t, env, org, wf, validOrder)
 	waitRun(t, env, org, runID, 30*time.Second)
@@ -240,8 +249,9 @@ func TestWebhookReceiverDownThenUp(t *testing.T) {
 	require.NotNil(t, down.NextAttemptAt)
 
 	rc := &hookReceiver{answer: func(int) int { return http.StatusNoContent }}
-	var l2 net.Listener
-	apitest.Eventually(t, 10*time.Second, func() bool { l2, err = net.Listen("tcp", addr); return err == nil }, "the receiver's port is free again")
+	require.NoError(t, syscall.Listen(fd, 128)) // up, on the port it held
+	l2, err := net.FileListener(sock)
+	require.NoError(t, err)
 	rc.Server = &httptest.Server{Listener: l2, Config: &http.Server{Handler: http.HandlerFunc(rc.serve)}}
 	rc.Start()
 	t.Cleanup(rc.Close)
@@ -408,11 +418,15 @@ func TestWebhookSlowEndpointHoldsAFewSenders(t *testing.T) {
 	var mu sync.Mutex
 	inFlight, most := 0, 0
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // read whole: from here on, the sender's hang-up ends r.Context()
 		mu.Lock()
 		inFlight++
 		most = max(most, inFlight)
 		mu.Unlock()
-		<-release
+		select {
+		case <-release:
+		case <-r.Context().Done(): // the sender gave up (webhooks.Timeout) and hung up: no longer under way
+		}
 		mu.Lock()
 		inFlight--
 		mu.Unlock()

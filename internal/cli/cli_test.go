@@ -37,14 +37,16 @@ import (
 // unreachableDB is a DATABASE_URL nothing listens on.
 const unreachableDB = "postgres://postgres:s3cret@127.0.0.1:1/valruns?sslmode=disable"
 
-// setEnv resets every configuration variable to its default for the test
-// and points DATABASE_URL at dbURL.
+// setEnv resets every configuration variable to its default for the test,
+// points DATABASE_URL at dbURL and REDIS_URL at the tests' Redis
+// (TEST_REDIS_URL): REDIS_URL's default is the database `make run` uses.
 func setEnv(t *testing.T, dbURL string) {
 	t.Helper()
 	for _, v := range config.Vars {
 		t.Setenv(v.Name, "")
 	}
 	t.Setenv("DATABASE_URL", dbURL)
+	t.Setenv("REDIS_URL", proctest.RedisURL())
 	t.Setenv("LOG_LEVEL", "error") // keep the test output readable
 }
 

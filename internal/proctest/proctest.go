@@ -63,9 +63,11 @@ func Binary(t testing.TB) string {
 
 // Env is the environment of a valruns child: the test's own, with every
 // setting of config.Vars removed (so each takes its default), plus kv
-// (NAME=value). The one exception is ORG_START_RATE, 0 (unlimited) unless
-// kv sets it, so that a test may flood one organisation; a test about the
-// rate limit sets it ("ORG_START_RATE=" for the documented default).
+// (NAME=value). The exceptions: ORG_START_RATE is 0 (unlimited) unless kv
+// sets it, so that a test may flood one organisation (a test about the
+// rate limit sets it: "ORG_START_RATE=" for the documented default); and
+// REDIS_URL is RedisURL() unless kv sets it, since its default is the
+// database `make run` uses, which no test may touch.
 func Env(kv ...string) []string {
 	settings := make(map[string]bool, len(config.Vars))
 	for _, v := range config.Vars {
@@ -77,7 +79,7 @@ func Env(kv ...string) []string {
 			env = append(env, e)
 		}
 	}
-	env = append(env, "ORG_START_RATE=0") // a later duplicate in kv wins (os/exec)
+	env = append(env, "ORG_START_RATE=0", "REDIS_URL="+RedisURL()) // a later duplicate in kv wins (os/exec)
 	return append(env, kv...)
 }
 

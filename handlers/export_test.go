@@ -1,0 +1,5 @@
+package handlers
+
+// RateLimitPause is how long a process leaves Redis alone after the start
+// rate limit failed open (the README: "for a second").
+const RateLimitPause = rateLimitPause
