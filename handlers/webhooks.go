@@ -353,7 +353,7 @@ type WebhookDeliveryList struct {
 //
 //	@Summary		List a webhook endpoint's deliveries
 //	@ID			listWebhookDeliveries
-//	@Description	Each event recorded for the endpoint, newest first, with its delivery's `status` (`pending`, `delivered`, `failed`), attempts, the last answer's status code or error, and when the next attempt is due. An event is recorded in the same transaction as the run's final state. (Sending is not built yet: events stay `pending`.)
+//	@Description	Each event recorded for the endpoint, newest first, with its delivery's `status` (`pending`, `delivered`, `failed`), attempts, the last answer's status code or error, and when the next attempt is due. An event is recorded in the same transaction as the run's final state; a test event (`webhook.test`, no `run_id`) when one is sent.
 //	@Tags			webhooks
 //	@Produce		json
 //	@Produce		application/problem+json
