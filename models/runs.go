@@ -225,11 +225,12 @@ const FinalScanBudget = 2000
 // List returns one page of the organisation's runs that f lets through,
 // newest first, and the cursor of the next page ("" on the last one).
 //
-// Every page is bounded, with no index of its own: the indexes that order
-// the organisation's or the workflow's runs by creation serve the time
-// bounds and the cursor; the runs queued or running are found through
-// unfinished_runs (as many rows as runs not yet final, whoever's they are),
-// and a final status reads at most FinalScanBudget runs per page.
+// No index of its own: the indexes that order the organisation's or the
+// workflow's runs by creation serve the time bounds and the cursor. The
+// runs queued or running are found through unfinished_runs: a page costs
+// about the runs not yet final, whoever's (PostgreSQL may walk the
+// organisation's runs instead when it estimates that cheaper). A final
+// status reads at most FinalScanBudget runs per page.
 func (s *RunStore) List(ctx context.Context, orgID string, f RunFilter, p Page) ([]ValidationRun, string, error) {
 	q := s.db.WithContext(ctx).Where("org_id = ?", orgID)
 	if f.WorkflowID != "" {
