@@ -343,13 +343,14 @@ func permanent(err error) bool {
 }
 
 // retryable reports whether an error answer may succeed later: 409 in
-// progress, 5xx, and 429 except the stored quota_exceeded.
+// progress, 5xx, and 429 except the stored quota_exceeded and
+// test_events_pending.
 func retryable(e *Error) bool {
 	switch {
 	case e.Status == http.StatusConflict:
 		return e.Code == CodeKeyInProgress
 	case e.Status == http.StatusTooManyRequests:
-		return e.Code != CodeQuotaExceeded
+		return e.Code != CodeQuotaExceeded && e.Code != CodeTestEventsPending
 	case e.Status >= 500:
 		return true
 	}

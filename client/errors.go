@@ -24,7 +24,12 @@ var (
 	// than its rate; nothing was stored against the key. Retried after
 	// Retry-After; seen only once the attempts are spent.
 	ErrRateLimited = errors.New("valruns: start rate limited")
-	// ErrNotFound: 404, no such workflow or run in the organisation.
+	// ErrTestEventsPending: 429 test_events_pending. The endpoint has as
+	// many test events waiting for their attempt as it may (5); a stored,
+	// final answer, never retried: send one later, with a new key.
+	ErrTestEventsPending = errors.New("valruns: test events pending")
+	// ErrNotFound: 404, no such workflow, run, webhook endpoint or delivery
+	// in the organisation.
 	ErrNotFound = errors.New("valruns: not found")
 	// ErrUnauthorized: 401, no usable API token.
 	ErrUnauthorized = errors.New("valruns: unauthorized")
@@ -38,7 +43,10 @@ const (
 	CodeKeyInProgress = "idempotency_key_in_progress"
 	CodeQuotaExceeded = "quota_exceeded"
 	CodeRateLimited   = "rate_limited"
-	CodeOverloaded    = "overloaded"
+	// CodeTestEventsPending: SendWebhookTest past the endpoint's test
+	// events waiting for their attempt.
+	CodeTestEventsPending = "test_events_pending"
+	CodeOverloaded        = "overloaded"
 )
 
 // FieldError names one invalid field of a request (a problem's errors).
@@ -104,6 +112,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == CodeQuotaExceeded
 	case ErrRateLimited:
 		return e.Code == CodeRateLimited
+	case ErrTestEventsPending:
+		return e.Code == CodeTestEventsPending
 	case ErrNotFound:
 		return e.Status == http.StatusNotFound
 	case ErrUnauthorized:

@@ -300,18 +300,65 @@ func (c *Client) longPoll(ctx context.Context, limit time.Duration) time.Duratio
 // ListOption configures a list iterator.
 type ListOption func(*listOptions)
 
-type listOptions struct{ pageSize int }
+type listOptions struct {
+	pageSize int
+	// runs are ListRuns' filters, as query parameters.
+	runs url.Values
+}
 
 // WithPageSize sets how many items each page request asks for (the API
 // allows 1 to 100; 0 means its default, 20).
 func WithPageSize(n int) ListOption { return func(o *listOptions) { o.pageSize = n } }
 
+// runFilter sets one of ListRuns' query parameters ("" removes it).
+func runFilter(name, value string) ListOption {
+	return func(o *listOptions) {
+		if o.runs == nil {
+			o.runs = url.Values{}
+		}
+		if value == "" {
+			o.runs.Del(name)
+			return
+		}
+		o.runs.Set(name, value)
+	}
+}
+
+// WithStatus makes ListRuns list only the runs in that status:
+// StatusQueued, StatusRunning, StatusPassed, StatusFailed or StatusError
+// ("" for any). Other lists ignore it.
+func WithStatus(status string) ListOption { return runFilter("status", status) }
+
+// WithCreatedAfter makes ListRuns list only the runs created after t,
+// exclusive (the zero time: no bound). Other lists ignore it.
+func WithCreatedAfter(t time.Time) ListOption { return runFilter("created_after", rfc3339(t)) }
+
+// WithCreatedBefore makes ListRuns list only the runs created before t,
+// exclusive (the zero time: no bound). Other lists ignore it.
+func WithCreatedBefore(t time.Time) ListOption { return runFilter("created_before", rfc3339(t)) }
+
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
 // ListRuns iterates over the organisation's runs, newest first, optionally
 // of one workflow (workflowID "" means all), fetching pages as the loop
-// goes. Runs in lists carry no findings: GetRun has them. An error ends the
-// iteration with (zero Run, err).
+// goes; WithStatus, WithCreatedAfter and WithCreatedBefore narrow it. Runs
+// in lists carry no findings: GetRun has them. An error ends the iteration
+// with (zero Run, err): a filter the server refuses is an *Error 400 whose
+// Errors name it.
 func (c *Client) ListRuns(ctx context.Context, workflowID string, opts ...ListOption) iter.Seq2[Run, error] {
+	var o listOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	q := url.Values{}
+	for k, v := range o.runs {
+		q[k] = v
+	}
 	if workflowID != "" {
 		q.Set("workflow_id", workflowID)
 	}

@@ -80,7 +80,9 @@ const docTemplate = `{
                             "workflow_start",
                             "workflow_create",
                             "webhook_endpoint_create",
-                            "webhook_secret_rotate"
+                            "webhook_secret_rotate",
+                            "webhook_delivery_redeliver",
+                            "webhook_test_event"
                         ],
                         "type": "string",
                         "description": "The endpoint scope",
@@ -324,7 +326,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "The organisation's runs, newest first, optionally of one workflow, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` for the next page. Findings are not included; read a run for them.",
+                "description": "The organisation's runs, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` (with the same filters) for the next page. Findings are not included; read a run for them.\n\nFilters combine: ` + "`" + `workflow_id` + "`" + `, ` + "`" + `status` + "`" + `, and the creation time (` + "`" + `created_after` + "`" + `, ` + "`" + `created_before` + "`" + `, RFC 3339, both exclusive). With ` + "`" + `status=passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `, a page reads at most 2,000 runs: a page may then hold fewer runs than ` + "`" + `limit` + "`" + `, even none, and still carry ` + "`" + `next_cursor` + "`" + `; follow it until it is absent.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -340,6 +342,33 @@ const docTemplate = `{
                         "format": "uuid",
                         "description": "Only runs of this workflow (UUID)",
                         "name": "workflow_id",
+                        "in": "query"
+                    },
+                    {
+                        "enum": [
+                            "queued",
+                            "running",
+                            "passed",
+                            "failed",
+                            "error"
+                        ],
+                        "type": "string",
+                        "description": "Only runs in this status",
+                        "name": "status",
+                        "in": "query"
+                    },
+                    {
+                        "type": "string",
+                        "format": "date-time",
+                        "description": "Only runs created after this time (RFC 3339, such as 2026-11-22T10:00:00Z; exclusive)",
+                        "name": "created_after",
+                        "in": "query"
+                    },
+                    {
+                        "type": "string",
+                        "format": "date-time",
+                        "description": "Only runs created before this time (RFC 3339; exclusive)",
+                        "name": "created_before",
                         "in": "query"
                     },
                     {
@@ -407,7 +436,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` (workflow_id not a UUID, limit not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: a workflow_id that is not a UUID.",
+                        "description": "` + "`" + `validation_error` + "`" + ` naming the parameter (workflow_id not a UUID, status not one of queued, running, passed, failed, error, created_after or created_before not an RFC 3339 time, created_after not before created_before, limit not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: a workflow_id that is not a UUID.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -1965,7 +1994,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "Each event recorded for the endpoint, newest first, with its delivery's ` + "`" + `status` + "`" + ` (` + "`" + `pending` + "`" + `, ` + "`" + `delivered` + "`" + `, ` + "`" + `failed` + "`" + `), attempts, the last answer's status code or error, and when the next attempt is due. An event is recorded in the same transaction as the run's final state. (Sending is not built yet: events stay ` + "`" + `pending` + "`" + `.)",
+                "description": "Each event recorded for the endpoint, newest first, with its delivery's ` + "`" + `status` + "`" + ` (` + "`" + `pending` + "`" + `, ` + "`" + `delivered` + "`" + `, ` + "`" + `failed` + "`" + `), attempts, the last answer's status code or error, and when the next attempt is due. An event is recorded in the same transaction as the run's final state; a test event (` + "`" + `webhook.test` + "`" + `, no ` + "`" + `run_id` + "`" + `) when one is sent.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -2219,6 +2248,364 @@ const docTemplate = `{
                                 "code": "service_unavailable",
                                 "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/",
                                 "request_id": "741ed1a902129fd2057fef53"
+                            }
+                        }
+                    }
+                }
+            }
+        },
+        "/api/webhook-endpoints/{id}/deliveries/{delivery_id}/redeliver/": {
+            "post": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "Makes one of the endpoint's deliveries due again at once, whatever its status (` + "`" + `delivered` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `pending` + "`" + `): a worker makes a **new attempt of the same event**, within ` + "`" + `WEBHOOK_POLL_INTERVAL` + "`" + ` (1 s), with the same body and the same ` + "`" + `webhook-id` + "`" + `, so a receiver that already handled the event drops it. The answer is the delivery as it now is: ` + "`" + `pending` + "`" + `, its next attempt due now; follow it in the deliveries list.\n\nIf an attempt of the delivery is under way, it is left to finish (the event is never sent twice at once), and the delivery is due again at once when it does. An event older than ` + "`" + `WEBHOOK_RETRY_HORIZON` + "`" + ` (24 h) gets this one attempt: ` + "`" + `failed` + "`" + ` again if the receiver does not answer 2xx; a younger one is retried as before.\n\nSend an ` + "`" + `Idempotency-Key` + "`" + `: a retry with it gets the first answer back and asks for no further attempt.",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "webhooks"
+                ],
+                "summary": "Send a webhook delivery again",
+                "operationId": "redeliverWebhookDelivery",
+                "parameters": [
+                    {
+                        "type": "string",
+                        "format": "uuid",
+                        "description": "Webhook endpoint id (UUID)",
+                        "name": "id",
+                        "in": "path",
+                        "required": true
+                    },
+                    {
+                        "type": "string",
+                        "format": "uuid",
+                        "description": "Delivery id (UUID), from the deliveries list",
+                        "name": "delivery_id",
+                        "in": "path",
+                        "required": true
+                    },
+                    {
+                        "maxLength": 255,
+                        "minLength": 1,
+                        "type": "string",
+                        "pattern": "^[!#-~][ -~]*$|^\"[ !#-\\x5b\\x5d-~]+\"$",
+                        "description": "**A new value per redelivery you mean to ask for** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, another delivery: 422. First still running: 409.",
+                        "name": "Idempotency-Key",
+                        "in": "header"
+                    },
+                    {
+                        "type": "string",
+                        "description": "` + "`" + `wait=N` + "`" + ` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + `) for its answer instead of a 409. The answer then carries ` + "`" + `Preference-Applied: wait=N` + "`" + `. Other preferences are ignored.",
+                        "name": "Prefer",
+                        "in": "header"
+                    }
+                ],
+                "responses": {
+                    "202": {
+                        "description": "Accepted: the delivery, due again; with ` + "`" + `Idempotent-Replayed: true` + "`" + `, the replay of the first answer.\n\nExample: the passed run's delivery sent again, with a new Idempotency-Key: due now, the same event.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.WebhookDelivery"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "id": "8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d",
+                                "event_id": "evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a",
+                                "event_type": "validation_run.finished",
+                                "run_id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
+                                "status": "pending",
+                                "attempts": 0,
+                                "next_attempt_at": "2026-11-22T10:00:09Z",
+                                "created_at": "2026-11-22T10:00:05Z"
+                            }
+                        }
+                    },
+                    "400": {
+                        "description": "The Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true).\n\nExample: an empty Idempotency-Key.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBadRequest"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
+                                "code": "idempotency_key_invalid",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d/redeliver/",
+                                "request_id": "87b8687b37e7167583821b7f"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
+                                "code": "idempotency_key_invalid",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d/redeliver/",
+                                "request_id": "87b8687b37e7167583821b7f"
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d/redeliver/",
+                                "request_id": "bc9e4006ff8be5dc67f62da4"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d/redeliver/",
+                                "request_id": "bc9e4006ff8be5dc67f62da4"
+                            }
+                        }
+                    },
+                    "404": {
+                        "description": "` + "`" + `not_found` + "`" + `: no such delivery of this endpoint in your organisation (or an id is not a UUID); with a key, stored and replayed.\n\nExample: an id no delivery of the endpoint has.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemDeliveryNotFound"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook delivery not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/redeliver/",
+                                "request_id": "8b30199faaa7ec7c9aceec52"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook delivery not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/redeliver/",
+                                "request_id": "8b30199faaa7ec7c9aceec52"
+                            }
+                        }
+                    },
+                    "409": {
+                        "description": "` + "`" + `idempotency_key_in_progress` + "`" + `: a request with this key is still being processed; retry after ` + "`" + `Retry-After` + "`" + ` seconds, or send ` + "`" + `Prefer: wait=N` + "`" + `.\n\nExample: the Idempotency-Key of a request still being processed.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInProgress"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d/redeliver/",
+                                "request_id": "a75745afb4a3a7cc2fa3e5a0"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d/redeliver/",
+                                "request_id": "a75745afb4a3a7cc2fa3e5a0"
+                            }
+                        }
+                    },
+                    "422": {
+                        "description": "` + "`" + `idempotency_key_reused` + "`" + `: the key was used for a different request (another delivery) within 24 h; use a new key.\n\nExample: the Idempotency-Key of the 202 example sent for another delivery.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemKeyReused"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a/redeliver/",
+                                "request_id": "4dee2301f72a89a158b52043"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a/redeliver/",
+                                "request_id": "4dee2301f72a89a158b52043"
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "` + "`" + `internal_error` + "`" + `: nothing was changed or stored; retry, with the same key.\n\nExample: a query that failed (its table was renamed away).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/redeliver/",
+                                "request_id": "a5e6b540a0fc04f63cc6283f"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/redeliver/",
+                                "request_id": "a5e6b540a0fc04f63cc6283f"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/redeliver/",
+                                "request_id": "59f638b9064caf05cfc19641"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/redeliver/",
+                                "request_id": "59f638b9064caf05cfc19641"
                             }
                         }
                     }
@@ -2570,6 +2957,403 @@ const docTemplate = `{
                                 "code": "service_unavailable",
                                 "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/rotate-secret/",
                                 "request_id": "084d42160ee9152a0a2cb5b4"
+                            }
+                        }
+                    }
+                }
+            }
+        },
+        "/api/webhook-endpoints/{id}/test/": {
+            "post": {
+                "security": [
+                    {
+                        "BearerAuth": []
+                    }
+                ],
+                "description": "Records a ` + "`" + `webhook.test` + "`" + ` event for the endpoint, whatever event types it subscribes to, and answers its delivery (` + "`" + `pending` + "`" + `). A worker sends it within ` + "`" + `WEBHOOK_POLL_INTERVAL` + "`" + ` (1 s), signed like any event, with the body ` + "`" + `{\"id\": \"evt_...\", \"type\": \"webhook.test\", \"created_at\": \"...\", \"data\": {\"endpoint_id\": \"...\"}}` + "`" + `. It is **attempted once**: the deliveries list then shows it ` + "`" + `delivered` + "`" + `, or ` + "`" + `failed` + "`" + ` with the answer's status code or the error (send another, or send this one again with the redeliver route).\n\nAt most 5 test events of one endpoint wait for their attempt at once: past that, 429 ` + "`" + `test_events_pending` + "`" + ` (stored under the key like any answer): wait for them, then send a new request with a new key. Send an ` + "`" + `Idempotency-Key` + "`" + `: a retry with it gets the first answer back and records no second event.",
+                "produces": [
+                    "application/json",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "webhooks"
+                ],
+                "summary": "Send a test event to a webhook endpoint",
+                "operationId": "sendWebhookTestEvent",
+                "parameters": [
+                    {
+                        "type": "string",
+                        "format": "uuid",
+                        "description": "Webhook endpoint id (UUID)",
+                        "name": "id",
+                        "in": "path",
+                        "required": true
+                    },
+                    {
+                        "maxLength": 255,
+                        "minLength": 1,
+                        "type": "string",
+                        "pattern": "^[!#-~][ -~]*$|^\"[ !#-\\x5b\\x5d-~]+\"$",
+                        "description": "**A new value per test event you mean to send** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.\u003cbr\u003e1 to 255 printable ASCII characters. Optional unless the server sets ` + "`" + `IDEMPOTENCY_KEY_REQUIRED=true` + "`" + `.\u003cbr\u003eSame key and request: the first answer again. Same key, another endpoint: 422. First still running: 409.",
+                        "name": "Idempotency-Key",
+                        "in": "header"
+                    },
+                    {
+                        "type": "string",
+                        "description": "` + "`" + `wait=N` + "`" + ` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most ` + "`" + `IDEMPOTENCY_MAX_WAIT` + "`" + `) for its answer instead of a 409. The answer then carries ` + "`" + `Preference-Applied: wait=N` + "`" + `. Other preferences are ignored.",
+                        "name": "Prefer",
+                        "in": "header"
+                    }
+                ],
+                "responses": {
+                    "202": {
+                        "description": "Accepted: the test event's delivery; with ` + "`" + `Idempotent-Replayed: true` + "`" + `, the replay of the first answer.\n\nExample: with a new Idempotency-Key: the test event's delivery, due now.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.WebhookDelivery"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "id": "c4d5e6f7-a8b9-4c0d-9e1f-2a3b4c5d6e7f",
+                                "event_id": "evt_0f1e2d3c4b5a46978877665544332211",
+                                "event_type": "webhook.test",
+                                "status": "pending",
+                                "attempts": 0,
+                                "next_attempt_at": "2026-11-22T10:00:10Z",
+                                "created_at": "2026-11-22T10:00:10Z"
+                            }
+                        }
+                    },
+                    "400": {
+                        "description": "The Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true).\n\nExample: an empty Idempotency-Key.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemBadRequest"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
+                                "code": "idempotency_key_invalid",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "9c5930c06693a2877685f009"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "title": "Bad Request",
+                                "status": 400,
+                                "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
+                                "code": "idempotency_key_invalid",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "9c5930c06693a2877685f009"
+                            }
+                        }
+                    },
+                    "401": {
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnauthorized"
+                        },
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "type": "string",
+                                "description": "Bearer realm=\"valruns\" (with error=\"invalid_token\" for an unknown or revoked token, error=\"invalid_request\" for more than one credential)."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "0411f3c1e9cf21027fcf759d"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "title": "Unauthorized",
+                                "status": 401,
+                                "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
+                                "code": "unauthenticated",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "0411f3c1e9cf21027fcf759d"
+                            }
+                        }
+                    },
+                    "404": {
+                        "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed.\n\nExample: an id no endpoint of the organisation has.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/test/",
+                                "request_id": "db6c4b75b979ca5c9aacc48f"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "Webhook endpoint not found.",
+                                "code": "not_found",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/test/",
+                                "request_id": "db6c4b75b979ca5c9aacc48f"
+                            }
+                        }
+                    },
+                    "409": {
+                        "description": "` + "`" + `idempotency_key_in_progress` + "`" + `: a request with this key is still being processed; retry after ` + "`" + `Retry-After` + "`" + ` seconds, or send ` + "`" + `Prefer: wait=N` + "`" + `.\n\nExample: the Idempotency-Key of a request still being processed.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInProgress"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "924f7c87c3a15163148cc9c7"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "title": "Conflict",
+                                "status": 409,
+                                "detail": "A request with this idempotency key is currently being processed.",
+                                "code": "idempotency_key_in_progress",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "924f7c87c3a15163148cc9c7"
+                            }
+                        }
+                    },
+                    "422": {
+                        "description": "` + "`" + `idempotency_key_reused` + "`" + `: the key was used for a different request (another endpoint) within 24 h; use a new key.\n\nExample: the Idempotency-Key of the 202 example sent for another endpoint.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemKeyReused"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/test/",
+                                "request_id": "20938f332cd8b1d70bcaf68e"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "title": "Unprocessable Entity",
+                                "status": 422,
+                                "detail": "Idempotency key has already been used with a different request body.",
+                                "code": "idempotency_key_reused",
+                                "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/test/",
+                                "request_id": "20938f332cd8b1d70bcaf68e"
+                            }
+                        }
+                    },
+                    "429": {
+                        "description": "` + "`" + `test_events_pending` + "`" + `: 5 test events of this endpoint are waiting for their attempt; stored under the key like any answer. Wait until the deliveries list shows them sent, then send a new request with a new key.\n\nExample: a sixth test event while five wait for their attempt, with a new Idempotency-Key (the answer is stored).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemTestEventsPending"
+                        },
+                        "headers": {
+                            "Idempotency-Key-Expires": {
+                                "type": "string",
+                                "description": "With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+                            },
+                            "Idempotent-Replayed": {
+                                "type": "string",
+                                "description": "` + "`" + `true` + "`" + ` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+                            },
+                            "Original-Request-Id": {
+                                "type": "string",
+                                "description": "On a replay: the X-Request-Id of the request that did the work."
+                            },
+                            "Preference-Applied": {
+                                "type": "string",
+                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `) for the first request with its key."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/test_events_pending",
+                                "title": "Too Many Requests",
+                                "status": 429,
+                                "detail": "5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key.",
+                                "code": "test_events_pending",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "a3727499352b94a78e1ed067"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/test_events_pending",
+                                "title": "Too Many Requests",
+                                "status": 429,
+                                "detail": "5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key.",
+                                "code": "test_events_pending",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "a3727499352b94a78e1ed067"
+                            }
+                        }
+                    },
+                    "500": {
+                        "description": "` + "`" + `internal_error` + "`" + `: nothing was recorded or stored; retry, with the same key.\n\nExample: a query that failed (its table was renamed away).",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemInternal"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "080cebb57e5f0850b147860e"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/internal_error",
+                                "title": "Internal Server Error",
+                                "status": 500,
+                                "detail": "An internal error occurred; nothing was done. Retry the request.",
+                                "code": "internal_error",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "080cebb57e5f0850b147860e"
+                            }
+                        }
+                    },
+                    "503": {
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "schema": {
+                            "$ref": "#/definitions/handlers.ProblemUnavailable"
+                        },
+                        "headers": {
+                            "Retry-After": {
+                                "type": "integer",
+                                "description": "Seconds to wait before retrying."
+                            },
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "0b0960d9b3d2287b17800c8f"
+                            },
+                            "application/problem+json": {
+                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "title": "Service Unavailable",
+                                "status": 503,
+                                "detail": "The database is unavailable; nothing was done. Retry the request.",
+                                "code": "service_unavailable",
+                                "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/test/",
+                                "request_id": "0b0960d9b3d2287b17800c8f"
                             }
                         }
                     }
@@ -4170,7 +4954,7 @@ const docTemplate = `{
                             }
                         },
                         "examples": {
-                            "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_endpoint_create\"} 3\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_endpoint_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_secret_rotate\"} 2\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 6\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
+                            "text/plain": "# HELP valruns_idempotency_requests_total Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).\n# TYPE valruns_idempotency_requests_total counter\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_delivery_redeliver\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"webhook_test_event\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"in_progress\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_delivery_redeliver\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"webhook_test_event\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"mismatch\",scope=\"workflow_start\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_delivery_redeliver\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"webhook_test_event\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"new\",scope=\"workflow_start\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_delivery_redeliver\"} 1\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_endpoint_create\"} 3\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"webhook_test_event\"} 5\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_create\"} 2\nvalruns_idempotency_requests_total{outcome=\"no_key\",scope=\"workflow_start\"} 102\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_delivery_redeliver\"} 2\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_endpoint_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_secret_rotate\"} 2\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"webhook_test_event\"} 2\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_create\"} 6\nvalruns_idempotency_requests_total{outcome=\"rejected\",scope=\"workflow_start\"} 6\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_delivery_redeliver\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_endpoint_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_secret_rotate\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"webhook_test_event\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_create\"} 1\nvalruns_idempotency_requests_total{outcome=\"replayed\",scope=\"workflow_start\"} 1\n"
                         }
                     }
                 },
@@ -4427,13 +5211,15 @@ const docTemplate = `{
                     "example": 201
                 },
                 "scope": {
-                    "description": "Scope is the endpoint the key belongs to: workflow_start, workflow_create, webhook_endpoint_create or webhook_secret_rotate.",
+                    "description": "Scope is the endpoint the key belongs to: workflow_start, workflow_create, webhook_endpoint_create, webhook_secret_rotate, webhook_delivery_redeliver or webhook_test_event.",
                     "type": "string",
                     "enum": [
                         "workflow_start",
                         "workflow_create",
                         "webhook_endpoint_create",
-                        "webhook_secret_rotate"
+                        "webhook_secret_rotate",
+                        "webhook_delivery_redeliver",
+                        "webhook_test_event"
                     ],
                     "example": "workflow_start"
                 },
@@ -4630,6 +5416,63 @@ const docTemplate = `{
                     "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
                     "type": "string",
                     "example": "https://valruns.dev/problems/request_body_timeout"
+                }
+            }
+        },
+        "handlers.ProblemDeliveryNotFound": {
+            "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
+            "type": "object",
+            "required": [
+                "code",
+                "detail",
+                "instance",
+                "request_id",
+                "status",
+                "title",
+                "type"
+            ],
+            "properties": {
+                "code": {
+                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
+                    "type": "string",
+                    "example": "not_found"
+                },
+                "detail": {
+                    "description": "Detail explains this occurrence, for people.",
+                    "type": "string",
+                    "example": "Webhook delivery not found."
+                },
+                "errors": {
+                    "description": "Errors lists per-field problems of a 400, when there are several.",
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/problem.FieldError"
+                    }
+                },
+                "instance": {
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
+                    "type": "string",
+                    "example": "/api/workflows/7c0e.../start/"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
+                    "type": "string",
+                    "example": "4f1c2b9e8a7d6c5b"
+                },
+                "status": {
+                    "description": "Status repeats the HTTP status code.",
+                    "type": "integer",
+                    "example": 404
+                },
+                "title": {
+                    "description": "Title is the HTTP status text.",
+                    "type": "string",
+                    "example": "Not Found"
+                },
+                "type": {
+                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "type": "string",
+                    "example": "https://valruns.dev/problems/not_found"
                 }
             }
         },
@@ -4972,6 +5815,63 @@ const docTemplate = `{
                     "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
                     "type": "string",
                     "example": "https://valruns.dev/problems/not_found"
+                }
+            }
+        },
+        "handlers.ProblemTestEventsPending": {
+            "description": "An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.",
+            "type": "object",
+            "required": [
+                "code",
+                "detail",
+                "instance",
+                "request_id",
+                "status",
+                "title",
+                "type"
+            ],
+            "properties": {
+                "code": {
+                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
+                    "type": "string",
+                    "example": "test_events_pending"
+                },
+                "detail": {
+                    "description": "Detail explains this occurrence, for people.",
+                    "type": "string",
+                    "example": "5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key."
+                },
+                "errors": {
+                    "description": "Errors lists per-field problems of a 400, when there are several.",
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/problem.FieldError"
+                    }
+                },
+                "instance": {
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
+                    "type": "string",
+                    "example": "/api/workflows/7c0e.../start/"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
+                    "type": "string",
+                    "example": "4f1c2b9e8a7d6c5b"
+                },
+                "status": {
+                    "description": "Status repeats the HTTP status code.",
+                    "type": "integer",
+                    "example": 429
+                },
+                "title": {
+                    "description": "Title is the HTTP status text.",
+                    "type": "string",
+                    "example": "Too Many Requests"
+                },
+                "type": {
+                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "type": "string",
+                    "example": "https://valruns.dev/problems/test_events_pending"
                 }
             }
         },
@@ -5562,7 +6462,6 @@ const docTemplate = `{
                 "event_id",
                 "event_type",
                 "id",
-                "run_id",
                 "status"
             ],
             "properties": {
@@ -5588,9 +6487,11 @@ const docTemplate = `{
                     "example": "evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a"
                 },
                 "event_type": {
+                    "description": "EventType is validation_run.finished, or webhook.test for a test event (POST /api/webhook-endpoints/{id}/test/).",
                     "type": "string",
                     "enum": [
-                        "validation_run.finished"
+                        "validation_run.finished",
+                        "webhook.test"
                     ],
                     "example": "validation_run.finished"
                 },
@@ -5616,7 +6517,7 @@ const docTemplate = `{
                     "example": "2026-11-22T10:00:00Z"
                 },
                 "run_id": {
-                    "description": "RunID is the run the event is about.",
+                    "description": "RunID is the run the event is about; absent for a test event.",
                     "type": "string",
                     "format": "uuid",
                     "example": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"
@@ -5903,7 +6804,7 @@ const docTemplate = `{
             "name": "usage"
         },
         {
-            "description": "Signed webhooks (Standard Webhooks): endpoints that receive ` + "`" + `validation_run.finished` + "`" + ` when a run is final, their secrets and rotation, and each event's deliveries.\n\n**The event**: when a run reaches ` + "`" + `passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `, each endpoint of its organisation that subscribes to ` + "`" + `validation_run.finished` + "`" + ` gets one event, recorded in the same transaction as the run's final state. Its body:\n\n` + "`" + `` + "`" + `` + "`" + `json\n{\"id\": \"evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a\", \"type\": \"validation_run.finished\", \"created_at\": \"2026-11-22T10:00:02Z\", \"data\": {\"id\": \"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a\", \"workflow_id\": \"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a\", \"status\": \"failed\", \"submission\": {\"customer\": 5, \"total\": 0}, \"metadata\": {}, \"findings\": [{\"step\": \"schema\", \"severity\": \"error\", \"path\": \"/customer\", \"message\": \"got number, want string\"}], \"attempts\": 1, \"created_at\": \"2026-11-22T10:00:00Z\", \"started_at\": \"2026-11-22T10:00:01Z\", \"finished_at\": \"2026-11-22T10:00:02Z\"}}\n` + "`" + `` + "`" + `` + "`" + `\n\n` + "`" + `data` + "`" + ` is the run as **Get a validation run** shows it (the ` + "`" + `Run` + "`" + ` schema), findings included.\n\n**Each attempt** is a ` + "`" + `POST` + "`" + ` of that body to the endpoint's URL with ` + "`" + `Content-Type: application/json` + "`" + ` and:\n\n- ` + "`" + `webhook-id` + "`" + `: the event's ` + "`" + `id` + "`" + `, the same on every attempt: drop duplicates by it (delivery is at least once);\n- ` + "`" + `webhook-timestamp` + "`" + `: the attempt's time, unix seconds: reject one far from your clock;\n- ` + "`" + `webhook-signature` + "`" + `: ` + "`" + `v1,` + "`" + ` + base64 of HMAC-SHA256, keyed with the secret's bytes (base64 after ` + "`" + `whsec_` + "`" + `), over ` + "`" + `webhook-id` + "`" + ` + ` + "`" + `.` + "`" + ` + ` + "`" + `webhook-timestamp` + "`" + ` + ` + "`" + `.` + "`" + ` + the body as sent; during a rotation's 24 h overlap, two such values separated by a space (accept either).\n\nA 2xx answer within 10 s delivers the event. Anything else (another status, a timeout, a refused connection, a redirect, which is never followed) is retried with exponential backoff (5 s, then four times longer each time, up to 8 h between attempts) for 24 h; then the delivery is ` + "`" + `failed` + "`" + `. The endpoint's **deliveries** show each event's status, attempts, last answer and next attempt.\n",
+            "description": "Signed webhooks (Standard Webhooks): endpoints that receive ` + "`" + `validation_run.finished` + "`" + ` when a run is final, their secrets and rotation, and each event's deliveries.\n\n**The event**: when a run reaches ` + "`" + `passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `, each endpoint of its organisation that subscribes to ` + "`" + `validation_run.finished` + "`" + ` gets one event, recorded in the same transaction as the run's final state. Its body:\n\n` + "`" + `` + "`" + `` + "`" + `json\n{\"id\": \"evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a\", \"type\": \"validation_run.finished\", \"created_at\": \"2026-11-22T10:00:02Z\", \"data\": {\"id\": \"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a\", \"workflow_id\": \"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a\", \"status\": \"failed\", \"submission\": {\"customer\": 5, \"total\": 0}, \"metadata\": {}, \"findings\": [{\"step\": \"schema\", \"severity\": \"error\", \"path\": \"/customer\", \"message\": \"got number, want string\"}], \"attempts\": 1, \"created_at\": \"2026-11-22T10:00:00Z\", \"started_at\": \"2026-11-22T10:00:01Z\", \"finished_at\": \"2026-11-22T10:00:02Z\"}}\n` + "`" + `` + "`" + `` + "`" + `\n\n` + "`" + `data` + "`" + ` is the run as **Get a validation run** shows it (the ` + "`" + `Run` + "`" + ` schema), findings included.\n\n**Each attempt** is a ` + "`" + `POST` + "`" + ` of that body to the endpoint's URL with ` + "`" + `Content-Type: application/json` + "`" + ` and:\n\n- ` + "`" + `webhook-id` + "`" + `: the event's ` + "`" + `id` + "`" + `, the same on every attempt: drop duplicates by it (delivery is at least once);\n- ` + "`" + `webhook-timestamp` + "`" + `: the attempt's time, unix seconds: reject one far from your clock;\n- ` + "`" + `webhook-signature` + "`" + `: ` + "`" + `v1,` + "`" + ` + base64 of HMAC-SHA256, keyed with the secret's bytes (base64 after ` + "`" + `whsec_` + "`" + `), over ` + "`" + `webhook-id` + "`" + ` + ` + "`" + `.` + "`" + ` + ` + "`" + `webhook-timestamp` + "`" + ` + ` + "`" + `.` + "`" + ` + the body as sent; during a rotation's 24 h overlap, two such values separated by a space (accept either).\n\nA 2xx answer within 10 s delivers the event. Anything else (another status, a timeout, a refused connection, a redirect, which is never followed) is retried with exponential backoff (5 s, then four times longer each time, up to 8 h between attempts) for 24 h; then the delivery is ` + "`" + `failed` + "`" + `. The endpoint's **deliveries** show each event's status, attempts, last answer and next attempt.\n\n**Support**: **Send a webhook delivery again** makes any delivery (` + "`" + `delivered` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `pending` + "`" + `) due at once: a new attempt of the same event, with the same ` + "`" + `webhook-id` + "`" + `. **Send a test event** sends the endpoint a ` + "`" + `webhook.test` + "`" + ` event (` + "`" + `data` + "`" + `: ` + "`" + `{\"endpoint_id\": \"...\"}` + "`" + `), signed like any other, whatever it subscribes to, attempted once; it shows in the deliveries.\n",
             "name": "webhooks"
         },
         {

@@ -55,6 +55,12 @@ const (
 	exGoneHookID = "e1d2c3b4-a5f6-4e7d-8c9b-0a1f2e3d4c5b"
 	exHookKey    = "a2b3c4d5-e6f7-4a8b-9c0d-1e2f3a4b5c6d"
 	exRotateKey  = "3c2b1a09-8f7e-4d6c-9b5a-4e3d2c1b0a9f"
+	exResendKey  = "5e4d3c2b-1a09-4f8e-8d7c-6b5a4f3e2d1c"
+	exTestKey    = "9b8a7f6e-5d4c-4b3a-9291-8f7e6d5c4b3a"
+	// exTestDeliveryID and exTestEventID are how a test event's delivery
+	// and event id (evt_ + its hex) are written.
+	exTestDeliveryID = "c4d5e6f7-a8b9-4c0d-9e1f-2a3b4c5d6e7f"
+	exTestEventID    = "0f1e2d3c-4b5a-4697-8877-665544332211"
 	// exSecret is how a recorded signing secret is written (a real one is
 	// new at every recording).
 	exSecret     = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq="
@@ -99,6 +105,8 @@ const (
 	opDeleteHook  = "DELETE /api/webhook-endpoints/{id}/"
 	opRotateHook  = "POST /api/webhook-endpoints/{id}/rotate-secret/"
 	opDeliveries  = "GET /api/webhook-endpoints/{id}/deliveries/"
+	opRedeliver   = "POST /api/webhook-endpoints/{id}/deliveries/{delivery_id}/redeliver/"
+	opTestHook    = "POST /api/webhook-endpoints/{id}/test/"
 	exHookBody    = `{"url":"https://example.com/valruns-hooks","description":"invoices service","events":["validation_run.finished"]}`
 	exStartKeyURL = "/api/idempotency-keys/workflow_start/" + exStartKey
 )
@@ -189,6 +197,8 @@ func (rec *exRecorder) recordMain() {
 	require.Equal(t, models.RunFailed, exExecute(t, e, failed))
 	rec.example(opGetRun, 200, "", "a run that has failed: its findings", rec.send(e, "get run", http.MethodGet, "/api/runs/"+failed+"/", tok, nil))
 	rec.example(opListRuns, 200, "", "", rec.send(e, "list runs", http.MethodGet, "/api/runs/?workflow_id="+wf+"&limit=20", tok, nil))
+	rec.also(opListRuns, 200, "", "`?status=failed`: the organisation's failed runs",
+		rec.send(e, "list failed runs", http.MethodGet, "/api/runs/?status=failed&limit=20", tok, nil))
 	rec.example(opUsage, 200, "", "", rec.send(e, "usage", http.MethodGet, "/api/usage", tok, nil))
 	rec.example(opKey, 200, "", "the key of the start example", rec.send(e, "key", http.MethodGet, exStartKeyURL, tok, nil))
 
@@ -215,6 +225,47 @@ func (rec *exRecorder) recordMain() {
 	rec.also(opDeliveries, 400, "invalid_cursor", "a cursor this API did not return", rec.send(e, "deliveries cursor", http.MethodGet, hookPath+"deliveries/?cursor=abc", tok, nil))
 	rec.example(opDeliveries, 404, "not_found", "an id no endpoint of the organisation has",
 		rec.send(e, "deliveries missing", http.MethodGet, "/api/webhook-endpoints/"+exMissingID+"/deliveries/", tok, nil))
+	// Support: a delivery sent again, a test event.
+	resend := hookPath + "deliveries/" + delList.Data[1].ID + "/redeliver/"
+	rec.example(opRedeliver, 202, "", "the passed run's delivery sent again, with a new Idempotency-Key: due now, the same event",
+		rec.send(e, "redeliver", http.MethodPost, resend, tok, nil, idempotency.HeaderKey, exResendKey))
+	rec.also(opRedeliver, 202, "", "the same request again: the replay of the first answer (one attempt asked for)",
+		rec.send(e, "redeliver again", http.MethodPost, resend, tok, nil, idempotency.HeaderKey, exResendKey))
+	rec.example(opRedeliver, 422, "idempotency_key_reused", "the Idempotency-Key of the 202 example sent for another delivery",
+		rec.send(e, "redeliver reused", http.MethodPost, hookPath+"deliveries/"+delList.Data[0].ID+"/redeliver/", tok, nil, idempotency.HeaderKey, exResendKey))
+	rec.example(opRedeliver, 400, idempotency.CodeKeyInvalid, "an empty Idempotency-Key",
+		rec.send(e, "redeliver empty key", http.MethodPost, resend, tok, nil, idempotency.HeaderKey, ""))
+	rec.also(opRedeliver, 400, idempotency.CodeKeyTooLong, "an Idempotency-Key of 256 characters",
+		rec.send(e, "redeliver long key", http.MethodPost, resend, tok, nil, idempotency.HeaderKey, strings.Repeat("k", 256)))
+	rec.example(opRedeliver, 404, "not_found", "an id no delivery of the endpoint has",
+		rec.send(e, "redeliver missing", http.MethodPost, hookPath+"deliveries/"+exMissingID+"/redeliver/", tok, nil))
+	testPath := hookPath + "test/"
+	tested := rec.send(e, "test hook", http.MethodPost, testPath, tok, nil, idempotency.HeaderKey, exTestKey)
+	var testDelivery handlers.WebhookDelivery
+	tested.JSON(t, &testDelivery)
+	rec.ids[testDelivery.ID] = exTestDeliveryID
+	testEvent, err := uuid.Parse(strings.TrimPrefix(testDelivery.EventID, "evt_"))
+	require.NoError(t, err)
+	rec.ids[testEvent.String()] = exTestEventID
+	rec.example(opTestHook, 202, "", "with a new Idempotency-Key: the test event's delivery, due now", tested)
+	rec.also(opTestHook, 202, "", "the same request again: the replay of the first answer (one event recorded)",
+		rec.send(e, "test hook again", http.MethodPost, testPath, tok, nil, idempotency.HeaderKey, exTestKey))
+	rec.example(opTestHook, 422, "idempotency_key_reused", "the Idempotency-Key of the 202 example sent for another endpoint",
+		rec.send(e, "test hook reused", http.MethodPost, "/api/webhook-endpoints/"+exMissingID+"/test/", tok, nil, idempotency.HeaderKey, exTestKey))
+	rec.example(opTestHook, 400, idempotency.CodeKeyInvalid, "an empty Idempotency-Key",
+		rec.send(e, "test hook empty key", http.MethodPost, testPath, tok, nil, idempotency.HeaderKey, ""))
+	rec.also(opTestHook, 400, idempotency.CodeKeyTooLong, "an Idempotency-Key of 256 characters",
+		rec.send(e, "test hook long key", http.MethodPost, testPath, tok, nil, idempotency.HeaderKey, strings.Repeat("k", 256)))
+	rec.example(opTestHook, 404, "not_found", "an id no endpoint of the organisation has",
+		rec.send(e, "test hook missing", http.MethodPost, "/api/webhook-endpoints/"+exMissingID+"/test/", tok, nil))
+	for range 4 {
+		r := e.Do(http.MethodPost, testPath, tok, nil)
+		require.Equal(t, http.StatusAccepted, r.Status, "%s", r.Body)
+	}
+	rec.example(opTestHook, 429, "test_events_pending", "a sixth test event while five wait for their attempt, with a new Idempotency-Key (the answer is stored)",
+		rec.send(e, "test hook full", http.MethodPost, testPath, tok, nil, idempotency.HeaderKey, "1d2c3b4a-5f6e-4d7c-8b9a-0f1e2d3c4b5a"))
+	require.NoError(t, e.DB.Exec(`DELETE FROM webhook_deliveries WHERE event_type = ?`, models.EventTest).Error)
+
 	rec.example(opListHooks, 200, "", "", rec.send(e, "list hooks", http.MethodGet, "/api/webhook-endpoints/?limit=20", tok, nil))
 	rec.example(opListHooks, 400, "validation_error", "`?limit=0`", rec.send(e, "list hooks limit", http.MethodGet, "/api/webhook-endpoints/?limit=0", tok, nil))
 	rec.also(opListHooks, 400, "invalid_cursor", "a cursor this API did not return", rec.send(e, "list hooks cursor", http.MethodGet, "/api/webhook-endpoints/?cursor=abc", tok, nil))
@@ -283,6 +334,9 @@ func (rec *exRecorder) recordMain() {
 	rec.example(opListRuns, 400, "validation_error", "a workflow_id that is not a UUID",
 		rec.send(e, "list runs wf", http.MethodGet, "/api/runs/?workflow_id=invoice", tok, nil))
 	rec.also(opListRuns, 400, "validation_error", "`?limit=101`", rec.send(e, "list runs limit", http.MethodGet, "/api/runs/?limit=101", tok, nil))
+	rec.also(opListRuns, 400, "validation_error", "`?status=done`", rec.send(e, "list runs status", http.MethodGet, "/api/runs/?status=done", tok, nil))
+	rec.also(opListRuns, 400, "validation_error", "`?created_after=2026-11-22` (a date, not an RFC 3339 time)",
+		rec.send(e, "list runs created_after", http.MethodGet, "/api/runs/?created_after=2026-11-22", tok, nil))
 	rec.also(opListRuns, 400, "invalid_cursor", "a cursor this API did not return", rec.send(e, "list runs cursor", http.MethodGet, "/api/runs/?cursor=abc", tok, nil))
 	rec.example(opKey, 400, "validation_error", "a key of 256 characters",
 		rec.send(e, "key too long", http.MethodGet, "/api/idempotency-keys/workflow_start/"+strings.Repeat("k", 256), tok, nil))
@@ -311,6 +365,7 @@ func (rec *exRecorder) recordMain() {
 		{opCreateHook, http.MethodPost, "/api/webhook-endpoints/"}, {opListHooks, http.MethodGet, "/api/webhook-endpoints/"},
 		{opGetHook, http.MethodGet, hookPath}, {opDeleteHook, http.MethodDelete, hookPath},
 		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/"}, {opDeliveries, http.MethodGet, hookPath + "deliveries/"},
+		{opRedeliver, http.MethodPost, resend}, {opTestHook, http.MethodPost, testPath},
 	} {
 		var body any
 		if o.method == http.MethodPost {
@@ -318,7 +373,7 @@ func (rec *exRecorder) recordMain() {
 		}
 		if o.op == opCreateHook {
 			body = exHookBody
-		} else if o.op == opRotateHook {
+		} else if o.op == opRotateHook || o.op == opRedeliver || o.op == opTestHook {
 			body = nil
 		}
 		rec.example(o.op, 401, "unauthenticated", "no Authorization header",
@@ -335,6 +390,8 @@ func (rec *exRecorder) recordMain() {
 		{opStart, handlers.ScopeWorkflowStart, start, exStartBody},
 		{opCreateHook, handlers.ScopeWebhookCreate, "/api/webhook-endpoints/", exHookBody},
 		{opRotateHook, handlers.ScopeWebhookRotate, hookPath + "rotate-secret/", ""},
+		{opRedeliver, handlers.ScopeWebhookResend, resend, ""},
+		{opTestHook, handlers.ScopeWebhookTest, testPath, ""},
 	} {
 		key := "6a5b4c3d-2e1f-4a0b-9c8d-7e6f5a4b3c2d"
 		release := idemHoldKeyLock(t, e, acme.ID, o.scope, key)
@@ -461,6 +518,12 @@ func (rec *exRecorder) recordTimeouts() {
 	rec.also(opRotateHook, 503, idempotency.CodeTimeout, situation,
 		rec.send(short, "rotate hook timeout", http.MethodPost, "/api/webhook-endpoints/"+h.Map(t)["id"].(string)+"/rotate-secret/", org.Token, nil, idempotency.HeaderKey, "timeout-2"))
 	release()
+	release = exLockTable(t, e, "webhook_deliveries")
+	rec.also(opTestHook, 503, idempotency.CodeTimeout, situation,
+		rec.send(short, "test hook timeout", http.MethodPost, "/api/webhook-endpoints/"+h.Map(t)["id"].(string)+"/test/", org.Token, nil, idempotency.HeaderKey, "timeout-3"))
+	rec.also(opRedeliver, 503, idempotency.CodeTimeout, situation,
+		rec.send(short, "redeliver timeout", http.MethodPost, "/api/webhook-endpoints/"+h.Map(t)["id"].(string)+"/deliveries/"+exMissingID+"/redeliver/", org.Token, nil, idempotency.HeaderKey, "timeout-4"))
+	release()
 	release = idemLockUsage(t, e, org.ID)
 	rec.also(opStart, 503, idempotency.CodeTimeout, situation,
 		rec.send(short, "start timeout", http.MethodPost, start, org.Token, exStartBody, idempotency.HeaderKey, "timeout-1"))
@@ -485,6 +548,10 @@ func (rec *exRecorder) recordKeyRequired() {
 	rec.ids[h.Map(t)["id"].(string)] = exHookID
 	rec.also(opRotateHook, 400, idempotency.CodeKeyMissing, situation,
 		rec.send(e, "rotate hook no key", http.MethodPost, "/api/webhook-endpoints/"+h.Map(t)["id"].(string)+"/rotate-secret/", org.Token, nil))
+	rec.also(opRedeliver, 400, idempotency.CodeKeyMissing, situation,
+		rec.send(e, "redeliver no key", http.MethodPost, "/api/webhook-endpoints/"+h.Map(t)["id"].(string)+"/deliveries/"+exMissingID+"/redeliver/", org.Token, nil))
+	rec.also(opTestHook, 400, idempotency.CodeKeyMissing, situation,
+		rec.send(e, "test hook no key", http.MethodPost, "/api/webhook-endpoints/"+h.Map(t)["id"].(string)+"/test/", org.Token, nil))
 	rec.also(opStart, 400, idempotency.CodeKeyMissing, situation,
 		rec.send(e, "start no key", http.MethodPost, "/api/workflows/"+wf+"/start/", org.Token, exStartBody))
 }
@@ -504,7 +571,7 @@ func (rec *exRecorder) recordFailures() {
 		return rec.send(e, name+" "+o.op, o.method, o.path, org.Token, body, headers...)
 	}
 
-	tables := []string{"workflows", "validation_runs", "usage_slots", "idempotency_keys", "webhook_endpoints"}
+	tables := []string{"workflows", "validation_runs", "usage_slots", "idempotency_keys", "webhook_endpoints", "webhook_deliveries"}
 	for _, table := range tables {
 		require.NoError(t, e.DB.Exec(`ALTER TABLE `+table+` RENAME TO `+table+`_away`).Error)
 	}
@@ -621,6 +688,8 @@ func (rec *exRecorder) everyAPIRoute(e *apitest.Env) (apitest.Org, []exRouteCall
 		{opDeleteHook, http.MethodDelete, hookPath, ""},
 		{opRotateHook, http.MethodPost, hookPath + "rotate-secret/", ""},
 		{opDeliveries, http.MethodGet, hookPath + "deliveries/", ""},
+		{opRedeliver, http.MethodPost, hookPath + "deliveries/" + exMissingID + "/redeliver/", ""},
+		{opTestHook, http.MethodPost, hookPath + "test/", ""},
 	}
 }
 

@@ -27,8 +27,8 @@ const (
 // IdempotencyKey is one of the organisation's idempotency keys: did a
 // request with it go through, when, and what did it create?
 type IdempotencyKey struct {
-	// Scope is the endpoint the key belongs to: workflow_start, workflow_create, webhook_endpoint_create or webhook_secret_rotate.
-	Scope string `json:"scope" validate:"required" enums:"workflow_start,workflow_create,webhook_endpoint_create,webhook_secret_rotate" example:"workflow_start"`
+	// Scope is the endpoint the key belongs to: workflow_start, workflow_create, webhook_endpoint_create, webhook_secret_rotate, webhook_delivery_redeliver or webhook_test_event.
+	Scope string `json:"scope" validate:"required" enums:"workflow_start,workflow_create,webhook_endpoint_create,webhook_secret_rotate,webhook_delivery_redeliver,webhook_test_event" example:"workflow_start"`
 	Key   string `json:"key" validate:"required" example:"order-1042"`
 	// State is finished (a retry gets the stored answer), expired (a request
 	// with this key now starts new work) or in_progress (its first request is
@@ -60,7 +60,7 @@ type IdempotencyKey struct {
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			scope	path		string				true	"The endpoint scope"	Enums(workflow_start, workflow_create, webhook_endpoint_create, webhook_secret_rotate)
+//	@Param			scope	path		string				true	"The endpoint scope"	Enums(workflow_start, workflow_create, webhook_endpoint_create, webhook_secret_rotate, webhook_delivery_redeliver, webhook_test_event)
 //	@Param			key		path		string				true	"The Idempotency-Key, percent-encoded (such as order-1042): 1 to 255 printable ASCII characters, in the bare form (no quotes, no space first or last)"	minlength(1)	maxlength(255)	extensions(x-pattern=^[!#-~]$|^[!#-~][ -~]*[!-~]$)
 //	@Success		200		{object}	IdempotencyKey		"The key."
 //	@Failure		400		{object}	ProblemBadRequest	"`validation_error`: the key is not 1 to 255 printable ASCII characters."
@@ -81,7 +81,7 @@ func (h *keyHandlers) get(c *gin.Context) {
 			problem.FieldError{Field: "key", Message: "1 to 255 printable ASCII characters"}))
 		return
 	}
-	if !slices.Contains([]string{ScopeWorkflowStart, ScopeWorkflowCreate, ScopeWebhookCreate, ScopeWebhookRotate}, scope) {
+	if !slices.Contains([]string{ScopeWorkflowStart, ScopeWorkflowCreate, ScopeWebhookCreate, ScopeWebhookRotate, ScopeWebhookResend, ScopeWebhookTest}, scope) {
 		problem.Write(c, notFound("Idempotency key"))
 		return
 	}

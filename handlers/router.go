@@ -28,6 +28,8 @@ const (
 	ScopeWorkflowStart  = "workflow_start"
 	ScopeWebhookCreate  = "webhook_endpoint_create"
 	ScopeWebhookRotate  = "webhook_secret_rotate"
+	ScopeWebhookResend  = "webhook_delivery_redeliver"
+	ScopeWebhookTest    = "webhook_test_event"
 )
 
 // Deps is everything the router needs, built by main.
@@ -159,6 +161,8 @@ func NewRouter(d Deps) *gin.Engine {
 	api.DELETE("/webhook-endpoints/:id", hooks.delete)
 	api.POST("/webhook-endpoints/:id/rotate-secret", idem.WrapNoBody(ScopeWebhookRotate, hooks.rotate))
 	get(api, "/webhook-endpoints/:id/deliveries", hooks.deliveries)
+	api.POST("/webhook-endpoints/:id/deliveries/:delivery_id/redeliver", idem.WrapNoBody(ScopeWebhookResend, hooks.redeliver))
+	api.POST("/webhook-endpoints/:id/test", idem.WrapNoBody(ScopeWebhookTest, hooks.sendTest))
 	return r
 }
 

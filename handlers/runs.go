@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -308,20 +310,25 @@ func (h *runHandlers) get(c *gin.Context) {
 //
 //	@Summary		List runs
 //	@ID			listRuns
-//	@Description	The organisation's runs, newest first, optionally of one workflow, a page at a time: pass `next_cursor` back as `?cursor=` for the next page. Findings are not included; read a run for them.
+//	@Description	The organisation's runs, newest first, a page at a time: pass `next_cursor` back as `?cursor=` (with the same filters) for the next page. Findings are not included; read a run for them.
+//	@Description
+//	@Description	Filters combine: `workflow_id`, `status`, and the creation time (`created_after`, `created_before`, RFC 3339, both exclusive). With `status=passed`, `failed` or `error`, a page reads at most 2,000 runs: a page may then hold fewer runs than `limit`, even none, and still carry `next_cursor`; follow it until it is absent.
 //	@Tags			runs
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
-//	@Param			workflow_id	query		string				false	"Only runs of this workflow (UUID)"	format(uuid)
-//	@Param			limit		query		int					false	"Page size, 1-100 (default 20)"		minimum(1)	maximum(100)
-//	@Param			cursor		query		string				false	"next_cursor of the previous page"
-//	@Success		200			{object}	RunList				"One page of runs."
-//	@Failure		400			{object}	ProblemBadRequest	"`validation_error` (workflow_id not a UUID, limit not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
-//	@Failure		401			{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		500			{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503			{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401			{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
+//	@Param			workflow_id		query		string				false	"Only runs of this workflow (UUID)"	format(uuid)
+//	@Param			status			query		string				false	"Only runs in this status"	Enums(queued, running, passed, failed, error)
+//	@Param			created_after	query		string				false	"Only runs created after this time (RFC 3339, such as 2026-11-22T10:00:00Z; exclusive)"	format(date-time)
+//	@Param			created_before	query		string				false	"Only runs created before this time (RFC 3339; exclusive)"	format(date-time)
+//	@Param			limit			query		int					false	"Page size, 1-100 (default 20)"		minimum(1)	maximum(100)
+//	@Param			cursor			query		string				false	"next_cursor of the previous page"
+//	@Success		200				{object}	RunList				"One page of runs."
+//	@Failure		400				{object}	ProblemBadRequest	"`validation_error` naming the parameter (workflow_id not a UUID, status not one of queued, running, passed, failed, error, created_after or created_before not an RFC 3339 time, created_after not before created_before, limit not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
+//	@Failure		401				{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
+//	@Failure		500				{object}	ProblemInternal		"`internal_error`: a query failed; retry."
+//	@Failure		503				{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
+//	@Header			401				{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
 //	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/ [get]
@@ -330,15 +337,12 @@ func (h *runHandlers) list(c *gin.Context) {
 	if !ok {
 		return
 	}
-	wf := c.Query("workflow_id")
-	if wf != "" {
-		wf, ok = canonicalID(wf)
-	}
-	if !ok {
-		problem.Write(c, badRequest("workflow_id must be a UUID.", problem.FieldError{Field: "workflow_id", Message: "must be a UUID"}))
+	f, d := runFilterOf(c)
+	if d != nil {
+		problem.Write(c, *d)
 		return
 	}
-	rs, next, err := h.runs.List(c.Request.Context(), principalOf(c).OrgID, wf, page)
+	rs, next, err := h.runs.List(c.Request.Context(), principalOf(c).OrgID, f, page)
 	if err != nil {
 		listFailed(c, err)
 		return
@@ -348,4 +352,47 @@ func (h *runHandlers) list(c *gin.Context) {
 		out.Data = append(out.Data, runOf(&rs[i], false))
 	}
 	c.PureJSON(http.StatusOK, out)
+}
+
+// runStatuses are the values of ?status=.
+var runStatuses = []string{models.RunQueued, models.RunRunning, models.RunPassed, models.RunFailed, models.RunError}
+
+// runFilterOf reads a list's filters, or the problem that refuses one.
+func runFilterOf(c *gin.Context) (models.RunFilter, *problem.Details) {
+	var f models.RunFilter
+	bad := func(field, msg string) (models.RunFilter, *problem.Details) {
+		d := badRequest(field+" "+msg+".", problem.FieldError{Field: field, Message: msg})
+		return models.RunFilter{}, &d
+	}
+	if wf := c.Query("workflow_id"); wf != "" {
+		id, ok := canonicalID(wf)
+		if !ok {
+			return bad("workflow_id", "must be a UUID")
+		}
+		f.WorkflowID = id
+	}
+	if st, ok := c.GetQuery("status"); ok {
+		if !slices.Contains(runStatuses, st) {
+			return bad("status", "must be one of "+strings.Join(runStatuses, ", "))
+		}
+		f.Status = st
+	}
+	for _, b := range []struct {
+		name string
+		t    *time.Time
+	}{{"created_after", &f.CreatedAfter}, {"created_before", &f.CreatedBefore}} {
+		s, ok := c.GetQuery(b.name)
+		if !ok {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil || t.Year() < 1 || t.Year() > 9999 {
+			return bad(b.name, "must be an RFC 3339 time, such as 2026-11-22T10:00:00Z")
+		}
+		*b.t = t
+	}
+	if !f.CreatedAfter.IsZero() && !f.CreatedBefore.IsZero() && !f.CreatedAfter.Before(f.CreatedBefore) {
+		return bad("created_before", "must be after created_after")
+	}
+	return f, nil
 }

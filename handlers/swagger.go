@@ -237,6 +237,41 @@ type ProblemWebhookNotFound struct {
 	Code string `json:"code" example:"not_found"`
 }
 
+// ProblemDeliveryNotFound is a 404 problem: no such webhook delivery of the endpoint in the caller's organisation.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
+type ProblemDeliveryNotFound struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
+	// Title is the HTTP status text.
+	Title string `json:"title" example:"Not Found"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" example:"404"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" example:"Webhook delivery not found."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" example:"not_found"`
+}
+
+// ProblemTestEventsPending is a 429 problem of a test event: the endpoint
+// has as many test events waiting for their attempt as it may.
+//
+//	@Description	An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.
+type ProblemTestEventsPending struct {
+	problem.Details
+	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
+	Type string `json:"type" example:"https://valruns.dev/problems/test_events_pending"`
+	// Title is the HTTP status text.
+	Title string `json:"title" example:"Too Many Requests"`
+	// Status repeats the HTTP status code.
+	Status int `json:"status" example:"429"`
+	// Detail explains this occurrence, for people.
+	Detail string `json:"detail" example:"5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key."`
+	// Code is the stable machine-readable code: switch on it, not on detail.
+	Code string `json:"code" example:"test_events_pending"`
+}
+
 // ProblemRunNotFound is a 404 problem: no such run in the caller's organisation.
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.

@@ -3,6 +3,7 @@ package handlers
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -322,10 +323,11 @@ func (h *webhookHandlers) rotate(tx *models.RequestTx, req idempotency.Request) 
 type WebhookDelivery struct {
 	ID string `json:"id" validate:"required" format:"uuid" example:"2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a"`
 	// EventID is the event's id, sent as webhook-id on every attempt: receivers drop duplicates by it.
-	EventID   string `json:"event_id" validate:"required" example:"evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a"`
-	EventType string `json:"event_type" validate:"required" enums:"validation_run.finished" example:"validation_run.finished"`
-	// RunID is the run the event is about.
-	RunID string `json:"run_id" validate:"required" format:"uuid" example:"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"`
+	EventID string `json:"event_id" validate:"required" example:"evt_5b0f6b8e3f7c4d2a9a573b2f4c1d0e9a"`
+	// EventType is validation_run.finished, or webhook.test for a test event (POST /api/webhook-endpoints/{id}/test/).
+	EventType string `json:"event_type" validate:"required" enums:"validation_run.finished,webhook.test" example:"validation_run.finished"`
+	// RunID is the run the event is about; absent for a test event.
+	RunID *string `json:"run_id,omitempty" format:"uuid" example:"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"`
 	// Status: pending (not yet delivered; attempts go on), delivered (a 2xx answer), failed (given up).
 	Status   string `json:"status" validate:"required" enums:"pending,delivered,failed" example:"pending"`
 	Attempts int    `json:"attempts" validate:"required" minimum:"0" example:"0"`
@@ -351,7 +353,7 @@ type WebhookDeliveryList struct {
 //
 //	@Summary		List a webhook endpoint's deliveries
 //	@ID			listWebhookDeliveries
-//	@Description	Each event recorded for the endpoint, newest first, with its delivery's `status` (`pending`, `delivered`, `failed`), attempts, the last answer's status code or error, and when the next attempt is due. An event is recorded in the same transaction as the run's final state. (Sending is not built yet: events stay `pending`.)
+//	@Description	Each event recorded for the endpoint, newest first, with its delivery's `status` (`pending`, `delivered`, `failed`), attempts, the last answer's status code or error, and when the next attempt is due. An event is recorded in the same transaction as the run's final state; a test event (`webhook.test`, no `run_id`) when one is sent.
 //	@Tags			webhooks
 //	@Produce		json
 //	@Produce		application/problem+json
@@ -386,15 +388,122 @@ func (h *webhookHandlers) deliveries(c *gin.Context) {
 	}
 	answerEndpoint(c, err, func() {
 		out := WebhookDeliveryList{Data: make([]WebhookDelivery, 0, len(ds)), NextCursor: next}
-		for _, d := range ds {
-			if d.LastError != nil {
-				shown := webhooks.Shown(*d.LastError) // never an address, whenever it was recorded
-				d.LastError = &shown
-			}
-			out.Data = append(out.Data, WebhookDelivery{ID: d.ID, EventID: d.EventID, EventType: d.EventType, RunID: d.RunID,
-				Status: d.Status, Attempts: d.Attempts, LastStatusCode: d.LastStatusCode, LastError: d.LastError,
-				NextAttemptAt: utc(d.NextAttemptAt), CreatedAt: d.CreatedAt.UTC(), DeliveredAt: utc(d.DeliveredAt)})
+		for i := range ds {
+			out.Data = append(out.Data, deliveryOf(&ds[i]))
 		}
 		c.PureJSON(http.StatusOK, out)
 	})
+}
+
+// deliveryOf shows a delivery.
+func deliveryOf(d *models.WebhookDelivery) WebhookDelivery {
+	if d.LastError != nil {
+		shown := webhooks.Shown(*d.LastError) // never an address, whenever it was recorded
+		d.LastError = &shown
+	}
+	return WebhookDelivery{ID: d.ID, EventID: d.EventID, EventType: d.EventType, RunID: d.RunID,
+		Status: d.Status, Attempts: d.Attempts, LastStatusCode: d.LastStatusCode, LastError: d.LastError,
+		NextAttemptAt: utc(d.NextAttemptAt), CreatedAt: d.CreatedAt.UTC(), DeliveredAt: utc(d.DeliveredAt)}
+}
+
+// maxPendingTests bounds the test events of one endpoint that wait for
+// their attempt at once.
+const maxPendingTests = 5
+
+// redeliver godoc
+//
+//	@Summary		Send a webhook delivery again
+//	@ID			redeliverWebhookDelivery
+//	@Description	Makes one of the endpoint's deliveries due again at once, whatever its status (`delivered`, `failed` or `pending`): a worker makes a **new attempt of the same event**, within `WEBHOOK_POLL_INTERVAL` (1 s), with the same body and the same `webhook-id`, so a receiver that already handled the event drops it. The answer is the delivery as it now is: `pending`, its next attempt due now; follow it in the deliveries list.
+//	@Description
+//	@Description	If an attempt of the delivery is under way, it is left to finish (the event is never sent twice at once), and the delivery is due again at once when it does. An event older than `WEBHOOK_RETRY_HORIZON` (24 h) gets this one attempt: `failed` again if the receiver does not answer 2xx; a younger one is retried as before.
+//	@Description
+//	@Description	Send an `Idempotency-Key`: a retry with it gets the first answer back and asks for no further attempt.
+//	@Tags			webhooks
+//	@Produce		json
+//	@Produce		application/problem+json
+//	@Security		BearerAuth
+//	@Param			id				path		string						true	"Webhook endpoint id (UUID)"	format(uuid)
+//	@Param			delivery_id		path		string						true	"Delivery id (UUID), from the deliveries list"	format(uuid)
+//	@Param			Idempotency-Key	header		string						false	"**A new value per redelivery you mean to ask for** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.<br>1 to 255 printable ASCII characters. Optional unless the server sets `IDEMPOTENCY_KEY_REQUIRED=true`.<br>Same key and request: the first answer again. Same key, another delivery: 422. First still running: 409."	minlength(1)	maxlength(255)	extensions(x-pattern=^[!#-~][ -~]*$|^"[ !#-\x5b\x5d-~]+"$)
+//	@Param			Prefer			header		string						false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
+//	@Success		202				{object}	WebhookDelivery				"Accepted: the delivery, due again; with `Idempotent-Replayed: true`, the replay of the first answer."
+//	@Failure		400				{object}	ProblemBadRequest			"The Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true)."
+//	@Failure		401				{object}	ProblemUnauthorized			"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
+//	@Failure		404				{object}	ProblemDeliveryNotFound		"`not_found`: no such delivery of this endpoint in your organisation (or an id is not a UUID); with a key, stored and replayed."
+//	@Failure		409				{object}	ProblemInProgress			"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
+//	@Failure		422				{object}	ProblemKeyReused			"`idempotency_key_reused`: the key was used for a different request (another delivery) within 24 h; use a new key."
+//	@Failure		500				{object}	ProblemInternal				"`internal_error`: nothing was changed or stored; retry, with the same key."
+//	@Failure		503				{object}	ProblemUnavailable			"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
+//	@Header			202,404			{string}	Idempotent-Replayed			"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+//	@Header			202,404			{string}	Original-Request-Id			"On a replay: the X-Request-Id of the request that did the work."
+//	@Header			202,404,422		{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+//	@Header			202,404,422		{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
+//	@Header			409,500,503		{integer}	Retry-After					"Seconds to wait before retrying."
+//	@Header			401				{string}	WWW-Authenticate			"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
+//	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Router			/api/webhook-endpoints/{id}/deliveries/{delivery_id}/redeliver/ [post]
+func (h *webhookHandlers) redeliver(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+	ep, ok := canonicalID(req.Gin.Param("id"))
+	id, ok2 := canonicalID(req.Gin.Param("delivery_id"))
+	if !ok || !ok2 {
+		return idempotency.Problem(req, notFound("Webhook delivery")), nil
+	}
+	d, err := h.endpoints.Redeliver(tx.DB(), principalOf(req.Gin).OrgID, ep, id)
+	if errors.Is(err, models.ErrNotFound) {
+		return idempotency.Problem(req, notFound("Webhook delivery")), nil
+	}
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return idempotency.JSON(http.StatusAccepted, deliveryOf(d))
+}
+
+// sendTest godoc
+//
+//	@Summary		Send a test event to a webhook endpoint
+//	@ID			sendWebhookTestEvent
+//	@Description	Records a `webhook.test` event for the endpoint, whatever event types it subscribes to, and answers its delivery (`pending`). A worker sends it within `WEBHOOK_POLL_INTERVAL` (1 s), signed like any event, with the body `{"id": "evt_...", "type": "webhook.test", "created_at": "...", "data": {"endpoint_id": "..."}}`. It is **attempted once**: the deliveries list then shows it `delivered`, or `failed` with the answer's status code or the error (send another, or send this one again with the redeliver route).
+//	@Description
+//	@Description	At most 5 test events of one endpoint wait for their attempt at once: past that, 429 `test_events_pending` (stored under the key like any answer): wait for them, then send a new request with a new key. Send an `Idempotency-Key`: a retry with it gets the first answer back and records no second event.
+//	@Tags			webhooks
+//	@Produce		json
+//	@Produce		application/problem+json
+//	@Security		BearerAuth
+//	@Param			id				path		string						true	"Webhook endpoint id (UUID)"	format(uuid)
+//	@Param			Idempotency-Key	header		string						false	"**A new value per test event you mean to send** (a UUID), the same on every retry of it; left empty, Try it out sends a new UUID.<br>1 to 255 printable ASCII characters. Optional unless the server sets `IDEMPOTENCY_KEY_REQUIRED=true`.<br>Same key and request: the first answer again. Same key, another endpoint: 422. First still running: 409."	minlength(1)	maxlength(255)	extensions(x-pattern=^[!#-~][ -~]*$|^"[ !#-\x5b\x5d-~]+"$)
+//	@Param			Prefer			header		string						false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
+//	@Success		202				{object}	WebhookDelivery				"Accepted: the test event's delivery; with `Idempotent-Replayed: true`, the replay of the first answer."
+//	@Failure		400				{object}	ProblemBadRequest			"The Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true)."
+//	@Failure		401				{object}	ProblemUnauthorized			"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
+//	@Failure		404				{object}	ProblemWebhookNotFound		"`not_found`: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed."
+//	@Failure		409				{object}	ProblemInProgress			"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
+//	@Failure		422				{object}	ProblemKeyReused			"`idempotency_key_reused`: the key was used for a different request (another endpoint) within 24 h; use a new key."
+//	@Failure		429				{object}	ProblemTestEventsPending	"`test_events_pending`: 5 test events of this endpoint are waiting for their attempt; stored under the key like any answer. Wait until the deliveries list shows them sent, then send a new request with a new key."
+//	@Failure		500				{object}	ProblemInternal				"`internal_error`: nothing was recorded or stored; retry, with the same key."
+//	@Failure		503				{object}	ProblemUnavailable			"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
+//	@Header			202,404,429		{string}	Idempotent-Replayed			"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
+//	@Header			202,404,429		{string}	Original-Request-Id			"On a replay: the X-Request-Id of the request that did the work."
+//	@Header			202,404,422,429	{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
+//	@Header			202,404,422,429	{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
+//	@Header			409,500,503		{integer}	Retry-After					"Seconds to wait before retrying."
+//	@Header			401				{string}	WWW-Authenticate			"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
+//	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Router			/api/webhook-endpoints/{id}/test/ [post]
+func (h *webhookHandlers) sendTest(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+	ep, ok := canonicalID(req.Gin.Param("id"))
+	if !ok {
+		return idempotency.Problem(req, notFound("Webhook endpoint")), nil
+	}
+	d, err := h.endpoints.SendTestEvent(tx.DB(), principalOf(req.Gin).OrgID, ep, maxPendingTests)
+	switch {
+	case errors.Is(err, models.ErrNotFound):
+		return idempotency.Problem(req, notFound("Webhook endpoint")), nil
+	case errors.Is(err, models.ErrTestsPending):
+		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, "test_events_pending",
+			fmt.Sprintf("%d test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key.", maxPendingTests))), nil
+	case err != nil:
+		return idempotency.Response{}, err
+	}
+	return idempotency.JSON(http.StatusAccepted, deliveryOf(d))
 }

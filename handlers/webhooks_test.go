@@ -250,7 +250,7 @@ func TestWebhookDeliveriesList(t *testing.T) {
 	require.Len(t, list.Data, 1)
 	d := list.Data[0]
 	require.Equal(t, "evt_"+strings.ReplaceAll(run, "-", ""), d.EventID)
-	require.Equal(t, run, d.RunID)
+	require.Equal(t, run, *d.RunID)
 	require.Equal(t, "validation_run.finished", d.EventType)
 	require.Equal(t, "pending", d.Status)
 	require.Zero(t, d.Attempts)

@@ -381,3 +381,50 @@ func TestUnfinishedRunsMigration(t *testing.T) {
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM pg_indexes WHERE indexname = 'validation_runs_unfinished_idx'`).Scan(&idx))
 	require.Equal(t, 1, idx, "Down gives the sweeper's index back")
 }
+
+// Migration 0011 lets a test event's delivery name no run (and only a test
+// event's), and adds the resend flag; its Down drops the test events and
+// keeps every run's delivery.
+func TestWebhookSupportMigration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := emptyDB(t)
+	p, err := migrations.NewProvider(db)
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 10)
+	require.NoError(t, err)
+	var org, wf, run, ep string
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&org))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO workflows (org_id, name) VALUES ($1, 'wf') RETURNING id`, org).Scan(&wf))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO validation_runs (org_id, workflow_id, status, submission, finished_at)
+		VALUES ($1, $2, 'passed', '{}', now()) RETURNING id`, org, wf).Scan(&run))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO webhook_endpoints (org_id, url, events, secret)
+		VALUES ($1, 'https://example.com/h', '["validation_run.finished"]', 'whsec_AAAA') RETURNING id`, org).Scan(&ep))
+	_, err = db.ExecContext(ctx, `INSERT INTO webhook_deliveries (org_id, endpoint_id, run_id, event_id) VALUES ($1, $2, $3, 'evt_run')`, org, ep, run)
+	require.NoError(t, err)
+
+	_, err = p.UpTo(ctx, 11)
+	require.NoError(t, err)
+	var resend bool
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT resend FROM webhook_deliveries WHERE event_id = 'evt_run'`).Scan(&resend))
+	require.False(t, resend)
+	_, err = db.ExecContext(ctx, `INSERT INTO webhook_deliveries (org_id, endpoint_id, event_id, event_type) VALUES ($1, $2, 'evt_test', 'webhook.test')`, org, ep)
+	require.NoError(t, err, "a test event names no run")
+	_, err = db.ExecContext(ctx, `INSERT INTO webhook_deliveries (org_id, endpoint_id, event_id) VALUES ($1, $2, 'evt_none')`, org, ep)
+	require.Error(t, err, "a run's event names its run")
+	_, err = db.ExecContext(ctx, `INSERT INTO webhook_deliveries (org_id, endpoint_id, run_id, event_id, event_type) VALUES ($1, $2, $3, 'evt_t2', 'webhook.test')`, org, ep, run)
+	require.Error(t, err, "a test event names no run")
+
+	_, err = p.DownTo(ctx, 10)
+	require.NoError(t, err)
+	var events []string
+	rows, err := db.QueryContext(ctx, `SELECT event_id FROM webhook_deliveries ORDER BY event_id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var e string
+		require.NoError(t, rows.Scan(&e))
+		events = append(events, e)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"evt_run"}, events, "Down drops the test events only")
+}

@@ -31,6 +31,9 @@ var (
 	ErrConflict = errors.New("conflict")
 	// ErrQuotaExceeded: the organisation has used its monthly run quota.
 	ErrQuotaExceeded = errors.New("monthly run quota exceeded")
+	// ErrTestsPending: the endpoint has as many test events waiting for
+	// their attempt as it may (SendTestEvent).
+	ErrTestsPending = errors.New("test events pending")
 	// ErrStalled: the database did not hand out a connection, or did not
 	// answer a request's first statement, within DBOptions.AcquireTimeout or
 	// AnswerTimeout (a hung or overwhelmed server). IsUnavailable holds for it.

@@ -202,18 +202,117 @@ func (s *RunStore) Get(ctx context.Context, orgID, id string) (*ValidationRun, e
 	return &r, nil
 }
 
-// List returns one page of the organisation's runs, newest first, optionally
-// of one workflow, and the cursor of the next page.
-func (s *RunStore) List(ctx context.Context, orgID, workflowID string, p Page) ([]ValidationRun, string, error) {
+// RunFilter narrows a list of runs; its zero value lists them all.
+type RunFilter struct {
+	// WorkflowID: only that workflow's runs ("" for all).
+	WorkflowID string
+	// Status: only runs in that status (RunQueued... RunError; "" for any).
+	Status string
+	// CreatedAfter and CreatedBefore: only runs created strictly after,
+	// and strictly before, these times (the zero time: no bound).
+	CreatedAfter, CreatedBefore time.Time
+}
+
+// FinalScanBudget is how many runs a page of a list filtered on a final
+// status (passed, failed, error) reads at most. No index holds the status
+// (a run's end must stay a HOT update, migration 0010), so such a page
+// walks the organisation's runs newest first and keeps those in the
+// status: without a bound, a status an organisation never had would read
+// all its runs. A page that reaches the bound ends there, with fewer runs
+// than asked for (even none) and a cursor to go on from.
+const FinalScanBudget = 2000
+
+// List returns one page of the organisation's runs that f lets through,
+// newest first, and the cursor of the next page ("" on the last one).
+//
+// No index of its own: the indexes that order the organisation's or the
+// workflow's runs by creation serve the time bounds and the cursor. The
+// runs queued or running are found through unfinished_runs: a page costs
+// about the runs not yet final, whoever's (PostgreSQL may walk the
+// organisation's runs instead when it estimates that cheaper). A final
+// status reads at most FinalScanBudget runs per page.
+func (s *RunStore) List(ctx context.Context, orgID string, f RunFilter, p Page) ([]ValidationRun, string, error) {
 	q := s.db.WithContext(ctx).Where("org_id = ?", orgID)
-	if workflowID != "" {
-		q = q.Where("workflow_id = ?", workflowID)
+	if f.WorkflowID != "" {
+		q = q.Where("workflow_id = ?", f.WorkflowID)
 	}
-	rs, next, err := listPage(q, p, func(r *ValidationRun) (time.Time, string) { return r.CreatedAt, r.ID })
+	if !f.CreatedAfter.IsZero() {
+		q = q.Where("created_at > ?", f.CreatedAfter)
+	}
+	if !f.CreatedBefore.IsZero() {
+		q = q.Where("created_at < ?", f.CreatedBefore)
+	}
+	var (
+		rs   []ValidationRun
+		next string
+		err  error
+	)
+	switch f.Status {
+	case "":
+		rs, next, err = listPage(q, p, runKey)
+	case RunQueued, RunRunning:
+		rs, next, err = listPage(q.Where("status = ? AND id IN (SELECT id FROM unfinished_runs)", f.Status), p, runKey)
+	default:
+		rs, next, err = s.listFinal(q, f.Status, p)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("list runs: %w", err)
 	}
 	return rs, next, nil
+}
+
+func runKey(r *ValidationRun) (time.Time, string) { return r.CreatedAt, r.ID }
+
+// scannedRun is a run a page of listFinal read: in the status asked for
+// (Hit), or the last one its scan may read, where the next page starts
+// (Edge).
+type scannedRun struct {
+	ValidationRun
+	Hit, Edge bool
+}
+
+// listFinal is a page of the runs of q in the final status, reading at most
+// FinalScanBudget runs (see List), in one statement. The inner query walks
+// the runs by the list's index, newest first, from the cursor, up to the
+// budget; the outer one keeps the runs in the status and the budget's last
+// run. Each step streams: the walk stops as soon as the page is full, so a
+// common status reads about limit/share runs, a rare one the budget.
+func (s *RunStore) listFinal(q *gorm.DB, status string, p Page) ([]ValidationRun, string, error) {
+	after, err := p.after()
+	if err != nil {
+		return nil, "", err
+	}
+	if after != nil {
+		q = q.Where("(created_at, id) < (?, ?)", after.createdAt, after.id)
+	}
+	scan := q.Model(&ValidationRun{}).Order("created_at DESC, id DESC").Limit(FinalScanBudget)
+	var rows []scannedRun
+	err = s.db.WithContext(q.Statement.Context).Raw(`SELECT * FROM (
+	SELECT r.*, r.status = ? AS hit, row_number() OVER (ORDER BY r.created_at DESC, r.id DESC) = ? AS edge FROM (?) r
+) x WHERE hit OR edge ORDER BY created_at DESC, id DESC LIMIT ?`, status, FinalScanBudget, scan, p.limit()+1).Scan(&rows).Error
+	if err != nil {
+		return nil, "", translate(err)
+	}
+	var (
+		hits []ValidationRun
+		edge *ValidationRun
+	)
+	for i := range rows {
+		if rows[i].Hit {
+			hits = append(hits, rows[i].ValidationRun)
+		}
+		if rows[i].Edge {
+			edge = &rows[i].ValidationRun
+		}
+	}
+	switch {
+	case len(hits) > p.limit():
+		hits = hits[:p.limit()]
+		return hits, cursorOf(runKey(&hits[len(hits)-1])), nil
+	case edge != nil:
+		return hits, cursorOf(runKey(edge)), nil
+	}
+	return hits, "", nil
 }
 
 // Finished returns those of ids whose runs are final (passed, failed or

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -128,6 +129,10 @@ func (s *WebhookStore) RotateSecret(tx *gorm.DB, orgID, id, next string) (*Webho
 	return &rows[0], nil
 }
 
+// EventTest is the type of a test event (SendTestEvent): about no run,
+// sent to an endpoint whatever it subscribes to, attempted once.
+const EventTest = "webhook.test"
+
 // A delivery's statuses.
 const (
 	// DeliveryPending: not yet delivered; attempts go on.
@@ -144,8 +149,10 @@ type WebhookDelivery struct {
 	ID         string `gorm:"primaryKey;type:uuid;default:gen_random_uuid()"`
 	OrgID      string
 	EndpointID string
-	RunID      string
-	// EventID is the webhook-id of every attempt: evt_ + the run id's hex.
+	// RunID is the run the event is about; nil for a test event.
+	RunID *string
+	// EventID is the webhook-id of every attempt: evt_ + the run id's hex
+	// (a test event: evt_ + a new id's hex).
 	EventID   string
 	EventType string
 	// Status is pending, delivered or failed.
@@ -171,6 +178,68 @@ func (s *WebhookStore) Deliveries(ctx context.Context, orgID, endpointID string,
 		return nil, "", fmt.Errorf("list webhook deliveries: %w", err)
 	}
 	return ds, next, nil
+}
+
+// Redeliver makes the organisation's delivery id of the endpoint due again
+// at once, on tx (the request's transaction), whatever its status
+// (delivered, failed, pending), and returns it as it now is: pending, its
+// next attempt due now. The attempt is a new one of the same event (the
+// same event id, so the same webhook-id). When an attempt of it is under
+// way (a live claim), that attempt is left alone, so the event is never
+// sent twice at once: its outcome then leaves the delivery due at once
+// (resend, RecordAttempt), unless a newer claim's attempt came first.
+// Another organisation's delivery, or another endpoint's, is ErrNotFound.
+//
+// A delivery given up past WEBHOOK_RETRY_HORIZON gets this one attempt:
+// failed again if it is not delivered.
+func (s *WebhookStore) Redeliver(tx *gorm.DB, orgID, endpointID, id string) (*WebhookDelivery, error) {
+	var rows []WebhookDelivery
+	err := tx.Raw(`
+UPDATE webhook_deliveries SET status = 'pending', delivered_at = NULL, next_attempt_at = now(),
+	resend = coalesce(sending_until > now(), false)
+WHERE id = ? AND endpoint_id = ? AND org_id = ?
+RETURNING *`, id, endpointID, orgID).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("redeliver webhook delivery %s: %w", id, translate(err))
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("webhook delivery %s: %w", id, ErrNotFound)
+	}
+	return &rows[0], nil
+}
+
+// SendTestEvent records a test event (EventTest) for the organisation's
+// endpoint, on tx (the request's transaction): a delivery due at once,
+// attempted once, whatever the endpoint subscribes to. At most maxPending
+// test events of one endpoint wait for their attempt at once (past that,
+// ErrTestsPending): a tenant cannot queue test events without bound. The
+// endpoint's row is locked FOR NO KEY UPDATE meanwhile, so two requests
+// count in turn; it does not hold up the runs' ends, whose deliveries only
+// take FOR KEY SHARE on it. Another organisation's endpoint is ErrNotFound.
+func (s *WebhookStore) SendTestEvent(tx *gorm.DB, orgID, endpointID string, maxPending int) (*WebhookDelivery, error) {
+	var ids []string
+	if err := tx.Raw(`SELECT id FROM webhook_endpoints WHERE id = ? AND org_id = ? FOR NO KEY UPDATE`, endpointID, orgID).
+		Scan(&ids).Error; err != nil {
+		return nil, fmt.Errorf("test event: %w", translate(err))
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("webhook endpoint %s: %w", endpointID, ErrNotFound)
+	}
+	var n int64
+	if err := tx.Raw(`SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = ? AND status = 'pending' AND event_type = ?`,
+		endpointID, EventTest).Scan(&n).Error; err != nil {
+		return nil, fmt.Errorf("test event: %w", translate(err))
+	}
+	if n >= int64(maxPending) {
+		return nil, fmt.Errorf("webhook endpoint %s: %d test events pending: %w", endpointID, n, ErrTestsPending)
+	}
+	var rows []WebhookDelivery
+	err := tx.Raw(`INSERT INTO webhook_deliveries (org_id, endpoint_id, event_id, event_type) VALUES (?, ?, ?, ?) RETURNING *`,
+		orgID, endpointID, "evt_"+strings.ReplaceAll(NewRunID(), "-", ""), EventTest).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("test event: %w", translate(err))
+	}
+	return &rows[0], nil
 }
 
 // DeliveryClaim is a due delivery a worker claimed for one attempt.
@@ -214,7 +283,7 @@ pick AS (
 		ORDER BY d.next_attempt_at LIMIT greatest(@per - b.n, 0)
 		FOR UPDATE SKIP LOCKED) c
 	ORDER BY turn, first LIMIT @limit)
-UPDATE webhook_deliveries d SET sending_until = now() + @lease * interval '1 microsecond'
+UPDATE webhook_deliveries d SET sending_until = now() + @lease * interval '1 microsecond', resend = false
 FROM pick WHERE d.id = pick.id
 RETURNING d.id, d.attempts, d.sending_until AS claim`,
 		map[string]any{"limit": limit, "per": perEndpoint, "lease": lease.Microseconds()}).Scan(&out).Error
@@ -228,8 +297,9 @@ RETURNING d.id, d.attempts, d.sending_until AS claim`,
 type DeliveryJob struct {
 	Delivery WebhookDelivery
 	Endpoint WebhookEndpoint
-	// Run is the run the event is about, as final as it will ever be.
-	Run ValidationRun
+	// Run is the run the event is about, as final as it will ever be; nil
+	// for a test event (EventTest).
+	Run *ValidationRun
 }
 
 // DeliveryJob reads what the attempt of the delivery id under claim needs;
@@ -246,7 +316,11 @@ func (s *WebhookStore) DeliveryJob(ctx context.Context, id string, claim time.Ti
 	if err := db.Where("id = ?", j.Delivery.EndpointID).Take(&j.Endpoint).Error; err != nil {
 		return nil, fmt.Errorf("webhook delivery %s: endpoint: %w", id, translate(err))
 	}
-	if err := db.Where("id = ?", j.Delivery.RunID).Take(&j.Run).Error; err != nil {
+	if j.Delivery.RunID == nil {
+		return &j, nil // a test event
+	}
+	j.Run = &ValidationRun{}
+	if err := db.Where("id = ?", *j.Delivery.RunID).Take(j.Run).Error; err != nil {
 		return nil, fmt.Errorf("webhook delivery %s: run: %w", id, translate(err))
 	}
 	return &j, nil
@@ -267,7 +341,10 @@ type Attempt struct {
 
 // RecordAttempt writes the outcome of the attempt made under claim:
 // delivered; or pending, with its next attempt due after a.Retry; or
-// failed, when that would be more than horizon after the event. It returns
+// failed, when that would be more than horizon after the event, or when it
+// is a test event's (one attempt, no retries). A redelivery asked while the
+// attempt was under way (Redeliver: resend) makes it pending and due at
+// once, whatever the outcome. It returns
 // the delivery's status, "" when it wrote nothing: the delivery is no
 // longer pending, or claim is no longer its claim (it ran out and the
 // delivery was claimed again: a late attempt never records over a newer
@@ -285,13 +362,18 @@ func (s *WebhookStore) RecordAttempt(ctx context.Context, id string, claim time.
 	var status []string
 	err := s.db.WithContext(ctx).Raw(`
 UPDATE webhook_deliveries SET attempts = attempts + 1, sending_until = NULL, last_status_code = @code, last_error = @msg,
-	status = CASE WHEN @delivered THEN 'delivered'
+	status = CASE WHEN resend THEN 'pending'
+		WHEN @delivered THEN 'delivered'
+		WHEN event_type = '`+EventTest+`' THEN 'failed'
 		WHEN now() + @retry * interval '1 microsecond' > created_at + @horizon * interval '1 microsecond' THEN 'failed'
 		ELSE 'pending' END,
-	next_attempt_at = CASE WHEN @delivered THEN NULL
+	next_attempt_at = CASE WHEN resend THEN now()
+		WHEN @delivered THEN NULL
+		WHEN event_type = '`+EventTest+`' THEN NULL
 		WHEN now() + @retry * interval '1 microsecond' > created_at + @horizon * interval '1 microsecond' THEN NULL
 		ELSE now() + @retry * interval '1 microsecond' END,
-	delivered_at = CASE WHEN @delivered THEN now() END
+	delivered_at = CASE WHEN @delivered AND NOT resend THEN now() END,
+	resend = false
 WHERE id = @id AND status = 'pending' AND sending_until = @claim
 RETURNING status`, map[string]any{"id": id, "claim": claim, "code": code, "msg": msg, "delivered": a.Delivered,
 		"retry": a.Retry.Microseconds(), "horizon": horizon.Microseconds()}).Scan(&status).Error

@@ -212,6 +212,12 @@ type Event struct {
 	Data      any       `json:"data"`
 }
 
+// TestEventData is the data of a test event (models.EventTest): the
+// endpoint it was sent to.
+type TestEventData struct {
+	EndpointID string `json:"endpoint_id"`
+}
+
 // ProcessTask makes one attempt of a delivery and records its outcome. It
 // returns nil whatever the endpoint answered (the outcome schedules the
 // next attempt, not asynq); an error only when it could not read or write
@@ -230,7 +236,11 @@ func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return err
 	}
 	d := job.Delivery
-	body, err := json.Marshal(Event{ID: d.EventID, Type: d.EventType, CreatedAt: d.CreatedAt.UTC(), Data: s.eventData(&job.Run)})
+	var data any = TestEventData{EndpointID: d.EndpointID}
+	if job.Run != nil {
+		data = s.eventData(job.Run)
+	}
+	body, err := json.Marshal(Event{ID: d.EventID, Type: d.EventType, CreatedAt: d.CreatedAt.UTC(), Data: data})
 	if err != nil {
 		return fmt.Errorf("webhook event %s: %w", d.EventID, err)
 	}
