@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,33 +39,41 @@ const (
 
 // promtool finds promtool with the project's scripts/install-promtool.sh
 // (which installs Debian's prometheus package when missing and running as
-// root, and prints its path). It skips the test, loudly, when there is
-// none: a skipped rules test must never pass unnoticed.
+// root, and prints its path), once per test binary. It skips the test,
+// loudly, when there is none: a skipped rules test must never pass
+// unnoticed.
 func promtool(t *testing.T) string {
 	t.Helper()
+	path, skip := findPromtool()
+	if skip != "" {
+		t.Skip(skip)
+	}
+	return path
+}
+
+var findPromtool = sync.OnceValues(func() (path, skip string) {
 	if p := os.Getenv("PROMTOOL"); p != "" {
-		return p
+		return p, ""
 	}
 	cmd := exec.Command("bash", "../scripts/install-promtool.sh")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	path := strings.TrimSpace(lines[len(lines)-1])
+	path = strings.TrimSpace(lines[len(lines)-1])
 	if err == nil && path != "" {
 		if _, statErr := os.Stat(path); statErr == nil {
-			return path
+			return path, ""
 		}
 		err = fmt.Errorf("it printed %q, which does not exist", path)
 	}
-	msg := fmt.Sprintf("\n%s\nSKIPPING %s: no promtool for the alert rules' tests.\n"+
+	msg := fmt.Sprintf("\n%s\nSKIPPING the alert rules' tests: no promtool.\n"+
 		"scripts/install-promtool.sh failed (%v): %s\n"+
 		"Install it (apt-get install prometheus) or set PROMTOOL=/path/to/promtool.\n%s",
-		strings.Repeat("!", 72), t.Name(), err, strings.TrimSpace(stderr.String()), strings.Repeat("!", 72))
+		strings.Repeat("!", 72), err, strings.TrimSpace(stderr.String()), strings.Repeat("!", 72))
 	fmt.Fprintln(os.Stderr, msg)
-	t.Skip(msg)
-	return ""
-}
+	return "", msg
+})
 
 func runPromtool(t *testing.T, dir string, args ...string) (string, error) {
 	t.Helper()
