@@ -20,22 +20,14 @@ import (
 	"github.com/valruns/valruns/models"
 )
 
-// freezer is a TCP proxy to PostgreSQL that the test can freeze: while
-// frozen it passes no byte either way, as a SIGSTOPped server answers
-// nothing (the kernel still accepts connections).
-type freezer struct {
-	ln     net.Listener
-	mu     sync.Mutex
-	cond   *sync.Cond
-	frozen bool
-	conns  []net.Conn
-}
-
-func newFreezer(t *testing.T, upstream string) *freezer {
+// dbProxy listens on a loopback port and connects each client to upstream
+// (PostgreSQL), handing both ends to serve; every connection is closed at
+// the end of the test.
+func dbProxy(t *testing.T, upstream string, serve func(client, server net.Conn)) net.Listener {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	f := &freezer{ln: ln}
-	f.cond = sync.NewCond(&f.mu)
+	var mu sync.Mutex
+	var conns []net.Conn
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -47,22 +39,41 @@ func newFreezer(t *testing.T, upstream string) *freezer {
 				_ = c.Close()
 				continue
 			}
-			f.mu.Lock()
-			f.conns = append(f.conns, c, u)
-			f.mu.Unlock()
-			go f.pipe(c, u)
-			go f.pipe(u, c)
+			mu.Lock()
+			conns = append(conns, c, u)
+			mu.Unlock()
+			serve(c, u)
 		}
 	}()
 	t.Cleanup(func() {
-		f.set(false)
 		_ = ln.Close()
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		for _, c := range f.conns {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
 			_ = c.Close()
 		}
 	})
+	return ln
+}
+
+// freezer is a TCP proxy to PostgreSQL that the test can freeze: while
+// frozen it passes no byte either way, as a SIGSTOPped server answers
+// nothing (the kernel still accepts connections).
+type freezer struct {
+	ln     net.Listener
+	mu     sync.Mutex
+	cond   *sync.Cond
+	frozen bool
+}
+
+func newFreezer(t *testing.T, upstream string) *freezer {
+	f := &freezer{}
+	f.cond = sync.NewCond(&f.mu)
+	f.ln = dbProxy(t, upstream, func(c, u net.Conn) {
+		go f.pipe(c, u)
+		go f.pipe(u, c)
+	})
+	t.Cleanup(func() { f.set(false) }) // before the connections close (cleanups run last first)
 	return f
 }
 
@@ -222,38 +233,13 @@ type dropper struct {
 	ln    net.Listener
 	mu    sync.Mutex
 	armed bool
-	conns []net.Conn
 }
 
 func newDropper(t *testing.T, upstream string) *dropper {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	d := &dropper{ln: ln}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", upstream)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			d.mu.Lock()
-			d.conns = append(d.conns, c, u)
-			d.mu.Unlock()
-			go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
-			go d.answers(u, c)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		for _, c := range d.conns {
-			_ = c.Close()
-		}
+	d := &dropper{}
+	d.ln = dbProxy(t, upstream, func(c, u net.Conn) {
+		go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+		go d.answers(u, c)
 	})
 	return d
 }

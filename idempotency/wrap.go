@@ -378,20 +378,8 @@ func (k *call) serve(prep Preparer, h Handler) {
 	// (or finds its row) before anything else.
 	lookFirst := k.w.recent.has(k.lockID)
 	for {
-		// The key is this process's to try, unless one of its requests
-		// holds it: then this one is a duplicate in flight, known at once,
-		// whatever the first request waits on (PITFALLS: a later duplicate
-		// must never overtake the first while it waits).
-		f := &flight{done: make(chan struct{})}
-		if _, held := k.w.flights.LoadOrStore(k.lockID, f); !held {
-			answered := k.try(ctx, prep, h, lookFirst)
-			// Requests of this process waiting on the key are woken once
-			// its transaction has ended.
-			k.w.flights.CompareAndDelete(k.lockID, f)
-			close(f.done)
-			if answered {
-				return
-			}
+		if k.try(ctx, prep, h, lookFirst) {
+			return
 		}
 		// Another request holds the key's lock.
 		k.w.recent.add(k.lockID)
@@ -433,6 +421,19 @@ func (k *call) try(ctx context.Context, prep Preparer, h Handler, lookFirst bool
 			return false
 		}
 	}
+	// The key is this process's to work on, unless one of its requests
+	// holds it: then this one is a duplicate in flight, known at once,
+	// whatever the first request waits on (PITFALLS: a later duplicate
+	// must never overtake the first while it waits). Requests of this
+	// process waiting on the key are woken once the work has ended.
+	f := &flight{done: make(chan struct{})}
+	if _, held := k.w.flights.LoadOrStore(k.lockID, f); held {
+		return false
+	}
+	defer func() {
+		k.w.flights.CompareAndDelete(k.lockID, f)
+		close(f.done)
+	}()
 	stored, done := k.run(ctx, prep, h)
 	switch {
 	case done:

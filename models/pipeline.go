@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,11 +20,13 @@ import (
 // itself waits on anything (startBatcher.exec). pgx's batch cannot do that:
 // the server flushes its answers only at the batch's Sync.
 //
-// Statements are prepared once per connection (named, like pgx's statement
-// cache; unnamed behind a transaction pooler, which allows no named
-// statement), in the same implicit transaction: a statement's first use on
-// a connection costs one more round trip, after the statements before it
-// have run. The pool's tracer sees the statements as one batch.
+// Statements are prepared once per connection, named like pgx's statement
+// cache, in the same implicit transaction: a statement's first use on a
+// connection costs one more round trip, after the statements before it
+// have run. Behind a transaction pooler, which allows no named statement,
+// each is parsed unnamed every time, in the same round trip, with the
+// description another connection's first use learnt (describedSQL). The
+// pool's tracer sees the statements as one batch.
 type pipe struct {
 	ctx    context.Context
 	c      *pgx.Conn
@@ -43,7 +46,14 @@ type pipeRead struct {
 	sql  string
 	args []any
 	read func(pgx.Rows) error
+	// parsed: an unnamed Parse and its description precede the rows.
+	parsed bool
 }
+
+// describedSQL holds what the server said of each statement's parameters
+// and columns (the same on every connection of a schema), for the unnamed
+// statements sent behind a transaction pooler.
+var describedSQL sync.Map // SQL -> *pgconn.StatementDescription
 
 // stmtCacheKey holds a connection's prepared statements (pgconn's
 // CustomData): SQL -> description, and how many it forgot (for new names).
@@ -82,6 +92,14 @@ func (q *pipe) query(sql string, args []any, read func(pgx.Rows) error, flush bo
 	q.batch.Queue(sql, args...)
 	cache := q.statements()
 	sd := cache.bySQL[sql]
+	parsed := false
+	if d, ok := describedSQL.Load(sql); ok && !q.named {
+		// Parsed anew, unnamed, and bound at once, as described before.
+		sd = &pgconn.StatementDescription{SQL: sql, ParamOIDs: d.(*pgconn.StatementDescription).ParamOIDs,
+			Fields: d.(*pgconn.StatementDescription).Fields}
+		q.p.SendPrepare("", sql, sd.ParamOIDs)
+		parsed = true
+	}
 	if sd == nil {
 		name := ""
 		if q.named {
@@ -107,13 +125,15 @@ func (q *pipe) query(sql string, args []any, read func(pgx.Rows) error, flush bo
 		sd.Name, sd.SQL = name, sql
 		if q.named {
 			cache.bySQL[sql] = sd
+		} else {
+			describedSQL.Store(sql, sd)
 		}
 	}
 	if err := q.eqb.Build(q.c.TypeMap(), sd, args); err != nil {
 		return fmt.Errorf("encode arguments: %w", err)
 	}
 	q.p.SendQueryStatement(sd, q.eqb.ParamValues, q.eqb.ParamFormats, slices.Clone(q.eqb.ResultFormats))
-	q.reads = append(q.reads, pipeRead{sql: sql, args: args, read: read})
+	q.reads = append(q.reads, pipeRead{sql: sql, args: args, read: read, parsed: parsed})
 	if flush {
 		q.p.SendFlushRequest()
 		return q.flush()
@@ -131,7 +151,19 @@ func (q *pipe) readAll() error {
 	for len(q.reads) > 0 {
 		r := q.reads[0]
 		q.reads = q.reads[1:]
-		res, err := q.p.GetResults()
+		var res any
+		var err error
+		if r.parsed {
+			if res, err = q.p.GetResults(); err == nil {
+				if _, ok := res.(*pgconn.StatementDescription); !ok {
+					err = fmt.Errorf("%T where a statement's description was due", res)
+				}
+			}
+		}
+		if err == nil {
+			res, err = q.p.GetResults()
+		}
+		var tag pgconn.CommandTag
 		if err == nil {
 			rr, ok := res.(*pgconn.ResultReader)
 			if !ok {
@@ -143,10 +175,11 @@ func (q *pipe) readAll() error {
 				if err == nil {
 					err = rows.Err()
 				}
+				tag = rows.CommandTag()
 			}
 		}
 		if q.tracer != nil {
-			q.tracer.TraceBatchQuery(q.tctx, q.c, pgx.TraceBatchQueryData{SQL: r.sql, Args: r.args, Err: err})
+			q.tracer.TraceBatchQuery(q.tctx, q.c, pgx.TraceBatchQueryData{SQL: r.sql, Args: r.args, CommandTag: tag, Err: err})
 		}
 		if err != nil {
 			q.forget(r.sql, err)
@@ -162,6 +195,7 @@ func (q *pipe) readAll() error {
 func (q *pipe) forget(sql string, err error) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "0A000" || pgErr.Code == "26000") {
+		describedSQL.Delete(sql)
 		s := q.statements()
 		if _, ok := s.bySQL[sql]; ok {
 			delete(s.bySQL, sql)

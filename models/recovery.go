@@ -172,6 +172,30 @@ func (s *RunStore) MarkRedelivered(ctx context.Context, r StrandedRun) (bool, er
 	return res.RowsAffected == 1, nil
 }
 
+// QueuedOf returns the runs of ids that are queued: of the runs a stopped
+// worker's tasks carry, those it had not claimed (the sweeper takes them
+// over). Ids that are no run's are left out.
+func (s *RunStore) QueuedOf(ctx context.Context, ids []string) ([]StrandedRun, error) {
+	var valid []string
+	for _, id := range ids {
+		if _, err := uuid.Parse(id); err == nil {
+			valid = append(valid, id)
+		}
+	}
+	if len(valid) == 0 {
+		return nil, nil
+	}
+	var rs []StrandedRun
+	// One text parameter (GORM would expand a slice into a list).
+	err := s.db.WithContext(ctx).Raw(`SELECT id, org_id, status, redeliveries, created_at FROM validation_runs
+		WHERE id IN (SELECT CAST(x AS uuid) FROM unnest(string_to_array(?, ',')) AS x) AND status = 'queued'
+		ORDER BY id`, strings.Join(valid, ",")).Scan(&rs).Error
+	if err != nil {
+		return nil, fmt.Errorf("read held runs: %w", translate(err))
+	}
+	return rs, nil
+}
+
 // NotPending returns the runs of ids that are neither queued nor running:
 // final, or unknown. The sweeper releases them from the fair gate's
 // admitted sets, where a release that never reached Redis (a failover to a

@@ -112,7 +112,7 @@ const recordFinished = `, unlisted AS (
 // statement; ended says whether it ended a run.
 func (s *RunStore) endRun(ctx context.Context, update string, args ...any) (bool, error) {
 	var ended []endedRun
-	err := s.db.WithContext(ctx).Raw(`WITH done AS (`+update+` RETURNING `+endedColumns("validation_runs")+`)`+recordFinished+`
+	err := s.db.WithContext(ctx).Raw(`WITH done AS (`+update+` RETURNING `+endedColumns+`)`+recordFinished+`
 SELECT `+endedSelect+` FROM done`, args...).Scan(&ended).Error
 	if err != nil {
 		return false, translate(err)
@@ -122,12 +122,10 @@ SELECT `+endedSelect+` FROM done`, args...).Scan(&ended).Error
 }
 
 // endedColumns is what every statement that ends runs returns of each run
-// it ended (the CTE done), t the updated table's name or alias; endedSelect
-// is what it reads back of them (endedRun): the run's final status, and its
-// time from start to final as the row records it.
-func endedColumns(t string) string {
-	return t + `.id, ` + t + `.org_id, ` + t + `.status, ` + t + `.created_at, ` + t + `.finished_at`
-}
+// it ended (the CTE done; finishUnclaimedSQL names them through its alias),
+// and endedSelect what it reads back of them (endedRun): the run's final
+// status, and its time from start to final as the row records it.
+const endedColumns = `id, org_id, status, created_at, finished_at`
 
 const endedSelect = `id, status, CAST(greatest(extract(epoch FROM finished_at - created_at), 0) AS float8) AS seconds`
 
@@ -181,6 +179,16 @@ type Outcome struct {
 	StartedAt time.Time
 }
 
+// finishUnclaimedSQL ends queued runs (FinishUnclaimed).
+const finishUnclaimedSQL = `
+WITH done AS (UPDATE validation_runs r SET status = v.status, findings = CAST(v.findings AS json), error = v.error,
+	attempts = r.attempts + 1, started_at = v.started, finished_at = now()
+FROM unnest(CAST($1 AS uuid[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS text[]), CAST($5 AS timestamptz[]))
+	AS v(id, status, findings, error, started)
+WHERE r.id = v.id AND r.status = 'queued'
+RETURNING r.id, r.org_id, r.status, r.created_at, r.finished_at)` + recordFinished + `
+SELECT ` + endedSelect + ` FROM done`
+
 // FinishUnclaimed ends queued runs with their outcomes, in one statement:
 // the fast path of a run, written once, from queued to final, without a
 // claim. A run that is no longer queued (a delivery claimed it, or it
@@ -202,31 +210,29 @@ func (s *RunStore) FinishUnclaimed(ctx context.Context, outs []Outcome) (map[str
 	}
 	ended := make(map[string]bool, n)
 	var runs []endedRun
-	// Planned at each execution (the unnamed statement, the description
-	// cached), not once per connection: a plan made while the table was
-	// empty scans it whole (no index of runs holds status), and a cached
-	// one would keep doing so as the table grows.
+	// Prepared once per connection, and planned with sequential scans off
+	// (for its own implicit transaction): a plan made while the table was
+	// nearly empty would scan it whole (no index of runs holds status), and
+	// a cached one would keep doing so as the table grows, while planning
+	// it at each execution costs PostgreSQL about as much as running it
+	// (the backlog drain's CPU per run grew half again with it).
 	err := withConn(ctx, s.db, func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, `
-WITH done AS (UPDATE validation_runs r SET status = v.status, findings = CAST(v.findings AS json), error = v.error,
-	attempts = r.attempts + 1, started_at = v.started, finished_at = now()
-FROM unnest(CAST($1 AS uuid[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS text[]), CAST($5 AS timestamptz[]))
-	AS v(id, status, findings, error, started)
-WHERE r.id = v.id AND r.status = 'queued'
-RETURNING `+endedColumns("r")+`)`+recordFinished+`
-SELECT `+endedSelect+` FROM done`, pgx.QueryExecModeCacheDescribe, ids, statuses, fss, errs, started)
-		if err != nil {
-			return err
+		q := startPipe(ctx, c, !optionsOf(s.db).TransactionPooler)
+		err := q.query(`SELECT set_config('enable_seqscan', 'off', true)`, nil, func(pgx.Rows) error { return nil }, false)
+		if err == nil {
+			err = q.query(finishUnclaimedSQL, []any{ids, statuses, fss, errs, started}, func(rows pgx.Rows) error {
+				for rows.Next() {
+					var r endedRun
+					if err := rows.Scan(&r.ID, &r.Status, &r.Seconds); err != nil {
+						return err
+					}
+					ended[r.ID] = true
+					runs = append(runs, r)
+				}
+				return rows.Err()
+			}, false)
 		}
-		for rows.Next() {
-			var r endedRun
-			if err := rows.Scan(&r.ID, &r.Status, &r.Seconds); err != nil {
-				return err
-			}
-			ended[r.ID] = true
-			runs = append(runs, r)
-		}
-		return rows.Err()
+		return q.sync(err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("finish runs: %w", translate(err))

@@ -82,15 +82,15 @@ func TestExpiredLeaseFencesEveryWrite(t *testing.T) {
 	require.Zero(t, got.Findings)
 }
 
-// FinishUnclaimed is planned at each execution. No index of runs holds
-// status, so a plan made while the table was nearly empty scans the table
-// whole; cached on a connection (after five executions, PostgreSQL keeps a
+// FinishUnclaimed never scans the runs. No index of runs holds status, so
+// a plan made while the table was nearly empty scans the table whole;
+// cached on a connection (after five executions, PostgreSQL keeps a
 // generic plan), it went on doing so for every batch as the table grew.
-// Here one connection ends runs on a nearly empty table, then one more once
-// the table holds 20,000 runs: that one must read them through the primary
-// key, not scan them (force the statement back into the connection's cache
-// and this fails).
-func TestFinishUnclaimedPlannedEachTime(t *testing.T) {
+// The statement is planned with sequential scans off. Here one connection
+// ends runs on a nearly empty table, then one more once the table holds
+// 20,000 runs: that one must read them through the primary key, not scan
+// them (plan it with enable_seqscan on, and this fails).
+func TestFinishUnclaimedNeverScansTheRuns(t *testing.T) {
 	t.Parallel()
 	db, _ := testdb.New(t)
 	sqlDB, err := db.DB()

@@ -31,6 +31,7 @@ var scenarios = []scenario{
 	{"worker_kill", workerKill},
 	{"worker_kill_fast", workerKillFast},
 	{"worker_pause", workerPause},
+	{"worker_pause_fast", workerPauseFast},
 	{"worker_starved", workerStarved},
 	{"hostile_input", hostileInput},
 	{"overload_memory", overloadMemory},

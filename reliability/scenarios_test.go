@@ -285,6 +285,7 @@ func workerKill(t *testing.T, s *suite, res *result) {
 		res.fail(t, "worker A held no run at the kill: the scenario proved nothing")
 	}
 	requireTakenOver(t, c, res, held, "killed", c.workers[0].log.String(), faultAt.Add(s.cfg.RunLease))
+	requireTakeoverWithin(t, s, c, res, runIDs(held), c.workers[0], faultAt, "claimed")
 }
 
 // workerKillFast: worker A gets `kill -9` while it drains a backlog of
@@ -304,7 +305,7 @@ func workerKill(t *testing.T, s *suite, res *result) {
 func workerKillFast(t *testing.T, s *suite, res *result) {
 	// The fast path as it runs by default (the suite claims every run
 	// first, RUN_FAST_PATH=0, so that the other scenarios catch held runs).
-	c, cl, rec, o := setupWith(t, s, "wkillfast", func(*cluster) []string { return []string{"RUN_FAST_PATH=1s"} })
+	c, cl, rec, o := setupWith(t, s, "wkillfast", unclaimedSettings)
 	slow := slowWorkflow()
 	wf := createWorkflow(t, cl, o, slow)
 	ctx := context.Background()
@@ -352,6 +353,7 @@ func workerKillFast(t *testing.T, s *suite, res *result) {
 	if len(held) == 0 {
 		res.fail(t, "worker A held no unclaimed run at the kill: the scenario proved nothing")
 	}
+	requireTakeoverWithin(t, s, c, res, held, a, faultAt, "unclaimed")
 }
 
 // orphanedTasks lists the runs of asynq's active tasks that are still
@@ -605,6 +607,7 @@ func workerPause(t *testing.T, s *suite, res *result) {
 		res.fail(t, "worker A held no run at the stop: the scenario proved nothing")
 	}
 	requireTakenOver(t, c, res, held, "stopped", c.workers[0].log.String(), resumedAt)
+	requireTakeoverWithin(t, s, c, res, runIDs(held), c.workers[0], faultAt, "claimed")
 }
 
 // workerStarved: busy loops, two per core, beside the cluster while slow

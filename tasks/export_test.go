@@ -162,3 +162,6 @@ func GateAdmitted(t testing.TB, opt asynq.RedisClientOpt, org string) ([]string,
 	defer rc.Close()
 	return (&gate{redis: rc}).admitted(context.Background(), org)
 }
+
+// LeaseKey is asynq's lease set of the default queue.
+func LeaseKey() string { return leaseKey() }

@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"status"}),
 		redelivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_runs_redelivered_total",
-			Help: "Runs the sweeper re-enqueued because nothing was delivering them, by reason (queued: its task was lost; lease_expired: its worker died or stopped heartbeating).",
+			Help: "Runs the sweeper re-enqueued because nothing was delivering them, by reason (queued: its task was lost; lease_expired: its worker died or stopped heartbeating; held_unclaimed: queued, its task held by a worker that died or stopped before claiming it).",
 		}, []string{"reason"}),
 		leasesLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "valruns_run_leases_lost_total",
@@ -73,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	// Every label value of a closed set is exported from the start, at 0.
-	for _, r := range []string{"queued", "lease_expired"} {
+	for _, r := range []string{"queued", "lease_expired", "held_unclaimed"} {
 		m.redelivered.WithLabelValues(r)
 	}
 	for _, r := range []string{"ok", "error"} {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apitest"
@@ -541,4 +542,93 @@ func TestSweepersRedeliverALostBatchOnce(t *testing.T) {
 	defer rc.Close()
 	apitest.Eventually(t, 10*time.Second, func() bool { return rc.HLen(ctx, tasks.BatchIndexKey).Val() == 0 },
 		"the batch index forgets every run: the worker those of the batch it processed, the sweeper those it re-enqueued")
+}
+
+// A worker that stopped (SIGSTOP, a paused VM) or died holding a run's
+// task before claiming the run holds the task in asynq until asynq's
+// recoverer gives it back, a minute or two later. Here a plain asynq
+// server stands for that worker: its handler takes the run's task and
+// does nothing. While its heartbeat renews its hold on the task (asynq's
+// lease set, scored about 30 s ahead), a sweep leaves the run alone. Once
+// the hold has not been renewed for longer than RUN_LEASE (its score set
+// back as a stopped worker leaves it), a sweep re-enqueues the run at once
+// (held_unclaimed) under a new task ID, a second sweep adds nothing, and
+// another worker finishes it. When the stopped worker goes on and executes
+// its task after all, it writes nothing: the run is finished once.
+func TestSweeperTakesOverAStoppedWorkersUnclaimedRun(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	ctx := context.Background()
+	const lease = 3 * time.Second
+	w := newWorker(t, env, rdb, func(c *tasks.Config) { c.RunLease = lease; c.RunHeartbeat = lease / 3 })
+
+	held := make(chan string, 1)
+	release := make(chan struct{})
+	stopped := asynq.NewServer(rdb, asynq.Config{Concurrency: 1, Queues: map[string]int{"default": 1},
+		TaskCheckInterval: 20 * time.Millisecond, LogLevel: asynq.FatalLevel})
+	mux := asynq.NewServeMux()
+	mux.HandleFunc(tasks.TypeRunExecute, func(ctx context.Context, t *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		held <- id
+		<-release
+		return nil
+	})
+	require.NoError(t, stopped.Start(mux))
+	defer stopped.Shutdown()
+	defer close(release)
+	handOff(t, env, rdb)
+	id := startRun(t, env, org, wf, invalidOrder)
+	var taskID string
+	select {
+	case taskID = <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stand-in worker never took the run's task")
+	}
+
+	rc := redisClient(rdb)
+	defer rc.Close()
+	score, err := rc.ZScore(ctx, tasks.LeaseKey(), taskID).Result()
+	require.NoError(t, err, "asynq holds an active task in its lease set")
+	ahead := time.Until(time.Unix(int64(score), 0))
+	require.True(t, ahead > 20*time.Second && ahead <= 31*time.Second, "a hold runs about 30 s ahead: %s", ahead)
+	swept, err := w.Sweeper().Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, swept, "a live hold is left alone")
+
+	// The hold as a worker stopped RUN_LEASE and 2 s ago leaves it. The
+	// stand-in's heartbeat would renew it within 5 s: sweep at once, and
+	// again if the heartbeat came in between.
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		stale := time.Now().Add(30*time.Second - lease - 2*time.Second).Unix()
+		require.NoError(t, rc.ZAddXX(ctx, tasks.LeaseKey(), redis.Z{Score: float64(stale), Member: taskID}).Err())
+		swept, err = w.Sweeper().Sweep(ctx)
+		require.NoError(t, err)
+		return swept == 1
+	}, "a sweep re-enqueues the run its stopped worker held unclaimed")
+	require.Equal(t, "queued", readRun(t, env, id).Status)
+	require.EqualValues(t, 1, metricValue(t, w.Registry, "valruns_runs_redelivered_total", "reason", "held_unclaimed"))
+	insp := asynq.NewInspector(rdb)
+	t.Cleanup(func() { _ = insp.Close() })
+	ti, err := insp.GetTaskInfo("default", tasks.RunTaskID(id, 1))
+	require.NoError(t, err, "re-enqueued under a new task ID")
+	require.Equal(t, asynq.TaskStatePending, ti.State)
+	swept, err = w.Sweeper().Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, swept, "not again while its redelivery waits")
+
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(w.Stop)
+	run := waitRun(t, env, org, id, 30*time.Second)
+	require.Equal(t, "failed", run.Status)
+	require.Equal(t, 1, run.Attempts, "executed once, by the redelivery")
+	before, findings := readRun(t, env, id), dbFindings(t, env, id)
+	require.NotEmpty(t, findings)
+
+	// The stopped worker goes on: its delivery of the first task writes nothing.
+	require.NoError(t, w.Mux().ProcessTask(ctx, tasks.NewRunTask(id, false)))
+	require.Equal(t, before, readRun(t, env, id), "the late delivery wrote nothing")
+	require.Equal(t, findings, dbFindings(t, env, id), "findings written once")
 }

@@ -2,11 +2,14 @@ package tasks
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/valruns/valruns/models"
@@ -21,6 +24,10 @@ import (
 // nothing seems to be delivering, and enqueues a new task for each:
 //
 //   - running runs whose lease ran out (their worker died or stopped);
+//   - queued runs whose task a worker has held for longer than lease
+//     without claiming them (stoppedHolders): it died or stopped with them
+//     (a SIGSTOP, a paused VM). So every run a worker held, claimed or
+//     not, is taken over within lease and a sweep of its worker stopping;
 //   - queued runs older than after whose latest task is not in Redis, read
 //     straight from asynq's task hashes, a page at a time in one pipelined
 //     round trip. A task that is pending, scheduled or retrying is left
@@ -49,9 +56,14 @@ type Sweeper struct {
 	// interval between sweeps; after is how old a queued run must be
 	// before it is looked at, and how often the queued runs are paged.
 	interval, after time.Duration
-	batch           int
-	log             *slog.Logger
-	m               *metrics
+	// lease is RUN_LEASE: a worker that holds a queued run's task without
+	// claiming it for longer has stopped (stoppedHolders).
+	lease time.Duration
+	// taskInfo reads a task of the default queue (the runs of a batch task).
+	taskInfo func(queue, id string) (*asynq.TaskInfo, error)
+	batch    int
+	log      *slog.Logger
+	m        *metrics
 
 	// the queued runs' pass: where it is, and when the last one began.
 	cursor     *models.RunCursor
@@ -106,6 +118,25 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 			s.release(ctx, org, ended, 0)
 		}
 	}
+	stopped, held, err := s.stoppedHolders(ctx)
+	if err != nil {
+		return n, err
+	}
+	// Not again while another task of the run waits in the queue, or is
+	// active in a worker that still renews its hold on it.
+	rs, err := s.lost(ctx, held, true, stopped)
+	if err != nil {
+		return n, err
+	}
+	for _, r := range rs {
+		ok, err := s.redeliver(ctx, r, "held_unclaimed")
+		if err != nil {
+			return n, err
+		}
+		if ok {
+			n++
+		}
+	}
 	for {
 		all, err := s.runs.StrandedRunning(ctx, s.batch)
 		if err != nil {
@@ -113,7 +144,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		}
 		// Not again while its last redelivery waits in the queue; an active
 		// task counts as gone: its worker may have died with it.
-		rs, err := s.lost(ctx, all, false)
+		rs, err := s.lost(ctx, all, false, nil)
 		if err != nil {
 			return n, err
 		}
@@ -141,7 +172,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, err
 		}
-		lost, err := s.lost(ctx, rs, true)
+		lost, err := s.lost(ctx, rs, true, stopped)
 		if err != nil {
 			return n, err
 		}
@@ -179,11 +210,77 @@ func (s *Sweeper) endedAdmitted(ctx context.Context, org string) ([]string, erro
 // waiting task read as gone would be re-enqueued, and they count that).
 func taskKey(taskID string) string { return "asynq:{" + queue + "}:t:" + taskID }
 
+// leaseKey is asynq's lease set of the default queue: the ID of every
+// active task, scored by when its worker's hold on it runs out, in whole
+// Unix seconds. A worker's heartbeater renews the holds of all its tasks
+// every 5 s, each to asynqLease from then; a worker that died or stopped
+// renews nothing (TestSweeperTakesOverAStoppedWorkersUnclaimedRun pins
+// both to the asynq in go.mod).
+func leaseKey() string { return "asynq:{" + queue + "}:lease" }
+
+// asynqLease is how long from its last renewal asynq's hold of an active
+// task lasts (its LeaseDuration); asynq itself gives the task back only
+// 30 s after that, at its recoverer's next pass (each minute).
+const asynqLease = 30 * time.Second
+
+// stoppedHolders finds the runs that a worker which stopped holds without
+// having claimed them: the tasks whose hold was last renewed more than
+// lease ago (a hold of score t was renewed before t - asynqLease + 1 s),
+// and of their runs those still queued. A live worker renews its holds
+// every 5 s and claims or ends a queued run within RUN_FAST_PATH (at most
+// RUN_HEARTBEAT), so a queued run held that long is one its worker died or
+// stopped with. stopped is the set of those tasks' IDs. One read of the
+// lease set per sweep; a task's payload and a statement only for tasks
+// held that long (mostly none).
+func (s *Sweeper) stoppedHolders(ctx context.Context) (stopped map[string]bool, held []models.StrandedRun, err error) {
+	if s.lease <= 0 || s.taskInfo == nil {
+		return nil, nil, nil
+	}
+	cutoff := time.Now().Add(asynqLease - time.Second - s.lease).Unix()
+	ids, err := s.redis.ZRangeByScore(ctx, leaseKey(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(cutoff, 10)}).Result()
+	if err != nil {
+		return nil, nil, fmt.Errorf("read task holds: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil, nil, nil
+	}
+	stopped = map[string]bool{}
+	var runIDs []string
+	for _, id := range ids {
+		ti, err := s.taskInfo(queue, id)
+		if err != nil || (ti.Type != TypeRunExecute && ti.Type != TypeRunBatch) {
+			continue // gone meanwhile, or not a run's
+		}
+		stopped[id] = true
+		var p struct {
+			RunID string       `json:"run_id"`
+			Runs  []RunPayload `json:"runs"`
+		}
+		if json.Unmarshal(ti.Payload, &p) != nil {
+			continue
+		}
+		if p.RunID != "" {
+			runIDs = append(runIDs, p.RunID)
+		}
+		for _, r := range p.Runs {
+			if r.RunID != "" {
+				runIDs = append(runIDs, r.RunID)
+			}
+		}
+	}
+	if len(runIDs) == 0 {
+		return stopped, nil, nil
+	}
+	held, err = s.runs.QueuedOf(ctx, runIDs)
+	return stopped, held, err
+}
+
 // lost returns the runs of rs none of whose tasks Redis holds as pending,
 // scheduled, retrying or (with active) active: its latest single task, and
 // the batch task that carries it (batchIndexKey), if any; and that do not
-// wait their turn at the gate. Two pipelined round trips.
-func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun, active bool) ([]models.StrandedRun, error) {
+// wait their turn at the gate. A task in stopped is held by a worker that
+// stopped: it counts as gone. Two pipelined round trips.
+func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun, active bool, stopped map[string]bool) ([]models.StrandedRun, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
@@ -229,8 +326,11 @@ func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun, active bool
 		if !alive && waits[i].Val() {
 			alive = true // its organisation's turn will come
 		}
-		if !alive && active && (isActive(states[i]) || batchStates[i] != nil && isActive(batchStates[i])) {
-			// Active: alive, unless it has been for longer than after.
+		// Active in a worker that still renews its hold (not in stopped):
+		// alive, unless it has been for longer than after.
+		single := isActive(states[i]) && !stopped[runTaskID(rs[i].ID, rs[i].Redeliveries)]
+		batch := batchStates[i] != nil && isActive(batchStates[i]) && !stopped[batches[i].Val()]
+		if !alive && active && (single || batch) {
 			first, seen := s.activeSince[rs[i].ID]
 			if !seen {
 				s.activeSince[rs[i].ID] = now

@@ -211,7 +211,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 		}
 	}
 	w.sweeper = &Sweeper{runs: runs, redis: rc, queue: w.queue, release: w.release,
-		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, batch: 500, log: log, m: m}
+		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, lease: cfg.RunLease, taskInfo: w.inspector.GetTaskInfo,
+		batch: 500, log: log, m: m}
 	w.server = asynq.NewServer(cfg.Redis, asynq.Config{
 		Concurrency:     cfg.Concurrency,
 		ShutdownTimeout: cfg.ShutdownTimeout,
