@@ -64,12 +64,14 @@ test-under-load:
 # missing (apt-get as root; npm ci for the Node packages): Chromium for the
 # browser test; pgbench, Node.js with the peer's packages and redis-server for
 # the bench package's tests; Node.js with openapi-typescript and Redocly CLI
-# for the typed-client and spec lint tests. A test whose tool cannot be had skips itself, and
+# for the typed-client and spec lint tests; promtool (Debian's prometheus package) for the
+# alert rules' unit tests in deploy/. A test whose tool cannot be had skips itself, and
 # since go test shows nothing of a package that passes, this says so here.
 SKIP_BANNER = printf '\n%s\n%s\n%s\n\n' "$$(printf '!%.0s' $$(seq 72))" "$(1)" "$$(printf '!%.0s' $$(seq 72))"
 test-tools:
 	@scripts/install-bench-tools.sh || $(call SKIP_BANNER,the tests that need pgbench / Node.js / redis-server (bench, typed client, spec lint) will be SKIPPED: see above)
 	@scripts/install-chromium.sh >/dev/null || $(call SKIP_BANNER,the Swagger UI browser test will be SKIPPED: no Chromium (see above))
+	@scripts/install-promtool.sh >/dev/null || $(call SKIP_BANNER,the alert rules' promtool tests (deploy/) will be SKIPPED: no promtool (see above))
 
 # fuzz-spec: an independent fuzzer (Portman + newman, npm) runs against a valruns of
 # its own (bin/valruns, a fresh database, a private redis-server) and checks every answer

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -374,4 +375,82 @@ func procCrash(t *testing.T, bin string) {
 	require.Equal(t, "true", r2.Header.Get("Idempotent-Replayed"))
 	require.Equal(t, got.body, string(r2.Body))
 	require.Equal(t, procCounts{Runs: 2, Usage: 2, Keys: 1}, f.counts(t))
+}
+
+// TestProcDrain: on SIGTERM a `valruns serve` process first answers 503 on
+// /readyz while it still serves requests, for SHUTDOWN_DRAIN, and only
+// then stops accepting them and exits; a second signal ends the drain.
+func TestProcDrain(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Binary(t)
+	f := procNewDB(t)
+	get := func(s *procServer, path string) (int, string, error) {
+		// A new connection per request: a draining server closes each.
+		client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		req, err := http.NewRequest(http.MethodGet, s.url+path, nil)
+		if err != nil {
+			return 0, "", err
+		}
+		req.Header.Set("Authorization", "Bearer "+f.token)
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
+	exited := func(s *procServer) bool {
+		select {
+		case <-s.exited:
+			return true
+		default:
+			return false
+		}
+	}
+	// draining sends SIGTERM, waits for /readyz to answer 503, and checks
+	// that an API request is still served then.
+	draining := func(s *procServer) {
+		t.Helper()
+		status, _, err := get(s, "/readyz")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status, "ready before the signal")
+		require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+		var body string
+		apitest.Eventually(t, 30*time.Second, func() bool {
+			var status int
+			status, body, err = get(s, "/readyz")
+			require.NoError(t, err, "/readyz is served while the process drains")
+			return status == http.StatusServiceUnavailable
+		}, "/readyz answers 503 once the process was told to stop")
+		require.Contains(t, body, `"code":"not_ready"`)
+		status, body, err = get(s, "/api/workflows/")
+		require.NoError(t, err, "requests are still served while /readyz answers 503")
+		require.Equal(t, http.StatusOK, status, body)
+		require.False(t, exited(s), "still running after answering")
+	}
+
+	t.Run("the drain ends by itself after SHUTDOWN_DRAIN", func(t *testing.T) {
+		s := procStart(t, bin, "api", f.url, "SHUTDOWN_DRAIN=2s")
+		draining(s)
+		select {
+		case <-s.exited:
+		case <-time.After(time.Minute):
+			t.Fatal("the process did not exit after its drain")
+		}
+		_, _, err := get(s, "/healthz")
+		require.Error(t, err, "nothing accepts requests once the process has stopped")
+		require.Contains(t, s.log.String(), `"msg":"draining`)
+	})
+	t.Run("a second signal ends a long drain", func(t *testing.T) {
+		s := procStart(t, bin, "api", f.url, "SHUTDOWN_DRAIN=10m")
+		draining(s)
+		require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+		select {
+		case <-s.exited:
+		case <-time.After(time.Minute):
+			t.Fatal("the process did not exit at the second signal")
+		}
+		require.Contains(t, s.log.String(), "second signal")
+	})
 }

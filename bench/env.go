@@ -348,8 +348,10 @@ func (e *env) startServerBin(ctx context.Context, bin, dbURL string, worker bool
 func (e *env) startServerAt(ctx context.Context, bin, dbURL string, worker bool, port int, extra ...string) (*proc, string, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	// No start rate: the bench measures throughput beside an unlimited
-	// peer (BENCH_SERVER_ENV may set one).
-	kv := append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "REDIS_URL=" + e.redisURL, "ORG_START_RATE=0"}, e.serverEnv...)
+	// peer (BENCH_SERVER_ENV may set one). No drain at shutdown: no load
+	// balancer watches its /readyz, and it stops servers between runs.
+	kv := append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "REDIS_URL=" + e.redisURL, "ORG_START_RATE=0",
+		"SHUTDOWN_DRAIN=0"}, e.serverEnv...)
 	kv = append(kv, extra...)
 	args := []string{"serve"}
 	if worker {

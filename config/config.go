@@ -132,6 +132,10 @@ type Config struct {
 	AuthCacheTTL time.Duration
 	// ShutdownTimeout bounds the graceful shutdown of serve and worker (SHUTDOWN_TIMEOUT).
 	ShutdownTimeout time.Duration
+	// ShutdownDrain is how long `serve` keeps serving after SIGTERM or
+	// SIGINT, its /readyz answering 503, before it stops accepting requests:
+	// time for a load balancer to see it leave. 0 stops at once (SHUTDOWN_DRAIN).
+	ShutdownDrain time.Duration
 	// WorkerConcurrency is how many tasks one worker process executes at once (WORKER_CONCURRENCY).
 	WorkerConcurrency int
 	// RunLease is how long a claim or a heartbeat holds a running run; a run
@@ -171,7 +175,7 @@ type Config struct {
 	// the run is claimed and validated under a lease. 0: every run is
 	// claimed first (RUN_FAST_PATH).
 	RunFastPath time.Duration
-	// WorkerMetricsAddr is where `valruns worker` serves /metrics and /healthz (WORKER_METRICS_ADDR).
+	// WorkerMetricsAddr is where `valruns worker` serves /metrics, /healthz and /readyz (WORKER_METRICS_ADDR).
 	WorkerMetricsAddr string
 	// PprofAddr, when set, is where serve and worker serve net/http/pprof;
 	// "" (the default) serves nothing (PPROF_ADDR).
@@ -213,6 +217,7 @@ var Vars = []Var{
 	{"MIGRATE_ON_START", "false", "`true`: `serve`/`worker` apply pending migrations instead of refusing to start"},
 	{"AUTH_CACHE_TTL", "30s", "how long a verified API token is trusted without a database read; 0 disables"},
 	{"SHUTDOWN_TIMEOUT", "20s", "graceful shutdown deadline"},
+	{"SHUTDOWN_DRAIN", "5s", "how long `serve` keeps serving after SIGTERM or SIGINT with `/readyz` answering 503, so a load balancer stops sending it requests, before it stops accepting them and shuts down (then `SHUTDOWN_TIMEOUT`); a second signal ends the drain; 0 = no drain"},
 	{"WORKER_CONCURRENCY", "10", "tasks one worker executes at once"},
 	{"RUN_LEASE", "15s", "how long a claim or heartbeat holds a running run; a dead worker's run is taken over once it runs out"},
 	{"RUN_HEARTBEAT", "0", "how often a worker renews the lease of a run it executes; 0 = a third of `RUN_LEASE`; must be shorter than `RUN_LEASE`"},
@@ -224,7 +229,7 @@ var Vars = []Var{
 	{"RUN_REDELIVER_AFTER", "10s", "how long a run may stay queued before the sweeper checks that Redis still has its task; also how long before it looks at the same run again"},
 	{"RUN_MAX_WAIT", "30s", "longest `GET /api/runs/{id}/` with `Prefer: wait=N` waits for the run to become final (then answers it as it is); 0 disables waiting: the run is answered at once"},
 	{"RUN_MAX_WAITERS", "1000", "run reads that may wait at once per API process (`Prefer: wait`), one organisation at most a quarter of them; past either, a read is answered at once, without `Preference-Applied`"},
-	{"WORKER_METRICS_ADDR", "127.0.0.1:9091", "where `valruns worker` serves /metrics and /healthz (`serve --worker` uses the API's /metrics)"},
+	{"WORKER_METRICS_ADDR", "127.0.0.1:9091", "where `valruns worker` serves /metrics, /healthz (liveness) and /readyz (503 while PostgreSQL or Redis does not answer or its task server is not running); `serve --worker` uses the API's, whose /readyz includes the worker's"},
 	{"WEBHOOK_ALLOW_PRIVATE_TARGETS", "false", "`true`: webhook endpoints may point at loopback, private, link-local and metadata addresses (local development and tests); otherwise such a URL is refused (400 `validation_error`), when the endpoint is created and when a delivery resolves its host"},
 	{"WEBHOOK_CONCURRENCY", "10", "webhook delivery attempts one worker makes at once, beside (not among) its `WORKER_CONCURRENCY` run slots; 0: this worker sends no webhooks"},
 	{"WEBHOOK_POLL_INTERVAL", "1s", "how often a worker looks for webhook deliveries due; a worker that ends a run looks at once (at most ten times as often)"},
@@ -300,6 +305,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		MigrateOnStart:             p.bool("MIGRATE_ON_START"),
 		AuthCacheTTL:               p.duration("AUTH_CACHE_TTL", 0),
 		ShutdownTimeout:            p.duration("SHUTDOWN_TIMEOUT", time.Millisecond),
+		ShutdownDrain:              p.duration("SHUTDOWN_DRAIN", 0),
 		WorkerConcurrency:          int(p.int("WORKER_CONCURRENCY", 1)),
 		RunLease:                   p.duration("RUN_LEASE", time.Second),
 		RunHeartbeat:               p.duration("RUN_HEARTBEAT", 0),

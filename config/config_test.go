@@ -50,6 +50,7 @@ var documented = config.Config{
 	MigrateOnStart:           false,
 	AuthCacheTTL:             30 * time.Second,
 	ShutdownTimeout:          20 * time.Second,
+	ShutdownDrain:            5 * time.Second,
 	WorkerConcurrency:        10,
 	RunLease:                 15 * time.Second,
 	RunHeartbeat:             5 * time.Second, // RUN_HEARTBEAT=0: a third of RUN_LEASE
@@ -342,6 +343,8 @@ func TestBadValues(t *testing.T) {
 		{"AUTH_CACHE_TTL", "forever"},
 		{"SHUTDOWN_TIMEOUT", "0"},
 		{"SHUTDOWN_TIMEOUT", "later"},
+		{"SHUTDOWN_DRAIN", "-1s"},
+		{"SHUTDOWN_DRAIN", "5"},
 		{"WORKER_CONCURRENCY", "0"},
 		{"WORKER_CONCURRENCY", "-3"},
 		{"RUN_LEASE", "100ms"},

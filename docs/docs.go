@@ -4963,7 +4963,7 @@ const docTemplate = `{
         },
         "/readyz": {
             "get": {
-                "description": "Answers 200 when the database answers a ping within 2 s (and the process's own readiness check passes), 503 otherwise. No authentication.",
+                "description": "Answers 200 when the database answers a ping within 2 s and the process is ready, 503 otherwise: ` + "`" + `service_unavailable` + "`" + ` when the database does not answer; ` + "`" + `not_ready` + "`" + ` while the process drains at shutdown (SIGTERM, for ` + "`" + `SHUTDOWN_DRAIN` + "`" + `: requests are still served, so that a load balancer sees it leave first) and, with ` + "`" + `serve --worker` + "`" + `, while its worker is not (its task server stopped, or Redis unreachable). No authentication.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -4992,7 +4992,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + `: the database does not answer a ping within 2 s.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + `: the database does not answer a ping within 2 s; ` + "`" + `not_ready` + "`" + `: the process drains at shutdown, or its worker is not ready.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -131,6 +132,7 @@ func TestAPIExamples(t *testing.T) {
 	rec.recordFailures()
 	rec.recordRateLimit()
 	rec.recordOverload()
+	rec.recordDraining()
 
 	got, err := rec.file().Marshal()
 	require.NoError(t, err)
@@ -590,6 +592,14 @@ func (rec *exRecorder) recordFailures() {
 		rec.send(e, "usage down new token", http.MethodGet, "/api/usage", "vr_1111111111111111111111111111111111111111", nil))
 	rec.example(opReadyz, 503, idempotency.CodeUnavailable, "while the database refuses connections",
 		rec.send(e, "readyz down", http.MethodGet, "/readyz", "", nil))
+}
+
+// recordDraining records /readyz 503 not_ready: the process drains at
+// shutdown (serve's readiness check, as internal/cli gives it).
+func (rec *exRecorder) recordDraining() {
+	e := apitest.New(rec.t, apitest.Options{Ready: func(context.Context) error { return errors.New("the server is shutting down") }})
+	rec.also(opReadyz, 503, "not_ready", "while the process drains at shutdown (SHUTDOWN_DRAIN)",
+		rec.send(e, "readyz draining", http.MethodGet, "/readyz", "", nil))
 }
 
 // recordRateLimit records the start route under a rate of 1 start per

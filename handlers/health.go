@@ -38,12 +38,12 @@ func (h *healthHandlers) live(c *gin.Context) { c.PureJSON(http.StatusOK, Status
 //
 //	@Summary		Readiness
 //	@ID			readiness
-//	@Description	Answers 200 when the database answers a ping within 2 s (and the process's own readiness check passes), 503 otherwise. No authentication.
+//	@Description	Answers 200 when the database answers a ping within 2 s and the process is ready, 503 otherwise: `service_unavailable` when the database does not answer; `not_ready` while the process drains at shutdown (SIGTERM, for `SHUTDOWN_DRAIN`: requests are still served, so that a load balancer sees it leave first) and, with `serve --worker`, while its worker is not (its task server stopped, or Redis unreachable). No authentication.
 //	@Tags			health
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Success		200	{object}	Status			"Ready."
-//	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database does not answer a ping within 2 s."
+//	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database does not answer a ping within 2 s; `not_ready`: the process drains at shutdown, or its worker is not ready."
 //	@Header			503	{integer}	Retry-After		"Seconds to wait before asking again."
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/readyz [get]

@@ -111,13 +111,45 @@ const recordFinished = `, unlisted AS (
 // RETURNING), with the run's event recorded (recordFinished), as one
 // statement; ended says whether it ended a run.
 func (s *RunStore) endRun(ctx context.Context, update string, args ...any) (bool, error) {
-	var ids []string
-	err := s.db.WithContext(ctx).Raw(`WITH done AS (`+update+` RETURNING id, org_id)`+recordFinished+`
-SELECT id FROM done`, args...).Scan(&ids).Error
+	var ended []endedRun
+	err := s.db.WithContext(ctx).Raw(`WITH done AS (`+update+` RETURNING `+endedColumns+`)`+recordFinished+`
+SELECT `+endedSelect+` FROM done`, args...).Scan(&ended).Error
 	if err != nil {
 		return false, translate(err)
 	}
-	return len(ids) == 1, nil
+	s.observeEnded(ended)
+	return len(ended) == 1, nil
+}
+
+// endedColumns is what every statement that ends runs returns of each run
+// it ended (the CTE done; finishUnclaimedSQL names them through its alias),
+// and endedSelect what it reads back of them (endedRun): the run's final
+// status, and its time from start to final as the row records it.
+const endedColumns = `id, org_id, status, created_at, finished_at`
+
+const endedSelect = `id, status, CAST(greatest(extract(epoch FROM finished_at - created_at), 0) AS float8) AS seconds`
+
+// endedRun is a run a statement ended.
+type endedRun struct {
+	ID      string
+	Status  string
+	Seconds float64
+}
+
+// SetEndObserver makes the store tell f about each run one of its
+// statements ended: the run's final status and the time from its start
+// (created_at) to its final state (finished_at). Every statement that ends
+// runs reports them, each run once (only the statement that ended it
+// returns it). Set it before the store is used; nil: nobody is told.
+func (s *RunStore) SetEndObserver(f func(status string, startToFinal time.Duration)) { s.ended = f }
+
+func (s *RunStore) observeEnded(runs []endedRun) {
+	if s.ended == nil {
+		return
+	}
+	for _, r := range runs {
+		s.ended(r.Status, time.Duration(r.Seconds*float64(time.Second)))
+	}
 }
 
 // findingsJSON is the findings column's value: what the columns of a
@@ -154,8 +186,8 @@ WITH done AS (UPDATE validation_runs r SET status = v.status, findings = CAST(v.
 FROM unnest(CAST($1 AS uuid[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS text[]), CAST($5 AS timestamptz[]))
 	AS v(id, status, findings, error, started)
 WHERE r.id = v.id AND r.status = 'queued'
-RETURNING r.id, r.org_id)` + recordFinished + `
-SELECT id FROM done`
+RETURNING r.id, r.org_id, r.status, r.created_at, r.finished_at)` + recordFinished + `
+SELECT ` + endedSelect + ` FROM done`
 
 // FinishUnclaimed ends queued runs with their outcomes, in one statement:
 // the fast path of a run, written once, from queued to final, without a
@@ -177,6 +209,7 @@ func (s *RunStore) FinishUnclaimed(ctx context.Context, outs []Outcome) (map[str
 		}
 	}
 	ended := make(map[string]bool, n)
+	var runs []endedRun
 	// Prepared once per connection, and planned with sequential scans off
 	// (for its own implicit transaction): a plan made while the table was
 	// nearly empty would scan it whole (no index of runs holds status), and
@@ -189,11 +222,12 @@ func (s *RunStore) FinishUnclaimed(ctx context.Context, outs []Outcome) (map[str
 		if err == nil {
 			err = q.query(finishUnclaimedSQL, []any{ids, statuses, fss, errs, started}, func(rows pgx.Rows) error {
 				for rows.Next() {
-					var id string
-					if err := rows.Scan(&id); err != nil {
+					var r endedRun
+					if err := rows.Scan(&r.ID, &r.Status, &r.Seconds); err != nil {
 						return err
 					}
-					ended[id] = true
+					ended[r.ID] = true
+					runs = append(runs, r)
 				}
 				return rows.Err()
 			}, false)
@@ -203,6 +237,7 @@ func (s *RunStore) FinishUnclaimed(ctx context.Context, outs []Outcome) (map[str
 	if err != nil {
 		return nil, fmt.Errorf("finish runs: %w", translate(err))
 	}
+	s.observeEnded(runs)
 	return ended, nil
 }
 
@@ -260,18 +295,34 @@ func (s *RunStore) Fail(ctx context.Context, runID, reason string) (ended bool, 
 	return ended, nil
 }
 
-// CountByStatus counts the runs in each status (for tests and metrics).
-func (s *RunStore) CountByStatus(ctx context.Context) (map[string]int64, error) {
-	var rows []struct {
-		Status string
-		N      int64
+// Backlog is what is not final yet: how many runs, and how long ago the
+// oldest of them was started.
+type Backlog struct {
+	// Unfinished counts the runs listed in unfinished_runs; a run that
+	// ended by a statement that missed the list (one sent by a valruns
+	// older than migration 0010) counts until the sweeper's next pass.
+	Unfinished int64
+	// Oldest is the age of the oldest run queued or running (0: none).
+	Oldest time.Duration
+}
+
+// ReadBacklog reads the backlog in one statement: a count of the narrow
+// unfinished_runs, and its smallest id (UUIDv7: the oldest) whose run is
+// still queued or running, read in id order, with its row's created_at.
+// For the metrics, read on a timer, never per scrape.
+func (s *RunStore) ReadBacklog(ctx context.Context) (Backlog, error) {
+	var b struct {
+		Unfinished int64
+		Seconds    float64
 	}
-	if err := s.db.WithContext(ctx).Raw(`SELECT status, count(*) AS n FROM validation_runs GROUP BY status`).Scan(&rows).Error; err != nil {
-		return nil, fmt.Errorf("count runs: %w", translate(err))
+	err := s.db.WithContext(ctx).Raw(`
+SELECT (SELECT count(*) FROM unfinished_runs) AS unfinished,
+	coalesce((SELECT greatest(extract(epoch FROM now() - r.created_at), 0)
+		FROM unfinished_runs u JOIN validation_runs r ON r.id = u.id
+		WHERE r.status IN ('queued', 'running')
+		ORDER BY u.id LIMIT 1), 0) AS seconds`).Scan(&b).Error
+	if err != nil {
+		return Backlog{}, fmt.Errorf("read the backlog: %w", translate(err))
 	}
-	out := map[string]int64{}
-	for _, r := range rows {
-		out[r.Status] = r.N
-	}
-	return out, nil
+	return Backlog{Unfinished: b.Unfinished, Oldest: time.Duration(b.Seconds * float64(time.Second))}, nil
 }

@@ -16,6 +16,9 @@ import (
 type RunStore struct {
 	db      *gorm.DB
 	batcher *startBatcher
+	// ended, when set, is told about each run a statement ended
+	// (SetEndObserver).
+	ended func(status string, startToFinal time.Duration)
 }
 
 // NewRunStore returns a RunStore on db.

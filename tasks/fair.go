@@ -238,6 +238,16 @@ func (g *gate) waitingOrgs(ctx context.Context) ([]string, error) {
 	return orgs, nil
 }
 
+// waiting counts the runs waiting at the gate, all organisations: one per
+// payload held.
+func (g *gate) waiting(ctx context.Context) (int64, error) {
+	n, err := g.redis.HLen(ctx, fairPayloads).Result()
+	if err != nil {
+		return 0, fmt.Errorf("count the runs waiting at the gate: %w", err)
+	}
+	return n, nil
+}
+
 // admitted lists the runs of org the gate counts in the queue.
 func (g *gate) admitted(ctx context.Context, org string) ([]string, error) {
 	ids, err := g.redis.ZRange(ctx, fairAdmitted+org, 0, -1).Result()

@@ -1,6 +1,9 @@
 package tasks
 
 import (
+	"context"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -13,7 +16,18 @@ type metrics struct {
 	redelivered *prometheus.CounterVec
 	leasesLost  prometheus.Counter
 	sweeps      *prometheus.CounterVec
+	// What an SLO is written on: each run's time from its start to its
+	// final state, by final status (observed where the run ended), and the
+	// backlog, read on a timer (watchBacklog).
+	startToFinal     *prometheus.HistogramVec
+	unfinished       prometheus.Gauge
+	oldestUnfinished prometheus.Gauge
+	gateWaiting      prometheus.Gauge
 }
+
+// finalStatuses are the statuses a run ends in: the closed set of
+// valruns_run_start_to_final_seconds's label.
+var finalStatuses = []string{"passed", "failed", "error"}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
@@ -40,6 +54,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_run_sweeps_total", Help: "Sweeps for stranded runs, by result (ok, error).",
 		}, []string{"result"}),
+		startToFinal: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "valruns_run_start_to_final_seconds",
+			Help:    "Time from a run's start (created_at) to its final state (finished_at), by final status (passed, failed, error); observed by the worker that ended it.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600},
+		}, []string{"status"}),
+		unfinished: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "valruns_runs_unfinished",
+			Help: "Runs not final yet (queued or running), all organisations; read from PostgreSQL every 10 s.",
+		}),
+		oldestUnfinished: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "valruns_runs_oldest_unfinished_seconds",
+			Help: "Age of the oldest run not final yet (0: none); read from PostgreSQL every 10 s.",
+		}),
+		gateWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "valruns_runs_waiting_fair_share",
+			Help: "Runs waiting at the fair-share gate for their organisation's turn to enter the queue, all organisations; read from Redis every 10 s.",
+		}),
 	}
 	// Every label value of a closed set is exported from the start, at 0.
 	for _, r := range []string{"queued", "lease_expired", "held_unclaimed"} {
@@ -48,8 +79,49 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{"ok", "error"} {
 		m.sweeps.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.processed, m.failed, m.keysDeleted, m.runsEnded, m.redelivered, m.leasesLost, m.sweeps} {
+	for _, s := range finalStatuses {
+		m.startToFinal.WithLabelValues(s)
+	}
+	for _, c := range []prometheus.Collector{m.processed, m.failed, m.keysDeleted, m.runsEnded, m.redelivered, m.leasesLost, m.sweeps,
+		m.startToFinal, m.unfinished, m.oldestUnfinished, m.gateWaiting} {
 		reg.MustRegister(c)
 	}
 	return m
+}
+
+// observeEnded is told by the run store about each run it ended.
+func (m *metrics) observeEnded(status string, startToFinal time.Duration) {
+	m.startToFinal.WithLabelValues(status).Observe(startToFinal.Seconds())
+}
+
+// backlogEvery is how often a worker reads the backlog for its gauges: one
+// statement and one Redis call per worker every 10 s, whoever scrapes.
+const backlogEvery = 10 * time.Second
+
+// readBacklog sets the backlog's gauges; a read that fails leaves them as
+// they were (the sweeper's errors say why).
+func (w *Worker) readBacklog(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if b, err := w.runs.runs.ReadBacklog(ctx); err == nil {
+		w.m.unfinished.Set(float64(b.Unfinished))
+		w.m.oldestUnfinished.Set(b.Oldest.Seconds())
+	}
+	if n, err := w.queue.gate.waiting(ctx); err == nil {
+		w.m.gateWaiting.Set(float64(n))
+	}
+}
+
+// watchBacklog reads the backlog every interval until ctx is done.
+func (w *Worker) watchBacklog(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		w.readBacklog(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -302,3 +302,47 @@ CREATE TRIGGER test_hold_finish BEFORE UPDATE ON validation_runs FOR EACH ROW
 	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid(), pg_advisory_xact_lock(7407)`).Scan(&pid, nil))
 	return tx, pid
 }
+
+// The `valruns worker` process's /readyz is honest: 200 while its task
+// server runs and PostgreSQL and Redis answer, 503 not_ready (saying
+// which) while Redis is down, 200 again once it is back; its /healthz
+// (liveness) stays 200 throughout. Its /metrics has the backlog's gauges
+// and the start-to-final histogram.
+func TestWorkerProcessReadyz(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Binary(t)
+	env := apitest.New(t)
+	rs := startRedisServer(t, proctest.FreePort(t))
+	p := startWorkerProcess(t, bin, env.DBURL, "redis://"+rs.addr()+"/0")
+	get := func(path string) (int, string) {
+		t.Helper()
+		client := &http.Client{Timeout: 10 * time.Second}
+		resp, err := client.Get("http://" + p.metricsAddr + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	proctest.WaitHTTP(t, "http://"+p.metricsAddr+"/readyz", nil)
+	for _, sample := range []string{"valruns_runs_unfinished", "valruns_runs_oldest_unfinished_seconds",
+		"valruns_runs_waiting_fair_share", "valruns_worker_running", `valruns_run_start_to_final_seconds_count{status="passed"}`} {
+		require.NotEmpty(t, p.metric(t, sample), "/metrics has %s", sample)
+	}
+	require.Equal(t, "1", p.metric(t, "valruns_worker_running"))
+
+	rs.stop()
+	var body string
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		var status int
+		status, body = get("/readyz")
+		return status == http.StatusServiceUnavailable
+	}, "/readyz answers 503 while Redis is down")
+	require.Contains(t, body, `"code":"not_ready"`)
+	require.Contains(t, body, "Redis does not answer")
+	status, _ := get("/healthz")
+	require.Equal(t, http.StatusOK, status, "liveness does not depend on Redis")
+
+	rs.start()
+	proctest.WaitHTTP(t, "http://"+p.metricsAddr+"/readyz", nil)
+}

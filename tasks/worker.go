@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -99,6 +100,9 @@ type Config struct {
 	EventData func(*models.ValidationRun) any
 	// Registry receives the worker's metrics; nil means a private one.
 	Registry prometheus.Registerer
+	// BacklogInterval is how often the worker reads the backlog's gauges
+	// (valruns_runs_unfinished and its kin); 0 means 10s.
+	BacklogInterval time.Duration
 	// Log; nil discards.
 	Log *slog.Logger
 }
@@ -121,7 +125,15 @@ type Worker struct {
 	hookSrv   *asynq.Server  // the server of hooks' attempts (nil with it)
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+	m         *metrics
+	// running is set while the task server runs: from Start until
+	// Shutdown begins (Ready, valruns_worker_running).
+	running atomic.Bool
 }
+
+// ErrNotRunning: the worker's task server is not running (not started yet,
+// or shutting down).
+var ErrNotRunning = errors.New("the task server is not running")
 
 // NewWorker builds a worker; Start runs it.
 func NewWorker(cfg Config) (*Worker, error) {
@@ -143,6 +155,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	cfg.WebhookRetryHorizon = cmp.Or(cfg.WebhookRetryHorizon, 24*time.Hour)
 	cfg.WebhookRetention = cmp.Or(cfg.WebhookRetention, 30*24*time.Hour)
 	cfg.WebhookClaimLease = cmp.Or(cfg.WebhookClaimLease, 2*time.Minute)
+	cfg.BacklogInterval = cmp.Or(cfg.BacklogInterval, backlogEvery)
 	if cfg.EventData == nil {
 		cfg.EventData = func(r *models.ValidationRun) any { return r }
 	}
@@ -161,8 +174,18 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	m := newMetrics(cfg.Registry)
-	w := &Worker{cfg: cfg, log: log}
+	w := &Worker{cfg: cfg, log: log, m: m}
+	cfg.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "valruns_worker_running",
+		Help: "1 while this worker's task server runs (from its start until its shutdown begins), else 0.",
+	}, func() float64 {
+		if w.running.Load() {
+			return 1
+		}
+		return 0
+	}))
 	runs := models.NewRunStore(cfg.DB)
+	runs.SetEndObserver(m.observeEnded)
 	w.runs = &RunExecutor{runs: runs, lease: cfg.RunLease, heartbeat: cfg.RunHeartbeat,
 		maxAttempts: cfg.RunMaxRetry + 1, timeout: cfg.RunTimeout, log: log, m: m,
 		fastBudget: max(cfg.FastBudget, 0), fin: newFinisher(runs)}
@@ -256,6 +279,23 @@ func (w *Worker) Mux() *asynq.ServeMux {
 // Ping checks Redis.
 func (w *Worker) Ping(ctx context.Context) error { return w.redis.Ping(ctx).Err() }
 
+// Ready reports whether this worker can do its work now: its task server
+// runs (ErrNotRunning before Start and once Shutdown begins), and
+// PostgreSQL and Redis answer a ping within ctx. Its errors say which, in
+// words fit for a public /readyz (no address, no driver text).
+func (w *Worker) Ready(ctx context.Context) error {
+	if !w.running.Load() {
+		return ErrNotRunning
+	}
+	if err := models.SQLDB(w.cfg.DB).PingContext(ctx); err != nil {
+		return errors.New("PostgreSQL does not answer")
+	}
+	if err := w.redis.Ping(ctx).Err(); err != nil {
+		return errors.New("Redis does not answer")
+	}
+	return nil
+}
+
 // Start runs the server, the scheduler and the sweeper in the background.
 func (w *Worker) Start(ctx context.Context) error {
 	if err := w.server.Start(w.Mux()); err != nil {
@@ -270,9 +310,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 	}
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	w.running.Store(true)
 	if w.hooks != nil {
 		w.wg.Go(func() { w.hooks.run(ctx) })
 	}
+	w.wg.Go(func() { w.watchBacklog(ctx, w.cfg.BacklogInterval) })
 	w.wg.Add(2)
 	go func() {
 		defer w.wg.Done()
@@ -291,6 +333,7 @@ func (w *Worker) Start(ctx context.Context) error {
 // ShutdownTimeout and hands the rest back to the queue. A run handed back
 // releases its lease first, so another worker takes it at once.
 func (w *Worker) Shutdown() {
+	w.running.Store(false)
 	w.cancel()
 	w.wg.Wait()
 	w.server.Stop()

@@ -79,6 +79,9 @@ type Options struct {
 	// such as a tasks.Dispatcher's (see also Env.SetHandOff); nil: runs
 	// stay queued until a sweeper finds them.
 	HandOff func(*models.QueuedRun)
+	// Ready is the process's own readiness, checked by /readyz besides
+	// the database (handlers.Deps.Ready); nil: always ready.
+	Ready func(context.Context) error
 }
 
 // New builds the API on a fresh database.
@@ -107,7 +110,7 @@ func New(t testing.TB, opts ...Options) *Env {
 	}
 	e := &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, redis: o.Redis, rateLimitTimeout: rlt}
 	e.SetHandOff(o.HandOff)
-	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, Redis: o.Redis, RateLimitTimeout: rlt, HandOff: func(q *models.QueuedRun) {
+	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, Redis: o.Redis, RateLimitTimeout: rlt, Ready: o.Ready, HandOff: func(q *models.QueuedRun) {
 		if f := e.handOff.Load(); f != nil {
 			(*f)(q)
 		}

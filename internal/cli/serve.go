@@ -2,10 +2,14 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"os"
+	"os/signal"
 	"runtime/debug"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valruns/valruns/handlers"
@@ -13,7 +17,8 @@ import (
 
 func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("serve", "serve [--worker]", out,
-		"Runs the HTTP API on HTTP_ADDR until SIGINT or SIGTERM, then shuts down gracefully.")
+		"Runs the HTTP API on HTTP_ADDR until SIGINT or SIGTERM. Then /readyz answers 503 while requests are\n"+
+			"still served for SHUTDOWN_DRAIN (a second signal ends it), and the server shuts down gracefully.")
 	withWorker := fs.Bool("worker", false, "also run the worker in this process (single-node mode)")
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
@@ -43,8 +48,21 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 	}
-	// Stop: at SIGTERM, long-polls answer at once instead of holding up the shutdown.
-	deps := handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker), Stop: ctx.Done()}
+	// At SIGTERM the process drains (drain): /readyz answers 503 while
+	// requests are still served; then stopping closes, and long-polls
+	// answer at once instead of holding up the shutdown.
+	var draining atomic.Bool
+	stopping := make(chan struct{})
+	deps := handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker), Stop: stopping,
+		Ready: func(ctx context.Context) error {
+			if draining.Load() {
+				return errDraining
+			}
+			if worker != nil {
+				return worker.w.Ready(ctx)
+			}
+			return nil
+		}}
 	if deps.Redis, err = rateLimitRedis(a); err != nil {
 		return err
 	}
@@ -68,6 +86,9 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	case <-ctx.Done():
 	}
+	draining.Store(true)
+	drain(a, srv)
+	close(stopping)
 	a.log.Info("shutting down", "timeout", a.cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
@@ -77,6 +98,33 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		worker.stop()
 	}
 	return err
+}
+
+// errDraining is /readyz's answer while the process drains.
+var errDraining = errors.New("the server is shutting down")
+
+// drain keeps srv serving for SHUTDOWN_DRAIN once the process was told to
+// stop (its /readyz already answers 503), so that a load balancer sees it
+// leave before it stops accepting requests; a second SIGINT or SIGTERM
+// ends the drain at once. Each answer meanwhile closes its connection (no
+// keep-alive), so a client's next request connects again, through the load
+// balancer, to a server that is staying.
+func drain(a *app, srv *http.Server) {
+	if a.cfg.ShutdownDrain <= 0 {
+		return
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	srv.SetKeepAlivesEnabled(false)
+	a.log.Info("draining: /readyz answers 503, requests are still served (a second signal stops now)", "drain", a.cfg.ShutdownDrain)
+	t := time.NewTimer(a.cfg.ShutdownDrain)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-sig:
+		a.log.Info("second signal: drain ended")
+	}
 }
 
 // setMemoryLimit gives the Go runtime the API's soft memory limit

@@ -16,6 +16,7 @@ import (
 
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/problem"
 	"github.com/valruns/valruns/tasks"
 )
 
@@ -117,7 +118,7 @@ func rateLimitRedis(a *app) (redis.UniversalClient, error) {
 func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("worker", "worker", out,
 		"Runs the task server, the cleanup schedule and the stranded-run sweeper until SIGINT or SIGTERM, and\n"+
-			"serves /metrics and /healthz on WORKER_METRICS_ADDR.")
+			"serves /metrics, /healthz and /readyz on WORKER_METRICS_ADDR.")
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
@@ -147,6 +148,7 @@ func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
 	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) { workerReadyz(w, r, p.w) })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -160,6 +162,25 @@ func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return srv.Shutdown(sctx)
+}
+
+// workerReadyz is the worker's /readyz: 200 while its task server runs and
+// PostgreSQL and Redis answer within 2 s, else 503 with a problem document
+// that says which (code not_ready), as the API's /readyz answers.
+func workerReadyz(w http.ResponseWriter, r *http.Request, worker *tasks.Worker) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := worker.Ready(ctx); err != nil {
+		w.Header().Set("Content-Type", problem.ContentType)
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		d := problem.New(http.StatusServiceUnavailable, "not_ready", err.Error())
+		d.Instance = r.URL.Path
+		_, _ = w.Write(d.Body())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintln(w, `{"status":"ok"}`)
 }
 
 // newRegistry is the metrics registry /metrics serves: the worker's when it

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -191,4 +192,33 @@ func withDBName(t testing.TB, raw, name string) string {
 	}
 	u.Path = "/" + strings.TrimPrefix(name, "/")
 	return u.String()
+}
+
+// Refuse makes PostgreSQL refuse every connection to db's database and
+// ends the ones open, so that its clients find it unreachable, until the
+// returned function (called at cleanup too) lets them connect again.
+func Refuse(t testing.TB, db *gorm.DB) (allow func()) {
+	t.Helper()
+	var name string
+	if err := db.Raw(`SELECT current_database()`).Scan(&name).Error; err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	admin := adminDB(t)
+	ctx := context.Background()
+	if _, err := admin.ExecContext(ctx, fmt.Sprintf(`ALTER DATABASE %q WITH ALLOW_CONNECTIONS false`, name)); err != nil {
+		t.Fatalf("testdb: refuse connections: %v", err)
+	}
+	if _, err := admin.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, name); err != nil {
+		t.Fatalf("testdb: end connections: %v", err)
+	}
+	var once sync.Once
+	allow = func() {
+		once.Do(func() {
+			if _, err := admin.ExecContext(ctx, fmt.Sprintf(`ALTER DATABASE %q WITH ALLOW_CONNECTIONS true`, name)); err != nil {
+				t.Errorf("testdb: allow connections: %v", err)
+			}
+		})
+	}
+	t.Cleanup(allow)
+	return allow
 }
