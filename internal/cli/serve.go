@@ -44,7 +44,8 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	// Stop: at SIGTERM, long-polls answer at once instead of holding up the shutdown.
-	deps := handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker), Stop: ctx.Done()}
+	deps := handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker), Stop: ctx.Done(),
+		Tracing: a.tracing}
 	if deps.Redis, err = rateLimitRedis(a); err != nil {
 		return err
 	}

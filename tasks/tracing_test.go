@@ -1,0 +1,81 @@
+package tasks_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/telemetry"
+	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/tasks"
+)
+
+// TestBatchTaskLinksEachRunsTrace: a batch task carries runs started by
+// three requests, each in a trace of its own. Its enqueue and its
+// execution link to each of the three traces (rather than picking one),
+// and the execution is the child of the enqueue, whose context the task's
+// headers carried.
+func TestBatchTaskLinksEachRunsTrace(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	w := newWorker(t, env, rdb, func(c *tasks.Config) { c.Tracing = tp })
+	ids, _ := startBodies(t, env, org, wf, "traced", 3)
+	store := models.NewRunStore(env.DB)
+	ctx := context.Background()
+	runs := make([]*models.QueuedRun, len(ids))
+	var traces []string
+	for i, id := range ids {
+		q, err := store.Queued(ctx, id)
+		require.NoError(t, err)
+		rctx, span := telemetry.Tracer(tp).Start(ctx, "request")
+		q.Trace = telemetry.Inject(rctx)
+		span.End()
+		traces = append(traces, span.SpanContext().TraceID().String())
+		runs[i] = q
+	}
+	d := tasks.NewDispatcher(tasks.DispatcherConfig{Redis: rdb, MaxRetry: 5, Timeout: time.Minute, GiveUp: time.Minute, Tracing: tp})
+	t.Cleanup(d.Close)
+	tasks.SendBatch(d, runs)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(w.Stop)
+	for _, id := range ids {
+		waitRun(t, env, org, id, 30*time.Second)
+	}
+
+	var enqueue, execute sdktrace.ReadOnlySpan
+	apitest.Eventually(t, 10*time.Second, func() bool {
+		for _, s := range exp.GetSpans().Snapshots() {
+			switch s.Name() {
+			case "enqueue " + tasks.TypeRunBatch:
+				enqueue = s
+			case "execute " + tasks.TypeRunBatch:
+				execute = s
+			}
+		}
+		return enqueue != nil && execute != nil
+	}, "the batch's enqueue and execution spans")
+	for _, s := range []sdktrace.ReadOnlySpan{enqueue, execute} {
+		var linked []string
+		for _, l := range s.Links() {
+			linked = append(linked, l.SpanContext.TraceID().String())
+		}
+		slices.Sort(linked)
+		want := slices.Sorted(slices.Values(traces))
+		require.Equal(t, want, linked, "%s links to each run's trace", s.Name())
+	}
+	require.Equal(t, enqueue.SpanContext().SpanID(), execute.Parent().SpanID(), "the task's headers carry the enqueue's context")
+	require.Equal(t, enqueue.SpanContext().TraceID(), execute.SpanContext().TraceID())
+	require.NotContains(t, traces, execute.SpanContext().TraceID().String(), "no run's trace is picked")
+}
