@@ -2,6 +2,7 @@ package tasks_test
 
 import (
 	"context"
+	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -78,4 +79,53 @@ func TestBatchTaskLinksEachRunsTrace(t *testing.T) {
 	require.Equal(t, enqueue.SpanContext().SpanID(), execute.Parent().SpanID(), "the task's headers carry the enqueue's context")
 	require.Equal(t, enqueue.SpanContext().TraceID(), execute.SpanContext().TraceID())
 	require.NotContains(t, traces, execute.SpanContext().TraceID().String(), "no run's trace is picked")
+}
+
+// TestWebhookAttemptsAreTraced: each attempt of a delivery is a span
+// naming its run, its attempt and the receiver's answer.
+func TestWebhookAttemptsAreTraced(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	env, org, wf, _ := hookEnv(t, func(c *tasks.Config) { c.Tracing = tp })
+	rc := newHookReceiver(t, func(n int) int {
+		if n == 1 {
+			return http.StatusInternalServerError
+		}
+		return http.StatusOK
+	})
+	ep := createEndpoint(t, env, org, rc.URL+"/hooks")
+	runID := startRun(t, env, org, wf, invalidOrder)
+	waitRun(t, env, org, runID, 30*time.Second)
+	waitDeliveries(t, env, org, ep.ID, 1)
+
+	type attempt struct{ attempt, status int64 }
+	var got []attempt
+	apitest.Eventually(t, 10*time.Second, func() bool {
+		got = got[:0]
+		for _, s := range exp.GetSpans().Snapshots() {
+			if s.Name() != "webhook attempt" {
+				continue
+			}
+			a := attempt{}
+			run := ""
+			for _, kv := range s.Attributes() {
+				switch kv.Key {
+				case "valruns.webhook.attempt":
+					a.attempt = kv.Value.AsInt64()
+				case "http.response.status_code":
+					a.status = kv.Value.AsInt64()
+				case "valruns.run_id":
+					run = kv.Value.AsString()
+				}
+			}
+			if run == runID {
+				got = append(got, a)
+			}
+		}
+		return len(got) == 2
+	}, "a span per attempt")
+	slices.SortFunc(got, func(a, b attempt) int { return int(a.attempt - b.attempt) })
+	require.Equal(t, []attempt{{1, 500}, {2, 200}}, got)
 }
