@@ -2,8 +2,11 @@ package tasks_test
 
 import (
 	"context"
+	"encoding/json"
+	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/proctest"
 	"github.com/valruns/valruns/internal/telemetry"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/tasks"
@@ -128,4 +132,42 @@ func TestWebhookAttemptsAreTraced(t *testing.T) {
 	}, "a span per attempt")
 	slices.SortFunc(got, func(a, b attempt) int { return int(a.attempt - b.attempt) })
 	require.Equal(t, []attempt{{1, 500}, {2, 200}}, got)
+}
+
+// TestWorkerLogsNameTheStartsRequest: the worker's log lines about a run
+// carry the request_id of the start that created it, and its trace_id and
+// span_id while the execution is traced.
+func TestWorkerLogsNameTheStartsRequest(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	logs := &proctest.Log{}
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	startWorker(t, env, newRedis(t), func(c *tasks.Config) {
+		claimedPath(c) // the claimed path logs "run claimed" and "run finished"
+		c.Tracing = tp
+		c.Log = slog.New(telemetry.LogHandler(slog.NewJSONHandler(logs, nil)))
+	})
+	runID := startRun(t, env, org, wf, invalidOrder, "X-Request-Id", "start-req-1")
+	waitRun(t, env, org, runID, 30*time.Second)
+
+	var lines []map[string]any
+	apitest.Eventually(t, 10*time.Second, func() bool {
+		lines = lines[:0]
+		for _, l := range strings.Split(logs.String(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(l), &m) == nil && m["run_id"] == runID && (m["msg"] == "run claimed" || m["msg"] == "run finished") {
+				lines = append(lines, m)
+			}
+		}
+		return len(lines) == 2
+	}, "the run's claimed and finished lines")
+	for _, m := range lines {
+		require.Equal(t, "start-req-1", m["request_id"], "%v", m)
+		require.Len(t, m["trace_id"], 32, "%v", m)
+		require.Len(t, m["span_id"], 16, "%v", m)
+	}
 }
