@@ -88,7 +88,7 @@ func run(ctx context.Context) error {
 	scratch := flag.String("scratch", "bench/results", "logs, the pgbench script and results.json")
 	levels := flag.String("clients", "", "comma-separated client counts (default: 1,8,32,128; quick: 32)")
 	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
-	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,cleanup,latency,pgwork,e2e,drain,scale,noisy (default all; e2e includes the peer's)")
+	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,tracing,cleanup,latency,pgwork,e2e,drain,scale,noisy (default all; e2e includes the peer's)")
 	baseline := flag.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
 	e2eDur := flag.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 60s; quick 10s)")
 	e2eClients := flag.Int("e2e-clients", 0, "clients of the end-to-end loop (default 32)")
@@ -251,6 +251,18 @@ func run(ctx context.Context) error {
 				return ctx.Err()
 			}
 			r := step()
+			res.Rows = append(res.Rows, r)
+			progress(r)
+		}
+	}
+
+	// The cost of tracing: off and on, back to back, at 32 clients.
+	if p.want("tracing") {
+		for _, sc := range tracingScenarios {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r := e.runHTTP(ctx, sc, tracingClients, p.HTTP)
 			res.Rows = append(res.Rows, r)
 			progress(r)
 		}

@@ -83,6 +83,9 @@ func (r *results) checks() []check {
 	ratio("its SQL: pgbench 1 org vs 100 orgs", [2]string{pgb, "new-key start SQL, 1 org"}, [2]string{pgb, "new-key start SQL, 100 orgs"}, 0.7, "tps")
 	ratio("replay vs the peer's replay", [2]string{vr, "replay"}, [2]string{peer, "replay"}, 5, "rps")
 	ratio("replay vs new-key start", [2]string{vr, "replay"}, [2]string{vr, "start, new key"}, 3, "rps")
+	// The cost of tracing every start (issue 31): what an operator pays
+	// at 100% sampling; off is the default and costs nothing.
+	ratio("tracing on (100% sampled) vs off, new key + worker", [2]string{vr, tracingOnName}, [2]string{vr, tracingOffName}, 0.8, "rps")
 
 	c := check{Name: "cleanup of expired keys, alone", Target: ">= 50000 keys/s"}
 	if r.Cleanup == nil || r.Cleanup.Failed != "" {
@@ -157,7 +160,7 @@ func (r *results) totalErrors() int {
 var sectionOrder = map[string]int{"valruns": 0, "peer": 1, "pgbench": 2}
 
 func scenarioOrder(section, name string) int {
-	list := valrunsScenarios
+	list := append(slices.Clip(valrunsScenarios), tracingScenarios...)
 	if section == "peer" {
 		list = peerScenarios
 	}

@@ -20,6 +20,8 @@ func TestChecksCompareTheRightRuns(t *testing.T) {
 		rps("valruns", "start, no key", 1000),
 		rps("valruns", "start, new key", 900),
 		rps("valruns", "replay", 9000),
+		rps("valruns", tracingOffName, 1000),
+		rps("valruns", tracingOnName, 850),
 		rps("peer", "start, no key", 900),
 		rps("peer", "start, new key", 1000),
 		rps("peer", "replay", 1500),
@@ -44,6 +46,7 @@ func TestChecksCompareTheRightRuns(t *testing.T) {
 		"its SQL: pgbench 1 org vs 100 orgs":                           true,  // 0.85
 		"replay vs the peer's replay":                                  true,  // 6.0
 		"replay vs new-key start":                                      true,  // 10
+		"tracing on (100% sampled) vs off, new key + worker":           true,  // 0.85
 		"cleanup of expired keys, alone":                               true,  // 100000/s
 		"new-key start p99 during the cleanup vs without (32 clients)": true,  // 1.5
 		"server peak RSS, heaviest scenario":                           false, // 160 MB

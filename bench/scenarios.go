@@ -35,6 +35,8 @@ type scenario struct {
 	Kind   kind
 	Worker bool // valruns: a `valruns worker` drains while the starts arrive
 	Peer   bool // the Node peer instead of valruns
+	// Tracing: valruns's OpenTelemetry tracing, off or on (tracing.go).
+	Tracing tracing
 }
 
 func (s scenario) target() string {
@@ -118,19 +120,26 @@ func (e *env) runHTTP(ctx context.Context, sc scenario, clients int, t timing) r
 		return fail(err)
 	}
 
+	traceEnv, rcv, err := tracingEnv(sc.Tracing)
+	if err != nil {
+		return fail(err)
+	}
+	if rcv != nil {
+		defer rcv.Close() // after the processes stopped (and flushed)
+	}
 	var srv, worker *proc
 	var base string
 	if sc.Peer {
 		srv, base, err = e.startPeer(ctx, db)
 	} else {
-		srv, base, err = e.startServer(ctx, db, false)
+		srv, base, err = e.startServer(ctx, db, false, traceEnv...)
 	}
 	if err != nil {
 		return fail(err)
 	}
 	defer srv.Stop(20 * time.Second)
 	if sc.Worker {
-		if worker, err = e.startWorker(ctx, db); err != nil {
+		if worker, err = e.startWorkerBin(ctx, e.bin, e.dbURL(db), traceEnv...); err != nil {
 			return fail(err)
 		}
 		defer worker.Stop(20 * time.Second)
@@ -174,6 +183,9 @@ func (e *env) runHTTP(ctx context.Context, sc scenario, clients int, t timing) r
 	r.DBConns, r.DBBusy = conns.max, conns.busy
 	if res.Requests > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("load generator %s ms CPU/req", ms3(self.usage.CPU/time.Duration(res.Requests))))
+	}
+	if rcv != nil {
+		r.Notes = append(r.Notes, tracingNote(rcv, res.Requests))
 	}
 	if wm != nil {
 		if n, err := e.finishedRuns(ctx, db); err == nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/valruns/valruns/internal/telemetry"
 	"github.com/valruns/valruns/problem"
 )
 
@@ -22,7 +23,8 @@ import (
 const maxRequestIDLength = 128
 
 // requestID takes the client's X-Request-Id when it is sane, makes one
-// otherwise, and echoes it on the response.
+// otherwise, and echoes it on the response. The request's context carries
+// it, so that every line logged for the request names it.
 func requestID() gin.HandlerFunc {
 	return func(c *gin.Context) {
 		id := c.GetHeader("X-Request-Id")
@@ -33,6 +35,7 @@ func requestID() gin.HandlerFunc {
 		}
 		c.Set(problem.RequestIDKey, id)
 		c.Header("X-Request-Id", id)
+		c.Request = c.Request.WithContext(telemetry.WithRequestID(c.Request.Context(), id))
 		c.Next()
 	}
 }

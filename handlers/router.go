@@ -14,6 +14,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/config"
@@ -57,6 +58,10 @@ type Deps struct {
 	// run as it is at once, rather than holding up a graceful shutdown for
 	// up to RUN_MAX_WAIT, and the long-poll's poller ends. Nil: never.
 	Stop <-chan struct{}
+	// Tracing, when set, gives each request a span named by its route
+	// (honouring the client's traceparent); nil: tracing is off, and no
+	// request pays for it.
+	Tracing trace.TracerProvider
 }
 
 // New builds the HTTP handler of the API: the router behind a trailing-slash
@@ -86,6 +91,9 @@ func NewRouter(d Deps) *gin.Engine {
 	r.UnescapePathValues = true
 	r.ContextWithFallback = true
 	_ = r.SetTrustedProxies(nil) // ClientIP is the peer address; no spoofable X-Forwarded-For
+	if d.Tracing != nil {
+		r.Use(traceRequests(d.Tracing))
+	}
 	r.Use(requestID(), recovery(d.Log), logRequests(d.Log), m.middleware(), limitBody(d.Config.MaxBodyBytes))
 	r.NoRoute(func(c *gin.Context) {
 		problem.Abort(c, http.StatusNotFound, "not_found", "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")

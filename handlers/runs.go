@@ -13,6 +13,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/valruns/valruns/idempotency"
+	"github.com/valruns/valruns/internal/telemetry"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
@@ -169,7 +170,7 @@ func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idem
 	case err != nil:
 		return idempotency.Response{}, err
 	}
-	return h.created(p)
+	return h.created(req.Gin.Request.Context(), p)
 }
 
 // prepare readies a start for the one-step path (models.RunStore.StartOne):
@@ -180,7 +181,7 @@ func (h *runHandlers) prepare(req idempotency.Request) (idempotency.Prepared, bo
 	if d != nil {
 		return idempotency.Prepared{}, false, nil
 	}
-	resp, err := h.created(p)
+	resp, err := h.created(req.Gin.Request.Context(), p)
 	if err != nil {
 		return idempotency.Prepared{}, false, err
 	}
@@ -227,7 +228,8 @@ func (h *runHandlers) startParams(req idempotency.Request) (models.StartParams, 
 
 // created is the answer to a start that created the run p: it is rendered
 // before the run is written, from what the run will hold.
-func (h *runHandlers) created(p models.StartParams) (idempotency.Response, error) {
+// The run's hand-off carries the request's id and trace context (ctx's span).
+func (h *runHandlers) created(ctx context.Context, p models.StartParams) (idempotency.Response, error) {
 	meta := p.Metadata
 	if len(meta) == 0 {
 		meta = []byte("{}")
@@ -242,7 +244,8 @@ func (h *runHandlers) created(p models.StartParams) (idempotency.Response, error
 	resp.ValidationRunID = p.ID
 	if h.handOff != nil {
 		q := &models.QueuedRun{ID: p.ID, WorkflowID: p.WorkflowID, Submission: run.Submission, Metadata: run.Metadata,
-			CreatedAt: p.CreatedAt, OrgID: p.OrgID, RunShare: p.RunShare}
+			CreatedAt: p.CreatedAt, OrgID: p.OrgID, RunShare: p.RunShare,
+			RequestID: p.RequestID, Trace: telemetry.Inject(ctx)}
 		resp.AfterCommit = func() { h.handOff(q) }
 		resp.InDoubt = func() { h.doubts.add(q) }
 	}

@@ -19,6 +19,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/models"
@@ -351,6 +353,11 @@ func (w *Wrapper) wrap(scope string, prep Preparer, h Handler, noBody bool) gin.
 		}
 		k.serve(prep, h)
 		w.cfg.Observe(scope, k.outcome)
+		// The decision on the request's span, when it is traced (new,
+		// replayed, in_progress, mismatch, ...).
+		if span := trace.SpanFromContext(c.Request.Context()); span.IsRecording() {
+			span.SetAttributes(attribute.String("idempotency.scope", scope), attribute.String("idempotency.decision", k.outcome))
+		}
 	}
 }
 

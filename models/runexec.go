@@ -250,6 +250,11 @@ type QueuedRun struct {
 	// the default) are what the queue's fair admission needs.
 	OrgID    string
 	RunShare *int
+	// RequestID is the id of the request that started the run, and Trace
+	// its W3C trace context (traceparent, tracestate; nil when not traced):
+	// the queue carries both to the run's execution, for its logs and spans.
+	RequestID string
+	Trace     map[string]string
 }
 
 // Queued reads what executing a run needs; ErrNotFound if there is no run.

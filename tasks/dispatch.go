@@ -11,7 +11,9 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/valruns/valruns/internal/telemetry"
 	"github.com/valruns/valruns/models"
 )
 
@@ -52,6 +54,10 @@ type DispatcherConfig struct {
 	RunShare int
 	Registry prometheus.Registerer
 	Log      *slog.Logger
+	// Tracing, when set, traces each enqueue (the child of the request
+	// that started the run) and carries its context in the task's headers;
+	// nil: tracing is off.
+	Tracing trace.TracerProvider
 }
 
 const (
@@ -66,7 +72,7 @@ func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{
-		w:      newQueueWriter(cfg.Redis, cfg.MaxRetry, cfg.Timeout, cfg.RunShare),
+		w:      newQueueWriter(cfg.Redis, cfg.MaxRetry, cfg.Timeout, cfg.RunShare, telemetry.Tracer(cfg.Tracing)),
 		giveUp: max(cfg.GiveUp, time.Second),
 		in:     make(chan *models.QueuedRun, dispatchBuffer),
 		log:    log,
@@ -190,9 +196,11 @@ type queueWriter struct {
 	redis  redis.UniversalClient // the batch index (batchIndexKey), the gate
 	opts   []asynq.Option
 	gate   *gate
+	// tracer traces each enqueue; nil: tracing is off.
+	tracer trace.Tracer
 }
 
-func newQueueWriter(r asynq.RedisConnOpt, maxRetry int, timeout time.Duration, share int) queueWriter {
+func newQueueWriter(r asynq.RedisConnOpt, maxRetry int, timeout time.Duration, share int, tracer trace.Tracer) queueWriter {
 	rc, _ := r.MakeRedisClient().(redis.UniversalClient)
 	inspector := asynq.NewInspectorFromRedisClient(rc)
 	return queueWriter{
@@ -200,6 +208,7 @@ func newQueueWriter(r asynq.RedisConnOpt, maxRetry int, timeout time.Duration, s
 		redis:  rc,
 		opts:   runTaskOptions(maxRetry, timeout),
 		gate:   &gate{redis: rc, share: share, stale: max(timeout, time.Minute), servers: inspector.Servers},
+		tracer: tracer,
 	}
 }
 
@@ -243,12 +252,19 @@ func (w queueWriter) enqueue(ctx context.Context, runs []RunPayload, size int) e
 }
 
 // enqueueOne enqueues a run's task of its own.
-func (w queueWriter) enqueueOne(ctx context.Context, p RunPayload) error {
-	task, err := newRunTask(p)
+func (w queueWriter) enqueueOne(ctx context.Context, p RunPayload) (err error) {
+	id := runTaskID(p.RunID, p.Redeliveries)
+	var headers map[string]string
+	if w.tracer != nil {
+		var end func(error)
+		ctx, headers, end = w.traceEnqueueOne(ctx, p, id)
+		defer func() { end(err) }()
+	}
+	task, err := newRunTask(p, headers)
 	if err != nil {
 		return err
 	}
-	opts := append(w.opts[:len(w.opts):len(w.opts)], asynq.TaskID(runTaskID(p.RunID, p.Redeliveries)))
+	opts := append(w.opts[:len(w.opts):len(w.opts)], asynq.TaskID(id))
 	_, err = w.client.EnqueueContext(ctx, task, opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil
@@ -258,12 +274,18 @@ func (w queueWriter) enqueueOne(ctx context.Context, p RunPayload) error {
 
 // enqueueBatch enqueues runs as one batch task, after recording which task
 // carries each (the sweeper's batchIndexKey).
-func (w queueWriter) enqueueBatch(ctx context.Context, runs []RunPayload) error {
-	task, err := newBatchTask(runs)
+func (w queueWriter) enqueueBatch(ctx context.Context, runs []RunPayload) (err error) {
+	id := batchTaskID(runs)
+	var headers map[string]string
+	if w.tracer != nil {
+		var end func(error)
+		ctx, headers, end = w.traceEnqueueBatch(ctx, runs, id)
+		defer func() { end(err) }()
+	}
+	task, err := newBatchTask(runs, headers)
 	if err != nil {
 		return err
 	}
-	id := batchTaskID(runs)
 	index := make([]any, 0, 2*len(runs))
 	for _, r := range runs {
 		index = append(index, r.RunID, id)

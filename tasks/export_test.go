@@ -24,7 +24,7 @@ func SetDequeued(w *Worker, f func(runIDs []string)) { w.runs.dequeued = f }
 // redelivery, the sweeper) enqueues it, without its data inline: the
 // worker reads the run.
 func NewRunTask(runID string, redelivery bool) *asynq.Task {
-	t, err := newRunTask(RunPayload{RunID: runID, Redelivery: redelivery})
+	t, err := newRunTask(RunPayload{RunID: runID, Redelivery: redelivery}, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -58,7 +58,7 @@ const BatchIndexKey = batchIndexKey
 
 // NewRunTaskFor is the task the hand-off makes for q (its data inline).
 func NewRunTaskFor(q *models.QueuedRun) *asynq.Task {
-	t, err := newRunTask(payloadOf(q))
+	t, err := newRunTask(payloadOf(q), nil)
 	if err != nil {
 		panic(err)
 	}
@@ -67,7 +67,7 @@ func NewRunTaskFor(q *models.QueuedRun) *asynq.Task {
 
 // NewBatchTaskFor is the batch task the hand-off makes for qs.
 func NewBatchTaskFor(qs []*models.QueuedRun) *asynq.Task {
-	t, err := newBatchTask(payloads(qs))
+	t, err := newBatchTask(payloads(qs), nil)
 	if err != nil {
 		panic(err)
 	}

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/valruns/valruns/internal/telemetry"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/validate"
 )
@@ -43,6 +45,8 @@ type RunExecutor struct {
 	// dequeued, when set (tests), is told the runs of each task as soon as
 	// its handler begins, in the order asynq hands tasks out.
 	dequeued func(runIDs []string)
+	// tracer traces each execution; nil: tracing is off.
+	tracer trace.Tracer
 
 	// programs caches compiled workflows: a workflow never changes once created.
 	programs sync.Map // workflow id -> *validate.Program
@@ -103,6 +107,12 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) (err error
 	}
 	if e.dequeued != nil {
 		e.dequeued([]string{p.RunID})
+	}
+	ctx = telemetry.WithRequestID(ctx, p.RequestID)
+	if e.tracer != nil {
+		var end func(error)
+		ctx, end = e.traceExecution(ctx, t.Headers(), p)
+		defer func() { end(err) }()
 	}
 	tctx, began := ctx, time.Now()
 	defer func() {
@@ -234,10 +244,15 @@ func (e *RunExecutor) compute(ctx context.Context, p RunPayload) (models.Outcome
 // spread over the workers than run one after another. Every write is
 // fenced, so a batch delivered again (its worker died) executes nothing
 // twice.
-func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
+func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) (err error) {
 	var b BatchPayload
 	if err := json.Unmarshal(t.Payload(), &b); err != nil || len(b.Runs) == 0 {
 		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
+	}
+	if e.tracer != nil {
+		var end func(error)
+		ctx, end = e.traceBatch(ctx, t.Headers(), b.Runs)
+		defer func() { end(err) }()
 	}
 	if e.dequeued != nil {
 		ids := make([]string, len(b.Runs))
@@ -250,6 +265,7 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 	defer cancel()
 	began := time.Now()
 	var outs []models.Outcome
+	var octx []context.Context // each outcome's run's context: its logs name its request
 	var apart []string
 	for _, p := range b.Runs {
 		switch {
@@ -259,9 +275,11 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 			apart = append(apart, p.RunID)
 			continue
 		}
-		switch out, v := e.compute(ctx, p); v {
+		rctx := telemetry.WithRequestID(ctx, p.RequestID)
+		switch out, v := e.compute(rctx, p); v {
 		case fastWrite:
 			outs = append(outs, out)
+			octx = append(octx, rctx)
 		case fastClaim:
 			apart = append(apart, p.RunID)
 		}
@@ -271,8 +289,8 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 		if models.IsTransient(err) {
 			return err // asynq retries the batch soon, without spending a retry
 		}
-		for _, out := range outs {
-			if done, _ := e.afterWrite(ctx, out, ended[out.RunID], err); !done {
+		for i, out := range outs {
+			if done, _ := e.afterWrite(octx[i], out, ended[out.RunID], err); !done {
 				apart = append(apart, out.RunID)
 			}
 		}
@@ -284,7 +302,8 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 		}
 		if slices.Contains(apart, p.RunID) {
 			// Still in the queue, as a task of its own.
-			if err := e.queue.enqueueOne(ctx, RunPayload{RunID: p.RunID, OrgID: p.OrgID, Redelivery: true}); err != nil {
+			if err := e.queue.enqueueOne(ctx, RunPayload{RunID: p.RunID, OrgID: p.OrgID, Redelivery: true,
+				RequestID: p.RequestID, Trace: p.Trace}); err != nil {
 				return fmt.Errorf("hand run %s back to the queue: %w", p.RunID, err) // asynq retries the batch
 			}
 			continue

@@ -41,6 +41,12 @@ type RunPayload struct {
 	Submission json.RawMessage `json:"submission,omitempty"`
 	Metadata   json.RawMessage `json:"metadata,omitempty"`
 	CreatedAt  time.Time       `json:"created_at,omitzero"`
+	// RequestID is the id of the request that started the run (its
+	// execution's logs name it), and Trace that request's W3C trace context
+	// (traceparent, tracestate): the parent of the run's enqueue, or a link
+	// of the batch task that executes it. Trace is nil when not traced.
+	RequestID string            `json:"request_id,omitempty"`
+	Trace     map[string]string `json:"trace,omitempty"`
 }
 
 // inlineMax is the largest submission plus metadata a task carries.
@@ -49,18 +55,22 @@ const inlineMax = 8 << 10
 // payloadOf is the task payload of a run handed off: what executing it
 // needs, carried when small enough.
 func payloadOf(q *models.QueuedRun) RunPayload {
-	p := RunPayload{RunID: q.ID, OrgID: q.OrgID, CreatedAt: q.CreatedAt}
+	p := RunPayload{RunID: q.ID, OrgID: q.OrgID, CreatedAt: q.CreatedAt, RequestID: q.RequestID, Trace: q.Trace}
 	if len(q.Submission)+len(q.Metadata) <= inlineMax {
 		p.WorkflowID, p.Submission, p.Metadata = q.WorkflowID, json.RawMessage(q.Submission), json.RawMessage(q.Metadata)
 	}
 	return p
 }
 
-// newRunTask builds the task executing a run.
-func newRunTask(p RunPayload) (*asynq.Task, error) {
+// newRunTask builds the task executing a run; headers (asynq's task
+// headers) carry the trace context of its enqueue, nil when not traced.
+func newRunTask(p RunPayload, headers map[string]string) (*asynq.Task, error) {
 	b, err := json.Marshal(p)
 	if err != nil {
 		return nil, fmt.Errorf("run task: %w", err)
+	}
+	if headers != nil {
+		return asynq.NewTaskWithHeaders(TypeRunExecute, b, headers), nil
 	}
 	return asynq.NewTask(TypeRunExecute, b), nil
 }
@@ -92,10 +102,13 @@ func batchTaskID(runs []RunPayload) string { return "validation_runs:" + runs[0]
 
 // newBatchTask builds the task executing runs, each carried as a single
 // task would carry it.
-func newBatchTask(runs []RunPayload) (*asynq.Task, error) {
+func newBatchTask(runs []RunPayload, headers map[string]string) (*asynq.Task, error) {
 	p, err := json.Marshal(BatchPayload{Runs: runs})
 	if err != nil {
 		return nil, fmt.Errorf("batch task: %w", err)
+	}
+	if headers != nil {
+		return asynq.NewTaskWithHeaders(TypeRunBatch, p, headers), nil
 	}
 	return asynq.NewTask(TypeRunBatch, p), nil
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/webhooks"
@@ -84,6 +86,8 @@ type webhookSender struct {
 	m     *webhookMetrics
 	// poke wakes the poller before its interval: a run ended here.
 	poke chan struct{}
+	// tracer traces each attempt; nil: tracing is off.
+	tracer trace.Tracer
 }
 
 type webhookMetrics struct {
@@ -222,10 +226,16 @@ type TestEventData struct {
 // returns nil whatever the endpoint answered (the outcome schedules the
 // next attempt, not asynq); an error only when it could not read or write
 // the delivery, whose claim then runs out.
-func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
+func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	var p WebhookPayload
 	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.DeliveryID == "" {
 		return fmt.Errorf("webhook task payload %q: %w", t.Payload(), asynq.SkipRetry)
+	}
+	if s.tracer != nil {
+		var span trace.Span
+		ctx, span = s.tracer.Start(ctx, "webhook attempt", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("valruns.webhook.delivery_id", p.DeliveryID)))
+		defer func() { endSpan(span)(err) }()
 	}
 	claim := time.UnixMicro(p.Claim)
 	job, err := s.store.DeliveryJob(ctx, p.DeliveryID, claim)
@@ -246,6 +256,11 @@ func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	now := time.Now()
 	res := s.send.Send(ctx, job.Endpoint.URL, d.EventID, job.Endpoint.SigningSecrets(now), body, now)
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attribute.String("valruns.webhook.event_id", d.EventID), attribute.String("valruns.webhook.endpoint_id", d.EndpointID),
+			attribute.String("valruns.run_id", job.Run.ID), attribute.Int("valruns.webhook.attempt", d.Attempts+1),
+			attribute.Int("http.response.status_code", res.StatusCode), attribute.Bool("valruns.webhook.delivered", res.Delivered))
+	}
 	a := models.Attempt{Delivered: res.Delivered, StatusCode: res.StatusCode, Retry: WebhookRetryDelay(s.base, d.Attempts+1)}
 	if res.Err != nil {
 		// Coarse: the tenant sees it. The detail (addresses, the resolver)

@@ -15,9 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/internal/telemetry"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/webhooks"
 )
@@ -105,6 +107,10 @@ type Config struct {
 	BacklogInterval time.Duration
 	// Log; nil discards.
 	Log *slog.Logger
+	// Tracing, when set, traces each run's execution (in the trace of the
+	// request that started it, or linked to it), each enqueue and each
+	// webhook attempt; nil: tracing is off.
+	Tracing trace.TracerProvider
 }
 
 // Worker is the background side of valruns in one process: an asynq server
@@ -199,7 +205,9 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, errors.New("redis: unsupported connection option")
 	}
 	w.redis = rc
-	w.queue = newQueueWriter(cfg.Redis, cfg.RunMaxRetry, cfg.RunTimeout, cfg.RunShare)
+	tracer := telemetry.Tracer(cfg.Tracing)
+	w.runs.tracer = tracer
+	w.queue = newQueueWriter(cfg.Redis, cfg.RunMaxRetry, cfg.RunTimeout, cfg.RunShare, tracer)
 	w.runs.queue, w.runs.release = w.queue, newReleaser(w.release).release
 	w.runs.done = func(ctx context.Context, runs []RunPayload) {
 		ids := make([]string, len(runs))
@@ -239,7 +247,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 		w.hooks = &webhookSender{store: hooks, client: w.client,
 			send: webhooks.NewSender(cfg.WebhookAllowPrivate, 0), eventData: cfg.EventData,
 			interval: cfg.WebhookPollInterval, limit: cfg.WebhookConcurrency, base: cfg.WebhookRetryBase,
-			horizon: cfg.WebhookRetryHorizon, lease: cfg.WebhookClaimLease, log: log, m: newWebhookMetrics(cfg.Registry), poke: make(chan struct{}, 1)}
+			horizon: cfg.WebhookRetryHorizon, lease: cfg.WebhookClaimLease, log: log, m: newWebhookMetrics(cfg.Registry), poke: make(chan struct{}, 1),
+			tracer: tracer}
 		w.runs.ended = w.hooks.wake
 		w.hookSrv = asynq.NewServer(cfg.Redis, asynq.Config{
 			Concurrency:     cfg.WebhookConcurrency,

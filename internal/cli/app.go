@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,9 +12,11 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/internal/telemetry"
 	"github.com/valruns/valruns/migrations"
 	"github.com/valruns/valruns/models"
 )
@@ -23,6 +26,10 @@ type app struct {
 	cfg config.Config
 	log *slog.Logger
 	db  *gorm.DB
+	// tracing is the tracer provider the OTEL_* variables set up for work
+	// (serve, worker); nil: tracing is off. stopTracing flushes it.
+	tracing     trace.TracerProvider
+	stopTracing func(context.Context) error
 }
 
 // purpose says what a command opens the database for.
@@ -46,6 +53,22 @@ func open(ctx context.Context, p purpose) (*app, error) {
 		return nil, err
 	}
 	log := newLogger(cfg, os.Stderr)
+	var tp trace.TracerProvider
+	stopTracing := func(context.Context) error { return nil }
+	if p == forWork {
+		// The one start-up of serve and worker: traces are set up before
+		// the pool, whose statements they trace.
+		if tp, stopTracing, err = telemetry.Setup(ctx, telemetry.Config{Version: buildVersion(), Log: log}); err != nil {
+			var ce *telemetry.ConfigError
+			if errors.As(err, &ce) {
+				return nil, &config.Error{Var: ce.Var, Value: ce.Value, Problem: ce.Problem}
+			}
+			return nil, err
+		}
+		if tp != nil {
+			log.InfoContext(ctx, "tracing on", "endpoint", telemetry.Endpoint())
+		}
+	}
 	// For work, a statement never outlives the request transaction's
 	// deadline (see idempotency.Config.TxTimeout).
 	opt := models.DBOptions{MaxOpenConns: cfg.DatabaseMaxConns,
@@ -54,14 +77,16 @@ func open(ctx context.Context, p purpose) (*app, error) {
 	if p == forWork {
 		opt.StatementTimeout = cfg.IdempotencyTxTimeout
 		opt.TransactionPooler = cfg.DatabasePooler == "transaction"
+		opt.Tracer = telemetry.PgxTracer(tp, opt.Tracer)
 	} else if cfg.DatabaseDirectURL != cfg.DatabaseURL {
 		name, url = "DATABASE_DIRECT_URL", cfg.DatabaseDirectURL
 	}
 	db, err := models.Open(ctx, url, opt)
 	if err != nil {
+		_ = telemetry.Shutdown(stopTracing, time.Second)
 		return nil, &config.Error{Var: name, Value: redact(url), Problem: oneLine(err)}
 	}
-	a := &app{cfg: cfg, log: log, db: db}
+	a := &app{cfg: cfg, log: log, db: db, tracing: tp, stopTracing: stopTracing}
 	if p == forWork {
 		if err := a.ensureMigrated(ctx); err != nil {
 			a.close()
@@ -98,7 +123,15 @@ func (a *app) checkRoleSettings(ctx context.Context) {
 	}
 }
 
-func (a *app) close() { _ = models.SQLDB(a.db).Close() }
+// close closes the pool and flushes the spans not yet exported.
+func (a *app) close() {
+	_ = models.SQLDB(a.db).Close()
+	if a.stopTracing != nil {
+		if err := telemetry.Shutdown(a.stopTracing, 5*time.Second); err != nil {
+			a.log.Warn("could not flush the last traces", "error", err)
+		}
+	}
+}
 
 func (a *app) ensureMigrated(ctx context.Context) error {
 	// Not a.db: goose's status and migrations hold a session advisory lock,
@@ -139,10 +172,12 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config
 	opts := &slog.HandlerOptions{Level: level}
+	// Every line logged with a context carries its request_id, and its
+	// trace_id and span_id while a span is active.
 	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(telemetry.LogHandler(slog.NewJSONHandler(w, opts)))
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(telemetry.LogHandler(slog.NewTextHandler(w, opts)))
 }
 
 func timeText(t time.Time) string { return t.UTC().Format(time.RFC3339) }

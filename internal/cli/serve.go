@@ -62,7 +62,8 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 				return worker.w.Ready(ctx)
 			}
 			return nil
-		}}
+		},
+		Tracing: a.tracing}
 	if deps.Redis, err = rateLimitRedis(a); err != nil {
 		return err
 	}

@@ -69,3 +69,12 @@ func versionText(bi *debug.BuildInfo) string {
 	fmt.Fprintf(&b, "%s %s/%s\n", goVersion, runtime.GOOS, runtime.GOARCH)
 	return b.String()
 }
+
+// buildVersion is the module version the binary was built from (the
+// service.version of its traces): "(devel)" for a build from a checkout.
+func buildVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.Main.Version
+	}
+	return ""
+}

@@ -49,7 +49,7 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 		WebhookRetryBase: a.cfg.WebhookRetryBase, WebhookRetryHorizon: a.cfg.WebhookRetryHorizon,
 		WebhookRetention: a.cfg.WebhookDeliveryRetention, WebhookClaimLease: a.cfg.WebhookClaimLease,
 		WebhookAllowPrivate: a.cfg.WebhookAllowPrivateTargets, EventData: handlers.RunEventData,
-		Registry: reg, Log: a.log,
+		Registry: reg, Log: a.log, Tracing: a.tracing,
 	})
 	if err != nil {
 		return nil, err
@@ -88,7 +88,8 @@ func startDispatcher(a *app, reg prometheus.Registerer) (*tasks.Dispatcher, erro
 		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: oneLine(err)}
 	}
 	return tasks.NewDispatcher(tasks.DispatcherConfig{Redis: redisOpt, MaxRetry: a.cfg.RunMaxRetry,
-		Timeout: a.cfg.RunTimeout, GiveUp: a.cfg.RunRedeliverAfter, RunShare: a.cfg.OrgRunShare, Registry: reg, Log: a.log}), nil
+		Timeout: a.cfg.RunTimeout, GiveUp: a.cfg.RunRedeliverAfter, RunShare: a.cfg.OrgRunShare, Registry: reg, Log: a.log,
+		Tracing: a.tracing}), nil
 }
 
 // rateLimitRedis connects (lazily) to the Redis that holds the start rate

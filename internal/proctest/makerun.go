@@ -62,6 +62,15 @@ func ExitedChild(exited <-chan struct{}, log *Log) func() (string, bool) {
 // RedisURL's queue.
 var redisQueue sync.Mutex
 
+// LockRedis gives the test RedisURL's queue alone until it ends, so that
+// no other test's worker (MakeRun's, say) takes its tasks; call it before
+// starting processes (its cleanup then runs after they have stopped).
+func LockRedis(t *testing.T) {
+	t.Helper()
+	redisQueue.Lock()
+	t.Cleanup(redisQueue.Unlock)
+}
+
 // MakeRun is the service as `make run` starts it: `valruns serve --worker`
 // with MIGRATE_ON_START=true on a fresh empty database, then `valruns
 // demo`, which keeps the demo token in dir/.dev/demo-token. The worker
@@ -73,8 +82,7 @@ func MakeRun(t *testing.T, bin, dir string) (db *gorm.DB, addr, token, wf string
 	// One such service at a time: they share RedisURL's queue, and a
 	// worker drops a task whose run is in another test's database (the run
 	// then waits for a sweeper to redeliver it).
-	redisQueue.Lock()
-	t.Cleanup(redisQueue.Unlock) // registered first: runs after the server has stopped
+	LockRedis(t)
 	db, dbURL := testdb.New(t, testdb.Options{Empty: true, MaxOpenConns: 2})
 	addr = FreeAddr(t)
 	apiURL := "http://" + addr
