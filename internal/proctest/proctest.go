@@ -7,6 +7,7 @@ package proctest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -142,5 +143,48 @@ func WaitHTTP(t testing.TB, url string, exited func() (why string, ended bool)) 
 			t.Fatalf("%s did not answer 200 within 30s", url)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// NeedNodePackages installs the pinned npm packages of one part of
+// scripts/install-bench-tools.sh (npm ci; the script installs Node.js too
+// when missing and running as root), for a test that runs them (what says
+// which). When it cannot, the test is skipped loudly: a skipped test must
+// never pass unnoticed.
+func NeedNodePackages(t testing.TB, part, what string) {
+	t.Helper()
+	cmd := exec.Command("bash", filepath.Join(moduleRoot(t), "scripts", "install-bench-tools.sh"), part)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if err == nil {
+		return
+	}
+	bar := strings.Repeat("!", 72)
+	msg := fmt.Sprintf("\n%s\nSKIPPING %s: no Node.js / npm packages for %s.\n"+
+		"scripts/install-bench-tools.sh %s failed (%v): %s\n"+
+		"Install Node.js and npm (apt-get install nodejs npm), then run it again.\n%s",
+		bar, t.Name(), what, part, err, strings.TrimSpace(stderr.String()), bar)
+	fmt.Fprintln(os.Stderr, msg)
+	t.Skip(msg)
+}
+
+// moduleRoot is the directory of the module's go.mod, above the test's
+// working directory (its package's).
+func moduleRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test's directory")
+		}
+		dir = parent
 	}
 }

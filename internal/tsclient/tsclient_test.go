@@ -5,7 +5,6 @@
 package tsclient
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/internal/proctest"
 )
 
 // TestTypedClientCompiles generates the types into a temporary directory
@@ -23,7 +24,7 @@ import (
 // server (an optional submission, a status of any string) fails too.
 func TestTypedClientCompiles(t *testing.T) {
 	t.Parallel()
-	needNodePackages(t)
+	proctest.NeedNodePackages(t, "tsclient", "the typed-client test")
 	here, err := os.Getwd()
 	require.NoError(t, err)
 	bin := func(name string) string { return filepath.Join(here, "node_modules", ".bin", name) }
@@ -48,26 +49,4 @@ func run(t *testing.T, name string, args ...string) {
 	cmd := exec.Command(name, args...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s %s:\n%s", filepath.Base(name), strings.Join(args, " "), out)
-}
-
-// needNodePackages installs the pinned packages (npm ci) with the project's
-// script, which installs Node.js too when missing and running as root. When
-// it cannot, the test is skipped loudly: a skipped test must never pass
-// unnoticed.
-func needNodePackages(t *testing.T) {
-	t.Helper()
-	cmd := exec.Command("bash", "../../scripts/install-bench-tools.sh", "tsclient")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	err := cmd.Run()
-	if err == nil {
-		return
-	}
-	bar := strings.Repeat("!", 72)
-	msg := fmt.Sprintf("\n%s\nSKIPPING %s: no Node.js / npm packages for the typed-client test.\n"+
-		"scripts/install-bench-tools.sh tsclient failed (%v): %s\n"+
-		"Install Node.js and npm (apt-get install nodejs npm), then run it again.\n%s",
-		bar, t.Name(), err, strings.TrimSpace(stderr.String()), bar)
-	fmt.Fprintln(os.Stderr, msg)
-	t.Skip(msg)
 }

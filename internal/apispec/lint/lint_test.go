@@ -12,10 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/internal/proctest"
 )
 
 // accepted are the findings of the recommended rules that the documents
@@ -38,7 +39,7 @@ var accepted = map[string]string{
 // deliberate.
 func TestOpenAPIDocumentsLint(t *testing.T) {
 	t.Parallel()
-	needNodePackages(t)
+	proctest.NeedNodePackages(t, "speclint", "the spec lint test (Redocly CLI)")
 	here, err := os.Getwd()
 	require.NoError(t, err)
 	redocly := filepath.Join(here, "node_modules", ".bin", "redocly")
@@ -97,26 +98,4 @@ func TestOpenAPIDocumentsLint(t *testing.T) {
 			}
 		})
 	}
-}
-
-// needNodePackages installs the pinned Redocly CLI (npm ci) with the
-// project's script, which installs Node.js too when missing and running as
-// root. When it cannot, the test is skipped loudly: a skipped test must
-// never pass unnoticed.
-func needNodePackages(t *testing.T) {
-	t.Helper()
-	cmd := exec.Command("bash", "../../../scripts/install-bench-tools.sh", "speclint")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	err := cmd.Run()
-	if err == nil {
-		return
-	}
-	bar := strings.Repeat("!", 72)
-	msg := fmt.Sprintf("\n%s\nSKIPPING %s: no Node.js / Redocly CLI for the spec lint test.\n"+
-		"scripts/install-bench-tools.sh speclint failed (%v): %s\n"+
-		"Install Node.js and npm (apt-get install nodejs npm), then run it again.\n%s",
-		bar, t.Name(), err, strings.TrimSpace(stderr.String()), bar)
-	fmt.Fprintln(os.Stderr, msg)
-	t.Skip(msg)
 }
