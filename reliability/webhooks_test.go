@@ -50,6 +50,26 @@ func newHookSink(t *testing.T) *hookSink {
 	return s
 }
 
+// subscribe registers the sink as a webhook endpoint of o, and keeps the
+// endpoint's secret to check the signatures it receives.
+func (s *hookSink) subscribe(t *testing.T, cl *client, o org) {
+	t.Helper()
+	out := cl.do(context.Background(), request{Method: "POST", Path: "/api/webhook-endpoints/", Key: "hook-1",
+		Body: `{"url":"http://` + s.addr + `/hooks"}`, Token: o.Token}, 0)
+	if !out.Definitive || out.Final.Status != 201 {
+		t.Fatalf("create the webhook endpoint: %s", lastOf(out))
+	}
+	var ep struct {
+		Secret string `json:"secret"`
+	}
+	if err := json.Unmarshal(out.Final.Body, &ep); err != nil || ep.Secret == "" {
+		t.Fatalf("create the webhook endpoint: %s", clip(out.Final.Body))
+	}
+	s.mu.Lock()
+	s.secret = ep.Secret
+	s.mu.Unlock()
+}
+
 func (s *hookSink) serve(l net.Listener) {
 	srv := &http.Server{Handler: http.HandlerFunc(s.handle), ReadHeaderTimeout: 5 * time.Second}
 	s.mu.Lock()
@@ -135,21 +155,7 @@ func (s *hookSink) received() (map[string]int, []string) {
 func webhookOutageScenario(t *testing.T, s *suite, res *result) {
 	c, cl, rec, o := setup(t, s, "hookoutage")
 	sink := newHookSink(t)
-	out := cl.do(context.Background(), request{Method: "POST", Path: "/api/webhook-endpoints/", Key: "hook-1",
-		Body: `{"url":"http://` + sink.addr + `/hooks"}`, Token: o.Token}, 0)
-	if !out.Definitive || out.Final.Status != 201 {
-		t.Fatalf("create the webhook endpoint: %s", lastOf(out))
-	}
-	var ep struct {
-		ID     string `json:"id"`
-		Secret string `json:"secret"`
-	}
-	if err := json.Unmarshal(out.Final.Body, &ep); err != nil || ep.Secret == "" {
-		t.Fatalf("create the webhook endpoint: %s", clip(out.Final.Body))
-	}
-	sink.mu.Lock()
-	sink.secret = ep.Secret
-	sink.mu.Unlock()
+	sink.subscribe(t, cl, o)
 
 	def := orderWorkflow()
 	wf := createWorkflow(t, cl, o, def)
@@ -240,20 +246,7 @@ func webhookAttemptKill(t *testing.T, s *suite, res *result) {
 	sink.mu.Lock()
 	sink.hold = true
 	sink.mu.Unlock()
-	out := cl.do(context.Background(), request{Method: "POST", Path: "/api/webhook-endpoints/", Key: "hook-1",
-		Body: `{"url":"http://` + sink.addr + `/hooks"}`, Token: o.Token}, 0)
-	if !out.Definitive || out.Final.Status != 201 {
-		t.Fatalf("create the webhook endpoint: %s", lastOf(out))
-	}
-	var ep struct {
-		Secret string `json:"secret"`
-	}
-	if err := json.Unmarshal(out.Final.Body, &ep); err != nil || ep.Secret == "" {
-		t.Fatalf("create the webhook endpoint: %s", clip(out.Final.Body))
-	}
-	sink.mu.Lock()
-	sink.secret = ep.Secret
-	sink.mu.Unlock()
+	sink.subscribe(t, cl, o)
 
 	def := orderWorkflow()
 	wf := createWorkflow(t, cl, o, def)
