@@ -28,7 +28,6 @@ import (
 // description another connection's first use learnt (describedSQL). The
 // pool's tracer sees the statements as one batch.
 type pipe struct {
-	ctx    context.Context
 	c      *pgx.Conn
 	p      *pgconn.Pipeline
 	named  bool
@@ -65,7 +64,7 @@ type pipeStatements struct {
 }
 
 func startPipe(ctx context.Context, c *pgx.Conn, named bool) *pipe {
-	q := &pipe{ctx: ctx, c: c, named: named, tctx: ctx}
+	q := &pipe{c: c, named: named, tctx: ctx}
 	if t, ok := c.Config().Tracer.(pgx.BatchTracer); ok {
 		q.tracer = t
 		q.tctx = t.TraceBatchStart(ctx, c, pgx.TraceBatchStartData{Batch: &q.batch})
@@ -94,9 +93,9 @@ func (q *pipe) query(sql string, args []any, read func(pgx.Rows) error, flush bo
 	sd := cache.bySQL[sql]
 	parsed := false
 	if d, ok := describedSQL.Load(sql); ok && !q.named {
-		// Parsed anew, unnamed, and bound at once, as described before.
-		sd = &pgconn.StatementDescription{SQL: sql, ParamOIDs: d.(*pgconn.StatementDescription).ParamOIDs,
-			Fields: d.(*pgconn.StatementDescription).Fields}
+		// Parsed anew, unnamed, and bound at once, as described before
+		// (the description is of the unnamed statement: read, never written).
+		sd = d.(*pgconn.StatementDescription)
 		q.p.SendPrepare("", sql, sd.ParamOIDs)
 		parsed = true
 	}
