@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/valruns/valruns/internal/testdb"
 	"github.com/valruns/valruns/models"
 )
 
@@ -210,4 +211,41 @@ func TestStartExpressLane(t *testing.T) {
 		require.NoError(t, o.err, "A's start %d", i)
 		require.True(t, o.res.Done, "A's start %d: %+v", i, o.res)
 	}
+}
+
+// The start statement runs on a generic plan, made once per connection:
+// PostgreSQL would otherwise plan it afresh at every execution (it always
+// estimates a custom plan cheaper), and planning it costs more than a lone
+// start's execution. Lone starts, keyed and not, and batches of several,
+// on one connection: pg_prepared_statements (that connection's) counts no
+// custom plan of it.
+func TestStartBatchPlanIsGeneric(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t, testdb.Options{MaxOpenConns: 1})
+	f := &usageFixture{db: db, runs: models.NewRunStore(db), now: time.Now().UTC().Truncate(time.Microsecond)}
+	require.NoError(t, db.Raw(`INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&f.org).Error)
+	require.NoError(t, db.Raw(`INSERT INTO workflows (org_id, name) VALUES (?, 'wf') RETURNING id`, f.org).Scan(&f.wf).Error)
+	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots
+	for i := range 12 {
+		ps := []models.StartParams{f.params(f.org, f.wf, 0)}
+		ks := []*models.KeyWrite{nil}
+		if i%2 == 1 {
+			ks[0] = keyWrite(f.org, fmt.Sprintf("plan-%d", i))
+		}
+		if i%3 == 2 {
+			ps = append(ps, f.params(f.org, f.wf, 0), f.params(f.org, f.wf, 0))
+			ks = append(ks, keyWrite(f.org, fmt.Sprintf("plan-%d-b", i)), nil)
+		}
+		res, err := f.runs.StartBatch(ps, ks)
+		require.NoError(t, err)
+		for j, r := range res {
+			require.True(t, r.Done, "start %d.%d: %+v", i, j, r)
+		}
+	}
+	var plans []struct{ Generic, Custom int64 }
+	require.NoError(t, db.Raw(`SELECT generic_plans AS generic, custom_plans AS custom FROM pg_prepared_statements
+		WHERE statement LIKE '%AS t(id, created_at, org, wf,%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&plans).Error)
+	require.Len(t, plans, 1, "the start statement, prepared on the one connection")
+	require.Zero(t, plans[0].Custom, "custom plans of the start statement")
+	require.EqualValues(t, 12, plans[0].Generic)
 }
