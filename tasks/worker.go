@@ -53,6 +53,11 @@ type Config struct {
 	// RunTimeout bounds one execution of a run, behind the validation
 	// engine's own limits; a run past it ends in error. 0 means 5m.
 	RunTimeout time.Duration
+	// PollInterval is how long the runs' task server waits, when its queue
+	// is empty, before it looks again (asynq's TaskCheckInterval: it sleeps
+	// between half and one and a half times it): a run enqueued meanwhile
+	// waits for it. 0 means 2 ms.
+	PollInterval time.Duration
 	// SweepInterval is how often the sweeper looks for stranded runs; 0
 	// means 5s.
 	SweepInterval time.Duration
@@ -152,6 +157,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	cfg.RetryDelay = cmp.Or(cfg.RetryDelay, time.Second)
 	cfg.RunTimeout = cmp.Or(cfg.RunTimeout, 5*time.Minute)
 	cfg.SweepInterval = cmp.Or(cfg.SweepInterval, 5*time.Second)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, 2*time.Millisecond)
 	cfg.RedeliverAfter = cmp.Or(cfg.RedeliverAfter, 10*time.Second)
 	cfg.FastBudget = min(cmp.Or(cfg.FastBudget, time.Second), cfg.RunHeartbeat)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 20*time.Second)
@@ -226,10 +232,11 @@ func NewWorker(cfg Config) (*Worker, error) {
 		ShutdownTimeout: cfg.ShutdownTimeout,
 		// When its queues are empty, asynq sleeps between half and one and a
 		// half times this (default 1s) before it looks again: a run enqueued
-		// meanwhile waits for it. 20 ms keeps a start's run from waiting
-		// more than 30 ms (so from a start to running at light load is tens
-		// of ms), for about 50 Redis calls a second per idle worker.
-		TaskCheckInterval:        20 * time.Millisecond,
+		// meanwhile waits for it. It has no wake-up; RUN_POLL_INTERVAL
+		// (2 ms) keeps the hand-off from a committed start to an idle
+		// worker about a millisecond on average, for one Redis script per
+		// interval while the worker is idle (a busy worker never sleeps).
+		TaskCheckInterval:        cfg.PollInterval,
 		DelayedTaskCheckInterval: time.Second,
 		Logger:                   slogAdapter{log},
 		LogLevel:                 asynq.WarnLevel,
@@ -334,7 +341,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.scheduleCleanup(ctx)
 	}()
 	w.log.InfoContext(ctx, "worker started", "concurrency", w.cfg.Concurrency, "cleanup_schedule", w.cfg.CleanupSchedule,
-		"run_lease", w.cfg.RunLease, "run_heartbeat", w.cfg.RunHeartbeat, "sweep_interval", w.cfg.SweepInterval)
+		"run_lease", w.cfg.RunLease, "run_heartbeat", w.cfg.RunHeartbeat, "sweep_interval", w.cfg.SweepInterval, "poll_interval", w.cfg.PollInterval)
 	return nil
 }
 

@@ -42,7 +42,7 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 		Concurrency: a.cfg.WorkerConcurrency, CleanupSchedule: a.cfg.CleanupSchedule,
 		CleanupBatchSize: a.cfg.CleanupBatchSize, RunLease: a.cfg.RunLease, RunHeartbeat: a.cfg.RunHeartbeat,
 		RunMaxRetry: a.cfg.RunMaxRetry, RetryDelay: a.cfg.RunRetryDelay, RunTimeout: a.cfg.RunTimeout,
-		SweepInterval: a.cfg.RunSweepInterval, RedeliverAfter: a.cfg.RunRedeliverAfter, FastBudget: fastBudget(a.cfg.RunFastPath),
+		SweepInterval: a.cfg.RunSweepInterval, PollInterval: a.cfg.RunPollInterval, RedeliverAfter: a.cfg.RunRedeliverAfter, FastBudget: fastBudget(a.cfg.RunFastPath),
 		RunShare:           a.cfg.OrgRunShare,
 		ShutdownTimeout:    a.cfg.ShutdownTimeout,
 		WebhookConcurrency: webhookConcurrency(a.cfg.WebhookConcurrency), WebhookPollInterval: a.cfg.WebhookPollInterval,
