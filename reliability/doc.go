@@ -1,6 +1,6 @@
 // Package reliability is valruns's process-level fault suite, and nothing
 // else: its code is all in _test.go files. It exists because the promises of
-// CONTRACT.md that matter most in production (exactly one run per key, every
+// docs/api.md that matter most in production (exactly one run per key, every
 // accepted run reaches a final state, a 5xx only when the client should
 // retry, never another tenant's data) are about processes, networks and
 // crashes, which no in-process test can reach.
