@@ -13,6 +13,6 @@
 // and after each scenario the database is checked: one run per key, usage
 // equal to runs, every run final, nothing left staged, findings written once.
 //
-// Run it with `make reliability`; RELIABILITY.md at the repository root
-// explains each scenario and shows the table of a real run.
+// Run it with `make reliability`; its README.md explains each scenario and
+// keeps the figures of real runs.
 package reliability
