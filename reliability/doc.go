@@ -11,7 +11,7 @@
 // kill and restart any of them. Clients retry as real clients do (one
 // Idempotency-Key per logical operation, exponential backoff with jitter),
 // and after each scenario the database is checked: one run per key, usage
-// equal to runs, every run final, nothing left staged, findings written once.
+// equal to runs, every run final, findings written once.
 //
 // Run it with `make reliability`; its README.md explains each scenario and
 // keeps the figures of real runs.
