@@ -129,3 +129,16 @@ func TestREADMEWalkthrough(t *testing.T) {
 		require.Contains(t, text, want, "the Quickstart's output with B and TOKEN exported:\n%s", text)
 	}
 }
+
+// TestREADMEIsAFrontDoor keeps the README short enough to read in ten
+// minutes, with every page of the manual one click away.
+func TestREADMEIsAFrontDoor(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	readme := string(b)
+	require.LessOrEqual(t, strings.Count(readme, "\n"), 300, "README.md is a front door of at most 300 lines: the manual is docs/")
+	for _, page := range []string{"docs/api.md", "docs/operations.md", "docs/design.md", "docs/client.md", "reliability/README.md", "bench/RESULTS.md"} {
+		require.Contains(t, readme, "]("+page, "the README links %s", page)
+	}
+}
