@@ -16,15 +16,20 @@ import (
 	"github.com/valruns/valruns/internal/proctest"
 )
 
-// TestREADMEConfigTable keeps the README's configuration table true: every
-// setting config reads is a row, with its default.
-func TestREADMEConfigTable(t *testing.T) {
-	b, err := os.ReadFile("README.md")
+// TestDocsConfigTable keeps the configuration table of docs/operations.md
+// true: every setting config reads is a row, with its default.
+func TestDocsConfigTable(t *testing.T) {
+	b, err := os.ReadFile("docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, section, ok := strings.Cut(string(b), "\n## Configuration\n")
+	if !ok {
+		t.Fatal("docs/operations.md has no ## Configuration section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
 	rows := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(section, "\n") {
 		cells := strings.Split(line, "|")
 		if len(cells) < 4 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
 			continue
@@ -34,11 +39,11 @@ func TestREADMEConfigTable(t *testing.T) {
 	for _, v := range config.Vars {
 		def, ok := rows[v.Name]
 		if !ok {
-			t.Errorf("README configuration table has no row for %s", v.Name)
+			t.Errorf("the configuration table of docs/operations.md has no row for %s", v.Name)
 			continue
 		}
 		if def != v.Default {
-			t.Errorf("README says %s defaults to %q, config says %q", v.Name, def, v.Default)
+			t.Errorf("docs/operations.md says %s defaults to %q, config says %q", v.Name, def, v.Default)
 		}
 	}
 }
@@ -122,5 +127,18 @@ func TestREADMEWalkthrough(t *testing.T) {
 	text = run("B=http://"+addr, "TOKEN="+token, "HTTP_ADDR=127.0.0.1:1")
 	for _, want := range []string{"Idempotent-Replayed: true", "\n422\n", `"status":"passed"`, `"status": "passed"`} {
 		require.Contains(t, text, want, "the Quickstart's output with B and TOKEN exported:\n%s", text)
+	}
+}
+
+// TestREADMEIsAFrontDoor keeps the README short enough to read in ten
+// minutes, with every page of the manual one click away.
+func TestREADMEIsAFrontDoor(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	readme := string(b)
+	require.LessOrEqual(t, strings.Count(readme, "\n"), 300, "README.md is a front door of at most 300 lines: the manual is docs/")
+	for _, page := range []string{"docs/api.md", "docs/operations.md", "docs/design.md", "docs/client.md", "reliability/README.md", "bench/RESULTS.md"} {
+		require.Contains(t, readme, "]("+page, "the README links %s", page)
 	}
 }

@@ -1,12 +1,12 @@
 // Package client is the Go client of the valruns API. It exists so that
 // callers get the idempotency promise without re-learning its rules: every
-// write generates ONE Idempotency-Key per logical call and keeps it, with the
-// identical body, across all of that call's retries; it retries exactly the
-// answers that are safe and useful to retry (network errors, even after the
-// request was sent; 409 idempotency_key_in_progress; 5xx, such as 503
-// overloaded; 429 other than quota_exceeded, such as rate_limited), backing
-// off exponentially with full jitter and honouring Retry-After; and it turns
-// every other answer into a typed *Error carrying the problem document.
+// write sends ONE Idempotency-Key per logical call, with the identical body,
+// on all of that call's retries; it retries exactly the answers that are
+// safe to retry, honouring Retry-After; and it turns every other answer into
+// a typed *Error carrying the problem document. Which answers those are is
+// the API's rule, written once in docs/api.md ("Retry advice for clients",
+// https://github.com/valruns/valruns/blob/main/docs/api.md#retry-advice-for-clients);
+// how this client applies it is in docs/client.md.
 //
 // It uses only the standard library, so a program embedding it does not pull
 // in the server's dependencies (Gin, GORM, pgx, asynq).

@@ -186,12 +186,12 @@ type Config struct {
 }
 
 // Var describes one environment variable: its name, default and meaning.
-// The README's configuration table is this list.
+// The configuration table of docs/operations.md is this list.
 type Var struct {
 	Name, Default, Doc string
 }
 
-// Vars lists every setting in the order the README shows them.
+// Vars lists every setting in the order docs/operations.md shows them.
 var Vars = []Var{
 	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable", "PostgreSQL connection string"},
 	{"DATABASE_DIRECT_URL", "", "PostgreSQL itself when `DATABASE_URL` goes through a pooler in transaction mode: the migrations (`valruns migrate`, `MIGRATE_ON_START` and the check at start) hold a session advisory lock, so they connect here; empty = `DATABASE_URL`. Required with `DATABASE_POOLER=transaction`"},
@@ -265,7 +265,7 @@ func FromEnv() (Config, error) { return Load(os.LookupEnv) }
 // at rest and its small requests, plus 48 bytes per byte of
 // MaxBodyBytesInFlight, what admitted bodies can take at their peak (a
 // 1 MB start takes 10 to 45 MB while it is served, depending on its shape:
-// see the README's Rate limits and overload). Near it the garbage
+// see docs/api.md, Rate limits and overload). Near it the garbage
 // collector runs sooner, rather than let a burst's garbage double the heap
 // (GOGC) before the next collection; it is no cap: live memory past it
 // is kept, and collecting then takes at most half the CPU. 160 MiB with

@@ -20,7 +20,7 @@ func env(m map[string]string) func(string) (string, bool) {
 	}
 }
 
-// documented is the configuration the README (config.Vars) promises with no
+// documented is the configuration docs/operations.md (config.Vars) promises with no
 // environment at all.
 var documented = config.Config{
 	DatabaseURL:              "postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable",

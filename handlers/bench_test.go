@@ -72,7 +72,7 @@ func BenchmarkStart(b *testing.B) {
 	})
 }
 
-// BenchmarkHotKey is the storm of PITFALLS' "hot key": many clients retry
+// BenchmarkHotKey is the storm of the "hot key" failure (docs/design.md, #proof): many clients retry
 // one finished key at once; each answer is one indexed read.
 func BenchmarkHotKey(b *testing.B) {
 	e := apitest.New(b)

@@ -1,5 +1,5 @@
 package handlers
 
 // RateLimitPause is how long a process leaves Redis alone after the start
-// rate limit failed open (the README: "for a second").
+// rate limit failed open (docs/api.md: "for a second").
 const RateLimitPause = rateLimitPause

@@ -188,8 +188,8 @@ func idemWaitLockWaiter(t *testing.T, e *apitest.Env) {
 	}, "a request waiting on a lock")
 }
 
-// TestIdempotencyContract is the idempotency table of CONTRACT.md, one row
-// per situation, through the real router.
+// TestIdempotencyContract is the idempotency table of docs/api.md
+// (#idempotency), one row per situation, through the real router.
 func TestIdempotencyContract(t *testing.T) {
 	t.Parallel()
 	rows := []struct {

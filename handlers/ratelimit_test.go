@@ -333,7 +333,7 @@ func (h *hungRedis) connections(since, until time.Time) int {
 	return n
 }
 
-// The README: "If Redis fails or answers slower than 250 ms, starts go
+// docs/api.md: "If Redis fails or answers slower than 250 ms, starts go
 // ahead unlimited ..., Redis is left alone for a second". Here Redis hangs,
 // and its client has no bound of its own (no read or write timeout; it
 // honours its context's deadline): only the limit's own bound can answer a

@@ -214,7 +214,7 @@ func TestStatementsPerRequest(t *testing.T) {
 		{name: "replay", status: 201, maxStmts: 1,
 			send: func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
 		// The fast path sees the holder in pg_locks: one statement, no transaction
-		// (PITFALLS: a hot key is answered from one indexed read).
+		// (docs/design.md, #proof: a hot key is answered from one indexed read).
 		{name: "409 in flight", status: 409, maxStmts: 1,
 			send: func() apitest.Response { return start(idemBody, idemKey("busy")...) }},
 		{name: "422 mismatch", status: 422, maxStmts: 1,
@@ -260,7 +260,7 @@ func TestStatementsPerRequest(t *testing.T) {
 			}
 			require.Equal(t, want, written[i], "rows written (runs, runs listed, key rows, runs billed)")
 			require.Equal(t, tc.status, r.Status, "body %s", r.Body)
-			// PITFALLS: a NOTIFY in the request's transaction serialises the
+			// docs/design.md (#proof): a NOTIFY in the request's transaction serialises the
 			// commits of every notifying transaction, cluster-wide.
 			require.Empty(t, c.NotifiesInTx, "no statement of a request notifies inside its transaction")
 			if tc.status == 201 && tc.name == "replay" {
@@ -294,7 +294,7 @@ func TestStatementsPerRequest(t *testing.T) {
 			w.runs, w.listed, w.keys, w.billed)
 	}
 	t.Log(b.String())
-	// PITFALLS: no NOTIFY at all, inside a transaction or after it.
+	// docs/design.md (#proof): no NOTIFY at all, inside a transaction or after it.
 	require.Zero(t, tr.notified(), "no statement of a request notifies")
 	require.True(t, idemNotify.MatchString("SELECT pg_notify('c', 'x')"), "the tracer would see a NOTIFY")
 	noKey, newKey := results[0], results[1]

@@ -430,7 +430,7 @@ func (k *call) try(ctx context.Context, prep Preparer, h Handler, lookFirst bool
 	}
 	// The key is this process's to work on, unless one of its requests
 	// holds it: then this one is a duplicate in flight, known at once,
-	// whatever the first request waits on (PITFALLS: a later duplicate
+	// whatever the first request waits on (docs/design.md, Proof: a later duplicate
 	// must never overtake the first while it waits). Requests of this
 	// process waiting on the key are woken once the work has ended.
 	f := &flight{done: make(chan struct{})}

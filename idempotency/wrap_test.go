@@ -538,7 +538,7 @@ func TestWrapIgnoresClientCancellation(t *testing.T) {
 // TestWrapLostInsertRaceReplaysWinner: a request that missed the fast path,
 // got the advisory lock and ran its handler, but finds the key committed by
 // another when it saves, undoes its own work and replays the winner's answer
-// (the check-then-insert race of PITFALLS.md, never a 5xx).
+// (the check-then-insert race of docs/design.md's Proof, never a 5xx).
 func TestWrapLostInsertRaceReplaysWinner(t *testing.T) {
 	t.Parallel()
 	e := newWrapEnv(t, idempotency.Config{})

@@ -18,8 +18,8 @@ import (
 	"github.com/valruns/valruns/models"
 )
 
-// contractTables is every table (or view) of the schema: CONTRACT.md's,
-// less what migration 0004 (the lean run) folded into the runs: findings
+// contractTables is every table (or view) of the schema: those the
+// idempotency contract (docs/api.md, #idempotency) first named, less what migration 0004 (the lean run) folded into the runs: findings
 // (a column), staged_jobs (the run row is the outbox), and audit_records
 // (now a view over the runs).
 var contractTables = []string{
@@ -230,7 +230,8 @@ func TestConstraints(t *testing.T) {
 		// The start's statement checks the workflow is the organisation's;
 		// the runs table has no foreign key to workflows (migration 0009).
 		{name: "run of an unknown workflow", sql: insertRun, args: []any{orgID, "00000000-0000-0000-0000-000000000000", "queued", "{}", nil, nil}},
-		// The key's link to its run keeps its foreign key (CONTRACT).
+		// The key's link to its run keeps its foreign key (docs/api.md: a key
+		// names the run it created).
 		{name: "key linked to an unknown run", sql: `INSERT INTO idempotency_keys
 			(org_id, endpoint, key, request_hash, request_method, request_path, response_status,
 			 response_body, request_id, expires_at, validation_run_id)

@@ -15,8 +15,8 @@ import (
 )
 
 // finalWithin bounds the wait, after the load (or the fault) ends, for every
-// accepted run to be final and every staged job moved: the contract's "a
-// run held by a dead worker is taken over within a minute".
+// accepted run to be final: the promise that "a run held by a dead worker
+// is taken over within a minute".
 const finalWithin = 60 * time.Second
 
 // billedRuns is what the organisations are billed for: the total of their
@@ -161,7 +161,7 @@ type dbFinding struct {
 
 // verify checks the operations' answers and the database after a scenario:
 // one run per key, usage equal to runs, every run final within the bound,
-// nothing left staged, findings written once and equal to one execution's.
+// findings written once and equal to one execution's.
 func verify(t *testing.T, c *cluster, res *result, ops []*op, exp expectations) {
 	t.Helper()
 	ctx := context.Background()

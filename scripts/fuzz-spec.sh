@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fuzz-spec.sh: an independent tool's fuzzing run of the server against its OpenAPI 3 document
-# (make fuzz-spec; the README's "Fuzzing the spec with an independent tool").
+# (make fuzz-spec; docs/design.md, "Fuzzing the spec with an independent tool").
 #
 # Portman (@apideck/portman, pinned in scripts/fuzz-spec/package-lock.json) reads
 # docs/openapi.json and writes a Postman collection: one request per operation with contract

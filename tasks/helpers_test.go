@@ -125,7 +125,7 @@ func flushRedis(t testing.TB, opt asynq.RedisClientOpt) {
 // refuseForeignWorker fails the test, flushing nothing, when an asynq
 // server that is not this test's is alive in the Redis DB it was handed (a
 // `make run` whose REDIS_URL names it): the DB numbers 10..15 are the tests'
-// own (README, Makefile, scripts/redis-dbs.sh), and a test's own servers are
+// own (docs/operations.md, Makefile, scripts/redis-dbs.sh), and a test's own servers are
 // gone, and the DB flushed, before its number is handed out again.
 func refuseForeignWorker(t testing.TB, opt asynq.RedisClientOpt) {
 	t.Helper()

@@ -310,19 +310,19 @@ func TestOverview(t *testing.T) {
 	}
 }
 
-// TestREADMECommands keeps the README's list of commands equal to the
-// binary's.
-func TestREADMECommands(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+// TestDocsCommands keeps the list of commands in docs/operations.md equal
+// to the binary's.
+func TestDocsCommands(t *testing.T) {
+	b, err := os.ReadFile("../../docs/operations.md")
 	require.NoError(t, err)
 	_, section, ok := strings.Cut(string(b), "\n## Commands\n")
-	require.True(t, ok, "README has a ## Commands section")
+	require.True(t, ok, "docs/operations.md has a ## Commands section")
 	_, block, ok := strings.Cut(section, "```\n")
 	require.True(t, ok)
 	block, _, ok = strings.Cut(block, "```")
 	require.True(t, ok)
 	require.Equal(t, strings.Join(listing(nil, commands), "\n")+"\n", block,
-		"the README's Commands block differs from `valruns help`")
+		"the Commands block of docs/operations.md differs from `valruns help`")
 }
 
 func TestMigrateUpStatusDown(t *testing.T) {
