@@ -113,7 +113,7 @@ func (s *KeyStore) TryLock(tx *gorm.DB, lockID int64) (bool, error) {
 }
 
 // keyInsert is the head of an INSERT of a finished key row (the columns
-// saveKeySQL and the start's statement, startBatchSQL, both write), and
+// saveKeySQL and the start's statement, sql/start_batch.sql, both write), and
 // keyTakeOver its ON CONFLICT: a row of the same scoped key is replaced
 // only if it has expired; a live one is left alone.
 const (

@@ -60,9 +60,9 @@ const (
 	RunTaskIDPrefix = "validation_run:"
 )
 
-// listRun is the end of every statement that starts runs: each run the
-// CTE named run inserted (RETURNING id) is listed as not final, where the
-// sweeper looks for it (migration 0010).
+// listRun is the end of every statement that starts runs (sql/start_batch.sql
+// writes it out): each run the CTE named run inserted (RETURNING id) is
+// listed as not final, where the sweeper looks for it (migration 0010).
 const listRun = `, listed AS (
 	INSERT INTO unfinished_runs (id) SELECT id FROM run
 )`

@@ -2,9 +2,11 @@ package models
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -216,35 +218,9 @@ func (b *startBatcher) answer(batch []*startReq) {
 // starts it did not answer, with the error that stopped them.
 func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 	n := len(batch)
-	var (
-		ids, orgs, wfs, subs, metas, reqIDs      = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		created                                  = make([]time.Time, n)
-		periods                                  = make([]time.Time, n)
-		quotas, locks, ttls                      = make([]int64, n), make([]*int64, n), make([]int64, n)
-		offs, statuses                           = make([]int32, n), make([]int32, n)
-		tokens, keys, endpoints                  = make([]*string, n), make([]*string, n), make([]*string, n)
-		methods, paths, headers, krids, ips, uas = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		hashes, bodies                           = make([][]byte, n), make([][]byte, n)
-		keyed                                    bool
-	)
-	for i, r := range batch {
-		p := r.p
-		ids[i], orgs[i], wfs[i], subs[i], reqIDs[i] = p.ID, p.OrgID, p.WorkflowID, string(p.Submission), truncate(p.RequestID, 200)
-		metas[i] = "{}"
-		if len(p.Metadata) > 0 {
-			metas[i] = string(p.Metadata)
-		}
-		created[i], periods[i], quotas[i], offs[i] = p.CreatedAt, UsagePeriod(p.CreatedAt), p.Quota, int32(slotOffset())
-		tokens[i] = nullable(p.TokenID)
-		if k := r.k; k != nil {
-			keyed = true
-			keys[i], endpoints[i], locks[i] = &k.Key, &k.Endpoint, &k.LockID
-			hashes[i], methods[i], paths[i], statuses[i], bodies[i] = k.RequestHash, k.Method, truncate(k.Path, 2000), int32(k.Status), k.Body
-			headers[i], krids[i], ips[i], uas[i] = string(k.Headers), truncate(k.RequestID, 200), truncate(k.ClientIP, 100), truncate(k.UserAgent, 1000)
-			ttls[i] = k.TTL.Microseconds()
-		} else {
-			hashes[i], bodies[i], headers[i], methods[i], paths[i], krids[i] = []byte{}, []byte{}, "{}", "-", "-", "-"
-		}
+	cols := newStartColumns(n)
+	for _, r := range batch {
+		cols.add(r.p, r.k)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout+txGrace)
 	defer cancel()
@@ -260,11 +236,11 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 		defer cancel()
 		q := startPipe(actx, c, !optionsOf(b.db).TransactionPooler)
 		var err error
-		if keyed {
+		if cols.keyed {
 			// The keys' locks first, flushed: a start whose key another
 			// request holds, or whose key's row answers it, is answered
 			// before this batch waits on anything (a lock, a full disk).
-			err = q.query(startLocksSQL, append(settings, orgs, endpoints, keys, locks), func(rows pgx.Rows) error {
+			err = q.query(startLocksSQL, append(settings, cols.orgs, cols.endpoints, cols.keys, cols.locks), func(rows pgx.Rows) error {
 				var answered []*startReq
 				for rows.Next() {
 					var (
@@ -304,8 +280,7 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 			err = q.query(startSettingsSQL, settings, func(pgx.Rows) error { return nil }, false)
 		}
 		if err == nil && len(early) < n {
-			err = q.query(startBatchSQL, []any{ids, created, orgs, wfs, subs, metas, quotas, tokens, reqIDs, keys, endpoints, locks,
-				hashes, methods, paths, statuses, bodies, headers, krids, ips, uas, ttls, periods, offs}, func(rows pgx.Rows) error {
+			err = q.query(startBatchSQL, cols.args(), func(rows pgx.Rows) error {
 				for rows.Next() {
 					var (
 						i                          int64
@@ -379,44 +354,26 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 	return rest, nil
 }
 
-// startLocksSQL sets a batch's statement_timeout,
-// client_connection_check_interval and plan_cache_mode (as
-// startSettingsSQL does) and takes its keyed starts' locks, as
-// the statement after it (startBatchSQL) would otherwise do: a start whose
-// key has a live row is answered by it (that row is returned; a replay
-// takes no lock, so replays never contend), and otherwise it tries the
-// key's lock (pg_try_advisory_xact_lock, held to the implicit
-// transaction's end); one taken elsewhere is returned as not held. Which
-// starts hold their lock is left for startBatchSQL in the setting
-// valruns.start_locks: one character per start of the batch, t when it
-// goes on (a start without a key always does).
-//
-// This is a statement of its own, run and answered before the start's
-// statement, because that one can wait (on a lock of validation_runs, on
-// I/O): the first request to send a key takes its lock at once, and a
-// duplicate of it learns so at once, never after the first has committed.
-const startLocksSQL = `
-WITH checked AS MATERIALIZED (
-	SELECT t.i, f.key, f.request_hash, f.request_method, f.request_path, f.response_status, f.response_body,
-		f.response_headers, f.validation_run_id, f.request_id, f.created_at, f.expires_at, NOT f.live AS expired,
-		CASE WHEN t.key IS NULL THEN true
-		     WHEN f.live THEN false
-		     ELSE pg_try_advisory_xact_lock(t.lock) END AS locked
-	FROM unnest(CAST($3 AS uuid[]), CAST($4 AS text[]), CAST($5 AS text[]), CAST($6 AS bigint[]))
-		WITH ORDINALITY AS t(org, endpoint, key, lock, i)
-	LEFT JOIN LATERAL (
-		SELECT k.*, k.expires_at > now() AS live FROM idempotency_keys k
-		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key
-		OFFSET 0) f ON true
-), settings AS MATERIALIZED (
-	SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true),
-		set_config('plan_cache_mode', 'force_generic_plan', true),
-		set_config('valruns.start_locks', (SELECT string_agg(CASE WHEN locked THEN 't' ELSE 'f' END, '' ORDER BY i) FROM checked), true)
+// The start's statements, each in a file of its own under sql/ that says
+// what it does and what its parameters are (its leading comment, not sent).
+var (
+	//go:embed sql/start_locks.sql
+	startLocksFile string
+	//go:embed sql/start_batch.sql
+	startBatchFile string
+
+	startLocksSQL = statementOf(startLocksFile)
+	startBatchSQL = statementOf(startBatchFile)
 )
-SELECT c.key, c.request_hash, c.request_method, c.request_path, c.response_status, c.response_body,
-	c.response_headers, c.validation_run_id, c.request_id, c.created_at, c.expires_at, c.expired, c.i, c.locked
-FROM settings
-LEFT JOIN checked c ON c.key IS NOT NULL AND NOT c.expired OR NOT c.locked`
+
+// statementOf is the statement of a .sql file: its text after the leading
+// comment lines.
+func statementOf(file string) string {
+	for strings.HasPrefix(file, "--") {
+		_, file, _ = strings.Cut(file, "\n")
+	}
+	return strings.TrimSpace(file)
+}
 
 // startSettingsSQL sets a batch of starts without a key: its
 // statement_timeout, its client_connection_check_interval, and a generic
@@ -438,103 +395,6 @@ const startSettingsSQL = `SELECT set_config('statement_timeout', $1, true), set_
 // deadline does (see idempotency.Config.TxTimeout).
 const txGrace = 2 * time.Second
 
-// startBatchSQL starts the runs of a batch: one element of each array per
-// start. For each, in one snapshot:
-//   - a keyed start whose key has a live row is answered by it (stored);
-//     otherwise it tries the key's lock (pg_try_advisory_xact_lock, held
-//     to the statement's end): taken elsewhere, it is in flight;
-//   - a start whose workflow is not its organisation's goes slow;
-//   - the starts of one organisation, period and quota bill one usage
-//     slot that has room for all of them, held by no other transaction
-//     (SKIP LOCKED); none: they go slow;
-//   - the rest write their key row and run. The key row is a plain INSERT,
-//     or an UPDATE of the expired row the lookup found (taking it over):
-//     not INSERT ... ON CONFLICT, whose speculative insertion costs an
-//     index probe and a WAL record more per key.
-//
-// A key row that another request committed after this snapshot (it held
-// the lock until then) makes the INSERT fail (unique_violation on
-// idempotency_keys_pkey), or the takeover find no expired row and write
-// nothing (then idempotency_key_taken raises the same error): the
-// statement writes nothing, and each start is tried alone.
-const startBatchSQL = `
-WITH input AS (
-	SELECT * FROM unnest(CAST($1 AS uuid[]), CAST($2 AS timestamptz[]), CAST($3 AS uuid[]), CAST($4 AS uuid[]),
-		CAST($5 AS text[]), CAST($6 AS text[]), CAST($7 AS bigint[]), CAST($8 AS uuid[]), CAST($9 AS text[]),
-		CAST($10 AS text[]), CAST($11 AS text[]), CAST($12 AS bigint[]), CAST($13 AS bytea[]), CAST($14 AS text[]),
-		CAST($15 AS text[]), CAST($16 AS integer[]), CAST($17 AS bytea[]), CAST($18 AS text[]), CAST($19 AS text[]),
-		CAST($20 AS text[]), CAST($21 AS text[]), CAST($22 AS bigint[]), CAST($23 AS date[]), CAST($24 AS integer[]))
-	WITH ORDINALITY AS t(id, created_at, org, wf, submission, metadata, quota, token, request_id, key, endpoint, lock,
-		hash, method, path, status, body, headers, key_request_id, ip, ua, ttl, period, off, i)
-), checked AS MATERIALIZED (
-	SELECT t.*, CASE WHEN f.live THEN f.key END AS live_key, f.request_hash AS live_hash,
-		f.request_method AS live_method, f.request_path AS live_path, f.response_status AS live_status,
-		f.response_body AS live_body, f.response_headers AS live_headers, f.validation_run_id AS live_run,
-		f.request_id AS live_request, f.created_at AS live_created, f.expires_at AS live_expires,
-		coalesce(NOT f.live, false) AS stale,
-		CASE WHEN t.key IS NULL THEN true
-		     WHEN f.live THEN false
-		     ELSE coalesce(substr(current_setting('valruns.start_locks', true), CAST(t.i AS integer), 1) = 't', false)
-		END AS locked,
-		EXISTS (SELECT 1 FROM workflows w WHERE w.id = t.wf AND w.org_id = t.org) AS wf_ok
-	FROM input t
-	LEFT JOIN LATERAL (
-		SELECT k.*, k.expires_at > now() AS live FROM idempotency_keys k
-		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key
-		OFFSET 0) f ON true
-), going AS (
-	SELECT * FROM checked WHERE locked AND live_key IS NULL AND wf_ok
-), slots AS (
-	SELECT g.org, g.period, g.quota, g.n, s.slot
-	FROM (SELECT org, period, quota, count(*) AS n, min(off) AS off FROM going GROUP BY org, period, quota) g
-	CROSS JOIN LATERAL (
-		SELECT u.slot FROM usage_slots u
-		WHERE u.org_id = g.org AND u.period = g.period AND u.quota = g.quota
-		  AND (g.quota = 0 OR u.runs + g.n <= u.cap)
-		ORDER BY (u.slot + g.off) % 64
-		LIMIT 1 FOR UPDATE SKIP LOCKED) s
-), bump AS (
-	UPDATE usage_slots u SET runs = u.runs + s.n FROM slots s
-	WHERE u.org_id = s.org AND u.period = s.period AND u.slot = s.slot
-	RETURNING u.org_id, u.period, u.quota
-), ran AS (
-	SELECT g.* FROM going g JOIN bump b ON b.org_id = g.org AND b.period = g.period AND b.quota = g.quota
-), fresh AS (` + keyInsert + `	SELECT org, endpoint, key, hash, method, path, status, body, CAST(headers AS jsonb), id, key_request_id,
-		ip, ua, now(), now() + ttl * interval '1 microsecond'
-	FROM ran WHERE key IS NOT NULL AND NOT stale
-	RETURNING k.validation_run_id AS run, k.expires_at, false AS replaced
-), retaken AS (
-	UPDATE idempotency_keys k SET request_hash = r.hash, request_method = r.method, request_path = r.path,
-		response_status = r.status, response_body = r.body, response_headers = CAST(r.headers AS jsonb),
-		validation_run_id = r.id, request_id = r.key_request_id, client_ip = r.ip, user_agent = r.ua,
-		created_at = now(), expires_at = now() + r.ttl * interval '1 microsecond'
-	FROM ran r
-	WHERE r.key IS NOT NULL AND r.stale
-	  AND k.org_id = r.org AND k.endpoint = r.endpoint AND k.key = r.key AND k.expires_at <= now()
-	RETURNING k.validation_run_id AS run, k.expires_at, true AS replaced
-), keys AS (
-	SELECT * FROM fresh UNION ALL SELECT * FROM retaken
-), run AS (
-	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
-		token_id, request_id, idempotency_key)
-	SELECT id, org, wf, 'queued', CAST(submission AS json), CAST(metadata AS json), created_at,
-		token, request_id, key
-	FROM ran
-	RETURNING id
-)` + listRun + `
-SELECT c.i,
-	CASE WHEN c.live_key IS NOT NULL THEN 'stored'
-	     WHEN NOT c.locked THEN 'inflight'
-	     WHEN r.id IS NULL THEN 'slow'
-	     WHEN c.key IS NOT NULL AND k.run IS NULL THEN CAST(idempotency_key_taken() AS text)
-	     ELSE 'done' END,
-	k.expires_at, k.replaced,
-	c.live_key, c.live_hash, c.live_method, c.live_path, c.live_status, c.live_body, c.live_headers,
-	c.live_run, c.live_request, c.live_created, c.live_expires
-FROM checked c
-LEFT JOIN ran r ON r.i = c.i
-LEFT JOIN keys k ON k.run = r.id`
-
 // StartOne starts a run by the fast path (see startBatchSQL), with its key
 // row when k is set. It waits for its statement, whatever ctx does: the
 // statement has its own deadline, and its outcome must be known to answer.
@@ -543,4 +403,65 @@ func (s *RunStore) StartOne(ctx context.Context, p StartParams, k *KeyWrite) (On
 	s.batcher.submit(r)
 	<-r.done
 	return r.res, r.err
+}
+
+// startColumns are a batch's starts as start_batch.sql takes them: one
+// array per column ($1 to $24), one element per start, in the batch's
+// order.
+type startColumns struct {
+	ids, orgs, wfs, subs, metas, reqIDs      []string
+	created, periods                         []time.Time
+	quotas, ttls                             []int64
+	locks                                    []*int64
+	offs, statuses                           []int32
+	tokens, keys, endpoints                  []*string
+	methods, paths, headers, krids, ips, uas []string
+	hashes, bodies                           [][]byte
+	// keyed: a start of the batch has a key.
+	keyed bool
+}
+
+func newStartColumns(n int) *startColumns {
+	return &startColumns{
+		ids: make([]string, 0, n), orgs: make([]string, 0, n), wfs: make([]string, 0, n), subs: make([]string, 0, n),
+		metas: make([]string, 0, n), reqIDs: make([]string, 0, n), created: make([]time.Time, 0, n),
+		periods: make([]time.Time, 0, n), quotas: make([]int64, 0, n), ttls: make([]int64, 0, n),
+		locks: make([]*int64, 0, n), offs: make([]int32, 0, n), statuses: make([]int32, 0, n),
+		tokens: make([]*string, 0, n), keys: make([]*string, 0, n), endpoints: make([]*string, 0, n),
+		methods: make([]string, 0, n), paths: make([]string, 0, n), headers: make([]string, 0, n),
+		krids: make([]string, 0, n), ips: make([]string, 0, n), uas: make([]string, 0, n),
+		hashes: make([][]byte, 0, n), bodies: make([][]byte, 0, n),
+	}
+}
+
+// add appends a start: its run p and its key row k (nil: no key).
+func (c *startColumns) add(p StartParams, k *KeyWrite) {
+	meta := "{}"
+	if len(p.Metadata) > 0 {
+		meta = string(p.Metadata)
+	}
+	c.ids, c.orgs, c.wfs = append(c.ids, p.ID), append(c.orgs, p.OrgID), append(c.wfs, p.WorkflowID)
+	c.subs, c.metas, c.reqIDs = append(c.subs, string(p.Submission)), append(c.metas, meta), append(c.reqIDs, truncate(p.RequestID, 200))
+	c.created, c.periods = append(c.created, p.CreatedAt), append(c.periods, UsagePeriod(p.CreatedAt))
+	c.quotas, c.offs, c.tokens = append(c.quotas, p.Quota), append(c.offs, int32(slotOffset())), append(c.tokens, nullable(p.TokenID))
+	if k == nil {
+		c.keys, c.endpoints, c.locks = append(c.keys, nil), append(c.endpoints, nil), append(c.locks, nil)
+		c.hashes, c.methods, c.paths, c.statuses = append(c.hashes, []byte{}), append(c.methods, "-"), append(c.paths, "-"), append(c.statuses, 0)
+		c.bodies, c.headers, c.krids = append(c.bodies, []byte{}), append(c.headers, "{}"), append(c.krids, "-")
+		c.ips, c.uas, c.ttls = append(c.ips, ""), append(c.uas, ""), append(c.ttls, 0)
+		return
+	}
+	c.keyed = true
+	c.keys, c.endpoints, c.locks = append(c.keys, &k.Key), append(c.endpoints, &k.Endpoint), append(c.locks, &k.LockID)
+	c.hashes, c.methods, c.paths = append(c.hashes, k.RequestHash), append(c.methods, k.Method), append(c.paths, truncate(k.Path, 2000))
+	c.statuses, c.bodies, c.headers = append(c.statuses, int32(k.Status)), append(c.bodies, k.Body), append(c.headers, string(k.Headers))
+	c.krids, c.ips, c.uas = append(c.krids, truncate(k.RequestID, 200)), append(c.ips, truncate(k.ClientIP, 100)), append(c.uas, truncate(k.UserAgent, 1000))
+	c.ttls = append(c.ttls, k.TTL.Microseconds())
+}
+
+// args are start_batch.sql's parameters.
+func (c *startColumns) args() []any {
+	return []any{c.ids, c.created, c.orgs, c.wfs, c.subs, c.metas, c.quotas, c.tokens, c.reqIDs, c.keys, c.endpoints,
+		c.locks, c.hashes, c.methods, c.paths, c.statuses, c.bodies, c.headers, c.krids, c.ips, c.uas, c.ttls, c.periods,
+		c.offs, int32(UsageSlots)}
 }
