@@ -233,13 +233,22 @@ func (r *results) curveStartChecks() []check {
 
 // rpsCell is a run's rate, or why there is none.
 func rpsCell(x *row) string {
+	if x == nil {
+		return rateCell(false, "", 0)
+	}
+	return rateCell(true, x.Failed, x.RPS)
+}
+
+// rateCell is a rate per second, or "not measured" (the run did not run)
+// or "FAILED".
+func rateCell(ran bool, failed string, v float64) string {
 	switch {
-	case x == nil:
+	case !ran:
 		return "not measured"
-	case x.Failed != "":
+	case failed != "":
 		return "FAILED"
 	}
-	return fmt.Sprintf("%.0f", x.RPS)
+	return fmt.Sprintf("%.0f", v)
 }
 
 // latCell is a run's p50 / p99, or "-".
@@ -283,14 +292,13 @@ func verdictCells(c check, hasTarget, ran bool) string {
 // curveMarkdown is the start curve's section: one table per scenario.
 func (r *results) curveMarkdown() string {
 	var b strings.Builder
-	b.WriteString(curveHeading + "\n\n")
-	fmt.Fprintf(&b, "Issue 30's curve: each scenario at every client count, `valruns serve` beside the peer, run back to back at each count "+
+	intro := fmt.Sprintf("Issue 30's curve: each scenario at every client count, `valruns serve` beside the peer, run back to back at each count "+
 		"(%s warm-up, %s measured, a fresh database each), and the database's limit at the same count: pgbench replaying the peer's start "+
 		"(its one `INSERT`, captured from the peer; `bench/results/pgbench-peer.sql`), %s measured. "+
 		"\"valruns / limit\" is how far valruns' start is from it; \"own SQL\" is pgbench of valruns' captured start (1 organisation). "+
 		"pgbench's connections are capped by `max_connections` (shown when they were). A count that was not measured is never a PASS.\n",
 		r.Timing.Warm, r.Timing.Dur, r.PgTiming.Dur)
-	writeTally(&b, r.curveStartChecks())
+	writeSectionStart(&b, curveHeading, intro, r.curveStartChecks())
 	counts := r.startCounts()
 	for _, sc := range startCurve {
 		fmt.Fprintf(&b, "\n### %s\n\n", sc.Title)
@@ -316,8 +324,10 @@ func rpsOf(x *row) float64 {
 	return x.RPS
 }
 
-// writeTally counts the checks by result.
-func writeTally(b *strings.Builder, cs []check) {
+// writeSectionStart writes a curve section's heading, its introduction and
+// the count of its checks by result.
+func writeSectionStart(b *strings.Builder, heading, intro string, cs []check) {
+	b.WriteString(heading + "\n\n" + intro)
 	n := map[string]int{}
 	for _, c := range cs {
 		n[c.result()]++
@@ -422,13 +432,10 @@ func (x *experimentLog) curveChecks() []check {
 }
 
 func e2eRate(r *e2eResult) string {
-	switch {
-	case r == nil:
-		return "not measured"
-	case r.Failed != "":
-		return "FAILED"
+	if r == nil {
+		return rateCell(false, "", 0)
 	}
-	return fmt.Sprintf("%.0f", r.FinishedPerSec())
+	return rateCell(true, r.Failed, r.FinishedPerSec())
 }
 
 // e2eCell is f of a measured loop, else "-".
@@ -449,13 +456,12 @@ func (r *results) e2eCurveMarkdown() string {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString(e2eCurveHeading + "\n\n")
-	fmt.Fprintf(&b, "Issue 30's curve end to end: the experiment log's loop of new-key starts (%s warm-up, %s measured, a fresh database each, "+
+	intro := fmt.Sprintf("Issue 30's curve end to end: the experiment log's loop of new-key starts (%s warm-up, %s measured, a fresh database each, "+
 		"see its section for the method) at each client count, valruns in each mode beside the peer in its matching mode, back to back. "+
 		"Runs finished/s and start-to-final (finished_at - created_at) come from the runs' own timestamps. "+
 		"The limit is the start curve's pgbench of the peer's INSERT at the same count (\"not measured\" when this run did not measure it). "+
 		"A count that was not measured is never a PASS.\n", x.Warm, x.Dur)
-	writeTally(&b, x.curveChecks())
+	writeSectionStart(&b, e2eCurveHeading, intro, x.curveChecks())
 	counts := x.e2eCounts()
 	type table struct {
 		title, head string
@@ -466,30 +472,23 @@ func (r *results) e2eCurveMarkdown() string {
 			func(p e2ePair, n int, v, peer *e2eResult) string {
 				lim := r.limitAt(n)
 				c := e2eFinishedCheck(p, n, v, peer)
-				return fmt.Sprintf("%s | %s | %s | %s | %s | %s / %s | %s | %s | %s",
+				return fmt.Sprintf("%s | %s | %s | %s | %s | %s | %s | %s | %s",
 					e2eRate(v), e2eRate(peer), fraction(fin(v), fin(peer), e2eMeasured(v) && e2eMeasured(peer)), limitCell(lim),
 					fraction(fin(v), rpsOf(lim), e2eMeasured(v) && measured(lim)),
-					e2eCell(v, func(r *e2eResult) string { return f2(r.Ratio()) }), e2eCell(peer, func(r *e2eResult) string { return f2(r.Ratio()) }),
+					pairCell(v, peer, func(r *e2eResult) string { return f2(r.Ratio()) }),
 					e2eCell(v, finalCell), e2eCell(peer, finalCell), verdictCells(c, true, v != nil || peer != nil))
 			}},
 		{"Start to final, p50", "| clients | modes | valruns p50 ms | peer p50 ms | valruns / peer | start-to-running p50 ms, valruns / peer | start answer p50 ms, valruns / peer | target | result |\n|---|---|---|---|---|---|---|---|---|\n",
 			func(p e2ePair, n int, v, peer *e2eResult) string {
 				c, has := e2eLatencyCheck(p, n, v, peer, "p50", finalP50, 1)
-				return fmt.Sprintf("%s | %s | %s | %s / %s | %s / %s | %s",
-					e2eCell(v, func(r *e2eResult) string { return ms(r.FinalP50) }), e2eCell(peer, func(r *e2eResult) string { return ms(r.FinalP50) }),
-					fraction(float64(durOf(v, finalP50)), float64(durOf(peer, finalP50)), e2eMeasured(v) && e2eMeasured(peer)),
-					e2eCell(v, runningCell), e2eCell(peer, runningCell),
-					e2eCell(v, func(r *e2eResult) string { return ms(r.StartP50) }), e2eCell(peer, func(r *e2eResult) string { return ms(r.StartP50) }),
-					verdictCells(c, has, v != nil || peer != nil))
+				return fmt.Sprintf("%s | %s | %s | %s", latencyCells(v, peer, finalP50), pairCell(v, peer, runningCell),
+					pairCell(v, peer, func(r *e2eResult) string { return ms(r.StartP50) }), verdictCells(c, has, v != nil || peer != nil))
 			}},
 		{"Start to final, p99", "| clients | modes | valruns p99 ms | peer p99 ms | valruns / peer | unfinished when the harness stopped waiting, valruns / peer | target | result |\n|---|---|---|---|---|---|---|---|\n",
 			func(p e2ePair, n int, v, peer *e2eResult) string {
 				c, has := e2eLatencyCheck(p, n, v, peer, "p99", finalP99, 2)
-				return fmt.Sprintf("%s | %s | %s | %s / %s | %s",
-					e2eCell(v, func(r *e2eResult) string { return ms(r.FinalP99) }), e2eCell(peer, func(r *e2eResult) string { return ms(r.FinalP99) }),
-					fraction(float64(durOf(v, finalP99)), float64(durOf(peer, finalP99)), e2eMeasured(v) && e2eMeasured(peer)),
-					e2eCell(v, func(r *e2eResult) string { return fmt.Sprint(r.Unfinished) }), e2eCell(peer, func(r *e2eResult) string { return fmt.Sprint(r.Unfinished) }),
-					verdictCells(c, has, v != nil || peer != nil))
+				return fmt.Sprintf("%s | %s | %s", latencyCells(v, peer, finalP99),
+					pairCell(v, peer, func(r *e2eResult) string { return fmt.Sprint(r.Unfinished) }), verdictCells(c, has, v != nil || peer != nil))
 			}},
 	}
 	for _, t := range tables {
@@ -516,6 +515,19 @@ func durOf(r *e2eResult, of func(*e2eResult) time.Duration) time.Duration {
 		return 0
 	}
 	return of(r)
+}
+
+// pairCell is "valruns / peer" of f.
+func pairCell(v, peer *e2eResult, f func(*e2eResult) string) string {
+	return e2eCell(v, f) + " / " + e2eCell(peer, f)
+}
+
+// latencyCells are a latency table's first cells: valruns', the peer's,
+// and their ratio.
+func latencyCells(v, peer *e2eResult, of func(*e2eResult) time.Duration) string {
+	f := func(r *e2eResult) string { return ms(of(r)) }
+	return e2eCell(v, f) + " | " + e2eCell(peer, f) + " | " +
+		fraction(float64(durOf(v, of)), float64(durOf(peer, of)), e2eMeasured(v) && e2eMeasured(peer))
 }
 
 func finalCell(r *e2eResult) string { return ms(r.FinalP50) + " / " + ms(r.FinalP99) }

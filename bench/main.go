@@ -113,16 +113,17 @@ func run(ctx context.Context) error {
 	out := flag.String("out", "bench/RESULTS.md", "where to write the results")
 	bin := flag.String("bin", "bin/valruns", "the valruns binary")
 	scratch := flag.String("scratch", "bench/results", "logs, the pgbench script and results.json")
-	levels := flag.String("clients", "", "comma-separated client counts of the start curve (default: 1,4,8,16,32,64,128; quick: 1,8,32); the other start scenarios run at those of 1,8,32,128 (quick: 32)")
+	var levels, e2eClients, drainConc intsFlag
+	flag.Var(&levels, "clients", "comma-separated client counts of the start curve (default: 1,4,8,16,32,64,128; quick: 1,8,32); the other start scenarios run at those of 1,8,32,128 (quick: 32)")
 	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
 	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,tracing,cleanup,latency,pgwork,e2e,drain,scale,noisy (default all; e2e includes the peer's)")
 	baseline := flag.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
 	e2eDur := flag.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 15s; quick 5s)")
-	e2eClients := flag.String("e2e-clients", "", "comma-separated client counts of the end-to-end curve (default 1,8,32,128; quick 1,8,32); the baseline and the horizontal scale run at 32 (or the largest)")
+	flag.Var(&e2eClients, "e2e-clients", "comma-separated client counts of the end-to-end curve (default 1,8,32,128; quick 1,8,32); the baseline and the horizontal scale run at 32 (or the largest)")
 	noisyDur := flag.Duration("noisy-duration", 0, "noisy neighbour: measured time of each window (default 60s; quick 10s)")
 	pgworkRuns := flag.Int("pgwork-runs", 0, "runs started and executed to measure PostgreSQL's work per run (default 2000; quick 300)")
 	drainRuns := flag.Int("drain-runs", 0, "runs queued for the backlog drain (default 100000; quick 3000)")
-	drainConc := flag.String("drain-concurrency", "", "WORKER_CONCURRENCY values the drain sweeps (default 10,20,50,100; quick 10,50)")
+	flag.Var(&drainConc, "drain-concurrency", "WORKER_CONCURRENCY values the drain sweeps (default 10,20,50,100; quick 10,50)")
 	cleanupKeys := flag.Int("cleanup-keys", 0, "expired keys the cleanup measurement deletes (default 1000000; quick 100000)")
 	noisyRuns := flag.Int("noisy-runs", 0, "noisy neighbour: A's slow runs queued ahead of B's (default 1000; quick 200)")
 	noisyClients := flag.Int("noisy-clients", 0, "noisy neighbour: clients of A's flood (default 64)")
@@ -132,13 +133,8 @@ func run(ctx context.Context) error {
 	flag.Parse()
 
 	p := makePlan(*quick)
-	if *levels != "" {
-		p.Levels = nil
-		ls, err := parseInts(*levels)
-		if err != nil {
-			return fmt.Errorf("-clients: %w", err)
-		}
-		p.Levels = ls
+	if levels != nil {
+		p.Levels = levels
 	}
 	if *dur > 0 {
 		p.HTTP.Dur = *dur
@@ -146,12 +142,8 @@ func run(ctx context.Context) error {
 	if *e2eDur > 0 {
 		p.E2E.Dur = *e2eDur
 	}
-	if *e2eClients != "" {
-		cs, err := parseInts(*e2eClients)
-		if err != nil {
-			return fmt.Errorf("-e2e-clients: %w", err)
-		}
-		p.E2ELevels = cs
+	if e2eClients != nil {
+		p.E2ELevels = e2eClients
 	}
 	if *noisyDur > 0 {
 		p.Noisy.Dur = *noisyDur
@@ -162,12 +154,8 @@ func run(ctx context.Context) error {
 	if *drainRuns > 0 {
 		p.DrainRuns = *drainRuns
 	}
-	if *drainConc != "" {
-		cs, err := parseInts(*drainConc)
-		if err != nil {
-			return fmt.Errorf("-drain-concurrency: %w", err)
-		}
-		p.DrainConc = cs
+	if drainConc != nil {
+		p.DrainConc = drainConc
 	}
 	if *cleanupKeys > 0 {
 		p.CleanupKeys = *cleanupKeys
@@ -383,6 +371,17 @@ func run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// intsFlag is a flag of comma-separated positive numbers (nil: not given).
+type intsFlag []int
+
+func (f *intsFlag) String() string { return fmt.Sprint([]int(*f)) }
+
+func (f *intsFlag) Set(v string) error {
+	ns, err := parseInts(v)
+	*f = ns
+	return err
 }
 
 // settingsFlag is a repeatable flag: each use is one list of NAME=value.
