@@ -207,16 +207,19 @@ func curveCounts(own []int, measured ...int) []int {
 	return out
 }
 
-// startCounts are the counts of the start tables.
-func (r *results) startCounts() []int {
+// curveRan are the counts at which a run of the start curve ran (failed or not).
+func (r *results) curveRan() []int {
 	var ns []int
 	for _, x := range r.Rows {
 		if slices.ContainsFunc(startCurve, func(c curveScenario) bool { return c.Name == x.Scenario }) && x.Section != "pgbench" {
 			ns = append(ns, x.Clients)
 		}
 	}
-	return curveCounts(curveLevels, ns...)
+	return ns
 }
+
+// startCounts are the counts of the start tables.
+func (r *results) startCounts() []int { return curveCounts(curveLevels, r.curveRan()...) }
 
 // curveStartChecks are the start curve's targets, every count that has one.
 func (r *results) curveStartChecks() []check {
@@ -298,6 +301,9 @@ func (r *results) curveMarkdown() string {
 		"\"valruns / limit\" is how far valruns' start is from it; \"own SQL\" is pgbench of valruns' captured start (1 organisation). "+
 		"pgbench's connections are capped by `max_connections` (shown when they were). A count that was not measured is never a PASS.\n",
 		r.Timing.Warm, r.Timing.Dur, r.PgTiming.Dur)
+	if len(r.curveRan()) == 0 {
+		return curveHeading + "\n\nNot run.\n"
+	}
 	writeSectionStart(&b, curveHeading, intro, r.curveStartChecks())
 	counts := r.startCounts()
 	for _, sc := range startCurve {

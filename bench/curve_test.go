@@ -286,3 +286,12 @@ func TestPlanCurve(t *testing.T) {
 	require.Contains(t, full.describe(true), "starts at clients 1, 4, 8, 16, 32, 64 and 128: 62 HTTP runs of 2s + 6s, 18 pgbench runs")
 	require.Contains(t, full.describe(true), "end to end at clients 1, 8, 32 and 128: 18 loops of 2s + 15s")
 }
+
+// TestCurveNotRun: a run without the start curve (-only tracing) says so
+// in one line, not with a table of counts.
+func TestCurveNotRun(t *testing.T) {
+	t.Parallel()
+	r := &results{Rows: []row{at("valruns", tracingOffName, 32, 1000, time.Millisecond)}}
+	require.Equal(t, curveHeading+"\n\nNot run.\n", r.curveMarkdown())
+	require.Empty(t, r.curveRan())
+}

@@ -339,7 +339,9 @@ func run(ctx context.Context) error {
 
 	fmt.Println()
 	if !res.onlySections() { // else the start table was not measured: its checks would all say "no data"
-		printChecks(res.curveStartChecks())
+		if len(res.curveRan()) > 0 {
+			printChecks(res.curveStartChecks())
+		}
 		printChecks(res.checks())
 	}
 	if res.Exp != nil {
