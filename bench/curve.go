@@ -294,6 +294,9 @@ func verdictCells(c check, hasTarget, ran bool) string {
 
 // curveMarkdown is the start curve's section: one table per scenario.
 func (r *results) curveMarkdown() string {
+	if len(r.curveRan()) == 0 {
+		return curveHeading + "\n\nNot run.\n"
+	}
 	var b strings.Builder
 	intro := fmt.Sprintf("Issue 30's curve: each scenario at every client count, `valruns serve` beside the peer, run back to back at each count "+
 		"(%s warm-up, %s measured, a fresh database each), and the database's limit at the same count: pgbench replaying the peer's start "+
@@ -301,9 +304,6 @@ func (r *results) curveMarkdown() string {
 		"\"valruns / limit\" is how far valruns' start is from it; \"own SQL\" is pgbench of valruns' captured start (1 organisation). "+
 		"pgbench's connections are capped by `max_connections` (shown when they were). A count that was not measured is never a PASS.\n",
 		r.Timing.Warm, r.Timing.Dur, r.PgTiming.Dur)
-	if len(r.curveRan()) == 0 {
-		return curveHeading + "\n\nNot run.\n"
-	}
 	writeSectionStart(&b, curveHeading, intro, r.curveStartChecks())
 	counts := r.startCounts()
 	for _, sc := range startCurve {
