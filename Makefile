@@ -88,16 +88,18 @@ fuzz-spec: services build
 reliability:
 	$(GO) test -race -count=1 -v -timeout 20m -run TestReliability ./reliability/
 
-# bench: valruns beside the Node peer and the database limit (pgbench of the
+# bench: the curve (issue 30: starts at 1 to 128 clients, end to end at 1 to
+# 128) of valruns beside the Node peer and the database limit (pgbench of the
 # captured start SQL), then the experiment log (PostgreSQL work per run, end
 # to end, backlog drain, beside the baseline BENCH_BASELINE, default
-# 0b107b5); writes bench/RESULTS.md. QUICK=1: short runs (about 5 min).
+# 0b107b5) and the noisy neighbour; writes bench/RESULTS.md (about 40 min).
+# QUICK=1: clients 1, 8 and 32, short runs (about 10 min).
 QUICK ?=
 bench: services
 	@QUICK=$(QUICK) scripts/bench.sh
 
-# bench-e2e: the experiment log alone (about 35 min; QUICK=1 about 3 min);
-# replaces its section of bench/RESULTS.md. BENCH_ARGS passes harness flags,
+# bench-e2e: the experiment log and the end-to-end curve alone (about 15 min;
+# QUICK=1 about 4 min); replaces their sections of bench/RESULTS.md. BENCH_ARGS passes harness flags,
 # e.g. BENCH_ARGS='-e2e-duration 30s -drain-runs 20000 -baseline HEAD~3'.
 BENCH_ARGS ?=
 bench-e2e: services

@@ -23,16 +23,19 @@ type experimentLog struct {
 	Baseline       string // the ref as given
 	BaselineCommit string // "" when there is no baseline
 	BaselineErr    string
-	Clients        int
-	Warm, Dur      time.Duration
-	PgWorkRuns     int
-	PgWork         []pgWorkResult
-	E2E            []e2eResult
-	Drain          []drainResult
-	Scale          []e2eResult // horizontal scale (issue 17), of "now"
-	ScaleDur       time.Duration
-	Load           string // load average before and after
-	Errors         []string
+	// Clients: the count of the baseline, the checks and the horizontal
+	// scale; Levels: every count of the end-to-end curve.
+	Clients    int
+	Levels     []int
+	Warm, Dur  time.Duration
+	PgWorkRuns int
+	PgWork     []pgWorkResult
+	E2E        []e2eResult
+	Drain      []drainResult
+	Scale      []e2eResult // horizontal scale (issue 17), of "now"
+	ScaleDur   time.Duration
+	Load       string // load average before and after
+	Errors     []string
 }
 
 func (x *experimentLog) pgwork(side string) (pgWorkResult, bool) {
@@ -44,11 +47,10 @@ func (x *experimentLog) pgwork(side string) (pgWorkResult, bool) {
 	return pgWorkResult{}, false
 }
 
+// e2e is the loop of side and mode at x.Clients, the count of the checks.
 func (x *experimentLog) e2e(side, mode string) (e2eResult, bool) {
-	for _, r := range x.E2E {
-		if r.Side == side && r.Mode == mode && r.Failed == "" {
-			return r, true
-		}
+	if r := x.e2eAt(side, mode, x.Clients); e2eMeasured(r) {
+		return *r, true
 	}
 	return e2eResult{}, false
 }
@@ -135,7 +137,7 @@ func (x *experimentLog) markdown() string {
 
 	b.WriteString("| target | measured | goal | result |\n|---|---|---|---|\n")
 	for _, c := range x.checks() {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Measured, c.Target, map[bool]string{true: "PASS", false: "MISS"}[c.Pass])
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Measured, c.Target, c.result())
 	}
 
 	if len(x.PgWork) > 0 {
@@ -258,15 +260,15 @@ func (x *experimentLog) writePgWork(b *strings.Builder) {
 
 func (x *experimentLog) writeE2E(b *strings.Builder) {
 	fmt.Fprintf(b, "\n### End to end\n\n")
-	fmt.Fprintf(b, "A closed loop of new-key starts, %d clients, %s warm-up then %s measured, each on a fresh database; then the harness waits for the window's runs to end. "+
+	fmt.Fprintf(b, "A closed loop of new-key starts at %s clients (the baseline at %d only), %s warm-up then %s measured, each on a fresh database; then the harness waits for the window's runs to end. "+
 		"From the runs' own timestamps: started/s counts runs created in the window, finished/s runs whose finished_at is in it (any run); start-to-final is finished_at - created_at, start-to-running started_at - created_at, over the runs created in the window. "+
 		"\"unfinished\" counts the window's runs still not final when the harness stopped waiting (then the p99 is a floor); \"drained\" is the last of them finishing, after the load stopped. CPU is per run started. The peer's start enqueues a BullMQ job after its INSERT; its worker (ajv, no CEL) writes status, times and findings in one statement.\n\n",
-		x.Clients, x.Warm, x.Dur)
-	b.WriteString("| side | mode | started/s | finished/s | finished / started | start-to-final p50 ms | p99 ms | start-to-running p50 ms | unfinished | drained after s | start answer p50 / p99 ms | server CPU ms/run | worker CPU ms/run | server peak RSS MB | errors |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		levelsText(x.Levels, x.Clients), x.Clients, x.Warm, x.Dur)
+	b.WriteString("| side | mode | clients | started/s | finished/s | finished / started | start-to-final p50 ms | p99 ms | start-to-running p50 ms | unfinished | drained after s | start answer p50 / p99 ms | server CPU ms/run | worker CPU ms/run | server peak RSS MB | errors |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range x.E2E {
 		if r.Failed != "" {
-			fmt.Fprintf(b, "| %s | %s | FAILED: %s |||||||||||||\n", r.Side, r.Mode, cell(short(r.Failed, 300)))
+			fmt.Fprintf(b, "| %s | %s | %d | FAILED: %s |||||||||||||\n", r.Side, r.Mode, r.Clients, cell(short(r.Failed, 300)))
 			continue
 		}
 		running := "-"
@@ -277,8 +279,8 @@ func (x *experimentLog) writeE2E(b *strings.Builder) {
 		if r.WorkerCPU > 0 {
 			wcpu = ms3(r.WorkerCPU)
 		}
-		fmt.Fprintf(b, "| %s | %s | %.0f | %.0f | %.2f | %s | %s | %s | %d | %.1f | %s / %s | %s | %s | %s | %d |\n",
-			r.Side, r.Mode, r.StartedPerSec(), r.FinishedPerSec(), r.Ratio(), ms(r.FinalP50), ms(r.FinalP99), running,
+		fmt.Fprintf(b, "| %s | %s | %d | %.0f | %.0f | %.2f | %s | %s | %s | %d | %.1f | %s / %s | %s | %s | %s | %d |\n",
+			r.Side, r.Mode, r.Clients, r.StartedPerSec(), r.FinishedPerSec(), r.Ratio(), ms(r.FinalP50), ms(r.FinalP99), running,
 			r.Unfinished, r.DrainedAfter.Seconds(), ms(r.StartP50), ms(r.StartP99), ms3(r.ServerCPU), wcpu, mb(r.PeakRSSKB), r.Errors)
 	}
 	var ratios []string
@@ -291,7 +293,8 @@ func (x *experimentLog) writeE2E(b *strings.Builder) {
 		}
 	}
 	if len(ratios) > 0 {
-		b.WriteString("\nNow vs baseline, same run:\n\n| mode | started/s | finished/s | start-to-final p50 | p99 |\n|---|---|---|---|---|\n")
+		fmt.Fprintf(b, "\nNow vs baseline, same run, %d clients:\n\n", x.Clients)
+		b.WriteString("| mode | started/s | finished/s | start-to-final p50 | p99 |\n|---|---|---|---|---|\n")
 		b.WriteString(strings.Join(ratios, "\n") + "\n")
 	}
 }
@@ -357,13 +360,28 @@ func spliceSection(doc, heading, section string) string {
 	return strings.Join(lines[:start], "") + section + rest
 }
 
+// spliceSectionBefore is spliceSection, but a section doc does not have
+// yet goes before the heading next (when doc has it), not at the end.
+func spliceSectionBefore(doc, heading, section, next string) string {
+	if hasHeading(doc, heading) || !hasHeading(doc, next) {
+		return spliceSection(doc, heading, section)
+	}
+	i := strings.Index(doc, "\n"+next+"\n") + 1
+	return doc[:i] + strings.TrimRight(section, "\n") + "\n\n" + doc[i:]
+}
+
+// hasHeading says whether doc has the line heading.
+func hasHeading(doc, heading string) bool {
+	return strings.HasPrefix(doc, heading+"\n") || strings.Contains(doc, "\n"+heading+"\n")
+}
+
 // runExperiments measures the experiment log's parts that p wants: the
 // sides' PostgreSQL work per run, the end-to-end loops (interleaved: each
 // mode on now, baseline, then the peer, so that the runs a ratio compares
 // are close in time) and the drain of the binary being measured.
 func runExperiments(ctx context.Context, e *env, p plan, baseline, root, scratch string) *experimentLog {
 	x := &experimentLog{Date: time.Now(), Mode: "full", Now: firstLine("git", "-C", root, "describe", "--always", "--dirty"),
-		Clients: p.E2EClients, Warm: p.E2E.Warm, Dur: p.E2E.Dur, PgWorkRuns: p.PgWorkRuns, Load: loadavg()}
+		Clients: p.e2eMain(), Levels: p.E2ELevels, Warm: p.E2E.Warm, Dur: p.E2E.Dur, PgWorkRuns: p.PgWorkRuns, Load: loadavg()}
 	if p.Quick {
 		x.Mode = "quick"
 	}
@@ -408,22 +426,29 @@ func runExperiments(ctx context.Context, e *env, p plan, baseline, root, scratch
 		}
 	}
 	if p.want("e2e") {
+		// The curve: at each count, each mode on this binary, then on the
+		// baseline (at the checks' count only), then the peer's matching
+		// mode, back to back.
 		drainWait := p.E2E.Dur + 30*time.Second
-		for i, m := range []e2eMode{modeInline, modeSeparate} {
-			targets := []e2eTarget{}
-			for _, s := range sides {
-				targets = append(targets, e2eTarget{side: s, mode: m})
-			}
-			targets = append(targets, e2eTarget{peer: true, mode: []e2eMode{peerInline, peerSeparate}[i]})
-			for _, t := range targets {
-				if ctx.Err() != nil {
-					return x
+		for _, n := range p.E2ELevels {
+			for _, pair := range e2ePairs {
+				targets := []e2eTarget{}
+				for _, s := range sides {
+					if s == now || n == x.Clients {
+						targets = append(targets, e2eTarget{side: s, mode: pair.Valruns})
+					}
 				}
-				r := e.measureE2E(ctx, t, p.E2EClients, p.E2E.Warm, p.E2E.Dur, drainWait)
-				x.E2E = append(x.E2E, r)
-				if r.Failed == "" {
-					say("e2e %-8s %-18s %5.0f started/s %5.0f finished/s (%.2f)  start-to-final p50 %s p99 %s ms, %d unfinished",
-						r.Side, r.Mode, r.StartedPerSec(), r.FinishedPerSec(), r.Ratio(), ms(r.FinalP50), ms(r.FinalP99), r.Unfinished)
+				targets = append(targets, e2eTarget{peer: true, mode: pair.Peer})
+				for _, t := range targets {
+					if ctx.Err() != nil {
+						return x
+					}
+					r := e.measureE2E(ctx, t, n, p.E2E.Warm, p.E2E.Dur, drainWait)
+					x.E2E = append(x.E2E, r)
+					if r.Failed == "" {
+						say("e2e %-8s %-18s c=%-3d %5.0f started/s %5.0f finished/s (%.2f)  start-to-final p50 %s p99 %s ms, %d unfinished",
+							r.Side, r.Mode, r.Clients, r.StartedPerSec(), r.FinishedPerSec(), r.Ratio(), ms(r.FinalP50), ms(r.FinalP99), r.Unfinished)
+					}
 				}
 			}
 		}
@@ -434,7 +459,7 @@ func runExperiments(ctx context.Context, e *env, p plan, baseline, root, scratch
 	}
 	if p.want("scale") && ctx.Err() == nil {
 		x.ScaleDur = p.ScaleDur
-		x.Scale = e.measureScale(ctx, now, p.Scale, p.E2EClients, p.E2E.Warm, p.ScaleDur)
+		x.Scale = e.measureScale(ctx, now, p.Scale, x.Clients, p.E2E.Warm, p.ScaleDur)
 	}
 	x.Load += " before, " + loadavg() + " after"
 	return x
@@ -450,9 +475,9 @@ func (x *experimentLog) failure() error {
 	}
 	for _, r := range x.E2E {
 		if r.Failed != "" {
-			errs = append(errs, "e2e "+r.Side+" "+r.Mode)
+			errs = append(errs, fmt.Sprintf("e2e %s %s at %d", r.Side, r.Mode, r.Clients))
 		} else if r.Errors > 0 {
-			errs = append(errs, fmt.Sprintf("e2e %s %s: %d answers were errors", r.Side, r.Mode, r.Errors))
+			errs = append(errs, fmt.Sprintf("e2e %s %s at %d: %d answers were errors", r.Side, r.Mode, r.Clients, r.Errors))
 		}
 	}
 	for _, d := range x.Drain {

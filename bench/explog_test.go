@@ -119,10 +119,10 @@ func exampleLog() *experimentLog {
 			{Side: "baseline", Start: phase(100, 300_000, 500), Exec: phase(100, 200_000, 400), Walinspect: true},
 		},
 		E2E: []e2eResult{
-			{Side: "now", Mode: modeInline.Name, Window: 10 * time.Second, Started: 10_000, Finished: 9_600, HasRunning: true, RunningP50: 20 * time.Millisecond},
-			{Side: "baseline", Mode: modeInline.Name, Window: 10 * time.Second, Started: 5_000, Finished: 3_000, FinalP50: time.Second, FinalP99: 2 * time.Second},
-			{Side: "now", Mode: modeSeparate.Name, Window: 10 * time.Second, Started: 10_000, Finished: 9_000},
-			{Side: "peer", Mode: peerSeparate.Name, Window: 10 * time.Second, Started: 7_000, Finished: 5_000},
+			{Side: "now", Mode: modeInline.Name, Clients: 32, Window: 10 * time.Second, Started: 10_000, Finished: 9_600, HasRunning: true, RunningP50: 20 * time.Millisecond},
+			{Side: "baseline", Mode: modeInline.Name, Clients: 32, Window: 10 * time.Second, Started: 5_000, Finished: 3_000, FinalP50: time.Second, FinalP99: 2 * time.Second},
+			{Side: "now", Mode: modeSeparate.Name, Clients: 32, Window: 10 * time.Second, Started: 10_000, Finished: 9_000},
+			{Side: "peer", Mode: peerSeparate.Name, Clients: 32, Window: 10 * time.Second, Started: 7_000, Finished: 5_000},
 		},
 		Drain: []drainResult{{Side: "now", Queued: 1000, Points: []drainPoint{{Concurrency: 10, Runs: 1000, Elapsed: 2 * time.Second}, {Concurrency: 50, Failed: "boom"}}}},
 	}
@@ -163,7 +163,7 @@ func TestExperimentMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"### PostgreSQL work per run", "| WAL bytes (this database) | 1000 | 1000 | 2000 | 3000 | 2000 | 5000 | 0.40x |",
 		"| statements | 2.00 | 1.00 | 3.00 | 5.00 | 4.00 | 9.00 | 0.33x |",
-		"### End to end", "| now | serve --worker | 1000 | 960 | 0.96 |",
+		"### End to end", "| now | serve --worker | 32 | 1000 | 960 | 0.96 |",
 		"| serve --worker | 2.00x | 3.20x |", // now vs baseline, started/s and finished/s
 		"### Backlog drain (now)", "| 10 | 1000 | 2.0 | 500 |", "| 50 | FAILED: boom |",
 		"0b107b520922",

@@ -20,30 +20,39 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
 
-// config is one run's plan.
+// plan is one run's choice of parts, client counts and durations.
 type plan struct {
-	Quick       bool
-	Levels      []int
+	Quick bool
+	// Levels are the curve's client counts: starts without a key, with a
+	// new key and replays, valruns beside the peer, and the pgbench limit.
+	Levels []int
+	// ExtraLevels: the other start scenarios (hot key, 100 organisations,
+	// the quota organisation, serve + worker) run at those of Levels that
+	// are in this list.
+	ExtraLevels []int
 	HTTP, PG    timing
 	CleanupKeys int
 	Samples     int // start-to-running
 	Orgs        int
 	Only        map[string]bool
-	// The experiment log (issue 15).
+	// The experiment log (issue 15) and the end-to-end curve (issue 30):
+	// E2ELevels are the loops' client counts.
 	E2E        timing
-	E2EClients int
+	E2ELevels  []int
 	PgWorkRuns int
 	DrainRuns  int
 	DrainConc  []int
-	// The noisy neighbour (issue 16): A's flood clients, A's slow runs
-	// queued ahead of B's, B's runs behind them, and the settings of each
-	// variant (its windows are E2E's).
+	// The noisy neighbour (issue 16): its windows, A's flood clients, A's
+	// slow runs queued ahead of B's, B's runs behind them, and the
+	// settings of each variant.
+	Noisy        timing
 	NoisyClients int
 	NoisyRuns    int
 	NoisyB       int
@@ -55,17 +64,35 @@ type plan struct {
 
 func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
 
+// extra says whether the other start scenarios run at clients.
+func (p plan) extra(clients int) bool { return slices.Contains(p.ExtraLevels, clients) }
+
+// e2eMain is the end-to-end count of the baseline, the horizontal scale
+// and the experiment log's checks: ratioClients when the curve has it,
+// else its largest count.
+func (p plan) e2eMain() int { return mainLevel(p.E2ELevels) }
+
+func mainLevel(levels []int) int {
+	if len(levels) == 0 || slices.Contains(levels, ratioClients) {
+		return ratioClients
+	}
+	return slices.Max(levels)
+}
+
 func makePlan(quick bool) plan {
 	if quick {
-		return plan{Quick: true, Levels: []int{32}, HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second},
-			PG: timing{Warm: time.Second, Dur: 2 * time.Second}, CleanupKeys: 100_000, Samples: 20, Orgs: 100,
-			E2E: timing{Warm: time.Second, Dur: 10 * time.Second}, E2EClients: 32, PgWorkRuns: 300, DrainRuns: 3_000, DrainConc: []int{10, 50},
-			NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv, Scale: scaleQuick, ScaleDur: 5 * time.Second}
+		return plan{Quick: true, Levels: curveQuickLevels, ExtraLevels: []int{ratioClients},
+			HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second},
+			PG:   timing{Warm: time.Second, Dur: 2 * time.Second}, CleanupKeys: 100_000, Samples: 20, Orgs: 100,
+			E2E: timing{Warm: time.Second, Dur: 5 * time.Second}, E2ELevels: curveQuickLevels, PgWorkRuns: 300, DrainRuns: 3_000, DrainConc: []int{10, 50},
+			Noisy: timing{Warm: time.Second, Dur: 10 * time.Second}, NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv,
+			Scale: scaleQuick, ScaleDur: 5 * time.Second}
 	}
-	return plan{Levels: []int{1, 8, 32, 128}, HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second},
+	return plan{Levels: curveLevels, ExtraLevels: extraLevels, HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second},
 		PG: timing{Warm: time.Second, Dur: 5 * time.Second}, CleanupKeys: 1_000_000, Samples: 100, Orgs: 100,
-		E2E: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, E2EClients: 32, PgWorkRuns: 2_000, DrainRuns: 100_000, DrainConc: []int{10, 20, 50, 100},
-		NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv, Scale: scaleFull, ScaleDur: 20 * time.Second}
+		E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, E2ELevels: e2eLevels, PgWorkRuns: 2_000, DrainRuns: 100_000, DrainConc: []int{10, 20, 50, 100},
+		Noisy: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv,
+		Scale: scaleFull, ScaleDur: 20 * time.Second}
 }
 
 func main() {
@@ -82,19 +109,21 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	quick := flag.Bool("quick", os.Getenv("QUICK") != "" && os.Getenv("QUICK") != "0", "short runs, clients 32 only (also QUICK=1)")
+	quick := flag.Bool("quick", os.Getenv("QUICK") != "" && os.Getenv("QUICK") != "0", "short runs, clients 1, 8 and 32 only (also QUICK=1)")
 	out := flag.String("out", "bench/RESULTS.md", "where to write the results")
 	bin := flag.String("bin", "bin/valruns", "the valruns binary")
 	scratch := flag.String("scratch", "bench/results", "logs, the pgbench script and results.json")
-	levels := flag.String("clients", "", "comma-separated client counts (default: 1,8,32,128; quick: 32)")
+	var levels, e2eClients, drainConc intsFlag
+	flag.Var(&levels, "clients", "comma-separated client counts of the start curve (default: 1,4,8,16,32,64,128; quick: 1,8,32); the other start scenarios run at those of 1,8,32,128 (quick: 32)")
 	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
 	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,tracing,cleanup,latency,pgwork,e2e,drain,scale,noisy (default all; e2e includes the peer's)")
 	baseline := flag.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
-	e2eDur := flag.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 60s; quick 10s)")
-	e2eClients := flag.Int("e2e-clients", 0, "clients of the end-to-end loop (default 32)")
+	e2eDur := flag.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 15s; quick 5s)")
+	flag.Var(&e2eClients, "e2e-clients", "comma-separated client counts of the end-to-end curve (default 1,8,32,128; quick 1,8,32); the baseline and the horizontal scale run at 32 (or the largest)")
+	noisyDur := flag.Duration("noisy-duration", 0, "noisy neighbour: measured time of each window (default 60s; quick 10s)")
 	pgworkRuns := flag.Int("pgwork-runs", 0, "runs started and executed to measure PostgreSQL's work per run (default 2000; quick 300)")
 	drainRuns := flag.Int("drain-runs", 0, "runs queued for the backlog drain (default 100000; quick 3000)")
-	drainConc := flag.String("drain-concurrency", "", "WORKER_CONCURRENCY values the drain sweeps (default 10,20,50,100; quick 10,50)")
+	flag.Var(&drainConc, "drain-concurrency", "WORKER_CONCURRENCY values the drain sweeps (default 10,20,50,100; quick 10,50)")
 	cleanupKeys := flag.Int("cleanup-keys", 0, "expired keys the cleanup measurement deletes (default 1000000; quick 100000)")
 	noisyRuns := flag.Int("noisy-runs", 0, "noisy neighbour: A's slow runs queued ahead of B's (default 1000; quick 200)")
 	noisyClients := flag.Int("noisy-clients", 0, "noisy neighbour: clients of A's flood (default 64)")
@@ -104,13 +133,8 @@ func run(ctx context.Context) error {
 	flag.Parse()
 
 	p := makePlan(*quick)
-	if *levels != "" {
-		p.Levels = nil
-		ls, err := parseInts(*levels)
-		if err != nil {
-			return fmt.Errorf("-clients: %w", err)
-		}
-		p.Levels = ls
+	if levels != nil {
+		p.Levels = levels
 	}
 	if *dur > 0 {
 		p.HTTP.Dur = *dur
@@ -118,8 +142,11 @@ func run(ctx context.Context) error {
 	if *e2eDur > 0 {
 		p.E2E.Dur = *e2eDur
 	}
-	if *e2eClients > 0 {
-		p.E2EClients = *e2eClients
+	if e2eClients != nil {
+		p.E2ELevels = e2eClients
+	}
+	if *noisyDur > 0 {
+		p.Noisy.Dur = *noisyDur
 	}
 	if *pgworkRuns > 0 {
 		p.PgWorkRuns = *pgworkRuns
@@ -127,12 +154,8 @@ func run(ctx context.Context) error {
 	if *drainRuns > 0 {
 		p.DrainRuns = *drainRuns
 	}
-	if *drainConc != "" {
-		cs, err := parseInts(*drainConc)
-		if err != nil {
-			return fmt.Errorf("-drain-concurrency: %w", err)
-		}
-		p.DrainConc = cs
+	if drainConc != nil {
+		p.DrainConc = drainConc
 	}
 	if *cleanupKeys > 0 {
 		p.CleanupKeys = *cleanupKeys
@@ -182,6 +205,9 @@ func run(ctx context.Context) error {
 	}
 
 	began := time.Now()
+	withBaseline := *baseline != "" && *baseline != "none"
+	say("plan: %s", p.describe(withBaseline))
+	say("estimated time: about %s (from runs on 2 cores; more on a slower or busier machine)", p.estimate(withBaseline).Round(time.Minute))
 	say("setting up: template database with %d organisations, tokens and workflows", p.Orgs)
 	e, err := openEnv(ctx, root, binPath, logDir, p.Orgs, port)
 	if err != nil {
@@ -218,39 +244,22 @@ func run(ctx context.Context) error {
 			sc.Path = cp.Path
 		}
 		capture("a new-key start", &res.Capture, &start, e.captureStart)
-		if p.want("peer") {
+		// The peer's start is the curve's limit: pgbench of its INSERT.
+		if p.want("peer") || p.want("pgbench") {
 			capture("the peer's new-key start", &res.PeerCapture, &peerSQL, e.capturePeer)
 		}
 	}
 
-	// Interleaved per concurrency level, so that the runs a ratio compares
-	// are close in time on a machine whose load drifts.
+	// The curve, interleaved per client count: at each count valruns and
+	// the peer run back to back, scenario by scenario, then the pgbench
+	// limit, so that the runs a ratio compares are close in time on a
+	// machine whose load drifts.
 	for _, c := range p.Levels {
-		var steps []func() row
-		for i, vs := range valrunsScenarios {
-			if p.want("valruns") {
-				steps = append(steps, func() row { return e.runHTTP(ctx, vs, c, p.HTTP) })
-			}
-			if i < len(peerScenarios) && p.want("peer") {
-				ps := peerScenarios[i]
-				steps = append(steps, func() row { return e.runHTTP(ctx, ps, c, p.HTTP) })
-			}
-			if i == 1 && p.want("pgbench") {
-				for _, n := range []int{1, p.Orgs} {
-					sc := start
-					sc.Scenario = pgbenchScenario(n)
-					steps = append(steps, func() row { return e.runPgbench(ctx, sc, n, c, p.PG) })
-				}
-				if p.want("peer") {
-					steps = append(steps, func() row { return e.runPgbench(ctx, peerSQL, 1, c, p.PG) })
-				}
-			}
-		}
-		for _, step := range steps {
+		for _, step := range startSteps(ctx, e, p, c, start, peerSQL) {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			r := step()
+			r := step.run()
 			res.Rows = append(res.Rows, r)
 			progress(r)
 		}
@@ -313,6 +322,9 @@ func run(ctx context.Context) error {
 		}
 		md = string(old)
 		if res.Exp != nil {
+			if e2e := res.e2eCurveMarkdown(); e2e != "" {
+				md = spliceSectionBefore(md, e2eCurveHeading, e2e, expHeading)
+			}
 			md = spliceSection(md, expHeading, res.Exp.markdown())
 		}
 		if res.Noisy != nil {
@@ -326,22 +338,17 @@ func run(ctx context.Context) error {
 	_ = os.WriteFile(filepath.Join(scratchDir, "results.json"), raw, 0o644)
 
 	fmt.Println()
-	checks := res.checks()
-	if res.onlySections() {
-		checks = nil // the start table was not measured: its checks would all say "no data"
-	}
-	for _, c := range checks {
-		r := "MISS"
-		if c.Pass {
-			r = "PASS"
+	if !res.onlySections() { // else the start table was not measured: its checks would all say "no data"
+		if len(res.curveRan()) > 0 {
+			printChecks(res.curveStartChecks())
 		}
-		fmt.Printf("  %-4s %-62s %s (target %s)\n", r, c.Name, c.Measured, c.Target)
+		printChecks(res.checks())
 	}
 	if res.Exp != nil {
-		for _, c := range res.Exp.checks() {
-			r := map[bool]string{true: "PASS", false: "MISS"}[c.Pass]
-			fmt.Printf("  %-4s %-62s %s (target %s)\n", r, c.Name, c.Measured, c.Target)
+		if len(res.Exp.E2E) > 0 {
+			printChecks(res.Exp.curveChecks())
 		}
+		printChecks(res.Exp.checks())
 	}
 	fmt.Printf("\nwrote %s in %s\n", *out, res.Elapsed.Round(time.Second))
 	if n := res.totalErrors(); n > 0 {
@@ -353,10 +360,7 @@ func run(ctx context.Context) error {
 		}
 	}
 	if res.Noisy != nil {
-		for _, c := range res.Noisy.checks() {
-			r := map[bool]string{true: "PASS", false: "MISS"}[c.Pass]
-			fmt.Printf("  %-4s %-62s %s (target %s)\n", r, c.Name, c.Measured, c.Target)
-		}
+		printChecks(res.Noisy.checks())
 	}
 	if res.Exp != nil {
 		if err := res.Exp.failure(); err != nil {
@@ -369,6 +373,17 @@ func run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// intsFlag is a flag of comma-separated positive numbers (nil: not given).
+type intsFlag []int
+
+func (f *intsFlag) String() string { return fmt.Sprint([]int(*f)) }
+
+func (f *intsFlag) Set(v string) error {
+	ns, err := parseInts(v)
+	*f = ns
+	return err
 }
 
 // settingsFlag is a repeatable flag: each use is one list of NAME=value.

@@ -129,7 +129,7 @@ func (v noisyVariant) label() string {
 // measureNoisy measures each variant in turn.
 func measureNoisy(ctx context.Context, e *env, p plan, root string) *noisyLog {
 	x := &noisyLog{Date: time.Now(), Mode: "full", Now: firstLine("git", "-C", root, "describe", "--always", "--dirty"),
-		Load: loadavg(), ServerEnv: e.serverEnv, Clients: p.NoisyClients, Warm: p.E2E.Warm, Dur: p.E2E.Dur,
+		Load: loadavg(), ServerEnv: e.serverEnv, Clients: p.NoisyClients, Warm: p.Noisy.Warm, Dur: p.Noisy.Dur,
 		BacklogRuns: p.NoisyRuns, BacklogB: p.NoisyB}
 	if p.Quick {
 		x.Mode = "quick"
@@ -489,7 +489,7 @@ func (x *noisyLog) markdown() string {
 	}
 	b.WriteString("| target | measured | goal | result |\n|---|---|---|---|\n")
 	for _, c := range x.checks() {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Measured, c.Target, map[bool]string{true: "PASS", false: "MISS"}[c.Pass])
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Measured, c.Target, c.result())
 	}
 	for _, v := range x.Variants {
 		fmt.Fprintf(&b, "\n### Settings: %s\n\n`%s`\n\n", v.label(), v.effective(x.ServerEnv))

@@ -307,6 +307,9 @@ func (e *env) runPgbench(ctx context.Context, sc sqlScript, norgs, clients int, 
 		c = models.UsageSlots * norgs
 		r.Notes = append(r.Notes, fmt.Sprintf("clients capped at %d: the captured fast path claims one of the %d usage slots per organisation", c, models.UsageSlots))
 	}
+	if c != clients {
+		r.CappedAt = c
+	}
 	if t.Warm > 0 {
 		_ = e.pgbench(ctx, db, script, norgs, c, "-T", strconv.Itoa(max(1, int(t.Warm.Round(time.Second).Seconds()))))
 	}

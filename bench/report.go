@@ -39,6 +39,7 @@ type check struct {
 	Measured string
 	Target   string
 	Pass     bool
+	Missing  bool // a run it compares was not measured (never a PASS)
 }
 
 func (r *results) find(section, scenario string, clients int) (row, bool) {
@@ -254,13 +255,14 @@ func (r *results) markdown() string {
 	fmt.Fprintf(&b, "| Go | %s |\n| Node | %s |\n| pgbench | %s |\n| Redis | %s (%s) |\n", m.Go, m.Node, m.Pgbench, m.Redis, r.Redis)
 	b.WriteString("\nThe load generator, the servers, PostgreSQL and Redis share these cores: a client's CPU is the server's loss.\n")
 
+	b.WriteString("\n" + r.curveMarkdown())
+	if e := r.e2eCurveMarkdown(); e != "" {
+		b.WriteString("\n" + e)
+	}
+
 	fmt.Fprintf(&b, "\n## Ratios (%d clients unless stated)\n\n| check | measured | target | result |\n|---|---|---|---|\n", ratioClients)
 	for _, c := range r.checks() {
-		res := "MISS"
-		if c.Pass {
-			res = "PASS"
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Measured, c.Target, res)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Measured, c.Target, c.result())
 	}
 	if n := r.totalErrors(); n > 0 {
 		fmt.Fprintf(&b, "\n**%d answers were errors, non-2xx or unexpected: see the table.** They must be 0.\n", n)

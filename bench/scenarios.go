@@ -83,7 +83,10 @@ type row struct {
 	DBConns         int // the most connections the database saw from the server
 	DBBusy          int // ... of them busy at once
 	Notes           []string
-	Failed          string // the run could not be made
+	// CappedAt: pgbench ran with this many clients, fewer than Clients
+	// (max_connections, or the usage slots of the captured fast path).
+	CappedAt int
+	Failed   string // the run could not be made
 }
 
 // timing is how long to warm up and measure.

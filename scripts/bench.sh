@@ -5,12 +5,14 @@
 # database's own limit (pgbench replaying the SQL a start sends, captured at
 # run time), and writes bench/RESULTS.md with the ratios and their targets.
 #
-#   scripts/bench.sh            full run (about an hour on 2 cores, the experiment log and the noisy neighbour included)
-#   QUICK=1 scripts/bench.sh    short runs at 32 clients only (about 8 minutes)
+#   scripts/bench.sh            full run: the curve at 1, 4, 8, 16, 32, 64 and 128 clients, the
+#                               experiment log and the noisy neighbour (about 40 minutes on 2 cores;
+#                               it prints its estimate first)
+#   QUICK=1 scripts/bench.sh    short runs at 1, 8 and 32 clients (about 10 minutes)
 #   scripts/bench.sh e2e        the experiment log only (make bench-e2e): PostgreSQL work
-#                               per run, end to end, backlog drain, beside the baseline
-#                               (BENCH_BASELINE, default 0b107b5); replaces that section
-#                               of bench/RESULTS.md (QUICK=1: short, about 3 minutes)
+#                               per run, end to end (the end-to-end curve), backlog drain, beside
+#                               the baseline (BENCH_BASELINE, default 0b107b5); replaces those
+#                               sections of bench/RESULTS.md (QUICK=1: short, about 4 minutes)
 #   scripts/bench.sh noisy      the noisy neighbour only (make bench-noisy): B's starts and runs
 #                               alone, while A floods and behind A's slow runs, and A's own
 #                               throughput, per set of settings (-noisy-env); replaces that
