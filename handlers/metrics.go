@@ -16,7 +16,15 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	idempotency *prometheus.CounterVec
+	// Where a start's time goes in its one-step path: waiting for a writer,
+	// then its statement; and how many starts a statement carries.
+	startPhase *prometheus.HistogramVec
+	startBatch prometheus.Histogram
 }
+
+// startPhaseBuckets are sub-millisecond to seconds: a lone start's
+// statement takes about a millisecond.
+var startPhaseBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 func newMetrics(reg *prometheus.Registry) *metrics {
 	m := &metrics{
@@ -31,14 +39,34 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "valruns_idempotency_requests_total",
 			Help: "Idempotent requests by scope and outcome (new, replayed, mismatch, in_progress, rejected, expired_reused, no_key, error).",
 		}, []string{"scope", "outcome"}),
+		startPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "valruns_start_phase_seconds",
+			Help:    "Where the starts of the one-step path spend their time, by phase: waiting_writer (from the start's submission to its statement being sent; a lone start on an idle process waits microseconds) and statement (the statement that carried it, from taking a connection to its answers and commit).",
+			Buckets: startPhaseBuckets,
+		}, []string{"phase"}),
+		startBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "valruns_start_batch_starts",
+			Help:    "Starts carried by each statement of the one-step path (1: a lone start; up to 64 when PostgreSQL is busy).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.idempotency} {
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.idempotency, m.startPhase, m.startBatch} {
 		reg.MustRegister(c)
 	}
 	// Process and Go runtime metrics, unless main registered them already.
 	_ = reg.Register(collectors.NewGoCollector())
 	_ = reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// observeStarts is told by the run store about each statement of starts.
+func (m *metrics) observeStarts(waited []time.Duration, statement time.Duration) {
+	wait, stmt := m.startPhase.WithLabelValues("waiting_writer"), m.startPhase.WithLabelValues("statement")
+	for _, w := range waited {
+		wait.Observe(w.Seconds())
+		stmt.Observe(statement.Seconds())
+	}
+	m.startBatch.Observe(float64(len(waited)))
 }
 
 func (m *metrics) middleware() gin.HandlerFunc {

@@ -106,6 +106,7 @@ func NewRouter(d Deps) *gin.Engine {
 	wf := &workflowHandlers{workflows: models.NewWorkflowStore(d.DB)}
 	runStore := models.NewRunStore(d.DB)
 	runStore.SetStartTimeout(d.Config.IdempotencyTxTimeout)
+	runStore.SetStartObserver(m.observeStarts)
 	// The long-poll's one poller asks for every waited run at once, under
 	// the bound of a read's first answer (a hung database fails the tick,
 	// not the poller).

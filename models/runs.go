@@ -34,6 +34,15 @@ func (s *RunStore) SetStartTimeout(d time.Duration) {
 	}
 }
 
+// SetStartObserver makes the store tell f about each statement of starts
+// it sent (the one-step path, StartOne): how many starts it carried, how
+// long each of them waited for a writer (waited, one per start), and how
+// long the statement took, from taking a connection to its answers and
+// commit. Set it before the first start.
+func (s *RunStore) SetStartObserver(f func(waited []time.Duration, statement time.Duration)) {
+	s.batcher.observe = f
+}
+
 // StartParams is what starting a run needs. The run's id and creation time
 // are made by the caller (NewRunID, NewRunTime), so that its answer can be
 // rendered before it is written.

@@ -82,11 +82,13 @@ const (
 )
 
 type startReq struct {
-	p    StartParams
-	k    *KeyWrite
-	done chan struct{}
-	res  OneResult
-	err  error
+	// queued is when the start was submitted.
+	queued time.Time
+	p      StartParams
+	k      *KeyWrite
+	done   chan struct{}
+	res    OneResult
+	err    error
 }
 
 // startBatcher sends waiting starts in batches. Writers exist only while
@@ -103,6 +105,8 @@ type startBatcher struct {
 	express int
 	// orgs counts each organisation's starts queued or being written.
 	orgs map[string]int
+	// observe, when set, is told about each statement (SetStartObserver).
+	observe func(waited []time.Duration, statement time.Duration)
 }
 
 func (b *startBatcher) submit(r *startReq) {
@@ -167,7 +171,15 @@ func (b *startBatcher) write() {
 // answered is tried alone, so one bad start (or a key another request
 // finished meanwhile) fails alone.
 func (b *startBatcher) send(batch []*startReq) {
+	began := time.Now()
 	rest, err := b.exec(batch)
+	if b.observe != nil {
+		waited := make([]time.Duration, len(batch))
+		for i, r := range batch {
+			waited[i] = began.Sub(r.queued)
+		}
+		b.observe(waited, time.Since(began))
+	}
 	if err != nil && len(rest) > 1 && !IsUnavailable(err) && !errors.Is(err, ErrOutcomeUnknown) {
 		for _, r := range rest {
 			for try := 1; ; try++ {
@@ -399,7 +411,7 @@ const txGrace = 2 * time.Second
 // row when k is set. It waits for its statement, whatever ctx does: the
 // statement has its own deadline, and its outcome must be known to answer.
 func (s *RunStore) StartOne(ctx context.Context, p StartParams, k *KeyWrite) (OneResult, error) {
-	r := &startReq{p: p, k: k, done: make(chan struct{})}
+	r := &startReq{queued: time.Now(), p: p, k: k, done: make(chan struct{})}
 	s.batcher.submit(r)
 	<-r.done
 	return r.res, r.err

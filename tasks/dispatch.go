@@ -36,9 +36,11 @@ type Dispatcher struct {
 	in     chan *models.QueuedRun
 	log    *slog.Logger
 	sent   *prometheus.CounterVec
-	wg     sync.WaitGroup
-	ctx    context.Context
-	cancel context.CancelFunc
+	// queuedAfter observes, per run it enqueued, the time from its start.
+	queuedAfter prometheus.Histogram
+	wg          sync.WaitGroup
+	ctx         context.Context
+	cancel      context.CancelFunc
 }
 
 // DispatcherConfig configures a Dispatcher.
@@ -81,11 +83,16 @@ func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
 			Help: "Runs this API process handed to the queue after their start committed, by result (queued; waiting: its organisation was past its share of the queue, so it waits its turn; dropped: Redis did not take it in time or the buffer was full, so the sweeper enqueues it later).",
 		}, []string{"result"}),
 	}
+	d.queuedAfter = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "valruns_run_start_to_queued_seconds",
+		Help:    "Time from a run's start (created_at) to its task being in the queue, for the runs this API process handed off and the gate let in at once (the dispatch: the buffer, the gate, the enqueue).",
+		Buckets: handOffBuckets,
+	})
 	for _, r := range []string{"queued", "waiting", "dropped"} {
 		d.sent.WithLabelValues(r)
 	}
 	if cfg.Registry != nil {
-		cfg.Registry.MustRegister(d.sent)
+		cfg.Registry.MustRegister(d.sent, d.queuedAfter)
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.wg.Add(dispatchSenders)
@@ -168,8 +175,9 @@ func (d *Dispatcher) deliver(org string, runs []*models.QueuedRun) {
 		if err == nil {
 			waiting := len(in)
 			for _, p := range out {
-				if slices.ContainsFunc(runs, func(r *models.QueuedRun) bool { return r.ID == p.RunID }) {
+				if i := slices.IndexFunc(runs, func(r *models.QueuedRun) bool { return r.ID == p.RunID }); i >= 0 {
 					waiting--
+					d.queuedAfter.Observe(time.Since(runs[i].CreatedAt).Seconds())
 				}
 			}
 			d.sent.WithLabelValues("queued").Add(float64(len(in) - waiting))

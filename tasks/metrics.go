@@ -20,6 +20,7 @@ type metrics struct {
 	// final state, by final status (observed where the run ended), and the
 	// backlog, read on a timer (watchBacklog).
 	startToFinal     *prometheus.HistogramVec
+	startToPicked    prometheus.Histogram
 	unfinished       prometheus.Gauge
 	oldestUnfinished prometheus.Gauge
 	gateWaiting      prometheus.Gauge
@@ -59,6 +60,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time from a run's start (created_at) to its final state (finished_at), by final status (passed, failed, error); observed by the worker that ended it.",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600},
 		}, []string{"status"}),
+		startToPicked: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "valruns_run_start_to_picked_seconds",
+			Help:    "Time from a run's start (created_at) to a worker beginning its first delivery (the hand-off: the API's dispatch, the fair-share gate, the queue, the worker's poll); observed by that worker.",
+			Buckets: handOffBuckets,
+		}),
 		unfinished: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "valruns_runs_unfinished",
 			Help: "Runs not final yet (queued or running), all organisations; read from PostgreSQL every 10 s.",
@@ -83,10 +89,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.startToFinal.WithLabelValues(s)
 	}
 	for _, c := range []prometheus.Collector{m.processed, m.failed, m.keysDeleted, m.runsEnded, m.redelivered, m.leasesLost, m.sweeps,
-		m.startToFinal, m.unfinished, m.oldestUnfinished, m.gateWaiting} {
+		m.startToFinal, m.startToPicked, m.unfinished, m.oldestUnfinished, m.gateWaiting} {
 		reg.MustRegister(c)
 	}
 	return m
+}
+
+// handOffBuckets are the buckets of the hand-off's histograms: about a
+// millisecond at light load, seconds behind a backlog.
+var handOffBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// picked observes a run's first delivery beginning (a redelivery, or a
+// payload without its start time, is not a hand-off).
+func (m *metrics) picked(p RunPayload) {
+	if !p.Redelivery && !p.CreatedAt.IsZero() {
+		m.startToPicked.Observe(time.Since(p.CreatedAt).Seconds())
+	}
 }
 
 // observeEnded is told by the run store about each run it ended.

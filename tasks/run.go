@@ -124,6 +124,7 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) (err error
 	// enqueued with (asynq's deadline, when sooner, still applies).
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
+	e.m.picked(p)
 	if !p.Redelivery && e.fastBudget > 0 {
 		if done, err := e.fast(ctx, p); done {
 			return err
@@ -275,6 +276,7 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) (err erro
 			apart = append(apart, p.RunID)
 			continue
 		}
+		e.m.picked(p)
 		rctx := telemetry.WithRequestID(ctx, p.RequestID)
 		switch out, v := e.compute(rctx, p); v {
 		case fastWrite:
