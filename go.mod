@@ -3,6 +3,7 @@ module github.com/valruns/valruns
 go 1.26.8
 
 require (
+	cel.dev/cel-go v0.33.2
 	github.com/chromedp/chromedp v0.23.0
 	github.com/exaring/otelpgx v0.13.0
 	github.com/getkin/kin-openapi v0.153.0
@@ -12,7 +13,6 @@ require (
 	github.com/go-openapi/strfmt v0.27.4
 	github.com/go-openapi/validate v1.0.1
 	github.com/go-redis/redis_rate/v10 v10.0.1
-	github.com/google/cel-go v0.31.0
 	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0
 	github.com/hibiken/asynq v0.26.0
