@@ -8,8 +8,9 @@
 // off exponentially with full jitter and honouring Retry-After; and it turns
 // every other answer into a typed *Error carrying the problem document.
 //
-// It uses only the standard library, so a program embedding it does not pull
-// in the server's dependencies (Gin, GORM, pgx, asynq).
+// It is a module of its own (go get github.com/valruns/valruns/client; Go
+// 1.25 or later) and uses only the standard library, so a program embedding it
+// does not pull in the server's dependencies (Gin, GORM, pgx, asynq).
 package client
 
 import (
