@@ -11,7 +11,8 @@ import (
 
 // Release is the release this source is: the newest release of CHANGELOG.md
 // (TestReleaseIsChangelogs checks that they agree). Raise both together when
-// releasing, and tag the commit v<Release>.
+// releasing, and tag the commit v<Release> and client/v<Release> (the Go
+// client is a module of its own, tagged with its directory).
 const Release = "0.1.0"
 
 // gitRevision and gitModified are the git revision and whether the
