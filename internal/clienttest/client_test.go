@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-
 	"strings"
 	"sync"
 	"sync/atomic"
