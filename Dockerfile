@@ -8,7 +8,10 @@ WORKDIR /src
 # go.mod asks for a newer patch release than the image may carry: let the go command fetch it.
 ENV GOTOOLCHAIN=auto
 # Dependencies first, in their own layer: rebuilt only when go.mod/go.sum change.
+# The Go client is a module of its own that go.mod replaces with ./client: its
+# go.mod must be there for go mod download (it has no go.sum: no dependency).
 COPY go.mod go.sum ./
+COPY client/go.mod client/
 RUN go mod download && go mod verify
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/valruns .

@@ -8,8 +8,9 @@
 // https://github.com/valruns/valruns/blob/main/docs/api.md#retry-advice-for-clients);
 // how this client applies it is in docs/client.md.
 //
-// It uses only the standard library, so a program embedding it does not pull
-// in the server's dependencies (Gin, GORM, pgx, asynq).
+// It is a module of its own (go get github.com/valruns/valruns/client; Go
+// 1.25 or later) and uses only the standard library, so a program embedding it
+// does not pull in the server's dependencies (Gin, GORM, pgx, asynq).
 package client
 
 import (

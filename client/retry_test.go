@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/valruns/valruns/client"
 )
 
@@ -130,18 +128,18 @@ func TestRetryAfterHonoured(t *testing.T) {
 			s := newScripted(t, tt.first, created)
 			c := client.New(s.url, "vr_x", client.WithBackoff(time.Millisecond, time.Millisecond))
 			res, err := c.StartRun(t.Context(), "wf", 1)
-			require.NoError(t, err)
-			require.Equal(t, 2, res.Attempts)
+			noError(t, err)
+			equal(t, 2, res.Attempts)
 			h := s.hits()
-			require.Len(t, h, 2)
+			hasLen(t, h, 2)
 			notBefore := h[0].at.Add(time.Second)
 			if tt.first.retryAfterIn > 0 {
 				date, err := http.ParseTime(h[0].retryAfter)
-				require.NoError(t, err, h[0].retryAfter)
-				require.True(t, date.After(h[0].at), "the date is ahead of the answer: %s vs %s", date, h[0].at)
+				noError(t, err, h[0].retryAfter)
+				isTrue(t, date.After(h[0].at), "the date is ahead of the answer: %s vs %s", date, h[0].at)
 				notBefore = date
 			}
-			require.False(t, h[1].at.Before(notBefore), "the retry came at %s, before %s (Retry-After: %s, answered at %s)",
+			isFalse(t, h[1].at.Before(notBefore), "the retry came at %s, before %s (Retry-After: %s, answered at %s)",
 				h[1].at.Format(time.RFC3339Nano), notBefore.Format(time.RFC3339Nano), h[0].retryAfter, h[0].at.Format(time.RFC3339Nano))
 		})
 	}
@@ -157,19 +155,19 @@ func TestRetryAfterCapped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	res, err := c.StartRun(ctx, "wf", 1)
-	require.NoError(t, err)
-	require.Equal(t, 2, res.Attempts)
+	noError(t, err)
+	equal(t, 2, res.Attempts)
 
 	// Without the cap, the wait would outlive the deadline: the call says so
 	// without sleeping.
 	s = newScripted(t, problemAnswer(503, "service_unavailable", "Retry-After", "3600"), created)
 	c = client.New(s.url, "vr_x", client.WithMaxRetryAfter(2*time.Hour))
 	_, err = c.StartRun(ctx, "wf", 1)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	errorIs(t, err, context.DeadlineExceeded)
 	var re *client.RetryError
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, 1, re.Attempts)
-	require.Len(t, s.hits(), 1)
+	errorAs(t, err, &re)
+	equal(t, 1, re.Attempts)
+	hasLen(t, s.hits(), 1)
 }
 
 // TestRetriesSendTheSameRequest: every attempt of one call carries the same
@@ -184,26 +182,26 @@ func TestRetriesSendTheSameRequest(t *testing.T) {
 		client.WithUserAgent("client-test/1"), client.WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))))
 	res, err := c.StartRun(t.Context(), "wf-1", map[string]any{"b": 1, "a": []int{1, 2}},
 		client.WithMetadata(map[string]string{"source": "test"}), client.WithWait(1500*time.Millisecond))
-	require.NoError(t, err)
-	require.Equal(t, 5, res.Attempts)
-	require.Equal(t, "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a", res.Run.ID)
+	noError(t, err)
+	equal(t, 5, res.Attempts)
+	equal(t, "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a", res.Run.ID)
 	h := s.hits()
-	require.Len(t, h, 5)
+	hasLen(t, h, 5)
 	for i, x := range h {
-		require.Equal(t, res.Key, x.header.Get("Idempotency-Key"), "attempt %d", i+1)
-		require.Equal(t, h[0].body, x.body, "attempt %d sent the same bytes", i+1)
-		require.Equal(t, "wait=2", x.header.Get("Prefer"), "1.5 s rounds up to 2")
-		require.Equal(t, "Bearer vr_secret", x.header.Get("Authorization"))
-		require.Equal(t, "client-test/1", x.header.Get("User-Agent"))
-		require.Equal(t, "application/json", x.header.Get("Content-Type"))
+		equal(t, res.Key, x.header.Get("Idempotency-Key"), "attempt %d", i+1)
+		equal(t, h[0].body, x.body, "attempt %d sent the same bytes", i+1)
+		equal(t, "wait=2", x.header.Get("Prefer"), "1.5 s rounds up to 2")
+		equal(t, "Bearer vr_secret", x.header.Get("Authorization"))
+		equal(t, "client-test/1", x.header.Get("User-Agent"))
+		equal(t, "application/json", x.header.Get("Content-Type"))
 	}
 	var body map[string]json.RawMessage
-	require.NoError(t, json.Unmarshal(h[0].body, &body))
-	require.JSONEq(t, `{"a":[1,2],"b":1}`, string(body["submission"]))
-	require.JSONEq(t, `{"source":"test"}`, string(body["metadata"]))
+	noError(t, json.Unmarshal(h[0].body, &body))
+	jsonEq(t, `{"a":[1,2],"b":1}`, string(body["submission"]))
+	jsonEq(t, `{"source":"test"}`, string(body["metadata"]))
 	logMu.Lock()
-	require.Equal(t, 4, strings.Count(logs.String(), "valruns: retrying"), logs.String())
-	require.NotContains(t, logs.String(), "vr_secret", "the token is never logged")
+	equal(t, 4, strings.Count(logs.String(), "valruns: retrying"), logs.String())
+	notContains(t, logs.String(), "vr_secret", "the token is never logged")
 	logMu.Unlock()
 
 	for _, tt := range []struct {
@@ -212,8 +210,8 @@ func TestRetriesSendTheSameRequest(t *testing.T) {
 	}{{time.Second, "wait=1"}, {time.Millisecond, "wait=1"}, {0, ""}} {
 		s := newScripted(t, created)
 		_, err := client.New(s.url, "t").StartRun(t.Context(), "wf", 1, client.WithWait(tt.wait))
-		require.NoError(t, err)
-		require.Equal(t, tt.want, s.hits()[0].header.Get("Prefer"), "WithWait(%s)", tt.wait)
+		noError(t, err)
+		equal(t, tt.want, s.hits()[0].header.Get("Prefer"), "WithWait(%s)", tt.wait)
 	}
 }
 
@@ -237,34 +235,34 @@ func TestGivingUp(t *testing.T) {
 	s := newScripted(t, problemAnswer(409, "idempotency_key_in_progress", "Retry-After", "0"))
 	_, err := client.New(s.url, "t", fast...).StartRun(t.Context(), "wf", 1)
 	var re *client.RetryError
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, 3, re.Attempts)
-	require.ErrorIs(t, err, client.ErrKeyInProgress)
-	require.Contains(t, err.Error(), "3 attempts")
-	require.Contains(t, err.Error(), "idempotency_key_in_progress")
-	require.Len(t, s.hits(), 3)
+	errorAs(t, err, &re)
+	equal(t, 3, re.Attempts)
+	errorIs(t, err, client.ErrKeyInProgress)
+	contains(t, err.Error(), "3 attempts")
+	contains(t, err.Error(), "idempotency_key_in_progress")
+	hasLen(t, s.hits(), 3)
 
 	s = newScripted(t, answer{status: 502, body: "<html>\r\n<h1>Bad Gateway</h1>\n</html>"})
 	_, err = client.New(s.url, "t", fast...).GetRun(t.Context(), "r")
-	require.ErrorAs(t, err, &re)
+	errorAs(t, err, &re)
 	var e *client.Error
-	require.ErrorAs(t, err, &e)
-	require.Equal(t, 502, e.Status)
-	require.Equal(t, "<html> <h1>Bad Gateway</h1> </html>", e.Detail)
-	require.NotContains(t, err.Error(), "\n")
-	require.Len(t, s.hits(), 3, "reads are retried on 5xx too")
+	errorAs(t, err, &e)
+	equal(t, 502, e.Status)
+	equal(t, "<html> <h1>Bad Gateway</h1> </html>", e.Detail)
+	notContains(t, err.Error(), "\n")
+	hasLen(t, s.hits(), 3, "reads are retried on 5xx too")
 
 	// Nothing listens: network errors are retried, then reported.
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
 	_, err = client.New(dead.URL, "t", fast...).StartRun(t.Context(), "wf", 1)
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, 3, re.Attempts)
-	require.True(t, re.NotSent, "refused: nothing left the client")
+	errorAs(t, err, &re)
+	equal(t, 3, re.Attempts)
+	isTrue(t, re.NotSent, "refused: nothing left the client")
 
 	// A server that takes the request and hangs up may have processed it.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	noError(t, err)
 	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
@@ -277,13 +275,13 @@ func TestGivingUp(t *testing.T) {
 		}
 	}()
 	_, err = client.New("http://"+ln.Addr().String(), "t", fast...).StartRun(t.Context(), "wf", 1)
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, 3, re.Attempts)
-	require.False(t, re.NotSent, "sent, then hung up on: it may have been processed")
+	errorAs(t, err, &re)
+	equal(t, 3, re.Attempts)
+	isFalse(t, re.NotSent, "sent, then hung up on: it may have been processed")
 	s = newScripted(t, problemAnswer(503, "service_unavailable", "Retry-After", "0"))
 	_, err = client.New(s.url, "t", fast...).StartRun(t.Context(), "wf", 1)
-	require.ErrorAs(t, err, &re)
-	require.False(t, re.NotSent, "answered")
+	errorAs(t, err, &re)
+	isFalse(t, re.NotSent, "answered")
 
 	for _, tt := range []struct {
 		a        answer
@@ -299,13 +297,13 @@ func TestGivingUp(t *testing.T) {
 	} {
 		s := newScripted(t, tt.a)
 		_, err := client.New(s.url, "t", fast...).StartRun(t.Context(), "wf", 1)
-		require.ErrorAs(t, err, &e, tt.a.body)
-		require.Equal(t, tt.a.status, e.Status)
-		require.Equal(t, fmt.Sprintf("r-%d", tt.a.status), e.RequestID)
+		errorAs(t, err, &e, tt.a.body)
+		equal(t, tt.a.status, e.Status)
+		equal(t, fmt.Sprintf("r-%d", tt.a.status), e.RequestID)
 		if tt.sentinel != nil {
-			require.ErrorIs(t, err, tt.sentinel)
+			errorIs(t, err, tt.sentinel)
 		}
-		require.Len(t, s.hits(), 1, "%d is final", tt.a.status)
+		hasLen(t, s.hits(), 1, "%d is final", tt.a.status)
 	}
 
 	// A context cancelled while backing off ends the call with its error.
@@ -313,29 +311,29 @@ func TestGivingUp(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	time.AfterFunc(50*time.Millisecond, cancel)
 	_, err = client.New(s.url, "t").StartRun(ctx, "wf", 1)
-	require.ErrorIs(t, err, context.Canceled)
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, 1, re.Attempts)
+	errorIs(t, err, context.Canceled)
+	errorAs(t, err, &re)
+	equal(t, 1, re.Attempts)
 
 	// What net/http or the server would refuse on every attempt is refused
 	// before the first.
 	s = newScripted(t, created)
 	_, err = client.New(s.url, "t").StartRun(t.Context(), "wf", 1, client.WithKey("line\nbreak"))
-	require.ErrorContains(t, err, "printable ASCII")
+	errorContains(t, err, "printable ASCII")
 	_, err = client.New(s.url, "t").StartRun(t.Context(), "wf", 1, client.WithKey("clé"))
-	require.ErrorContains(t, err, "printable ASCII")
+	errorContains(t, err, "printable ASCII")
 	_, err = client.New(s.url, "vr_x\r\n").GetRun(t.Context(), "r")
-	require.ErrorContains(t, err, "Authorization header holds a control character")
-	require.NotContains(t, err.Error(), "vr_x")
-	require.Empty(t, s.hits())
+	errorContains(t, err, "Authorization header holds a control character")
+	notContains(t, err.Error(), "vr_x")
+	hasLen(t, s.hits(), 0)
 
 	_, err = client.New("ftp://x", "t").GetRun(t.Context(), "r")
-	require.ErrorContains(t, err, "base URL")
+	errorContains(t, err, "base URL")
 	for _, u := range []string{"ftp://x", "127.0.0.1:8080", "not a url", "http://", "http://h/?q=1", "http://h/#f"} {
-		require.Error(t, client.CheckBaseURL(u), u)
+		isError(t, client.CheckBaseURL(u), u)
 	}
 	for _, u := range []string{"http://127.0.0.1:8080", "https://api.example.com/", "http://proxy/valruns"} {
-		require.NoError(t, client.CheckBaseURL(u), u)
+		noError(t, client.CheckBaseURL(u), u)
 	}
 }
 
@@ -348,7 +346,7 @@ func TestGivingUp(t *testing.T) {
 func TestNotSentOnlyWhenNothingLeft(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	noError(t, err)
 	got := make(chan string, 2)
 	go func() {
 		c, err := ln.Accept()
@@ -373,10 +371,10 @@ func TestNotSentOnlyWhenNothingLeft(t *testing.T) {
 	}()
 	c := client.New("http://"+ln.Addr().String(), "t", client.WithMaxAttempts(1))
 	_, err = c.GetRun(t.Context(), "r") // leaves a kept-alive connection
-	require.NoError(t, err)
+	noError(t, err)
 	_, err = c.StartRun(t.Context(), "wf", 1)
 	var re *client.RetryError
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, "GET /api/runs/r/ then POST /api/workflows/wf/start/", <-got+" then "+<-got)
-	require.False(t, re.NotSent, "the start reached the server: %v", err)
+	errorAs(t, err, &re)
+	equal(t, "GET /api/runs/r/ then POST /api/workflows/wf/start/", <-got+" then "+<-got)
+	isFalse(t, re.NotSent, "the start reached the server: %v", err)
 }

@@ -3745,14 +3745,14 @@ const docTemplate = `{
                                 "type": "https://valruns.dev/problems/invalid_workflow",
                                 "title": "Bad Request",
                                 "status": 400,
-                                "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^",
+                                "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total'\n | total \u003e 0\n | ^",
                                 "code": "invalid_workflow",
                                 "instance": "/api/workflows/",
                                 "request_id": "5f54f647571df3af84859662",
                                 "errors": [
                                     {
                                         "field": "assertions[0]",
-                                        "message": "ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^"
+                                        "message": "ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total'\n | total \u003e 0\n | ^"
                                     }
                                 ]
                             },
@@ -3760,14 +3760,14 @@ const docTemplate = `{
                                 "type": "https://valruns.dev/problems/invalid_workflow",
                                 "title": "Bad Request",
                                 "status": 400,
-                                "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^",
+                                "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total'\n | total \u003e 0\n | ^",
                                 "code": "invalid_workflow",
                                 "instance": "/api/workflows/",
                                 "request_id": "5f54f647571df3af84859662",
                                 "errors": [
                                     {
                                         "field": "assertions[0]",
-                                        "message": "ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^"
+                                        "message": "ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total'\n | total \u003e 0\n | ^"
                                     }
                                 ]
                             }

@@ -7,11 +7,11 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"github.com/google/cel-go/common/functions"
-	"github.com/google/cel-go/common/types"
-	"github.com/google/cel-go/common/types/ref"
-	"github.com/google/cel-go/common/types/traits"
-	"github.com/google/cel-go/interpreter"
+	"cel.dev/cel-go/common/functions"
+	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
+	"cel.dev/cel-go/common/types/traits"
+	"cel.dev/cel-go/interpreter"
 )
 
 // Why not cel.CostLimit: cel-go's runtime cost tracker charges by overload id, and on dyn
@@ -131,7 +131,9 @@ type countedCall struct {
 	passThrough bool
 }
 
-func (c *countedCall) Eval(a interpreter.Activation) ref.Val { return c.Exec(interpreter.AsFrame(a)) }
+func (c *countedCall) Eval(a interpreter.Activation) ref.Val {
+	return interpreter.EvalActivation(a, c.Exec)
+}
 
 func (c *countedCall) Exec(f *interpreter.ExecutionFrame) ref.Val {
 	c.b.charge(1)
@@ -248,7 +250,7 @@ type countedConstructor struct {
 }
 
 func (c *countedConstructor) Eval(a interpreter.Activation) ref.Val {
-	return c.Exec(interpreter.AsFrame(a))
+	return interpreter.EvalActivation(a, c.Exec)
 }
 
 func (c *countedConstructor) Exec(f *interpreter.ExecutionFrame) ref.Val {

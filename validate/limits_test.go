@@ -422,15 +422,28 @@ func TestCompileRejectsUnboundedExpressions(t *testing.T) {
 			wantField:  "assertions[0]", wantMsg: []string{"MaxEstimatedCost"},
 		},
 		{
-			// Replace with a replacement of unknown size can square the string.
+			// Replace with a replacement of unknown size can square the string. (Up to
+			// cel-go v0.31 a literal's loop variable was of unknown size too; since
+			// cel.dev/cel-go v0.32 the estimate knows ["aaaaaaaaaa"]'s element is 10 bytes.)
 			name:       "replace squaring a string",
-			assertions: []validate.Assertion{{Name: "square", Expr: `["aaaaaaaaaa"].map(s, s.replace("a", s))[0] != ""`}},
+			assertions: []validate.Assertion{{Name: "square", Expr: `submission.s.replace("a", submission.s) != ""`}},
 			wantField:  "assertions[0]", wantMsg: []string{"MaxEstimatedCost"},
 		},
 		{
+			// Of a list of the submission: since cel.dev/cel-go v0.32 the estimate knows
+			// that lists.range(10000) has 10,000 elements, and 128 times that is within it.
 			name:       "flatten of a list of doubled lists",
-			assertions: []validate.Assertion{{Name: "flat", Expr: `[[lists.range(10000)]]` + strings.Repeat(`.map(m, m + m)`, 7) + `[0].flatten().size() > 0`}},
+			assertions: []validate.Assertion{{Name: "flat", Expr: `[[submission.items]]` + strings.Repeat(`.map(m, m + m)`, 7) + `[0].flatten().size() > 0`}},
 			wantField:  "assertions[0]", wantMsg: []string{"MaxEstimatedCost"},
+		},
+		{
+			// Since cel.dev/cel-go v0.32 the estimate follows the size of a string built
+			// by doubling a literal: a 128 KB string joined 1,024 times (128 MB) is
+			// refused here; up to v0.31 only the run stopped it (MaxValueSize).
+			name: "join of a 128 KB string shared by 1,024 elements",
+			assertions: []validate.Assertion{{Name: "join", Expr: `[` + `["a"]` + strings.Repeat(`.map(s, s + s)`, 17) + `]` +
+				strings.Repeat(`.map(l, l + l)`, 10) + `[0].join("") == ""`}},
+			wantField: "assertions[0]", wantMsg: []string{"MaxEstimatedCost", "estimated"},
 		},
 		{
 			name:       "more assertions than the limit",
@@ -517,8 +530,10 @@ func TestRunStopsCELGrowth(t *testing.T) {
 			limit: "MaxValueSize",
 		},
 		{
+			// 64 KB joined 1,024 times: within the static estimate (the 128 KB one is
+			// refused when it compiles), past MaxValueSize.
 			name:  "join of one big string shared by many elements",
-			expr:  doubled(`[`+doubled(`["a"]`, `.map(s, s + s)`, 17)+`]`, `.map(l, l + l)`, 10) + `[0].join("") == ""`,
+			expr:  doubled(`[`+doubled(`["a"]`, `.map(s, s + s)`, 16)+`]`, `.map(l, l + l)`, 10) + `[0].join("") == ""`,
 			limit: "MaxValueSize",
 		},
 		{

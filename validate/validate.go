@@ -39,7 +39,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/google/cel-go/cel"
+	"cel.dev/cel-go/cel"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 

@@ -58,7 +58,7 @@ func open(ctx context.Context, p purpose) (*app, error) {
 	if p == forWork {
 		// The one start-up of serve and worker: traces are set up before
 		// the pool, whose statements they trace.
-		if tp, stopTracing, err = telemetry.Setup(ctx, telemetry.Config{Version: buildVersion(), Log: log}); err != nil {
+		if tp, stopTracing, err = telemetry.Setup(ctx, telemetry.Config{Version: Release, Log: log}); err != nil {
 			var ce *telemetry.ConfigError
 			if errors.As(err, &ce) {
 				return nil, &config.Error{Var: ce.Var, Value: ce.Value, Problem: ce.Problem}

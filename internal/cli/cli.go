@@ -58,7 +58,7 @@ var commands = []command{
 	{name: "demo", args: "[--token-file PATH]", summary: "ensure a demo org, token and workflow (used by make run)", run: cmdDemo},
 	{name: "start", args: startSynopsis,
 		summary: "start a run through the Go client: one key per call, safe retries, --wait for the result", run: cmdStart},
-	{name: "version", summary: "print the version: module version, VCS revision, Go version (also --version)", run: cmdVersion},
+	{name: "version", summary: "print the version: release, VCS revision, Go version (also --version)", run: cmdVersion},
 }
 
 // synopsis is how a command is called: "org create NAME [--slug SLUG]".

@@ -9,20 +9,26 @@ import (
 	"strings"
 )
 
+// Release is the release this source is: the newest release of CHANGELOG.md
+// (TestReleaseIsChangelogs checks that they agree). Raise both together when
+// releasing, and tag the commit v<Release> and client/v<Release> (the Go
+// client is a module of its own, tagged with its directory).
+const Release = "0.1.0"
+
 // gitRevision and gitModified are the git revision and whether the
 // checkout had uncommitted changes ("true"), set by scripts/build.sh with
 // -ldflags -X where go build does not record them itself: in a git
 // worktree, whose .git is a file Go does not look for.
 var gitRevision, gitModified string
 
-// cmdVersion is `valruns version` (and `valruns --version`): what the
-// binary was built from, as the Go toolchain recorded it.
+// cmdVersion is `valruns version` (and `valruns --version`): the release and
+// the git revision the binary was built from.
 func cmdVersion(_ context.Context, args []string, out io.Writer) error {
 	fs := flags("version", "version", out,
-		"Prints what this binary was built from: the module version (\"(devel)\" for a build from a\n"+
-			"checkout, vX.Y.Z for `go install ...@vX.Y.Z`), the git revision and its time (\"modified\" when\n"+
-			"the checkout had uncommitted changes), and the Go version. The revision is recorded by\n"+
-			"`make build` (go build -buildvcs=auto); a build without it says so. `valruns --version` is the same.")
+		"Prints what this binary was built from: the release (the newest release of CHANGELOG.md), the\n"+
+			"git revision and its time (\"modified\" when the checkout had uncommitted changes), and the Go\n"+
+			"version. The revision is recorded by `make build` (go build -buildvcs=auto); a build without it\n"+
+			"says so. `valruns --version` is the same.")
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
@@ -37,15 +43,15 @@ func cmdVersion(_ context.Context, args []string, out io.Writer) error {
 // versionText is the version as `valruns version` prints it, from the
 // build information (nil when the binary has none):
 //
-//	valruns (devel)
+//	valruns 0.1.0
 //	revision 0123abcd... 2026-01-02T03:04:05Z modified
 //	go1.26.8 linux/amd64
 func versionText(bi *debug.BuildInfo) string {
 	var b strings.Builder
-	version, goVersion := "unknown", runtime.Version()
+	goVersion := runtime.Version()
 	settings := map[string]string{}
 	if bi != nil {
-		version, goVersion = bi.Main.Version, bi.GoVersion
+		goVersion = bi.GoVersion
 		for _, s := range bi.Settings {
 			settings[s.Key] = s.Value
 		}
@@ -53,7 +59,7 @@ func versionText(bi *debug.BuildInfo) string {
 	if settings["vcs.revision"] == "" && gitRevision != "" {
 		settings["vcs.revision"], settings["vcs.modified"] = gitRevision, gitModified
 	}
-	fmt.Fprintf(&b, "valruns %s\n", version)
+	fmt.Fprintf(&b, "valruns %s\n", Release)
 	if rev := settings["vcs.revision"]; rev != "" {
 		fmt.Fprintf(&b, "revision %s", rev)
 		if t := settings["vcs.time"]; t != "" {
@@ -68,13 +74,4 @@ func versionText(bi *debug.BuildInfo) string {
 	}
 	fmt.Fprintf(&b, "%s %s/%s\n", goVersion, runtime.GOOS, runtime.GOARCH)
 	return b.String()
-}
-
-// buildVersion is the module version the binary was built from (the
-// service.version of its traces): "(devel)" for a build from a checkout.
-func buildVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		return bi.Main.Version
-	}
-	return ""
 }

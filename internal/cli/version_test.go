@@ -2,6 +2,7 @@ package cli
 
 import (
 	"os"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"testing"
@@ -9,26 +10,48 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestVersionText: the version names the module version, the revision
-// (from the build information, else from scripts/build.sh's -ldflags) and
-// whether the checkout was modified, and says so when the revision is unknown.
+// TestVersionText: the version names the release, the revision (from the
+// build information, else from scripts/build.sh's -ldflags) and whether the
+// checkout was modified, and says so when the revision is unknown.
 func TestVersionText(t *testing.T) {
 	goLine := "go1.26.8 " + runtime.GOOS + "/" + runtime.GOARCH + "\n"
 	bi := func(settings ...debug.BuildSetting) *debug.BuildInfo {
 		return &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/valruns/valruns", Version: "v1.2.3"}, Settings: settings}
 	}
-	require.Equal(t, "valruns v1.2.3\nrevision 0123abcd 2026-01-02T03:04:05Z modified\n"+goLine, versionText(bi(
+	first := "valruns " + Release + "\n"
+	require.Equal(t, first+"revision 0123abcd 2026-01-02T03:04:05Z modified\n"+goLine, versionText(bi(
 		debug.BuildSetting{Key: "vcs.revision", Value: "0123abcd"},
 		debug.BuildSetting{Key: "vcs.time", Value: "2026-01-02T03:04:05Z"},
 		debug.BuildSetting{Key: "vcs.modified", Value: "true"})))
-	require.Equal(t, "valruns v1.2.3\nrevision 0123abcd\n"+goLine, versionText(bi(
+	require.Equal(t, first+"revision 0123abcd\n"+goLine, versionText(bi(
 		debug.BuildSetting{Key: "vcs.revision", Value: "0123abcd"},
 		debug.BuildSetting{Key: "vcs.modified", Value: "false"})))
-	require.Contains(t, versionText(bi()), "\nrevision unknown (built without VCS information")
+	require.Equal(t, first+"revision unknown (built without VCS information: outside a git checkout, or with -buildvcs=false)\n"+goLine,
+		versionText(nil), "a binary without build information (and the Docker image's build, which has no .git)")
 
 	gitRevision, gitModified = "feedbeef", "false"
 	t.Cleanup(func() { gitRevision, gitModified = "", "" })
-	require.Equal(t, "valruns v1.2.3\nrevision feedbeef\n"+goLine, versionText(bi()), "the revision scripts/build.sh passed")
+	require.Equal(t, first+"revision feedbeef\n"+goLine, versionText(bi()), "the revision scripts/build.sh passed")
+}
+
+// TestReleaseIsChangelogs: Release is the newest release of CHANGELOG.md
+// (Keep a Changelog: "## [Unreleased]", then "## [X.Y.Z] - YYYY-MM-DD",
+// newest first), and that release has a link at the foot of the file.
+func TestReleaseIsChangelogs(t *testing.T) {
+	b, err := os.ReadFile("../../CHANGELOG.md")
+	require.NoError(t, err)
+	heading := regexp.MustCompile(`(?m)^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$`)
+	var newest string
+	for _, m := range heading.FindAllStringSubmatch(string(b), -1) {
+		if m[1] == "Unreleased" {
+			continue
+		}
+		require.NotEmpty(t, m[2], "release %s has a date", m[1])
+		newest = m[1]
+		break
+	}
+	require.Equal(t, Release, newest, "CHANGELOG.md's newest release and internal/cli.Release differ: raise both together")
+	require.Regexp(t, `(?m)^\[`+regexp.QuoteMeta(Release)+`\]: https://`, string(b), "CHANGELOG.md links its newest release")
 }
 
 // TestTerminalThroughConsole: a command's out is Run's console; whether it

@@ -1,4 +1,4 @@
-package client_test
+package clienttest
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,8 +25,9 @@ import (
 
 // These tests run the client against the real API (the real router on a
 // fresh PostgreSQL database, served on loopback). Only the network between
-// them is faked, by faultTransport; and retry_test.go uses a handler of its
-// own for the answers the real server cannot be made to give on demand.
+// them is faked, by faultTransport; and the client module's own tests
+// (client/retry_test.go) use a handler of their own for the answers the real
+// server cannot be made to give on demand.
 
 // server is the API under test with an organisation, a workflow and a
 // count of the requests that reached the API.
@@ -594,33 +594,6 @@ func waiters(t *testing.T, s *server) float64 {
 	}
 	t.Fatal("no valruns_run_waiters metric")
 	return 0
-}
-
-// TestNewKey: keys are UUIDv4 and do not repeat.
-func TestNewKey(t *testing.T) {
-	t.Parallel()
-	seen := map[string]bool{}
-	for range 10000 {
-		k := client.NewKey()
-		u, err := uuid.Parse(k)
-		require.NoError(t, err)
-		require.Equal(t, uuid.Version(4), u.Version())
-		require.Equal(t, uuid.RFC4122, u.Variant())
-		require.Equal(t, u.String(), k, "canonical lower-case form")
-		require.False(t, seen[k])
-		seen[k] = true
-	}
-}
-
-// TestNoServerDependencies: a program embedding the client pulls in
-// nothing outside the standard library, in particular none of the
-// server's dependencies (gin, gorm, pgx, asynq).
-func TestNoServerDependencies(t *testing.T) {
-	t.Parallel()
-	out, err := exec.CommandContext(t.Context(), "go", "list", "-deps",
-		"-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "github.com/valruns/valruns/client").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	require.Equal(t, []string{"github.com/valruns/valruns/client"}, strings.Fields(string(out)))
 }
 
 // TestWithWaitAgainstTheServer: a start whose key is in flight (its

@@ -1,0 +1,3 @@
+module github.com/valruns/valruns/client
+
+go 1.25
