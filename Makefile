@@ -147,16 +147,22 @@ swag:
 # result to OpenAPI 3 (docs/openapi.json, docs/openapi.yaml) with
 # kin-openapi; docs-check covers all of it.
 APPLY_EXAMPLES = $(GO) run ./internal/apispec/apply
+# The table of errors of docs/api.md, from the problem codes' pages (package
+# problem), which the service also serves at /problems/<code>.
+PROBLEM_TABLE = $(GO) run ./internal/apispec/problems
 
 docs: services swag
 	$(GO) test -count=1 -run '^TestAPIExamples$$' ./handlers/ -args -update-examples
 	$(SWAG_INIT) -o docs
 	$(APPLY_EXAMPLES) docs
+	$(PROBLEM_TABLE) docs/api.md
 
 # docs-check fails when docs/ differs from what the annotations and the
-# recorded examples generate.
+# recorded examples generate (docs/*.md are written by hand, but for the
+# table of errors of docs/api.md, which it checks too).
 docs-check: swag
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(SWAG_INIT) -o "$$tmp/docs"; \
 	$(APPLY_EXAMPLES) "$$tmp/docs"; \
-	if ! diff -r docs "$$tmp/docs"; then echo "docs/ is stale: run make docs"; exit 1; fi
+	if ! diff -r -x '*.md' docs "$$tmp/docs"; then echo "docs/ is stale: run make docs"; exit 1; fi; \
+	$(PROBLEM_TABLE) -check docs/api.md

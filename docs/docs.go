@@ -145,7 +145,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "The key must be 1 to 255 printable ASCII characters, percent-encoded in the path.",
@@ -160,7 +160,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "The key must be 1 to 255 printable ASCII characters, percent-encoded in the path.",
@@ -193,7 +193,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -202,7 +202,7 @@ const docTemplate = `{
                                 "request_id": "342c356ba784fd7cee05251d"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -225,7 +225,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Idempotency key not found.",
@@ -234,7 +234,7 @@ const docTemplate = `{
                                 "request_id": "8649a400283b900c258ad50e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Idempotency key not found.",
@@ -261,7 +261,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -270,7 +270,7 @@ const docTemplate = `{
                                 "request_id": "634e731b0167fd278289f622"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -297,7 +297,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -306,7 +306,7 @@ const docTemplate = `{
                                 "request_id": "c874e7c88b60aa0c68d3e9b3"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -448,7 +448,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "workflow_id must be a UUID.",
@@ -463,7 +463,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "workflow_id must be a UUID.",
@@ -496,7 +496,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -505,7 +505,7 @@ const docTemplate = `{
                                 "request_id": "7010486a6cd4abdb76cbe385"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -532,7 +532,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -541,7 +541,7 @@ const docTemplate = `{
                                 "request_id": "250e43bd2331c3ef00548862"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -568,7 +568,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -577,7 +577,7 @@ const docTemplate = `{
                                 "request_id": "fc3e75d0c136d1ed169bc220"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -689,7 +689,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -698,7 +698,7 @@ const docTemplate = `{
                                 "request_id": "e84e9d1f1b8da3af68f8fef1"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -721,7 +721,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Run not found.",
@@ -730,7 +730,7 @@ const docTemplate = `{
                                 "request_id": "99fcc41a9cad24afeeeda863"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Run not found.",
@@ -757,7 +757,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -766,7 +766,7 @@ const docTemplate = `{
                                 "request_id": "6a5f7cd71dc4a5ee061f8e3b"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -793,7 +793,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -802,7 +802,7 @@ const docTemplate = `{
                                 "request_id": "af415a5d12c3a0753fa08058"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -873,7 +873,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -882,7 +882,7 @@ const docTemplate = `{
                                 "request_id": "f081e1d2483c6d2fe6dc33bd"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -909,7 +909,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -918,7 +918,7 @@ const docTemplate = `{
                                 "request_id": "82b52c81d91064fb445ed173"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -945,7 +945,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -954,7 +954,7 @@ const docTemplate = `{
                                 "request_id": "66864290d8a2047b4ad8d160"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1041,7 +1041,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -1056,7 +1056,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -1089,7 +1089,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1098,7 +1098,7 @@ const docTemplate = `{
                                 "request_id": "b5dce4ce8e6fa04c9cc1df51"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1125,7 +1125,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1134,7 +1134,7 @@ const docTemplate = `{
                                 "request_id": "51bbaf902b49dd3f34f5d2b8"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1161,7 +1161,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1170,7 +1170,7 @@ const docTemplate = `{
                                 "request_id": "cff5fc24691ff5e06f17aad2"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1297,7 +1297,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "url: private address: 127.0.0.1 is not a public address.",
@@ -1312,7 +1312,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "url: private address: 127.0.0.1 is not a public address.",
@@ -1345,7 +1345,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1354,7 +1354,7 @@ const docTemplate = `{
                                 "request_id": "3ddcdc62e3c4cdbb7ecf8835"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1377,7 +1377,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -1386,7 +1386,7 @@ const docTemplate = `{
                                 "request_id": "9fa155a00422524e6389327c"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -1413,7 +1413,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -1422,7 +1422,7 @@ const docTemplate = `{
                                 "request_id": "503395c812eccada9a345ec5"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -1445,7 +1445,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -1454,7 +1454,7 @@ const docTemplate = `{
                                 "request_id": "ea7f720d58fff64b610ca94f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -1481,7 +1481,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -1490,7 +1490,7 @@ const docTemplate = `{
                                 "request_id": "ee151ccc1001e2417b5972db"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -1521,7 +1521,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -1530,7 +1530,7 @@ const docTemplate = `{
                                 "request_id": "1054fa8cf6c2816ec015fc8a"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -1557,7 +1557,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -1566,7 +1566,7 @@ const docTemplate = `{
                                 "request_id": "f6c350f8360d84083a96c61a"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -1593,7 +1593,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -1602,7 +1602,7 @@ const docTemplate = `{
                                 "request_id": "8e2cd7ffd5f76a20e9290cf0"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -1683,7 +1683,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1692,7 +1692,7 @@ const docTemplate = `{
                                 "request_id": "2072dceedaed3b83d9597053"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1715,7 +1715,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -1724,7 +1724,7 @@ const docTemplate = `{
                                 "request_id": "35f52ad8bc21a17d9a6490b9"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -1751,7 +1751,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1760,7 +1760,7 @@ const docTemplate = `{
                                 "request_id": "c14da75657f98458fa65ad29"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1787,7 +1787,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1796,7 +1796,7 @@ const docTemplate = `{
                                 "request_id": "cf8b20e7cd4ac5ae31a2d85b"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1861,7 +1861,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1870,7 +1870,7 @@ const docTemplate = `{
                                 "request_id": "127b7c95fccc2ccb72679fce"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1893,7 +1893,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -1902,7 +1902,7 @@ const docTemplate = `{
                                 "request_id": "b5b85cefae442a08e6082962"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -1929,7 +1929,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1938,7 +1938,7 @@ const docTemplate = `{
                                 "request_id": "15736f61c8bbefb0dfb045fb"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1965,7 +1965,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1974,7 +1974,7 @@ const docTemplate = `{
                                 "request_id": "59a4ffbac5fae0ead2eb66df"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -2080,7 +2080,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -2095,7 +2095,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -2128,7 +2128,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2137,7 +2137,7 @@ const docTemplate = `{
                                 "request_id": "4d8b53e799971c609919dc14"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2160,7 +2160,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -2169,7 +2169,7 @@ const docTemplate = `{
                                 "request_id": "665493af2b35b60f1b040e28"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -2196,7 +2196,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -2205,7 +2205,7 @@ const docTemplate = `{
                                 "request_id": "7dfb127de34df8ab35c0402f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -2232,7 +2232,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -2241,7 +2241,7 @@ const docTemplate = `{
                                 "request_id": "741ed1a902129fd2057fef53"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -2358,7 +2358,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -2367,7 +2367,7 @@ const docTemplate = `{
                                 "request_id": "87b8687b37e7167583821b7f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -2394,7 +2394,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2403,7 +2403,7 @@ const docTemplate = `{
                                 "request_id": "bc9e4006ff8be5dc67f62da4"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2442,7 +2442,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook delivery not found.",
@@ -2451,7 +2451,7 @@ const docTemplate = `{
                                 "request_id": "8b30199faaa7ec7c9aceec52"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook delivery not found.",
@@ -2478,7 +2478,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -2487,7 +2487,7 @@ const docTemplate = `{
                                 "request_id": "a75745afb4a3a7cc2fa3e5a0"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -2518,7 +2518,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -2527,7 +2527,7 @@ const docTemplate = `{
                                 "request_id": "4dee2301f72a89a158b52043"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -2554,7 +2554,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -2563,7 +2563,7 @@ const docTemplate = `{
                                 "request_id": "a5e6b540a0fc04f63cc6283f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -2590,7 +2590,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -2599,7 +2599,7 @@ const docTemplate = `{
                                 "request_id": "59f638b9064caf05cfc19641"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -2709,7 +2709,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -2718,7 +2718,7 @@ const docTemplate = `{
                                 "request_id": "21854fc73cf2ad2e76a74a93"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -2745,7 +2745,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2754,7 +2754,7 @@ const docTemplate = `{
                                 "request_id": "0ab9b91eb6af3d03892133a2"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2793,7 +2793,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -2802,7 +2802,7 @@ const docTemplate = `{
                                 "request_id": "74231c80df5c5cfd5248af1f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -2829,7 +2829,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -2838,7 +2838,7 @@ const docTemplate = `{
                                 "request_id": "176dcd46fb6e3b15cecca417"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -2869,7 +2869,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -2878,7 +2878,7 @@ const docTemplate = `{
                                 "request_id": "775b56ce346d6bb669c85553"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -2905,7 +2905,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -2914,7 +2914,7 @@ const docTemplate = `{
                                 "request_id": "6e9cf197a715b38a19eabe69"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -2941,7 +2941,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -2950,7 +2950,7 @@ const docTemplate = `{
                                 "request_id": "084d42160ee9152a0a2cb5b4"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -3058,7 +3058,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -3067,7 +3067,7 @@ const docTemplate = `{
                                 "request_id": "9c5930c06693a2877685f009"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -3094,7 +3094,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3103,7 +3103,7 @@ const docTemplate = `{
                                 "request_id": "0411f3c1e9cf21027fcf759d"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3142,7 +3142,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -3151,7 +3151,7 @@ const docTemplate = `{
                                 "request_id": "db6c4b75b979ca5c9aacc48f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -3178,7 +3178,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -3187,7 +3187,7 @@ const docTemplate = `{
                                 "request_id": "924f7c87c3a15163148cc9c7"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -3218,7 +3218,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -3227,7 +3227,7 @@ const docTemplate = `{
                                 "request_id": "20938f332cd8b1d70bcaf68e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -3266,7 +3266,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/test_events_pending",
+                                "type": "/problems/test_events_pending",
                                 "title": "Too Many Requests",
                                 "status": 429,
                                 "detail": "5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key.",
@@ -3275,7 +3275,7 @@ const docTemplate = `{
                                 "request_id": "a3727499352b94a78e1ed067"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/test_events_pending",
+                                "type": "/problems/test_events_pending",
                                 "title": "Too Many Requests",
                                 "status": 429,
                                 "detail": "5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key.",
@@ -3302,7 +3302,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -3311,7 +3311,7 @@ const docTemplate = `{
                                 "request_id": "080cebb57e5f0850b147860e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -3338,7 +3338,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -3347,7 +3347,7 @@ const docTemplate = `{
                                 "request_id": "0b0960d9b3d2287b17800c8f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -3460,7 +3460,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -3475,7 +3475,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -3508,7 +3508,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3517,7 +3517,7 @@ const docTemplate = `{
                                 "request_id": "3d33c0d9f4b076e0927fd4af"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3544,7 +3544,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -3553,7 +3553,7 @@ const docTemplate = `{
                                 "request_id": "fd8d51e8cc800030e3c28ec3"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -3580,7 +3580,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -3589,7 +3589,7 @@ const docTemplate = `{
                                 "request_id": "90deb5e714a694d2d91e00a8"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -3742,7 +3742,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/invalid_workflow",
+                                "type": "/problems/invalid_workflow",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^",
@@ -3757,7 +3757,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/invalid_workflow",
+                                "type": "/problems/invalid_workflow",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total' (in container '')\n | total \u003e 0\n | ^",
@@ -3790,7 +3790,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3799,7 +3799,7 @@ const docTemplate = `{
                                 "request_id": "e4506501bb3ad9c633db2953"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3822,7 +3822,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -3831,7 +3831,7 @@ const docTemplate = `{
                                 "request_id": "1c5afbc3c3c37b909acc57eb"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -3858,7 +3858,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -3867,7 +3867,7 @@ const docTemplate = `{
                                 "request_id": "a77c679e9f258310e39fafb9"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -3890,7 +3890,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -3899,7 +3899,7 @@ const docTemplate = `{
                                 "request_id": "f5335578c5f245b7347876a0"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -3926,7 +3926,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -3935,7 +3935,7 @@ const docTemplate = `{
                                 "request_id": "93d5f66525be1aa9349c26a3"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -3966,7 +3966,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -3975,7 +3975,7 @@ const docTemplate = `{
                                 "request_id": "8c7fc41d22757a307abac1c8"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -4002,7 +4002,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -4011,7 +4011,7 @@ const docTemplate = `{
                                 "request_id": "50217cd32df629d1d84eb24e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -4038,7 +4038,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -4047,7 +4047,7 @@ const docTemplate = `{
                                 "request_id": "22f9ad47f00af37d39024f4d"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -4154,7 +4154,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -4163,7 +4163,7 @@ const docTemplate = `{
                                 "request_id": "89e27626989f69875b2f151b"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -4186,7 +4186,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Workflow not found.",
@@ -4195,7 +4195,7 @@ const docTemplate = `{
                                 "request_id": "93811630d0164d0ef98918e7"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Workflow not found.",
@@ -4222,7 +4222,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -4231,7 +4231,7 @@ const docTemplate = `{
                                 "request_id": "d4245352003779a914face52"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -4258,7 +4258,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -4267,7 +4267,7 @@ const docTemplate = `{
                                 "request_id": "04d4c9a813db08a01c99395d"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -4423,7 +4423,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "The body has fields this route does not take: Submission: unknown field; did you mean \"submission\"? (names are case-sensitive).",
@@ -4438,7 +4438,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "The body has fields this route does not take: Submission: unknown field; did you mean \"submission\"? (names are case-sensitive).",
@@ -4471,7 +4471,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -4480,7 +4480,7 @@ const docTemplate = `{
                                 "request_id": "286359e14c13c52ff60b3c1c"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -4523,7 +4523,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Workflow not found.",
@@ -4532,7 +4532,7 @@ const docTemplate = `{
                                 "request_id": "74f21240266ef04982d73cc4"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Workflow not found.",
@@ -4563,7 +4563,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -4572,7 +4572,7 @@ const docTemplate = `{
                                 "request_id": "a83167f7aab372d965efde86"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -4607,7 +4607,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -4616,7 +4616,7 @@ const docTemplate = `{
                                 "request_id": "61ec2b3cf2681027eccb0f56"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -4647,7 +4647,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -4656,7 +4656,7 @@ const docTemplate = `{
                                 "request_id": "0feaa40e0037102f39c80963"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -4683,7 +4683,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -4692,7 +4692,7 @@ const docTemplate = `{
                                 "request_id": "edeb619097c01adf1072cd81"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -4731,7 +4731,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -4740,7 +4740,7 @@ const docTemplate = `{
                                 "request_id": "1c1aa38002eedee07216d36e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -4787,7 +4787,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/quota_exceeded",
+                                "type": "/problems/quota_exceeded",
                                 "title": "Too Many Requests",
                                 "status": 429,
                                 "detail": "The organisation has used its monthly quota of 100 runs.",
@@ -4796,7 +4796,7 @@ const docTemplate = `{
                                 "request_id": "67359d7d26ceac78a4d6809e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/quota_exceeded",
+                                "type": "/problems/quota_exceeded",
                                 "title": "Too Many Requests",
                                 "status": 429,
                                 "detail": "The organisation has used its monthly quota of 100 runs.",
@@ -4831,7 +4831,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -4840,7 +4840,7 @@ const docTemplate = `{
                                 "request_id": "7601d431879f7d8ddfaf35e7"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -4875,7 +4875,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -4884,7 +4884,7 @@ const docTemplate = `{
                                 "request_id": "940349f289eda7bd1de0abb8"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -4961,6 +4961,103 @@ const docTemplate = `{
                 "security": []
             }
         },
+        "/problems/": {
+            "get": {
+                "description": "The list of every problem code the API answers, each linked to its page. HTML, or Markdown with ` + "`" + `Accept: text/markdown` + "`" + `. No authentication.",
+                "produces": [
+                    "text/html",
+                    "text/markdown"
+                ],
+                "tags": [
+                    "meta"
+                ],
+                "summary": "Problem codes",
+                "operationId": "listProblems",
+                "responses": {
+                    "200": {
+                        "description": "The list of codes.\n\nExample: with ` + "`" + `Accept: text/markdown` + "`" + ` (HTML without it).",
+                        "schema": {
+                            "type": "string"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "text/markdown": "# Problem codes\n\nEvery error of the API is a problem document (RFC 9457, ` + "`" + `application/problem+json` + "`" + `) whose ` + "`" + `code` + "`" + ` is one of these, and whose ` + "`" + `type` + "`" + ` is the path of the code's page.\n\n- [` + "`" + `validation_error` + "`" + `](/problems/validation_error) (400): The request is not valid\n- [` + "`" + `invalid_workflow` + "`" + `](/problems/invalid_workflow) (400): The workflow does not compile\n- [` + "`" + `invalid_json` + "`" + `](/problems/invalid_json) (400): The body is not a JSON object\n- [` + "`" + `invalid_number` + "`" + `](/problems/invalid_number) (400): A number cannot be stored as sent\n- [` + "`" + `invalid_cursor` + "`" + `](/problems/invalid_cursor) (400): The cursor is not one this API returned\n- [` + "`" + `unsupported_content_encoding` + "`" + `](/problems/unsupported_content_encoding) (415): The body's encoding is not accepted\n- [` + "`" + `request_body_too_large` + "`" + `](/problems/request_body_too_large) (413): The body is too large\n- [` + "`" + `request_body_timeout` + "`" + `](/problems/request_body_timeout) (408): The body arrived too slowly\n- [` + "`" + `not_found` + "`" + `](/problems/not_found) (404): Not found\n- [` + "`" + `method_not_allowed` + "`" + `](/problems/method_not_allowed) (405): Method not allowed\n- [` + "`" + `unauthenticated` + "`" + `](/problems/unauthenticated) (401): No credentials\n- [` + "`" + `invalid_token` + "`" + `](/problems/invalid_token) (401): The API token is not valid\n- [` + "`" + `idempotency_key_missing` + "`" + `](/problems/idempotency_key_missing) (400): An Idempotency-Key is required\n- [` + "`" + `idempotency_key_invalid` + "`" + `](/problems/idempotency_key_invalid) (400): The Idempotency-Key is not valid\n- [` + "`" + `idempotency_key_too_long` + "`" + `](/problems/idempotency_key_too_long) (400): The Idempotency-Key is too long\n- [` + "`" + `idempotency_key_reused` + "`" + `](/problems/idempotency_key_reused) (422): The Idempotency-Key was used for another request\n- [` + "`" + `idempotency_key_in_progress` + "`" + `](/problems/idempotency_key_in_progress) (409): A request with this key is still being processed\n- [` + "`" + `rate_limited` + "`" + `](/problems/rate_limited) (429): Too many starts\n- [` + "`" + `quota_exceeded` + "`" + `](/problems/quota_exceeded) (429): The monthly quota of runs is used up\n- [` + "`" + `test_events_pending` + "`" + `](/problems/test_events_pending) (429): Too many test events are waiting\n- [` + "`" + `response_too_large` + "`" + `](/problems/response_too_large) (413): The answer would be too large\n- [` + "`" + `overloaded` + "`" + `](/problems/overloaded) (503): The server is busy\n- [` + "`" + `service_unavailable` + "`" + `](/problems/service_unavailable) (503): The database is unavailable\n- [` + "`" + `request_timeout` + "`" + `](/problems/request_timeout) (503): The request did not finish in time\n- [` + "`" + `not_ready` + "`" + `](/problems/not_ready) (503): Not ready\n- [` + "`" + `internal_error` + "`" + `](/problems/internal_error) (500): Internal error\n"
+                        }
+                    }
+                },
+                "security": []
+            }
+        },
+        "/problems/{code}": {
+            "get": {
+                "description": "What a problem code means and what to do about it: the page a problem document's ` + "`" + `type` + "`" + ` (` + "`" + `/problems/{code}` + "`" + `) names. HTML, or Markdown with ` + "`" + `Accept: text/markdown` + "`" + `. No authentication.",
+                "produces": [
+                    "text/html",
+                    "text/markdown",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "meta"
+                ],
+                "summary": "A problem code's page",
+                "operationId": "getProblem",
+                "parameters": [
+                    {
+                        "type": "string",
+                        "description": "The problem's code, such as idempotency_key_reused.",
+                        "name": "code",
+                        "in": "path",
+                        "required": true
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The code's page.\n\nExample: with ` + "`" + `Accept: text/markdown` + "`" + ` (HTML without it).",
+                        "schema": {
+                            "type": "string"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "text/markdown": "# idempotency_key_reused: The Idempotency-Key was used for another request\n\nAnswered with HTTP 422, ` + "`" + `\"code\": \"idempotency_key_reused\"` + "`" + `.\n\nThe key was first used with a different request (another body, path or method) in this scope. The first request's answer stands, and this request was not done.\n\nUse a new key for a new request. To see what the key holds, ` + "`" + `GET /api/idempotency-keys/{scope}/{key}/` + "`" + `.\n\n[Every problem code](/problems/)\n"
+                        }
+                    },
+                    "404": {
+                        "description": "` + "`" + `not_found` + "`" + `: no problem has this code.\n\nExample: a code no problem has.",
+                        "schema": {
+                            "$ref": "#/definitions/problem.Details"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/problem+json": {
+                                "type": "/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "No problem has the code no_such_code; /problems/ lists them.",
+                                "code": "not_found",
+                                "instance": "/problems/no_such_code",
+                                "request_id": "38fa21596bee269c13742398"
+                            }
+                        }
+                    }
+                },
+                "security": []
+            }
+        },
         "/readyz": {
             "get": {
                 "description": "Answers 200 when the database answers a ping within 2 s and the process is ready, 503 otherwise: ` + "`" + `service_unavailable` + "`" + ` when the database does not answer; ` + "`" + `not_ready` + "`" + ` while the process drains at shutdown (SIGTERM, for ` + "`" + `SHUTDOWN_DRAIN` + "`" + `: requests are still served, so that a load balancer sees it leave first) and, with ` + "`" + `serve --worker` + "`" + `, while its worker is not (its task server stopped, or Redis unreachable). No authentication.",
@@ -5008,7 +5105,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database does not answer.",
@@ -5017,7 +5114,7 @@ const docTemplate = `{
                                 "request_id": "7858fdd6cf23f45efda9af30"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database does not answer.",
@@ -5356,9 +5453,9 @@ const docTemplate = `{
                     "example": "Bad Request"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/validation_error"
+                    "example": "/problems/validation_error"
                 }
             }
         },
@@ -5413,9 +5510,9 @@ const docTemplate = `{
                     "example": "Request Timeout"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/request_body_timeout"
+                    "example": "/problems/request_body_timeout"
                 }
             }
         },
@@ -5470,9 +5567,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -5527,9 +5624,9 @@ const docTemplate = `{
                     "example": "Conflict"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/idempotency_key_in_progress"
+                    "example": "/problems/idempotency_key_in_progress"
                 }
             }
         },
@@ -5584,9 +5681,9 @@ const docTemplate = `{
                     "example": "Internal Server Error"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/internal_error"
+                    "example": "/problems/internal_error"
                 }
             }
         },
@@ -5641,9 +5738,9 @@ const docTemplate = `{
                     "example": "Bad Request"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/invalid_workflow"
+                    "example": "/problems/invalid_workflow"
                 }
             }
         },
@@ -5698,9 +5795,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -5755,9 +5852,9 @@ const docTemplate = `{
                     "example": "Unprocessable Entity"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/idempotency_key_reused"
+                    "example": "/problems/idempotency_key_reused"
                 }
             }
         },
@@ -5812,9 +5909,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -5869,9 +5966,9 @@ const docTemplate = `{
                     "example": "Too Many Requests"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/test_events_pending"
+                    "example": "/problems/test_events_pending"
                 }
             }
         },
@@ -5926,9 +6023,9 @@ const docTemplate = `{
                     "example": "Request Entity Too Large"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/request_body_too_large"
+                    "example": "/problems/request_body_too_large"
                 }
             }
         },
@@ -5983,9 +6080,9 @@ const docTemplate = `{
                     "example": "Too Many Requests"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/quota_exceeded"
+                    "example": "/problems/quota_exceeded"
                 }
             }
         },
@@ -6040,9 +6137,9 @@ const docTemplate = `{
                     "example": "Unauthorized"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/invalid_token"
+                    "example": "/problems/invalid_token"
                 }
             }
         },
@@ -6097,9 +6194,9 @@ const docTemplate = `{
                     "example": "Service Unavailable"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/service_unavailable"
+                    "example": "/problems/service_unavailable"
                 }
             }
         },
@@ -6154,9 +6251,9 @@ const docTemplate = `{
                     "example": "Unsupported Media Type"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/unsupported_content_encoding"
+                    "example": "/problems/unsupported_content_encoding"
                 }
             }
         },
@@ -6211,9 +6308,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -6268,9 +6365,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -6719,6 +6816,62 @@ const docTemplate = `{
                     "description": "NextCursor fetches the next page (?cursor=); absent on the last page.",
                     "type": "string",
                     "example": "MjAyNi0xMS0yMlQwMjo0MDo"
+                }
+            }
+        },
+        "problem.Details": {
+            "type": "object",
+            "required": [
+                "code",
+                "detail",
+                "instance",
+                "request_id",
+                "status",
+                "title",
+                "type"
+            ],
+            "properties": {
+                "code": {
+                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
+                    "type": "string",
+                    "example": "idempotency_key_reused"
+                },
+                "detail": {
+                    "description": "Detail explains this occurrence.",
+                    "type": "string",
+                    "example": "Idempotency key has already been used with a different request body."
+                },
+                "errors": {
+                    "description": "Errors lists per-field problems of a 400, when there are several.",
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/problem.FieldError"
+                    }
+                },
+                "instance": {
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
+                    "type": "string",
+                    "example": "/api/workflows/7c0e.../start/"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
+                    "type": "string",
+                    "example": "4f1c2b9e8a7d6c5b"
+                },
+                "status": {
+                    "description": "Status repeats the HTTP status code.",
+                    "type": "integer",
+                    "example": 422
+                },
+                "title": {
+                    "description": "Title is a short summary of the kind of problem.",
+                    "type": "string",
+                    "example": "Unprocessable Entity"
+                },
+                "type": {
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ and\nthe code, the path of the code's page on the service.",
+                    "type": "string",
+                    "example": "/problems/idempotency_key_reused"
                 }
             }
         },

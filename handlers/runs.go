@@ -165,7 +165,7 @@ func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idem
 	case errors.Is(err, models.ErrNotFound):
 		return idempotency.Problem(req, notFound("Workflow")), nil
 	case errors.Is(err, models.ErrQuotaExceeded):
-		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, "quota_exceeded",
+		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, problem.QuotaExceeded,
 			fmt.Sprintf("The organisation has used its monthly quota of %d runs.", p.Quota))), nil
 	case err != nil:
 		return idempotency.Response{}, err
