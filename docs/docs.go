@@ -4364,11 +4364,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4410,11 +4410,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4510,11 +4510,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4550,11 +4550,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4590,11 +4590,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "Retry-After": {
                                 "type": "integer",
@@ -4634,11 +4634,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4718,11 +4718,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4770,11 +4770,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "Retry-After": {
                                 "type": "integer",
@@ -4814,11 +4814,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "Retry-After": {
                                 "type": "integer",
@@ -4858,11 +4858,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "Retry-After": {
                                 "type": "integer",
@@ -6988,7 +6988,7 @@ var SwaggerInfo = &swag.Spec{
 	BasePath:         "/",
 	Schemes:          []string{},
 	Title:            "valruns API",
-	Description:      "valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.\n\n**Authentication.** Every `/api/` route needs `Authorization: Bearer vr_...`, an API token of one organisation (`valruns token create --org SLUG`). Everything a token can see belongs to its organisation: another organisation's workflow or run is a 404.\n\n**Idempotency.** `POST /api/workflows/` and `POST /api/workflows/{id}/start/` accept an `Idempotency-Key` header (1 to 255 printable ASCII characters, bare `abc` or quoted `\"abc\"`; a new UUID per operation), so a client can retry after a network failure without creating, or billing, twice. Keys are scoped per organisation and endpoint and kept 24 h; `Idempotency-Key-Expires` says until when. A retry with the same key and body gets the first answer back, byte for byte, with `Idempotent-Replayed: true` and `Original-Request-Id`; the same key with another body is a 422 (`idempotency_key_reused`); a retry while the first request is still being processed is a 409 (`idempotency_key_in_progress`) with `Retry-After`, or, with `Prefer: wait=N`, waits for the first answer (`Preference-Applied: wait=N`). A request that failed with a 5xx stored nothing and may be retried with the same key. Each operation's description has the rules.\n\n**Trailing slashes are deliberate.** Every route answers with and without a trailing slash, the same answer and no redirect. This document writes each path in its canonical form, which for the routes of workflows, runs and webhook endpoints ends with a slash (`/api/workflows/{id}/start/`), on purpose: `x-trailing-slash` says so for tools, and a linter's rule against a trailing slash (Redocly's `no-path-trailing-slash`, Spectral's `path-keys-no-trailing-slash`) does not apply to this API.\n\n**Request bodies** are JSON objects, decoded strictly: a member the operation does not take is a 400 `validation_error`, and so is a string or member name anywhere in a body, a submission included, that holds the NUL character (`\\u0000`), which the database cannot store.\n\n**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support. Every 5xx carries `Retry-After`.\n\n**Examples.** Every response below shows an answer the API gave: the examples are recorded from the real service, with ids and times replaced by fixed values.",
+	Description:      "valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.\n\n**Authorize** with `Bearer vr_...`, an API token of your organisation. **Send an `Idempotency-Key`** with every POST: a retry with the same key and body gets the first answer back, and nothing is done twice. **Errors** are problem documents whose `type` is the page of their `code` ([/problems/](/problems/) lists them).\n\nThe rules of the API (idempotency, errors, limits and rate limits) are in [docs/api.md](https://github.com/valruns/valruns/blob/main/docs/api.md); each operation below has its own. Every example is an answer the API gave. **Trailing slashes are deliberate**: every route answers with and without one, and `x-trailing-slash` says so for tools.",
 	InfoInstanceName: "swagger",
 	SwaggerTemplate:  docTemplate,
 	LeftDelim:        "{{",

@@ -30,6 +30,7 @@ func ToOpenAPI3(spec *Value) (*openapi3.T, error) {
 		return nil, fmt.Errorf("convert to OpenAPI 3: %w", err)
 	}
 	oneMediaTypePerStatus(v3)
+	parameterExamples(v3)
 	if err := jsonTypes(v3); err != nil {
 		return nil, err
 	}
@@ -80,6 +81,23 @@ func oneMediaTypePerStatus(v3 *openapi3.T) {
 					}
 				}
 				r.Value.Content = openapi3.Content{"application/problem+json": prob}
+			}
+		}
+	}
+}
+
+// parameterExamples makes a parameter's x-example its example: Swagger 2.0
+// allows no example on a parameter that is not the body, so the 2.0 document
+// says it with the extension Swagger UI reads there, and OpenAPI 3 has the
+// member (where Swagger UI reads it, and fills it in on Try it out).
+func parameterExamples(v3 *openapi3.T) {
+	for _, item := range v3.Paths.Map() {
+		for _, op := range item.Operations() {
+			for _, p := range op.Parameters {
+				if x, ok := p.Value.Extensions["x-example"]; ok {
+					p.Value.Example = x
+					delete(p.Value.Extensions, "x-example")
+				}
 			}
 		}
 	}
