@@ -340,7 +340,7 @@ func TestSwaggerUIServed(t *testing.T) {
 		require.NotZero(t, rec.Body.Len(), asset)
 	}
 	init := get(t, "/swagger/swagger-initializer.js").Body.String()
-	require.Contains(t, init, `url: "doc.json"`, "the UI loads the spec from its own directory")
+	require.Contains(t, init, `url: "openapi.json"`, "the UI loads the OpenAPI 3 document from its own directory")
 	require.Contains(t, init, "validatorUrl: null", "no call to an online validator")
 }
 
