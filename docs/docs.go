@@ -5028,7 +5028,7 @@ const docTemplate = `{
                             }
                         },
                         "examples": {
-                            "text/markdown": "# idempotency_key_reused: The Idempotency-Key was used for another request\n\nAnswered with HTTP 422, ` + "`" + `\"code\": \"idempotency_key_reused\"` + "`" + `.\n\nThe key was first used with a different request (another body, path or method) in this scope. The first request's answer stands, and this request was not done.\n\nUse a new key for a new request. To see what the key holds, ` + "`" + `GET /api/idempotency-keys/{scope}/{key}/` + "`" + `.\n\n[Every problem code](/problems/)\n"
+                            "text/markdown": "# idempotency_key_reused: The Idempotency-Key was used for another request\n\nAnswered with HTTP 422, ` + "`" + `\"code\": \"idempotency_key_reused\"` + "`" + `.\n\nThe key was first used, in this scope, with a different request body. The first request's answer stands, and this request was not done.\n\nUse a new key for a new request. To see what the key holds, ` + "`" + `GET /api/idempotency-keys/{scope}/{key}/` + "`" + `.\n\n[Every problem code](/problems/)\n"
                         }
                     },
                     "404": {
