@@ -38,7 +38,7 @@ run: redis-dbs services build
 	echo "  In another shell (the README's Quickstart goes on from here):"; \
 	echo "    export B=$$base TOKEN=$$DEMO_TOKEN DEMO_WORKFLOW=$$DEMO_WORKFLOW"; \
 	echo "    curl -s -H \"Authorization: Bearer \$$TOKEN\" \$$B/api/workflows/"; \
-	echo "    curl -s -X POST -H \"Authorization: Bearer \$$TOKEN\" -H 'Idempotency-Key: demo-1' \\"; \
+	echo "    curl -s -X POST -H \"Authorization: Bearer \$$TOKEN\" -H 'Idempotency-Key: curl-1' \\"; \
 	echo "         -d '{\"submission\":{\"customer\":\"ACME\",\"total\":42}}' \$$B/api/workflows/\$$DEMO_WORKFLOW/start/"; \
 	echo; \
 	MIGRATE_ON_START=true exec bin/valruns serve --worker
