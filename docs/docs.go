@@ -17,7 +17,7 @@ const docTemplate = `{
     "paths": {
         "/": {
             "get": {
-                "description": "A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health and metrics. No authentication.",
+                "description": "A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health, metrics and the problem codes. No authentication.",
                 "produces": [
                     "application/json"
                 ],
@@ -48,7 +48,8 @@ const docTemplate = `{
                                     "openapi3": "/swagger/openapi.json",
                                     "workflows": "/api/workflows/",
                                     "health": "/healthz",
-                                    "metrics": "/metrics"
+                                    "metrics": "/metrics",
+                                    "problems": "/problems/"
                                 }
                             }
                         }
@@ -5366,6 +5367,7 @@ const docTemplate = `{
                 "metrics",
                 "openapi",
                 "openapi3",
+                "problems",
                 "swagger_ui",
                 "workflows"
             ],
@@ -5389,6 +5391,11 @@ const docTemplate = `{
                     "description": "OpenAPI3 is the same spec as OpenAPI 3 (also /swagger/openapi.yaml).",
                     "type": "string",
                     "example": "/swagger/openapi.json"
+                },
+                "problems": {
+                    "description": "Problems lists the problem codes, each linked to its page.",
+                    "type": "string",
+                    "example": "/problems/"
                 },
                 "swagger_ui": {
                     "description": "SwaggerUI is the interactive documentation.",

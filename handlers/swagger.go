@@ -118,13 +118,15 @@ type IndexLinks struct {
 	Health string `json:"health" validate:"required" example:"/healthz"`
 	// Metrics are Prometheus metrics.
 	Metrics string `json:"metrics" validate:"required" example:"/metrics"`
+	// Problems lists the problem codes, each linked to its page.
+	Problems string `json:"problems" validate:"required" example:"/problems/"`
 }
 
 // index godoc
 //
 //	@Summary		API index
 //	@ID			index
-//	@Description	A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health and metrics. No authentication.
+//	@Description	A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health, metrics and the problem codes. No authentication.
 //	@Tags			meta
 //	@Produce		json
 //	@Success		200	{object}	Index
@@ -141,6 +143,7 @@ func index(c *gin.Context) {
 			Workflows: "/api/workflows/",
 			Health:    "/healthz",
 			Metrics:   "/metrics",
+			Problems:  "/problems/",
 		},
 	})
 }

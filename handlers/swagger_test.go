@@ -415,9 +415,9 @@ func TestSwaggerIndexRoute(t *testing.T) {
 	require.Equal(t, loadSpecFile(t).Spec().Info.Version, idx.Version)
 	require.Equal(t, handlers.IndexLinks{
 		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/doc.json", OpenAPI3: "/swagger/openapi.json", Workflows: "/api/workflows/",
-		Health: "/healthz", Metrics: "/metrics",
+		Health: "/healthz", Metrics: "/metrics", Problems: "/problems/",
 	}, idx.Links)
-	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.OpenAPI3, idx.Links.Health, idx.Links.Metrics} {
+	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.OpenAPI3, idx.Links.Health, idx.Links.Metrics, idx.Links.Problems} {
 		require.Equal(t, http.StatusOK, get(t, link).Code, link)
 	}
 	require.Equal(t, http.StatusUnauthorized, get(t, idx.Links.Workflows).Code, "the API needs a token")
