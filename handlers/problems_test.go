@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -99,4 +100,24 @@ func TestProblemTableCurrent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, string(want), doc, "docs/api.md's table of errors is stale: run make docs")
 	require.True(t, strings.Contains(doc, "| [`not_found`](#not_found) | 404 |"))
+}
+
+// Every problem the API answered in the recorded situations (TestAPIExamples:
+// every one the spec documents) has its status among its page's.
+func TestProblemStatusesRecorded(t *testing.T) {
+	t.Parallel()
+	seen := 0
+	for name, o := range loadExamples(t).Operations {
+		for s, r := range o.Responses {
+			status, err := strconv.Atoi(s)
+			require.NoError(t, err)
+			for _, code := range r.Codes() {
+				seen++
+				p, ok := problem.Lookup(code)
+				require.True(t, ok, "%s %d answered %s, which has no page", name, status, code)
+				require.Contains(t, p.Statuses, status, "%s answered %s with %d: its page says %v", name, code, status, p.Statuses)
+			}
+		}
+	}
+	require.NotZero(t, seen)
 }
