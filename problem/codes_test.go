@@ -87,3 +87,20 @@ func isDetails(e ast.Expr) bool {
 	pkg, ok := sel.X.(*ast.Ident)
 	return ok && pkg.Name == "problem" && sel.Sel.Name == "Details"
 }
+
+// ReplaceTable replaces what is between the markers, keeps the rest, and
+// refuses a document without them.
+func TestReplaceTable(t *testing.T) {
+	t.Parallel()
+	doc := "# The API\n\n" + problem.TableBegin + "\nstale\n" + problem.TableEnd + "\nafter\n"
+	got, err := problem.ReplaceTable([]byte(doc))
+	require.NoError(t, err)
+	require.Equal(t, "# The API\n\n"+problem.TableBegin+"\n"+problem.Table()+problem.TableEnd+"\nafter\n", string(got))
+	again, err := problem.ReplaceTable(got)
+	require.NoError(t, err)
+	require.Equal(t, string(got), string(again), "a current table is left as it is")
+	for _, bad := range []string{"# The API\n", problem.TableBegin + "\nno end\n", problem.TableEnd + "\n" + problem.TableBegin + "\n"} {
+		_, err := problem.ReplaceTable([]byte(bad))
+		require.Error(t, err, "%q", bad)
+	}
+}
