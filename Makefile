@@ -38,7 +38,7 @@ run: redis-dbs services build
 	echo "  In another shell (the README's Quickstart goes on from here):"; \
 	echo "    export B=$$base TOKEN=$$DEMO_TOKEN DEMO_WORKFLOW=$$DEMO_WORKFLOW"; \
 	echo "    curl -s -H \"Authorization: Bearer \$$TOKEN\" \$$B/api/workflows/"; \
-	echo "    curl -s -X POST -H \"Authorization: Bearer \$$TOKEN\" -H 'Idempotency-Key: demo-1' \\"; \
+	echo "    curl -s -X POST -H \"Authorization: Bearer \$$TOKEN\" -H 'Idempotency-Key: curl-1' \\"; \
 	echo "         -d '{\"submission\":{\"customer\":\"ACME\",\"total\":42}}' \$$B/api/workflows/\$$DEMO_WORKFLOW/start/"; \
 	echo; \
 	MIGRATE_ON_START=true exec bin/valruns serve --worker
@@ -155,17 +155,22 @@ swag:
 # result to OpenAPI 3 (docs/openapi.json, docs/openapi.yaml) with
 # kin-openapi; docs-check covers all of it.
 APPLY_EXAMPLES = $(GO) run ./internal/apispec/apply
+# The table of errors of docs/api.md, from the problem codes' pages (package
+# problem), which the service also serves at /problems/<code>.
+PROBLEM_TABLE = $(GO) run ./internal/apispec/problems
 
 docs: services swag
 	$(GO) test -count=1 -run '^TestAPIExamples$$' ./handlers/ -args -update-examples
 	$(SWAG_INIT) -o docs
 	$(APPLY_EXAMPLES) docs
+	$(PROBLEM_TABLE) docs/api.md
 
 # docs-check fails when docs/ differs from what the annotations and the
-# recorded examples generate (the Markdown pages of docs/, the manual, are
-# written by hand and left out).
+# recorded examples generate (docs/*.md are written by hand, but for the
+# table of errors of docs/api.md, which it checks too).
 docs-check: swag
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(SWAG_INIT) -o "$$tmp/docs"; \
 	$(APPLY_EXAMPLES) "$$tmp/docs"; \
-	if ! diff -r -x "*.md" docs "$$tmp/docs"; then echo "docs/ is stale: run make docs"; exit 1; fi
+	if ! diff -r -x '*.md' docs "$$tmp/docs"; then echo "docs/ is stale: run make docs"; exit 1; fi; \
+	$(PROBLEM_TABLE) -check docs/api.md

@@ -9,17 +9,9 @@ package main
 //	@version		1.0.0
 //	@description	valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.
 //	@description
-//	@description	**Authentication.** Every `/api/` route needs `Authorization: Bearer vr_...`, an API token of one organisation (`valruns token create --org SLUG`). Everything a token can see belongs to its organisation: another organisation's workflow or run is a 404.
+//	@description	**Authorize** with `Bearer vr_...`, an API token of your organisation. **Send an `Idempotency-Key`** with every POST: a retry with the same key and body gets the first answer back, and nothing is done twice. **Errors** are problem documents whose `type` is the page of their `code` ([/problems/](/problems/) lists them).
 //	@description
-//	@description	**Idempotency.** `POST /api/workflows/`, `POST /api/workflows/{id}/start/` and the webhook routes that create or send something accept an `Idempotency-Key` header (a new UUID per operation, the same on every retry of it): retries then create, and bill, once and get the first answer back. The rules, in full: [Idempotency](https://github.com/valruns/valruns/blob/main/docs/api.md#idempotency); the tags below summarise them.
-//	@description
-//	@description	**Trailing slashes are deliberate.** Every route answers with and without a trailing slash, the same answer and no redirect. This document writes each path in its canonical form, which for the routes of workflows, runs and webhook endpoints ends with a slash (`/api/workflows/{id}/start/`), on purpose: `x-trailing-slash` says so for tools, and a linter's rule against a trailing slash (Redocly's `no-path-trailing-slash`, Spectral's `path-keys-no-trailing-slash`) does not apply to this API.
-//	@description
-//	@description	**Request bodies** are JSON objects, decoded strictly: a member the operation does not take is a 400 `validation_error`, and so is a string or member name anywhere in a body, a submission included, that holds the NUL character (`\u0000`), which the database cannot store.
-//	@description
-//	@description	**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support. Every 5xx carries `Retry-After`. Every code, and whether to retry: [Errors](https://github.com/valruns/valruns/blob/main/docs/api.md#errors).
-//	@description
-//	@description	**Examples.** Every response below shows an answer the API gave: the examples are recorded from the real service, with ids and times replaced by fixed values.
+//	@description	The rules of the API (idempotency, errors, limits and rate limits) are in [docs/api.md](https://github.com/valruns/valruns/blob/main/docs/api.md); each operation below has its own. Every example is an answer the API gave. **Trailing slashes are deliberate**: every route answers with and without one, and `x-trailing-slash` says so for tools.
 //	@BasePath		/
 //	@x-trailing-slash	{"canonical": true, "optional": true, "redirect": false, "description": "A path of this document that ends with a slash does so on purpose: it is the canonical form. Every route answers with and without a trailing slash, the same answer and no redirect."}
 

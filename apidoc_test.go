@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -42,4 +44,17 @@ func TestAPIExamplesAreTheDemo(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, strings.ReplaceAll(string(makefile), `\"`, `"`), "-d '"+body.String()+"'",
 		"the start example is the request make run prints")
+
+	// The key of make run's curl is its own: a step of the docs that
+	// suggests a key to try (the Swagger UI's retry) must not suggest that
+	// one, or the reader's first Execute is a replay of the curl.
+	m := regexp.MustCompile(`Idempotency-Key: ([^'"\s]+)`).FindSubmatch(makefile)
+	require.NotNil(t, m, "make run prints a start with an Idempotency-Key")
+	docs, err := filepath.Glob("docs/*.md")
+	require.NoError(t, err)
+	for _, file := range append([]string{"README.md"}, docs...) {
+		b, err := os.ReadFile(file)
+		require.NoError(t, err)
+		require.NotContains(t, string(b), "`"+string(m[1])+"`", "%s suggests the key make run's curl uses", file)
+	}
 }

@@ -120,6 +120,8 @@ func TestREADMEWalkthrough(t *testing.T) {
 		require.Contains(t, text, want, "the Quickstart's output:\n%s", text)
 	}
 
+	requireRateLimitExamples(t, text)
+
 	// As a reader who pasted make run's `export B=... TOKEN=...`: the
 	// Quickstart keeps both, though this shell's HTTP_ADDR and the kept
 	// token file would say otherwise.
@@ -141,4 +143,40 @@ func TestREADMEIsAFrontDoor(t *testing.T) {
 	for _, page := range []string{"docs/api.md", "docs/operations.md", "docs/design.md", "docs/client.md", "reliability/README.md", "bench/RESULTS.md"} {
 		require.Contains(t, readme, "]("+page, "the README links %s", page)
 	}
+}
+
+// rateLimitLine is a line of the rate limit headers, as sent or shown.
+var rateLimitLine = regexp.MustCompile(`(?im)^(ratelimit(?:-policy)?): (.*)$`)
+
+// requireRateLimitExamples: the RateLimit headers the docs show are the ones
+// the Quickstart's start got (quickstart, its output), written as the
+// server writes them: the same names and policy, the same form of what is
+// left (r and t, which depend on the moment, may differ).
+func requireRateLimitExamples(t *testing.T, quickstart string) {
+	t.Helper()
+	sent := map[string]string{}
+	for _, m := range rateLimitLine.FindAllStringSubmatch(quickstart, -1) {
+		sent[m[1]] = strings.TrimSpace(m[2])
+	}
+	require.Len(t, sent, 2, "the Quickstart's retry shows both headers:\n%s", quickstart)
+	docs, err := filepath.Glob("docs/*.md")
+	require.NoError(t, err)
+	shown := 0
+	for _, file := range append([]string{"README.md"}, docs...) {
+		b, err := os.ReadFile(file)
+		require.NoError(t, err)
+		for _, m := range rateLimitLine.FindAllStringSubmatch(string(b), -1) {
+			shown++
+			value, ok := sent[m[1]]
+			require.True(t, ok, "%s shows the header %q; the server sends %v", file, m[1], sent)
+			if m[1] == "Ratelimit" {
+				form := regexp.MustCompile(`^"org";r=\d+;t=\d+$`)
+				require.Regexp(t, form, value)
+				require.Regexp(t, form, m[2], "%s: %s", file, m[0])
+				continue
+			}
+			require.Equal(t, value, m[2], "%s: %s", file, m[0])
+		}
+	}
+	require.NotZero(t, shown, "the docs show the rate limit headers")
 }

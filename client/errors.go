@@ -65,7 +65,8 @@ type Error struct {
 	// Code is the stable machine-readable code ("" when the answer was not
 	// a problem document).
 	Code string `json:"code"`
-	// Type is a URI naming the kind of problem.
+	// Type is a URI reference naming the kind of problem: /problems/ and
+	// the code, the path of the code's page on the service that answered.
 	Type string `json:"type"`
 	// Title is a short summary of the kind of problem.
 	Title string `json:"title"`

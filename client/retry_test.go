@@ -64,7 +64,7 @@ func problemAnswer(status int, code string, header ...string) answer {
 		h[header[i]] = header[i+1]
 	}
 	return answer{status: status, header: h, body: fmt.Sprintf(
-		`{"type":"https://valruns.dev/problems/%s","title":%q,"status":%d,"detail":"scripted","code":%q,"request_id":"r-%d"}`,
+		`{"type":"/problems/%s","title":%q,"status":%d,"detail":"scripted","code":%q,"request_id":"r-%d"}`,
 		code, http.StatusText(status), status, code, status)}
 }
 

@@ -17,7 +17,7 @@ const docTemplate = `{
     "paths": {
         "/": {
             "get": {
-                "description": "A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health and metrics. No authentication.",
+                "description": "A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health, metrics and the problem codes. No authentication.",
                 "produces": [
                     "application/json"
                 ],
@@ -48,7 +48,8 @@ const docTemplate = `{
                                     "openapi3": "/swagger/openapi.json",
                                     "workflows": "/api/workflows/",
                                     "health": "/healthz",
-                                    "metrics": "/metrics"
+                                    "metrics": "/metrics",
+                                    "problems": "/problems/"
                                 }
                             }
                         }
@@ -145,7 +146,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "The key must be 1 to 255 printable ASCII characters, percent-encoded in the path.",
@@ -160,7 +161,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "The key must be 1 to 255 printable ASCII characters, percent-encoded in the path.",
@@ -193,7 +194,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -202,7 +203,7 @@ const docTemplate = `{
                                 "request_id": "342c356ba784fd7cee05251d"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -225,7 +226,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Idempotency key not found.",
@@ -234,7 +235,7 @@ const docTemplate = `{
                                 "request_id": "8649a400283b900c258ad50e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Idempotency key not found.",
@@ -261,7 +262,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -270,7 +271,7 @@ const docTemplate = `{
                                 "request_id": "634e731b0167fd278289f622"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -297,7 +298,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -306,7 +307,7 @@ const docTemplate = `{
                                 "request_id": "c874e7c88b60aa0c68d3e9b3"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -448,7 +449,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "workflow_id must be a UUID.",
@@ -463,7 +464,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "workflow_id must be a UUID.",
@@ -496,7 +497,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -505,7 +506,7 @@ const docTemplate = `{
                                 "request_id": "7010486a6cd4abdb76cbe385"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -532,7 +533,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -541,7 +542,7 @@ const docTemplate = `{
                                 "request_id": "250e43bd2331c3ef00548862"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -568,7 +569,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -577,7 +578,7 @@ const docTemplate = `{
                                 "request_id": "fc3e75d0c136d1ed169bc220"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -689,7 +690,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -698,7 +699,7 @@ const docTemplate = `{
                                 "request_id": "e84e9d1f1b8da3af68f8fef1"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -721,7 +722,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Run not found.",
@@ -730,7 +731,7 @@ const docTemplate = `{
                                 "request_id": "99fcc41a9cad24afeeeda863"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Run not found.",
@@ -757,7 +758,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -766,7 +767,7 @@ const docTemplate = `{
                                 "request_id": "6a5f7cd71dc4a5ee061f8e3b"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -793,7 +794,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -802,7 +803,7 @@ const docTemplate = `{
                                 "request_id": "af415a5d12c3a0753fa08058"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -873,7 +874,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -882,7 +883,7 @@ const docTemplate = `{
                                 "request_id": "f081e1d2483c6d2fe6dc33bd"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -909,7 +910,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -918,7 +919,7 @@ const docTemplate = `{
                                 "request_id": "82b52c81d91064fb445ed173"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -945,7 +946,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -954,7 +955,7 @@ const docTemplate = `{
                                 "request_id": "66864290d8a2047b4ad8d160"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1041,7 +1042,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -1056,7 +1057,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -1089,7 +1090,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1098,7 +1099,7 @@ const docTemplate = `{
                                 "request_id": "b5dce4ce8e6fa04c9cc1df51"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1125,7 +1126,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1134,7 +1135,7 @@ const docTemplate = `{
                                 "request_id": "51bbaf902b49dd3f34f5d2b8"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1161,7 +1162,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1170,7 +1171,7 @@ const docTemplate = `{
                                 "request_id": "cff5fc24691ff5e06f17aad2"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1297,7 +1298,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "url: private address: 127.0.0.1 is not a public address.",
@@ -1312,7 +1313,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "url: private address: 127.0.0.1 is not a public address.",
@@ -1345,7 +1346,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1354,7 +1355,7 @@ const docTemplate = `{
                                 "request_id": "3ddcdc62e3c4cdbb7ecf8835"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1377,7 +1378,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -1386,7 +1387,7 @@ const docTemplate = `{
                                 "request_id": "9fa155a00422524e6389327c"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -1413,7 +1414,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -1422,7 +1423,7 @@ const docTemplate = `{
                                 "request_id": "503395c812eccada9a345ec5"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -1445,7 +1446,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -1454,7 +1455,7 @@ const docTemplate = `{
                                 "request_id": "ea7f720d58fff64b610ca94f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -1481,7 +1482,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -1490,7 +1491,7 @@ const docTemplate = `{
                                 "request_id": "ee151ccc1001e2417b5972db"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -1521,7 +1522,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -1530,7 +1531,7 @@ const docTemplate = `{
                                 "request_id": "1054fa8cf6c2816ec015fc8a"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -1557,7 +1558,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -1566,7 +1567,7 @@ const docTemplate = `{
                                 "request_id": "f6c350f8360d84083a96c61a"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -1593,7 +1594,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -1602,7 +1603,7 @@ const docTemplate = `{
                                 "request_id": "8e2cd7ffd5f76a20e9290cf0"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -1683,7 +1684,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1692,7 +1693,7 @@ const docTemplate = `{
                                 "request_id": "2072dceedaed3b83d9597053"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1715,7 +1716,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -1724,7 +1725,7 @@ const docTemplate = `{
                                 "request_id": "35f52ad8bc21a17d9a6490b9"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -1751,7 +1752,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1760,7 +1761,7 @@ const docTemplate = `{
                                 "request_id": "c14da75657f98458fa65ad29"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1787,7 +1788,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1796,7 +1797,7 @@ const docTemplate = `{
                                 "request_id": "cf8b20e7cd4ac5ae31a2d85b"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1861,7 +1862,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1870,7 +1871,7 @@ const docTemplate = `{
                                 "request_id": "127b7c95fccc2ccb72679fce"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -1893,7 +1894,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -1902,7 +1903,7 @@ const docTemplate = `{
                                 "request_id": "b5b85cefae442a08e6082962"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -1929,7 +1930,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1938,7 +1939,7 @@ const docTemplate = `{
                                 "request_id": "15736f61c8bbefb0dfb045fb"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -1965,7 +1966,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -1974,7 +1975,7 @@ const docTemplate = `{
                                 "request_id": "59a4ffbac5fae0ead2eb66df"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -2080,7 +2081,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -2095,7 +2096,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -2128,7 +2129,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2137,7 +2138,7 @@ const docTemplate = `{
                                 "request_id": "4d8b53e799971c609919dc14"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2160,7 +2161,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -2169,7 +2170,7 @@ const docTemplate = `{
                                 "request_id": "665493af2b35b60f1b040e28"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -2196,7 +2197,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -2205,7 +2206,7 @@ const docTemplate = `{
                                 "request_id": "7dfb127de34df8ab35c0402f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -2232,7 +2233,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -2241,7 +2242,7 @@ const docTemplate = `{
                                 "request_id": "741ed1a902129fd2057fef53"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -2358,7 +2359,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -2367,7 +2368,7 @@ const docTemplate = `{
                                 "request_id": "87b8687b37e7167583821b7f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -2394,7 +2395,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2403,7 +2404,7 @@ const docTemplate = `{
                                 "request_id": "bc9e4006ff8be5dc67f62da4"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2442,7 +2443,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook delivery not found.",
@@ -2451,7 +2452,7 @@ const docTemplate = `{
                                 "request_id": "8b30199faaa7ec7c9aceec52"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook delivery not found.",
@@ -2478,7 +2479,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -2487,7 +2488,7 @@ const docTemplate = `{
                                 "request_id": "a75745afb4a3a7cc2fa3e5a0"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -2518,7 +2519,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -2527,7 +2528,7 @@ const docTemplate = `{
                                 "request_id": "4dee2301f72a89a158b52043"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -2554,7 +2555,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -2563,7 +2564,7 @@ const docTemplate = `{
                                 "request_id": "a5e6b540a0fc04f63cc6283f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -2590,7 +2591,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -2599,7 +2600,7 @@ const docTemplate = `{
                                 "request_id": "59f638b9064caf05cfc19641"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -2709,7 +2710,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -2718,7 +2719,7 @@ const docTemplate = `{
                                 "request_id": "21854fc73cf2ad2e76a74a93"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -2745,7 +2746,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2754,7 +2755,7 @@ const docTemplate = `{
                                 "request_id": "0ab9b91eb6af3d03892133a2"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -2793,7 +2794,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -2802,7 +2803,7 @@ const docTemplate = `{
                                 "request_id": "74231c80df5c5cfd5248af1f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -2829,7 +2830,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -2838,7 +2839,7 @@ const docTemplate = `{
                                 "request_id": "176dcd46fb6e3b15cecca417"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -2869,7 +2870,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -2878,7 +2879,7 @@ const docTemplate = `{
                                 "request_id": "775b56ce346d6bb669c85553"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -2905,7 +2906,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -2914,7 +2915,7 @@ const docTemplate = `{
                                 "request_id": "6e9cf197a715b38a19eabe69"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -2941,7 +2942,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -2950,7 +2951,7 @@ const docTemplate = `{
                                 "request_id": "084d42160ee9152a0a2cb5b4"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -3058,7 +3059,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -3067,7 +3068,7 @@ const docTemplate = `{
                                 "request_id": "9c5930c06693a2877685f009"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_invalid",
+                                "type": "/problems/idempotency_key_invalid",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").",
@@ -3094,7 +3095,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3103,7 +3104,7 @@ const docTemplate = `{
                                 "request_id": "0411f3c1e9cf21027fcf759d"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3142,7 +3143,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -3151,7 +3152,7 @@ const docTemplate = `{
                                 "request_id": "db6c4b75b979ca5c9aacc48f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Webhook endpoint not found.",
@@ -3178,7 +3179,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -3187,7 +3188,7 @@ const docTemplate = `{
                                 "request_id": "924f7c87c3a15163148cc9c7"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -3218,7 +3219,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -3227,7 +3228,7 @@ const docTemplate = `{
                                 "request_id": "20938f332cd8b1d70bcaf68e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -3266,7 +3267,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/test_events_pending",
+                                "type": "/problems/test_events_pending",
                                 "title": "Too Many Requests",
                                 "status": 429,
                                 "detail": "5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key.",
@@ -3275,7 +3276,7 @@ const docTemplate = `{
                                 "request_id": "a3727499352b94a78e1ed067"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/test_events_pending",
+                                "type": "/problems/test_events_pending",
                                 "title": "Too Many Requests",
                                 "status": 429,
                                 "detail": "5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key.",
@@ -3302,7 +3303,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -3311,7 +3312,7 @@ const docTemplate = `{
                                 "request_id": "080cebb57e5f0850b147860e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -3338,7 +3339,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -3347,7 +3348,7 @@ const docTemplate = `{
                                 "request_id": "0b0960d9b3d2287b17800c8f"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -3460,7 +3461,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -3475,7 +3476,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "limit must be a whole number from 1 to 100.",
@@ -3508,7 +3509,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3517,7 +3518,7 @@ const docTemplate = `{
                                 "request_id": "3d33c0d9f4b076e0927fd4af"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3544,7 +3545,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -3553,7 +3554,7 @@ const docTemplate = `{
                                 "request_id": "fd8d51e8cc800030e3c28ec3"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -3580,7 +3581,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -3589,7 +3590,7 @@ const docTemplate = `{
                                 "request_id": "90deb5e714a694d2d91e00a8"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -3742,7 +3743,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/invalid_workflow",
+                                "type": "/problems/invalid_workflow",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total'\n | total \u003e 0\n | ^",
@@ -3757,7 +3758,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/invalid_workflow",
+                                "type": "/problems/invalid_workflow",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "assertions[0] (positive_total) does not compile: ERROR: \u003cinput\u003e:1:1: undeclared reference to 'total'\n | total \u003e 0\n | ^",
@@ -3790,7 +3791,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3799,7 +3800,7 @@ const docTemplate = `{
                                 "request_id": "e4506501bb3ad9c633db2953"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -3822,7 +3823,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -3831,7 +3832,7 @@ const docTemplate = `{
                                 "request_id": "1c5afbc3c3c37b909acc57eb"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -3858,7 +3859,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -3867,7 +3868,7 @@ const docTemplate = `{
                                 "request_id": "a77c679e9f258310e39fafb9"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -3890,7 +3891,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -3899,7 +3900,7 @@ const docTemplate = `{
                                 "request_id": "f5335578c5f245b7347876a0"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -3926,7 +3927,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -3935,7 +3936,7 @@ const docTemplate = `{
                                 "request_id": "93d5f66525be1aa9349c26a3"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -3966,7 +3967,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -3975,7 +3976,7 @@ const docTemplate = `{
                                 "request_id": "8c7fc41d22757a307abac1c8"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -4002,7 +4003,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -4011,7 +4012,7 @@ const docTemplate = `{
                                 "request_id": "50217cd32df629d1d84eb24e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -4038,7 +4039,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -4047,7 +4048,7 @@ const docTemplate = `{
                                 "request_id": "22f9ad47f00af37d39024f4d"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -4154,7 +4155,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -4163,7 +4164,7 @@ const docTemplate = `{
                                 "request_id": "89e27626989f69875b2f151b"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -4186,7 +4187,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Workflow not found.",
@@ -4195,7 +4196,7 @@ const docTemplate = `{
                                 "request_id": "93811630d0164d0ef98918e7"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Workflow not found.",
@@ -4222,7 +4223,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -4231,7 +4232,7 @@ const docTemplate = `{
                                 "request_id": "d4245352003779a914face52"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; retry the request.",
@@ -4258,7 +4259,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -4267,7 +4268,7 @@ const docTemplate = `{
                                 "request_id": "04d4c9a813db08a01c99395d"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; retry shortly.",
@@ -4364,11 +4365,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4410,11 +4411,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4423,7 +4424,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "The body has fields this route does not take: Submission: unknown field; did you mean \"submission\"? (names are case-sensitive).",
@@ -4438,7 +4439,7 @@ const docTemplate = `{
                                 ]
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/validation_error",
+                                "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
                                 "detail": "The body has fields this route does not take: Submission: unknown field; did you mean \"submission\"? (names are case-sensitive).",
@@ -4471,7 +4472,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -4480,7 +4481,7 @@ const docTemplate = `{
                                 "request_id": "286359e14c13c52ff60b3c1c"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unauthenticated",
+                                "type": "/problems/unauthenticated",
                                 "title": "Unauthorized",
                                 "status": 401,
                                 "detail": "Send an API token as ` + "`" + `Authorization: Bearer vr_...` + "`" + `.",
@@ -4510,11 +4511,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4523,7 +4524,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Workflow not found.",
@@ -4532,7 +4533,7 @@ const docTemplate = `{
                                 "request_id": "74f21240266ef04982d73cc4"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/not_found",
+                                "type": "/problems/not_found",
                                 "title": "Not Found",
                                 "status": 404,
                                 "detail": "Workflow not found.",
@@ -4550,11 +4551,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4563,7 +4564,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -4572,7 +4573,7 @@ const docTemplate = `{
                                 "request_id": "a83167f7aab372d965efde86"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_timeout",
+                                "type": "/problems/request_body_timeout",
                                 "title": "Request Timeout",
                                 "status": 408,
                                 "detail": "The request body did not arrive in time; nothing was done. Send the request again.",
@@ -4590,11 +4591,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "Retry-After": {
                                 "type": "integer",
@@ -4607,7 +4608,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -4616,7 +4617,7 @@ const docTemplate = `{
                                 "request_id": "61ec2b3cf2681027eccb0f56"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_in_progress",
+                                "type": "/problems/idempotency_key_in_progress",
                                 "title": "Conflict",
                                 "status": 409,
                                 "detail": "A request with this idempotency key is currently being processed.",
@@ -4634,11 +4635,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4647,7 +4648,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -4656,7 +4657,7 @@ const docTemplate = `{
                                 "request_id": "0feaa40e0037102f39c80963"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/request_body_too_large",
+                                "type": "/problems/request_body_too_large",
                                 "title": "Request Entity Too Large",
                                 "status": 413,
                                 "detail": "The request body exceeds the limit of 1048576 bytes.",
@@ -4683,7 +4684,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -4692,7 +4693,7 @@ const docTemplate = `{
                                 "request_id": "edeb619097c01adf1072cd81"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/unsupported_content_encoding",
+                                "type": "/problems/unsupported_content_encoding",
                                 "title": "Unsupported Media Type",
                                 "status": 415,
                                 "detail": "Content-Encoding \"br\" is not accepted: send the body as is, or gzip-encoded.",
@@ -4718,11 +4719,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -4731,7 +4732,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -4740,7 +4741,7 @@ const docTemplate = `{
                                 "request_id": "1c1aa38002eedee07216d36e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/idempotency_key_reused",
+                                "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
                                 "detail": "Idempotency key has already been used with a different request body.",
@@ -4770,11 +4771,11 @@ const docTemplate = `{
                             },
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "Retry-After": {
                                 "type": "integer",
@@ -4787,7 +4788,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/quota_exceeded",
+                                "type": "/problems/quota_exceeded",
                                 "title": "Too Many Requests",
                                 "status": 429,
                                 "detail": "The organisation has used its monthly quota of 100 runs.",
@@ -4796,7 +4797,7 @@ const docTemplate = `{
                                 "request_id": "67359d7d26ceac78a4d6809e"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/quota_exceeded",
+                                "type": "/problems/quota_exceeded",
                                 "title": "Too Many Requests",
                                 "status": 429,
                                 "detail": "The organisation has used its monthly quota of 100 runs.",
@@ -4814,11 +4815,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "Retry-After": {
                                 "type": "integer",
@@ -4831,7 +4832,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -4840,7 +4841,7 @@ const docTemplate = `{
                                 "request_id": "7601d431879f7d8ddfaf35e7"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/internal_error",
+                                "type": "/problems/internal_error",
                                 "title": "Internal Server Error",
                                 "status": 500,
                                 "detail": "An internal error occurred; nothing was done. Retry the request.",
@@ -4858,11 +4859,11 @@ const docTemplate = `{
                         "headers": {
                             "RateLimit": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";r=R;t=T` + "`" + `, R starts left now, T seconds until the window is full again (on a 429 ` + "`" + `rate_limited` + "`" + `: r=0, t the ` + "`" + `Retry-After` + "`" + `)."
                             },
                             "RateLimit-Policy": {
                                 "type": "string",
-                                "description": "While the organisation has a start rate: ` + "`" + `\\\"org\\\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+                                "description": "While the organisation has a start rate: ` + "`" + `\"org\";q=N;w=1` + "`" + `, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
                             },
                             "Retry-After": {
                                 "type": "integer",
@@ -4875,7 +4876,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -4884,7 +4885,7 @@ const docTemplate = `{
                                 "request_id": "940349f289eda7bd1de0abb8"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database is unavailable; nothing was done. Retry the request.",
@@ -4961,6 +4962,103 @@ const docTemplate = `{
                 "security": []
             }
         },
+        "/problems/": {
+            "get": {
+                "description": "The list of every problem code the API answers, each linked to its page. HTML, or Markdown with ` + "`" + `Accept: text/markdown` + "`" + `. No authentication.",
+                "produces": [
+                    "text/html",
+                    "text/markdown"
+                ],
+                "tags": [
+                    "meta"
+                ],
+                "summary": "Problem codes",
+                "operationId": "listProblems",
+                "responses": {
+                    "200": {
+                        "description": "The list of codes.\n\nExample: with ` + "`" + `Accept: text/markdown` + "`" + ` (HTML without it).",
+                        "schema": {
+                            "type": "string"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "text/markdown": "# Problem codes\n\nEvery error of the API is a problem document (RFC 9457, ` + "`" + `application/problem+json` + "`" + `) whose ` + "`" + `code` + "`" + ` is one of these, and whose ` + "`" + `type` + "`" + ` is the path of the code's page.\n\n- [` + "`" + `validation_error` + "`" + `](/problems/validation_error) (400): The request is not valid\n- [` + "`" + `invalid_workflow` + "`" + `](/problems/invalid_workflow) (400): The workflow does not compile\n- [` + "`" + `invalid_json` + "`" + `](/problems/invalid_json) (400): The body is not a JSON object\n- [` + "`" + `invalid_number` + "`" + `](/problems/invalid_number) (400): A number cannot be stored as sent\n- [` + "`" + `invalid_cursor` + "`" + `](/problems/invalid_cursor) (400): The cursor is not one this API returned\n- [` + "`" + `unsupported_content_encoding` + "`" + `](/problems/unsupported_content_encoding) (415): The body's encoding is not accepted\n- [` + "`" + `request_body_too_large` + "`" + `](/problems/request_body_too_large) (413): The body is too large\n- [` + "`" + `request_body_timeout` + "`" + `](/problems/request_body_timeout) (408): The body arrived too slowly\n- [` + "`" + `not_found` + "`" + `](/problems/not_found) (404): Not found\n- [` + "`" + `method_not_allowed` + "`" + `](/problems/method_not_allowed) (405): Method not allowed\n- [` + "`" + `unauthenticated` + "`" + `](/problems/unauthenticated) (401): No credentials\n- [` + "`" + `invalid_token` + "`" + `](/problems/invalid_token) (401): The API token is not valid\n- [` + "`" + `idempotency_key_missing` + "`" + `](/problems/idempotency_key_missing) (400): An Idempotency-Key is required\n- [` + "`" + `idempotency_key_invalid` + "`" + `](/problems/idempotency_key_invalid) (400): The Idempotency-Key is not valid\n- [` + "`" + `idempotency_key_too_long` + "`" + `](/problems/idempotency_key_too_long) (400): The Idempotency-Key is too long\n- [` + "`" + `idempotency_key_reused` + "`" + `](/problems/idempotency_key_reused) (422): The Idempotency-Key was used for another request\n- [` + "`" + `idempotency_key_in_progress` + "`" + `](/problems/idempotency_key_in_progress) (409): A request with this key is still being processed\n- [` + "`" + `rate_limited` + "`" + `](/problems/rate_limited) (429): Too many starts\n- [` + "`" + `quota_exceeded` + "`" + `](/problems/quota_exceeded) (429): The monthly quota of runs is used up\n- [` + "`" + `test_events_pending` + "`" + `](/problems/test_events_pending) (429): Too many test events are waiting\n- [` + "`" + `response_too_large` + "`" + `](/problems/response_too_large) (413): The answer would be too large\n- [` + "`" + `overloaded` + "`" + `](/problems/overloaded) (503): The server is busy\n- [` + "`" + `service_unavailable` + "`" + `](/problems/service_unavailable) (503): The database is unavailable\n- [` + "`" + `request_timeout` + "`" + `](/problems/request_timeout) (503): The request did not finish in time\n- [` + "`" + `not_ready` + "`" + `](/problems/not_ready) (503): Not ready\n- [` + "`" + `internal_error` + "`" + `](/problems/internal_error) (500): Internal error\n"
+                        }
+                    }
+                },
+                "security": []
+            }
+        },
+        "/problems/{code}": {
+            "get": {
+                "description": "What a problem code means and what to do about it: the page a problem document's ` + "`" + `type` + "`" + ` (` + "`" + `/problems/{code}` + "`" + `) names. HTML, or Markdown with ` + "`" + `Accept: text/markdown` + "`" + `. No authentication.",
+                "produces": [
+                    "text/html",
+                    "text/markdown",
+                    "application/problem+json"
+                ],
+                "tags": [
+                    "meta"
+                ],
+                "summary": "A problem code's page",
+                "operationId": "getProblem",
+                "parameters": [
+                    {
+                        "type": "string",
+                        "description": "The problem's code, such as idempotency_key_reused.",
+                        "name": "code",
+                        "in": "path",
+                        "required": true
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The code's page.\n\nExample: with ` + "`" + `Accept: text/markdown` + "`" + ` (HTML without it).",
+                        "schema": {
+                            "type": "string"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "text/markdown": "# idempotency_key_reused: The Idempotency-Key was used for another request\n\nAnswered with HTTP 422, ` + "`" + `\"code\": \"idempotency_key_reused\"` + "`" + `.\n\nThe key was first used, in this scope, with a different request body. The first request's answer stands, and this request was not done.\n\nUse a new key for a new request. To see what the key holds, ` + "`" + `GET /api/idempotency-keys/{scope}/{key}/` + "`" + `.\n\n[Every problem code](/problems/)\n"
+                        }
+                    },
+                    "404": {
+                        "description": "` + "`" + `not_found` + "`" + `: no problem has this code.\n\nExample: a code no problem has.",
+                        "schema": {
+                            "$ref": "#/definitions/problem.Details"
+                        },
+                        "headers": {
+                            "X-Request-Id": {
+                                "type": "string",
+                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                            }
+                        },
+                        "examples": {
+                            "application/problem+json": {
+                                "type": "/problems/not_found",
+                                "title": "Not Found",
+                                "status": 404,
+                                "detail": "No problem has the code no_such_code; /problems/ lists them.",
+                                "code": "not_found",
+                                "instance": "/problems/no_such_code",
+                                "request_id": "38fa21596bee269c13742398"
+                            }
+                        }
+                    }
+                },
+                "security": []
+            }
+        },
         "/readyz": {
             "get": {
                 "description": "Answers 200 when the database answers a ping within 2 s and the process is ready, 503 otherwise: ` + "`" + `service_unavailable` + "`" + ` when the database does not answer; ` + "`" + `not_ready` + "`" + ` while the process drains at shutdown (SIGTERM, for ` + "`" + `SHUTDOWN_DRAIN` + "`" + `: requests are still served, so that a load balancer sees it leave first) and, with ` + "`" + `serve --worker` + "`" + `, while its worker is not (its task server stopped, or Redis unreachable). No authentication.",
@@ -5008,7 +5106,7 @@ const docTemplate = `{
                         },
                         "examples": {
                             "application/json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database does not answer.",
@@ -5017,7 +5115,7 @@ const docTemplate = `{
                                 "request_id": "7858fdd6cf23f45efda9af30"
                             },
                             "application/problem+json": {
-                                "type": "https://valruns.dev/problems/service_unavailable",
+                                "type": "/problems/service_unavailable",
                                 "title": "Service Unavailable",
                                 "status": 503,
                                 "detail": "The database does not answer.",
@@ -5269,6 +5367,7 @@ const docTemplate = `{
                 "metrics",
                 "openapi",
                 "openapi3",
+                "problems",
                 "swagger_ui",
                 "workflows"
             ],
@@ -5292,6 +5391,11 @@ const docTemplate = `{
                     "description": "OpenAPI3 is the same spec as OpenAPI 3 (also /swagger/openapi.yaml).",
                     "type": "string",
                     "example": "/swagger/openapi.json"
+                },
+                "problems": {
+                    "description": "Problems lists the problem codes, each linked to its page.",
+                    "type": "string",
+                    "example": "/problems/"
                 },
                 "swagger_ui": {
                     "description": "SwaggerUI is the interactive documentation.",
@@ -5356,9 +5460,9 @@ const docTemplate = `{
                     "example": "Bad Request"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/validation_error"
+                    "example": "/problems/validation_error"
                 }
             }
         },
@@ -5413,9 +5517,9 @@ const docTemplate = `{
                     "example": "Request Timeout"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/request_body_timeout"
+                    "example": "/problems/request_body_timeout"
                 }
             }
         },
@@ -5470,9 +5574,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -5527,9 +5631,9 @@ const docTemplate = `{
                     "example": "Conflict"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/idempotency_key_in_progress"
+                    "example": "/problems/idempotency_key_in_progress"
                 }
             }
         },
@@ -5584,9 +5688,9 @@ const docTemplate = `{
                     "example": "Internal Server Error"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/internal_error"
+                    "example": "/problems/internal_error"
                 }
             }
         },
@@ -5641,9 +5745,9 @@ const docTemplate = `{
                     "example": "Bad Request"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/invalid_workflow"
+                    "example": "/problems/invalid_workflow"
                 }
             }
         },
@@ -5698,9 +5802,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -5755,9 +5859,9 @@ const docTemplate = `{
                     "example": "Unprocessable Entity"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/idempotency_key_reused"
+                    "example": "/problems/idempotency_key_reused"
                 }
             }
         },
@@ -5812,9 +5916,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -5869,9 +5973,9 @@ const docTemplate = `{
                     "example": "Too Many Requests"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/test_events_pending"
+                    "example": "/problems/test_events_pending"
                 }
             }
         },
@@ -5926,9 +6030,9 @@ const docTemplate = `{
                     "example": "Request Entity Too Large"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/request_body_too_large"
+                    "example": "/problems/request_body_too_large"
                 }
             }
         },
@@ -5983,9 +6087,9 @@ const docTemplate = `{
                     "example": "Too Many Requests"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/quota_exceeded"
+                    "example": "/problems/quota_exceeded"
                 }
             }
         },
@@ -6040,9 +6144,9 @@ const docTemplate = `{
                     "example": "Unauthorized"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/invalid_token"
+                    "example": "/problems/invalid_token"
                 }
             }
         },
@@ -6097,9 +6201,9 @@ const docTemplate = `{
                     "example": "Service Unavailable"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/service_unavailable"
+                    "example": "/problems/service_unavailable"
                 }
             }
         },
@@ -6154,9 +6258,9 @@ const docTemplate = `{
                     "example": "Unsupported Media Type"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/unsupported_content_encoding"
+                    "example": "/problems/unsupported_content_encoding"
                 }
             }
         },
@@ -6211,9 +6315,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -6268,9 +6372,9 @@ const docTemplate = `{
                     "example": "Not Found"
                 },
                 "type": {
-                    "description": "Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.",
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
-                    "example": "https://valruns.dev/problems/not_found"
+                    "example": "/problems/not_found"
                 }
             }
         },
@@ -6722,6 +6826,62 @@ const docTemplate = `{
                 }
             }
         },
+        "problem.Details": {
+            "type": "object",
+            "required": [
+                "code",
+                "detail",
+                "instance",
+                "request_id",
+                "status",
+                "title",
+                "type"
+            ],
+            "properties": {
+                "code": {
+                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
+                    "type": "string",
+                    "example": "idempotency_key_reused"
+                },
+                "detail": {
+                    "description": "Detail explains this occurrence.",
+                    "type": "string",
+                    "example": "Idempotency key has already been used with a different request body."
+                },
+                "errors": {
+                    "description": "Errors lists per-field problems of a 400, when there are several.",
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/definitions/problem.FieldError"
+                    }
+                },
+                "instance": {
+                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
+                    "type": "string",
+                    "example": "/api/workflows/7c0e.../start/"
+                },
+                "request_id": {
+                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
+                    "type": "string",
+                    "example": "4f1c2b9e8a7d6c5b"
+                },
+                "status": {
+                    "description": "Status repeats the HTTP status code.",
+                    "type": "integer",
+                    "example": 422
+                },
+                "title": {
+                    "description": "Title is a short summary of the kind of problem.",
+                    "type": "string",
+                    "example": "Unprocessable Entity"
+                },
+                "type": {
+                    "description": "Type is a URI reference naming the kind of problem: /problems/ and\nthe code, the path of the code's page on the service.",
+                    "type": "string",
+                    "example": "/problems/idempotency_key_reused"
+                }
+            }
+        },
         "problem.FieldError": {
             "type": "object",
             "required": [
@@ -6835,7 +6995,7 @@ var SwaggerInfo = &swag.Spec{
 	BasePath:         "/",
 	Schemes:          []string{},
 	Title:            "valruns API",
-	Description:      "valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.\n\n**Authentication.** Every `/api/` route needs `Authorization: Bearer vr_...`, an API token of one organisation (`valruns token create --org SLUG`). Everything a token can see belongs to its organisation: another organisation's workflow or run is a 404.\n\n**Idempotency.** `POST /api/workflows/`, `POST /api/workflows/{id}/start/` and the webhook routes that create or send something accept an `Idempotency-Key` header (a new UUID per operation, the same on every retry of it): retries then create, and bill, once and get the first answer back. The rules, in full: [Idempotency](https://github.com/valruns/valruns/blob/main/docs/api.md#idempotency); the tags below summarise them.\n\n**Trailing slashes are deliberate.** Every route answers with and without a trailing slash, the same answer and no redirect. This document writes each path in its canonical form, which for the routes of workflows, runs and webhook endpoints ends with a slash (`/api/workflows/{id}/start/`), on purpose: `x-trailing-slash` says so for tools, and a linter's rule against a trailing slash (Redocly's `no-path-trailing-slash`, Spectral's `path-keys-no-trailing-slash`) does not apply to this API.\n\n**Request bodies** are JSON objects, decoded strictly: a member the operation does not take is a 400 `validation_error`, and so is a string or member name anywhere in a body, a submission included, that holds the NUL character (`\\u0000`), which the database cannot store.\n\n**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`, `detail` and a stable `code` to switch on. Every answer carries an `X-Request-Id` (yours when you send a sane one); quote it to support. Every 5xx carries `Retry-After`. Every code, and whether to retry: [Errors](https://github.com/valruns/valruns/blob/main/docs/api.md#errors).\n\n**Examples.** Every response below shows an answer the API gave: the examples are recorded from the real service, with ids and times replaced by fixed values.",
+	Description:      "valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.\n\n**Authorize** with `Bearer vr_...`, an API token of your organisation. **Send an `Idempotency-Key`** with every POST: a retry with the same key and body gets the first answer back, and nothing is done twice. **Errors** are problem documents whose `type` is the page of their `code` ([/problems/](/problems/) lists them).\n\nThe rules of the API (idempotency, errors, limits and rate limits) are in [docs/api.md](https://github.com/valruns/valruns/blob/main/docs/api.md); each operation below has its own. Every example is an answer the API gave. **Trailing slashes are deliberate**: every route answers with and without one, and `x-trailing-slash` says so for tools.",
 	InfoInstanceName: "swagger",
 	SwaggerTemplate:  docTemplate,
 	LeftDelim:        "{{",

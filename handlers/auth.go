@@ -36,7 +36,7 @@ func authenticate(tokens *models.TokenStore, ttl time.Duration) gin.HandlerFunc 
 			// every /api/ route documents and every client already
 			// treats as "fix the credentials"; the error names the fault.
 			c.Header("WWW-Authenticate", `Bearer realm="valruns", error="invalid_request"`)
-			problem.Abort(c, http.StatusUnauthorized, "unauthenticated",
+			problem.Abort(c, http.StatusUnauthorized, problem.Unauthenticated,
 				"The request carries more than one credential (several Authorization headers, or one listing several); send exactly one `Authorization: Bearer vr_...`.")
 			return
 		}
@@ -44,7 +44,7 @@ func authenticate(tokens *models.TokenStore, ttl time.Duration) gin.HandlerFunc 
 		scheme, token, ok := strings.Cut(h, " ")
 		if h == "" || !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
 			c.Header("WWW-Authenticate", `Bearer realm="valruns"`)
-			problem.Abort(c, http.StatusUnauthorized, "unauthenticated",
+			problem.Abort(c, http.StatusUnauthorized, problem.Unauthenticated,
 				"Send an API token as `Authorization: Bearer vr_...`.")
 			return
 		}
@@ -56,7 +56,7 @@ func authenticate(tokens *models.TokenStore, ttl time.Duration) gin.HandlerFunc 
 			switch {
 			case errors.Is(err, models.ErrNotFound):
 				c.Header("WWW-Authenticate", `Bearer realm="valruns", error="invalid_token"`)
-				problem.Abort(c, http.StatusUnauthorized, "invalid_token", "The API token is unknown or revoked.")
+				problem.Abort(c, http.StatusUnauthorized, problem.InvalidToken, "The API token is unknown or revoked.")
 				return
 			case err != nil:
 				unavailable(c, err)

@@ -168,6 +168,26 @@ func TestBrowserSwaggerUI(t *testing.T) {
 	}
 	require.Equal(t, "/api/workflows/{id}/start/", strings.TrimSpace(strings.ReplaceAll(path, "\u200b", "")))
 
+	// The page shows the OpenAPI 3 document, and opens on a short
+	// introduction that links to the rules (docs/api.md) and the problem
+	// pages, not on screens of rules.
+	front, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]string](`(() => ({
+		url: new URL((document.querySelector(".download-url-input") || {}).value || "", location.href).href,
+		stamp: (document.querySelector(".info .version-stamp") || {}).textContent || "",
+		intro: (document.querySelector(".info .description") || {}).textContent || "",
+		rules: (document.querySelector('.info .description a[href$="/docs/api.md"]') || {}).href || "",
+		problems: (document.querySelector('.info .description a[href="/problems/"]') || {}).href || "",
+	}))()`))
+	if err != nil {
+		fail("read the top of the page", err)
+	}
+	require.True(t, strings.HasSuffix(front["url"], "/swagger/openapi.json"), "the document shown: %q", front["url"])
+	require.Contains(t, front["stamp"], "OAS3", "Swagger UI's stamp of an OpenAPI 3 document")
+	require.NotEmpty(t, front["rules"], "the introduction links to docs/api.md: %q", front["intro"])
+	require.Equal(t, srv.URL+"/problems/", front["problems"], "the introduction links to the problem pages")
+	require.Less(t, len(front["intro"]), 1200, "a short introduction: %q", front["intro"])
+	shot("swagger-intro.png", ".information-container")
+
 	step("authorize with the token",
 		chromedp.Click(chromedp.CSS(".auth-wrapper .btn.authorize")),
 		chromedp.WaitVisible(chromedp.CSS(".modal-ux .auth-container input")),

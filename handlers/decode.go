@@ -17,7 +17,6 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/google/uuid"
 
-	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
@@ -201,13 +200,13 @@ func refuseNUL(body []byte) error {
 
 // badRequest is the problem of a body that does not say what the route needs.
 func badRequest(detail string, fields ...problem.FieldError) problem.Details {
-	d := problem.New(http.StatusBadRequest, "validation_error", detail)
+	d := problem.New(http.StatusBadRequest, problem.ValidationError, detail)
 	d.Errors = fields
 	return d
 }
 
 func notFound(what string) problem.Details {
-	return problem.New(http.StatusNotFound, "not_found", what+" not found.")
+	return problem.New(http.StatusNotFound, problem.NotFound, what+" not found.")
 }
 
 // canonicalID parses an id from a path or a query once, at the edge: every
@@ -251,14 +250,11 @@ func pageOf(c *gin.Context) (models.Page, bool) {
 // listFailed answers an error of a List store call.
 func listFailed(c *gin.Context, err error) {
 	if errors.Is(err, models.ErrBadCursor) {
-		problem.Abort(c, http.StatusBadRequest, "invalid_cursor", "The cursor is not one this API returned; start again without it.")
+		problem.Abort(c, http.StatusBadRequest, problem.InvalidCursor, "The cursor is not one this API returned; start again without it.")
 		return
 	}
 	internalError(c, err)
 }
-
-// codeUnavailable is the code of a 503 while the database cannot be reached.
-const codeUnavailable = idempotency.CodeUnavailable
 
 // internalError answers a failure that is not the client's: 503
 // service_unavailable while the database cannot be reached, 500 otherwise.
@@ -270,12 +266,12 @@ func internalError(c *gin.Context, err error) {
 	}
 	_ = c.Error(err)
 	c.Header("Retry-After", "1")
-	problem.Abort(c, http.StatusInternalServerError, "internal_error", "An internal error occurred; retry the request.")
+	problem.Abort(c, http.StatusInternalServerError, problem.InternalError, "An internal error occurred; retry the request.")
 }
 
 // unavailable answers 503 service_unavailable with Retry-After.
 func unavailable(c *gin.Context, err error) {
 	_ = c.Error(err)
 	c.Header("Retry-After", "1")
-	problem.Abort(c, http.StatusServiceUnavailable, codeUnavailable, "The database is unavailable; retry shortly.")
+	problem.Abort(c, http.StatusServiceUnavailable, problem.ServiceUnavailable, "The database is unavailable; retry shortly.")
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/valruns/valruns/internal/apispec"
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/problem"
 	"github.com/valruns/valruns/validate"
 )
 
@@ -92,6 +93,8 @@ const (
 	opHealthz     = "GET /healthz"
 	opReadyz      = "GET /readyz"
 	opMetrics     = "GET /metrics"
+	opProblems    = "GET /problems/"
+	opProblem     = "GET /problems/{code}"
 	opCreateWF    = "POST /api/workflows/"
 	opListWF      = "GET /api/workflows/"
 	opGetWF       = "GET /api/workflows/{id}/"
@@ -162,6 +165,12 @@ func (rec *exRecorder) recordMain() {
 	rec.example(opIndex, 200, "", "", rec.send(e, "index", http.MethodGet, "/", "", nil))
 	rec.example(opHealthz, 200, "", "", rec.send(e, "healthz", http.MethodGet, "/healthz", "", nil))
 	rec.example(opReadyz, 200, "", "", rec.send(e, "readyz", http.MethodGet, "/readyz", "", nil))
+	rec.example(opProblems, 200, "", "with `Accept: text/markdown` (HTML without it)",
+		rec.send(e, "problems", http.MethodGet, "/problems/", "", nil, "Accept", "text/markdown"))
+	rec.example(opProblem, 200, "", "with `Accept: text/markdown` (HTML without it)",
+		rec.send(e, "problem", http.MethodGet, "/problems/idempotency_key_reused", "", nil, "Accept", "text/markdown"))
+	rec.example(opProblem, 404, "not_found", "a code no problem has",
+		rec.send(e, "problem unknown", http.MethodGet, "/problems/no_such_code", "", nil))
 
 	// The demo workflow.
 	rec.request(opCreateWF, exWorkflowBody, idempotency.HeaderPrefer, exPrefer)
@@ -628,7 +637,7 @@ func (rec *exRecorder) recordRateLimit() {
 			continue
 		}
 		rec.also(opStart, 201, "", "a start within the organisation's rate (here 1 start per second): the RateLimit headers say what is left", exResponse{Response: passed})
-		rec.also(opStart, 429, handlers.CodeRateLimited, "a start past the organisation's rate (here 1 start per second), with a new Idempotency-Key (nothing is stored: the retry executes)",
+		rec.also(opStart, 429, problem.RateLimited.String(), "a start past the organisation's rate (here 1 start per second), with a new Idempotency-Key (nothing is stored: the retry executes)",
 			exResponse{Response: limited})
 		return
 	}
@@ -652,7 +661,7 @@ func (rec *exRecorder) recordOverload() {
 		if o.body != "" {
 			body = o.body
 		}
-		rec.also(o.op, 503, handlers.CodeOverloaded, "while the process serves as many requests as it may (`MAX_REQUESTS_IN_FLIGHT`, `MAX_BODY_BYTES_IN_FLIGHT`)",
+		rec.also(o.op, 503, problem.Overloaded.String(), "while the process serves as many requests as it may (`MAX_REQUESTS_IN_FLIGHT`, `MAX_BODY_BYTES_IN_FLIGHT`)",
 			rec.send(e, "overloaded "+o.op, o.method, o.path, org.Token, body))
 	}
 	_, err := pw.Write([]byte(exStartBody))

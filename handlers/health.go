@@ -52,13 +52,13 @@ func (h *healthHandlers) readyz(c *gin.Context) {
 	defer cancel()
 	if err := models.SQLDB(h.db).PingContext(ctx); err != nil {
 		c.Header("Retry-After", "1")
-		problem.Abort(c, http.StatusServiceUnavailable, codeUnavailable, "The database does not answer.")
+		problem.Abort(c, http.StatusServiceUnavailable, problem.ServiceUnavailable, "The database does not answer.")
 		return
 	}
 	if h.ready != nil {
 		if err := h.ready(ctx); err != nil {
 			c.Header("Retry-After", "1")
-			problem.Abort(c, http.StatusServiceUnavailable, "not_ready", err.Error())
+			problem.Abort(c, http.StatusServiceUnavailable, problem.NotReady, err.Error())
 			return
 		}
 	}

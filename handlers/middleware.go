@@ -61,7 +61,7 @@ func recovery(log *slog.Logger) gin.HandlerFunc {
 				log.ErrorContext(c.Request.Context(), "panic", "panic", fmt.Sprint(p),
 					"request_id", c.GetString(problem.RequestIDKey), "stack", string(debug.Stack()))
 				if !c.Writer.Written() {
-					problem.Abort(c, http.StatusInternalServerError, "internal_error", "An internal error occurred.")
+					problem.Abort(c, http.StatusInternalServerError, problem.InternalError, "An internal error occurred.")
 				}
 			}
 		}()
@@ -108,7 +108,7 @@ func limitBody(n int64) gin.HandlerFunc {
 		case enc == "gzip" || enc == "x-gzip":
 		default:
 			c.Header("Accept-Encoding", "gzip")
-			problem.Abort(c, http.StatusUnsupportedMediaType, "unsupported_content_encoding",
+			problem.Abort(c, http.StatusUnsupportedMediaType, problem.UnsupportedContentEncoding,
 				fmt.Sprintf("Content-Encoding %q is not accepted: send the body as is, or gzip-encoded.", bounded(enc, 64)))
 			return
 		}

@@ -16,11 +16,6 @@ import (
 	"github.com/valruns/valruns/problem"
 )
 
-// CodeOverloaded is the code of a 503 answered because the process holds
-// as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT,
-// MAX_BODY_BYTES_IN_FLIGHT).
-const CodeOverloaded = "overloaded"
-
 // admission bounds what one API process holds at once: a count of
 // requests and a byte budget of request bodies. A request that finds no
 // room waits at most wait (in order of arrival), then answers 503
@@ -170,7 +165,7 @@ func (a *admission) refuse(c *gin.Context, bound string) {
 	}
 	discardBody(c)
 	c.Header("Retry-After", "1")
-	problem.Abort(c, http.StatusServiceUnavailable, CodeOverloaded,
+	problem.Abort(c, http.StatusServiceUnavailable, problem.Overloaded,
 		fmt.Sprintf("The server is serving as many %s as it may at once; nothing was done. Retry after Retry-After seconds, with the same Idempotency-Key.", what))
 }
 

@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/config"
-	"github.com/valruns/valruns/handlers"
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/problem"
 )
 
 // gaugeValue reads the gauge name of reg.
@@ -192,7 +192,7 @@ func TestOverloadBodyBudget(t *testing.T) {
 		require.Equal(t, "1", a.header.Get("Retry-After"), key)
 		var p map[string]any
 		require.NoError(t, json.Unmarshal(a.body, &p))
-		require.Equal(t, handlers.CodeOverloaded, p["code"], key)
+		require.Equal(t, problem.Overloaded.String(), p["code"], key)
 		require.Zero(t, e.Count("idempotency_keys", "key = ?", key), "a key row for the refused %s", key)
 		require.Zero(t, e.Count("validation_runs", "idempotency_key = ?", key), "a run for the refused %s", key)
 	}
@@ -256,7 +256,7 @@ func TestOverloadRequestCount(t *testing.T) {
 	waitGauge(t, e.Registry, "valruns_http_requests_in_flight", 1)
 
 	r := e.Do(http.MethodGet, "/api/runs/", org.Token, nil)
-	requireProblem(t, r, http.StatusServiceUnavailable, handlers.CodeOverloaded)
+	requireProblem(t, r, http.StatusServiceUnavailable, problem.Overloaded.String())
 	require.Equal(t, "1", r.Header.Get("Retry-After"))
 	for _, path := range []string{"/healthz", "/metrics", "/swagger/doc.json"} {
 		require.Equal(t, http.StatusOK, e.Do(http.MethodGet, path, "", nil).Status, path)

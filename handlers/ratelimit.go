@@ -20,10 +20,6 @@ import (
 	"github.com/valruns/valruns/problem"
 )
 
-// CodeRateLimited is the code of a 429 answered because the organisation
-// started runs faster than its rate (ORG_START_RATE, `valruns org rate`).
-const CodeRateLimited = "rate_limited"
-
 // RateLimitTimeout bounds the rate limit's round trip to Redis (unless
 // Deps.RateLimitTimeout says otherwise): past it, or on any Redis error,
 // the start is admitted without the limit (fail open). Starts do not need
@@ -151,7 +147,7 @@ func (l *rateLimiter) limited(c *gin.Context, rate int, wait time.Duration) {
 	c.Header(HeaderRateLimit, fmt.Sprintf("%s;r=0;t=%d", rateLimitPolicy, secs))
 	c.Header("Retry-After", strconv.Itoa(secs))
 	discardBody(c)
-	problem.Abort(c, http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf(
+	problem.Abort(c, http.StatusTooManyRequests, problem.RateLimited, fmt.Sprintf(
 		"The organisation may start %d runs per second; nothing was done or stored. Retry after Retry-After seconds, with the same Idempotency-Key.", rate))
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/problem"
 )
 
 // rateFixture is the API with the start rate limit on (Redis:
@@ -147,7 +148,7 @@ func TestStartRateLimitFlood(t *testing.T) {
 			created++
 			require.EqualValues(t, 1, f.e.Count("validation_runs", "id = ?", r.Map(t)["id"]))
 		case http.StatusTooManyRequests:
-			requireProblem(t, r, http.StatusTooManyRequests, handlers.CodeRateLimited)
+			requireProblem(t, r, http.StatusTooManyRequests, problem.RateLimited.String())
 			require.Regexp(t, rateLimitedRetry, r.Header.Get("Retry-After"))
 			f.requireNothingStored(t, a, key)
 			limited = append(limited, key)
@@ -173,7 +174,7 @@ func TestStartRateLimitFlood(t *testing.T) {
 			require.EqualValues(t, 1, f.e.Count("validation_runs", "id = ? AND idempotency_key = ?", r.Map(t)["id"], key))
 			break
 		}
-		requireProblem(t, r, http.StatusTooManyRequests, handlers.CodeRateLimited)
+		requireProblem(t, r, http.StatusTooManyRequests, problem.RateLimited.String())
 		require.True(t, time.Now().Before(deadline), "the retry never got through")
 		s, _ := strconv.Atoi(r.Header.Get("Retry-After"))
 		time.Sleep(time.Duration(s) * time.Second)

@@ -96,10 +96,10 @@ func NewRouter(d Deps) *gin.Engine {
 	}
 	r.Use(requestID(), recovery(d.Log), logRequests(d.Log), m.middleware(), limitBody(d.Config.MaxBodyBytes))
 	r.NoRoute(func(c *gin.Context) {
-		problem.Abort(c, http.StatusNotFound, "not_found", "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
+		problem.Abort(c, http.StatusNotFound, problem.NotFound, "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
 	})
 	r.NoMethod(func(c *gin.Context) {
-		problem.Abort(c, http.StatusMethodNotAllowed, "method_not_allowed", "Method "+c.Request.Method+" is not allowed on "+c.Request.URL.Path+".")
+		problem.Abort(c, http.StatusMethodNotAllowed, problem.MethodNotAllowed, "Method "+c.Request.Method+" is not allowed on "+c.Request.URL.Path+".")
 	})
 
 	orgs := models.NewTokenStore(d.DB)
@@ -146,6 +146,8 @@ func NewRouter(d Deps) *gin.Engine {
 	get(r, "/metrics", gin.WrapH(promhttpHandler(d.Registry)))
 	get(r, "/", index)
 	get(r, "/swagger/*any", swaggerUI())
+	get(r, "/problems", problemIndex)
+	get(r, "/problems/:code", problemPage)
 
 	// Requests and bodies in flight are bounded before anything else is
 	// done for them; /healthz, /metrics and the docs stay outside the bounds.

@@ -149,8 +149,8 @@ func utc(t *time.Time) *time.Time {
 //	@Header			201,400,404,422,429	{string}	Idempotency-Key-Expires	"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key starts a new run."
 //	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,429,500,503		{integer}	Retry-After				"Seconds to wait before retrying (on a 429: only `rate_limited`)."
-//	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit-Policy	"While the organisation has a start rate: `\"org\";q=N;w=1`, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
-//	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit	"While the organisation has a start rate: `\"org\";r=R;t=T`, R starts left now, T seconds until the window is full again (on a 429 `rate_limited`: r=0, t the `Retry-After`)."
+//	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit-Policy	"While the organisation has a start rate: `"org";q=N;w=1`, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
+//	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit	"While the organisation has a start rate: `"org";r=R;t=T`, R starts left now, T seconds until the window is full again (on a 429 `rate_limited`: r=0, t the `Retry-After`)."
 //	@Header			415				{string}	Accept-Encoding			"`gzip`: the one Content-Encoding accepted."
 //	@Header			401				{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
 //	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
@@ -165,7 +165,7 @@ func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idem
 	case errors.Is(err, models.ErrNotFound):
 		return idempotency.Problem(req, notFound("Workflow")), nil
 	case errors.Is(err, models.ErrQuotaExceeded):
-		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, "quota_exceeded",
+		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, problem.QuotaExceeded,
 			fmt.Sprintf("The organisation has used its monthly quota of %d runs.", p.Quota))), nil
 	case err != nil:
 		return idempotency.Response{}, err

@@ -37,7 +37,7 @@ window.onload = function () {
   }
 
   window.ui = SwaggerUIBundle({
-    url: "doc.json",
+    url: "openapi.json", // the OpenAPI 3 document; doc.json is the same as Swagger 2.0
     dom_id: "#swagger-ui",
     validatorUrl: null,
     persistAuthorization: false,

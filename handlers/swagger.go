@@ -42,7 +42,7 @@ func swaggerUI() gin.HandlerFunc {
 		case name == "swagger-initializer.js":
 			c.Data(http.StatusOK, "application/javascript; charset=utf-8", swaggerInitializer)
 		case !swaggerUIFiles[name]:
-			problem.Abort(c, http.StatusNotFound, "not_found", "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
+			problem.Abort(c, http.StatusNotFound, problem.NotFound, "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
 		case c.Request.Method == http.MethodHead:
 			// gin-swagger answers only GET (405 otherwise). It sees a GET
 			// copy; net/http still drops the body, as it keeps the HEAD.
@@ -118,13 +118,15 @@ type IndexLinks struct {
 	Health string `json:"health" validate:"required" example:"/healthz"`
 	// Metrics are Prometheus metrics.
 	Metrics string `json:"metrics" validate:"required" example:"/metrics"`
+	// Problems lists the problem codes, each linked to its page.
+	Problems string `json:"problems" validate:"required" example:"/problems/"`
 }
 
 // index godoc
 //
 //	@Summary		API index
 //	@ID			index
-//	@Description	A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health and metrics. No authentication.
+//	@Description	A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health, metrics and the problem codes. No authentication.
 //	@Tags			meta
 //	@Produce		json
 //	@Success		200	{object}	Index
@@ -141,6 +143,7 @@ func index(c *gin.Context) {
 			Workflows: "/api/workflows/",
 			Health:    "/healthz",
 			Metrics:   "/metrics",
+			Problems:  "/problems/",
 		},
 	})
 }
@@ -157,8 +160,8 @@ func index(c *gin.Context) {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 400, Content-Type application/problem+json.
 type ProblemBadRequest struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/validation_error"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/validation_error"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Bad Request"`
 	// Status repeats the HTTP status code.
@@ -174,8 +177,8 @@ type ProblemBadRequest struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 400, Content-Type application/problem+json.
 type ProblemInvalidWorkflow struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/invalid_workflow"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/invalid_workflow"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Bad Request"`
 	// Status repeats the HTTP status code.
@@ -191,8 +194,8 @@ type ProblemInvalidWorkflow struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 401, Content-Type application/problem+json.
 type ProblemUnauthorized struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/invalid_token"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/invalid_token"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Unauthorized"`
 	// Status repeats the HTTP status code.
@@ -208,8 +211,8 @@ type ProblemUnauthorized struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
 type ProblemWorkflowNotFound struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/not_found"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Not Found"`
 	// Status repeats the HTTP status code.
@@ -225,8 +228,8 @@ type ProblemWorkflowNotFound struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
 type ProblemWebhookNotFound struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/not_found"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Not Found"`
 	// Status repeats the HTTP status code.
@@ -242,8 +245,8 @@ type ProblemWebhookNotFound struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
 type ProblemDeliveryNotFound struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/not_found"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Not Found"`
 	// Status repeats the HTTP status code.
@@ -260,8 +263,8 @@ type ProblemDeliveryNotFound struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.
 type ProblemTestEventsPending struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/test_events_pending"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/test_events_pending"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Too Many Requests"`
 	// Status repeats the HTTP status code.
@@ -277,8 +280,8 @@ type ProblemTestEventsPending struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
 type ProblemRunNotFound struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/not_found"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Not Found"`
 	// Status repeats the HTTP status code.
@@ -294,8 +297,8 @@ type ProblemRunNotFound struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
 type ProblemKeyNotFound struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/not_found"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/not_found"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Not Found"`
 	// Status repeats the HTTP status code.
@@ -311,8 +314,8 @@ type ProblemKeyNotFound struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 409, Content-Type application/problem+json.
 type ProblemInProgress struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/idempotency_key_in_progress"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/idempotency_key_in_progress"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Conflict"`
 	// Status repeats the HTTP status code.
@@ -328,8 +331,8 @@ type ProblemInProgress struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 413, Content-Type application/problem+json.
 type ProblemTooLarge struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/request_body_too_large"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/request_body_too_large"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Request Entity Too Large"`
 	// Status repeats the HTTP status code.
@@ -345,8 +348,8 @@ type ProblemTooLarge struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 408, Content-Type application/problem+json.
 type ProblemBodyTimeout struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/request_body_timeout"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/request_body_timeout"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Request Timeout"`
 	// Status repeats the HTTP status code.
@@ -362,8 +365,8 @@ type ProblemBodyTimeout struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 415, Content-Type application/problem+json.
 type ProblemUnsupportedEncoding struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/unsupported_content_encoding"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/unsupported_content_encoding"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Unsupported Media Type"`
 	// Status repeats the HTTP status code.
@@ -379,8 +382,8 @@ type ProblemUnsupportedEncoding struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 422, Content-Type application/problem+json.
 type ProblemKeyReused struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/idempotency_key_reused"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/idempotency_key_reused"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Unprocessable Entity"`
 	// Status repeats the HTTP status code.
@@ -398,8 +401,8 @@ type ProblemKeyReused struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.
 type ProblemTooManyRequests struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/quota_exceeded"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/quota_exceeded"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Too Many Requests"`
 	// Status repeats the HTTP status code.
@@ -415,8 +418,8 @@ type ProblemTooManyRequests struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 500, Content-Type application/problem+json.
 type ProblemInternal struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/internal_error"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/internal_error"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Internal Server Error"`
 	// Status repeats the HTTP status code.
@@ -433,8 +436,8 @@ type ProblemInternal struct {
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 503, Content-Type application/problem+json.
 type ProblemUnavailable struct {
 	problem.Details
-	// Type is a URI naming the kind of problem: https://valruns.dev/problems/ followed by the code.
-	Type string `json:"type" example:"https://valruns.dev/problems/service_unavailable"`
+	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
+	Type string `json:"type" example:"/problems/service_unavailable"`
 	// Title is the HTTP status text.
 	Title string `json:"title" example:"Service Unavailable"`
 	// Status repeats the HTTP status code.

@@ -500,7 +500,7 @@ func (h *webhookHandlers) sendTest(tx *models.RequestTx, req idempotency.Request
 	case errors.Is(err, models.ErrNotFound):
 		return idempotency.Problem(req, notFound("Webhook endpoint")), nil
 	case errors.Is(err, models.ErrTestsPending):
-		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, "test_events_pending",
+		return idempotency.Problem(req, problem.New(http.StatusTooManyRequests, problem.TestEventsPending,
 			fmt.Sprintf("%d test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key.", maxPendingTests))), nil
 	case err != nil:
 		return idempotency.Response{}, err

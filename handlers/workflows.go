@@ -113,7 +113,7 @@ func (h *workflowHandlers) create(tx *models.RequestTx, req idempotency.Request)
 		if ce.Name != "" {
 			what += " (" + ce.Name + ")"
 		}
-		d := problem.New(http.StatusBadRequest, "invalid_workflow", what+" does not compile: "+ce.Msg)
+		d := problem.New(http.StatusBadRequest, problem.InvalidWorkflow, what+" does not compile: "+ce.Msg)
 		d.Errors = []problem.FieldError{{Field: ce.Field, Message: ce.Msg}}
 		return idempotency.Problem(req, d), nil
 	}

@@ -51,21 +51,22 @@ const (
 // caller of the same organisation.
 var storedHeaders = []string{"Content-Type", "Location"}
 
-// Problem codes the wrapper answers with.
-const (
-	CodeKeyMissing       = "idempotency_key_missing"
-	CodeKeyInvalid       = "idempotency_key_invalid"
-	CodeKeyTooLong       = "idempotency_key_too_long"
-	CodeKeyReused        = "idempotency_key_reused"
-	CodeKeyInProgress    = "idempotency_key_in_progress"
-	CodeInvalidJSON      = "invalid_json"
-	CodeInvalidNumber    = "invalid_number"
-	CodeBodyTooLarge     = "request_body_too_large"
-	CodeResponseTooLarge = "response_too_large"
-	CodeInternal         = "internal_error"
-	CodeTimeout          = "request_timeout"
-	CodeBodyTimeout      = "request_body_timeout"
-	CodeUnavailable      = "service_unavailable"
+// The codes the wrapper answers with, as a problem document's code
+// (problem.Details.Code) carries them.
+var (
+	CodeKeyMissing       = problem.IdempotencyKeyMissing.String()
+	CodeKeyInvalid       = problem.IdempotencyKeyInvalid.String()
+	CodeKeyTooLong       = problem.IdempotencyKeyTooLong.String()
+	CodeKeyReused        = problem.IdempotencyKeyReused.String()
+	CodeKeyInProgress    = problem.IdempotencyKeyInProgress.String()
+	CodeInvalidJSON      = problem.InvalidJSON.String()
+	CodeInvalidNumber    = problem.InvalidNumber.String()
+	CodeBodyTooLarge     = problem.RequestBodyTooLarge.String()
+	CodeResponseTooLarge = problem.ResponseTooLarge.String()
+	CodeInternal         = problem.InternalError.String()
+	CodeTimeout          = problem.RequestTimeout.String()
+	CodeBodyTimeout      = problem.RequestBodyTimeout.String()
+	CodeUnavailable      = problem.ServiceUnavailable.String()
 )
 
 // The detail of a 503 whose work's outcome is unknown (the database
@@ -460,19 +461,19 @@ func (k *call) readKey() bool {
 		key, err := ParseKey(raw[0])
 		switch {
 		case len(raw) > 1:
-			k.reject(http.StatusBadRequest, CodeKeyInvalid, "Send exactly one Idempotency-Key header.")
+			k.reject(http.StatusBadRequest, problem.IdempotencyKeyInvalid, "Send exactly one Idempotency-Key header.")
 			return false
 		case errors.Is(err, ErrKeyTooLong):
-			k.reject(http.StatusBadRequest, CodeKeyTooLong, "Idempotency key exceeds maximum length of 255 characters.")
+			k.reject(http.StatusBadRequest, problem.IdempotencyKeyTooLong, "Idempotency key exceeds maximum length of 255 characters.")
 			return false
 		case err != nil:
-			k.reject(http.StatusBadRequest, CodeKeyInvalid,
+			k.reject(http.StatusBadRequest, problem.IdempotencyKeyInvalid,
 				"Idempotency key must be 1 to 255 printable ASCII characters, bare (abc) or as a quoted string (\"abc\").")
 			return false
 		}
 		k.key = key
 	case k.w.cfg.KeyRequired:
-		k.reject(http.StatusBadRequest, CodeKeyMissing, "This endpoint requires an Idempotency-Key header.")
+		k.reject(http.StatusBadRequest, problem.IdempotencyKeyMissing, "This endpoint requires an Idempotency-Key header.")
 		return false
 	}
 	return true
@@ -487,7 +488,7 @@ func (k *call) readBody() bool {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			k.reject(http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+			k.reject(http.StatusRequestEntityTooLarge, problem.RequestBodyTooLarge,
 				fmt.Sprintf("The request body exceeds the limit of %d bytes.", tooBig.Limit))
 			return false
 		}
@@ -496,11 +497,11 @@ func (k *call) readBody() bool {
 			// timeout: nothing was wrong with the request, and it may be
 			// sent again (408, RFC 9110 15.5.9). The connection is done.
 			k.c.Header("Connection", "close")
-			k.reject(http.StatusRequestTimeout, CodeBodyTimeout,
+			k.reject(http.StatusRequestTimeout, problem.RequestBodyTimeout,
 				"The request body did not arrive in time; nothing was done. Send the request again.")
 			return false
 		}
-		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body could not be read: "+err.Error()+".")
+		k.reject(http.StatusBadRequest, problem.InvalidJSON, "The request body could not be read: "+err.Error()+".")
 		return false
 	}
 	canonical, err := CanonicalizeBounded(body, k.w.cfg.MaxBodyBytes)
@@ -508,25 +509,25 @@ func (k *call) readBody() bool {
 	var sizeErr *SizeError
 	switch {
 	case errors.As(err, &numErr):
-		d := problem.New(http.StatusBadRequest, CodeInvalidNumber, "The number at "+numErr.Path+" cannot be stored as sent: "+
+		d := problem.New(http.StatusBadRequest, problem.InvalidNumber, "The number at "+numErr.Path+" cannot be stored as sent: "+
 			fmt.Sprintf("written out in decimal it has %d digits, and at most %d are accepted.", numErr.Length, MaxNumberLength))
 		d.Errors = []problem.FieldError{{Field: numErr.Path, Message: fmt.Sprintf("number longer than %d digits in decimal", MaxNumberLength)}}
 		k.outcome = OutcomeRejected
 		problem.Write(k.c, d)
 		return false
 	case errors.As(err, &sizeErr):
-		k.reject(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf(
+		k.reject(http.StatusRequestEntityTooLarge, problem.RequestBodyTooLarge, fmt.Sprintf(
 			"With its numbers written out in decimal, as they are stored, the request body is %d bytes, over the limit of %d.",
 			sizeErr.Size, sizeErr.Limit))
 		return false
 	case err != nil:
-		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body is not valid JSON: "+err.Error())
+		k.reject(http.StatusBadRequest, problem.InvalidJSON, "The request body is not valid JSON: "+err.Error())
 		return false
 	case canonical == nil && !k.w.cfg.AllowEmptyBody && !k.noBody:
-		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body is empty; send a JSON object.")
+		k.reject(http.StatusBadRequest, problem.InvalidJSON, "The request body is empty; send a JSON object.")
 		return false
 	case canonical != nil && canonical[0] != '{':
-		k.reject(http.StatusBadRequest, CodeInvalidJSON, "The request body must be a JSON object.")
+		k.reject(http.StatusBadRequest, problem.InvalidJSON, "The request body must be a JSON object.")
 		return false
 	}
 	k.body = body
@@ -747,7 +748,7 @@ func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey
 		return nil, true
 	case int64(len(resp.Body)) > 4*k.w.cfg.MaxBodyBytes:
 		tx.Rollback()
-		k.reject(http.StatusRequestEntityTooLarge, CodeResponseTooLarge, fmt.Sprintf(
+		k.reject(http.StatusRequestEntityTooLarge, problem.ResponseTooLarge, fmt.Sprintf(
 			"The answer to this request would be %d bytes, over the limit of %d; nothing was done. Send a smaller request.",
 			len(resp.Body), 4*k.w.cfg.MaxBodyBytes))
 		return nil, true
@@ -844,7 +845,7 @@ func (k *call) replay(stored *models.StoredKey) {
 	k.c.Header(HeaderKeyExpires, stored.ExpiresAt.UTC().Format(http.TimeFormat))
 	if !k.sameRequest(stored.RequestHash) {
 		k.outcome = OutcomeMismatch
-		k.problem(http.StatusUnprocessableEntity, CodeKeyReused,
+		k.problem(http.StatusUnprocessableEntity, problem.IdempotencyKeyReused,
 			"Idempotency key has already been used with a different request body.")
 		return
 	}
@@ -880,16 +881,16 @@ func (k *call) inProgress() {
 	k.outcome = OutcomeInProgress
 	k.c.Writer.Header().Del(HeaderPreferenceApplied) // if it waited, in vain
 	k.c.Header("Retry-After", strconv.Itoa(k.w.cfg.RetryAfter))
-	k.problem(http.StatusConflict, CodeKeyInProgress, "A request with this idempotency key is currently being processed.")
+	k.problem(http.StatusConflict, problem.IdempotencyKeyInProgress, "A request with this idempotency key is currently being processed.")
 }
 
 // reject answers a request refused before any work: nothing is stored.
-func (k *call) reject(status int, code, detail string) {
+func (k *call) reject(status int, code problem.Code, detail string) {
 	k.outcome = OutcomeRejected
 	k.problem(status, code, detail)
 }
 
-func (k *call) problem(status int, code, detail string) {
+func (k *call) problem(status int, code problem.Code, detail string) {
 	problem.Abort(k.c, status, code, detail)
 }
 
@@ -909,16 +910,16 @@ func (k *call) fail(err error) {
 		if k.key == "" {
 			detail = OutcomeUnknownNoKeyDetail
 		}
-		k.problem(http.StatusServiceUnavailable, CodeUnavailable, detail)
+		k.problem(http.StatusServiceUnavailable, problem.ServiceUnavailable, detail)
 	case models.IsUnavailable(err):
 		k.w.cfg.Log.WarnContext(k.c.Request.Context(), "idempotent request: database unavailable",
 			"scope", k.scope, "error", err, "request_id", k.requestID)
-		k.problem(http.StatusServiceUnavailable, CodeUnavailable, "The database is unavailable; nothing was done. Retry the request.")
+		k.problem(http.StatusServiceUnavailable, problem.ServiceUnavailable, "The database is unavailable; nothing was done. Retry the request.")
 	case models.IsTimeout(err):
-		k.problem(http.StatusServiceUnavailable, CodeTimeout, "The request did not finish in time and was rolled back; retry it.")
+		k.problem(http.StatusServiceUnavailable, problem.RequestTimeout, "The request did not finish in time and was rolled back; retry it.")
 	default:
 		k.w.cfg.Log.ErrorContext(k.c.Request.Context(), "idempotent request failed",
 			"scope", k.scope, "error", err, "request_id", k.requestID)
-		k.problem(http.StatusInternalServerError, CodeInternal, "An internal error occurred; nothing was done. Retry the request.")
+		k.problem(http.StatusInternalServerError, problem.InternalError, "An internal error occurred; nothing was done. Retry the request.")
 	}
 }

@@ -110,7 +110,7 @@ func newWrapEnv(t *testing.T, cfg idempotency.Config) *wrapEnv {
 		}
 		if len(req.Body) > 0 {
 			if err := json.Unmarshal(req.Body, &in); err != nil {
-				return idempotency.Problem(req, problem.New(http.StatusBadRequest, "bad_item", err.Error())), nil
+				return idempotency.Problem(req, problem.New(http.StatusBadRequest, problem.ValidationError, err.Error())), nil
 			}
 		}
 		if err := tx.Exec(`INSERT INTO items (org_id, name) VALUES (?, ?)`, cfg.Tenant(req.Gin), in.Name).Error; err != nil {
@@ -125,7 +125,8 @@ func newWrapEnv(t *testing.T, cfg idempotency.Config) *wrapEnv {
 			return idempotency.Response{Status: http.StatusServiceUnavailable, Body: []byte(`{"down":true}`),
 				Header: http.Header{"Content-Type": {"application/json"}, "X-Down": {"yes"}}}, nil
 		case modeConflict:
-			return idempotency.Problem(req, problem.New(http.StatusConflict, "item_conflict", "conflict after writing")), nil
+			return idempotency.Problem(req, problem.Details{Type: "/problems/item_conflict", Title: "Conflict",
+				Status: http.StatusConflict, Detail: "conflict after writing", Code: "item_conflict"}), nil
 		case modeSleep:
 			if err := tx.Exec(`SELECT pg_sleep(10)`).Error; err != nil {
 				return idempotency.Response{}, err

@@ -16,13 +16,19 @@ import (
 // ContentType is the media type of a problem document.
 const ContentType = "application/problem+json"
 
-// typeBase prefixes the code to form the problem's type URI.
-const typeBase = "https://valruns.dev/problems/"
+// TypeBase prefixes the code to form the problem's type: a path, resolved
+// against the address that answered (RFC 9457 3.1.1), where the service
+// serves the code's page. A relative type needs no setting, names one kind
+// of problem on every deployment (a client may compare types), and stays
+// true in an answer stored for an idempotent replay whatever address later
+// replays it.
+const TypeBase = "/problems/"
 
 // Details is an RFC 9457 problem document.
 type Details struct {
-	// Type is a URI naming the kind of problem.
-	Type string `json:"type" validate:"required" example:"https://valruns.dev/problems/idempotency_key_reused"`
+	// Type is a URI reference naming the kind of problem: /problems/ and
+	// the code, the path of the code's page on the service.
+	Type string `json:"type" validate:"required" example:"/problems/idempotency_key_reused"`
 	// Title is a short summary of the kind of problem.
 	Title string `json:"title" validate:"required" example:"Unprocessable Entity"`
 	// Status repeats the HTTP status code.
@@ -51,13 +57,13 @@ type FieldError struct {
 }
 
 // New builds a problem document for status with a stable code and a detail.
-func New(status int, code, detail string) Details {
+func New(status int, code Code, detail string) Details {
 	return Details{
-		Type:   typeBase + code,
+		Type:   TypeBase + code.name,
 		Title:  http.StatusText(status),
 		Status: status,
 		Detail: detail,
-		Code:   code,
+		Code:   code.name,
 	}
 }
 
@@ -107,6 +113,6 @@ func Path(r *http.Request) string {
 }
 
 // Abort is Write(c, New(status, code, detail)).
-func Abort(c *gin.Context, status int, code, detail string) {
+func Abort(c *gin.Context, status int, code Code, detail string) {
 	Write(c, New(status, code, detail))
 }

@@ -122,9 +122,13 @@ func (r *Response) HeaderNames() []string {
 	return out
 }
 
-// MediaTypes are the keys the example is listed under in the spec; none
-// for an answer without a body (204).
-func (r *Response) MediaTypes() ([]string, error) {
+// MediaTypes are the keys the example is listed under in the spec of an
+// operation that produces the media types produces; none for an answer
+// without a body (204). A problem document is listed under
+// application/json too when the operation produces JSON: its readers look
+// for its errors there (a problem page's operation produces text, and has
+// its problem under application/problem+json alone).
+func (r *Response) MediaTypes(produces map[string]bool) ([]string, error) {
 	if r.ContentType == "" {
 		return nil, nil
 	}
@@ -132,7 +136,7 @@ func (r *Response) MediaTypes() ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("content type %q: %w", r.ContentType, err)
 	}
-	if mt == "application/problem+json" {
+	if mt == "application/problem+json" && produces["application/json"] {
 		return []string{"application/json", mt}, nil
 	}
 	return []string{mt}, nil
@@ -216,7 +220,7 @@ func applyOperation(spec, op *Value, o *Operation) error {
 		if resp.Get("examples") != nil {
 			return fmt.Errorf("status %s has examples already (Apply runs on swag's output)", status)
 		}
-		types, err := r.MediaTypes()
+		types, err := r.MediaTypes(produces)
 		if err != nil {
 			return fmt.Errorf("status %s: %w", status, err)
 		}

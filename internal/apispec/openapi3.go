@@ -30,6 +30,7 @@ func ToOpenAPI3(spec *Value) (*openapi3.T, error) {
 		return nil, fmt.Errorf("convert to OpenAPI 3: %w", err)
 	}
 	oneMediaTypePerStatus(v3)
+	parameterExamples(v3)
 	if err := jsonTypes(v3); err != nil {
 		return nil, err
 	}
@@ -42,15 +43,16 @@ func ToOpenAPI3(spec *Value) (*openapi3.T, error) {
 	return v3, nil
 }
 
-// oneMediaTypePerStatus keeps, of a response that offers both
-// application/json and application/problem+json, the one the server sends
-// with that status: problem+json for an error (4xx, 5xx), JSON otherwise.
-// Swag 2.0 has one `produces` list per operation, so the converter gives
-// every response of an operation that can answer a problem both media types;
-// a tool that reads the first one (Portman's contract tests, make fuzz-spec)
-// then expects application/json on a 404, and a client generator offers a
-// problem body on a 200. Every error answer of the API is a problem document
-// (RFC 9457), every success is JSON: the conformance check
+// oneMediaTypePerStatus keeps, of a response that offers
+// application/problem+json beside other media types, the ones the server
+// sends with that status: problem+json alone for an error (4xx, 5xx), the
+// others otherwise. Swag 2.0 has one `produces` list per operation, so the
+// converter gives every response of an operation that can answer a problem
+// every media type; a tool that reads the first one (Portman's contract
+// tests, make fuzz-spec) then expects application/json on a 404, and a
+// client generator offers a problem body on a 200. Every error answer of
+// the API is a problem document (RFC 9457), every success is JSON (or the
+// text of a problem page): the conformance check
 // (internal/apispec/conform) holds the server to it.
 func oneMediaTypePerStatus(v3 *openapi3.T) {
 	for _, item := range v3.Paths.Map() {
@@ -63,19 +65,39 @@ func oneMediaTypePerStatus(v3 *openapi3.T) {
 					continue
 				}
 				c := r.Value.Content
-				if c["application/json"] == nil || c["application/problem+json"] == nil {
+				prob := c["application/problem+json"]
+				if prob == nil || len(c) == 1 {
 					continue
 				}
-				keep, drop := "application/json", "application/problem+json"
-				if status[0] == '4' || status[0] == '5' || status == "default" {
-					keep, drop = drop, keep
+				if status[0] != '4' && status[0] != '5' && status != "default" {
+					delete(c, "application/problem+json")
+					continue
 				}
 				// The converter writes a response's example under the
 				// first media type: it moves to the one kept.
-				if k, d := c[keep], c[drop]; k.Example == nil && len(k.Examples) == 0 {
-					k.Example, k.Examples = d.Example, d.Examples
+				for mt, m := range c {
+					if mt != "application/problem+json" && prob.Example == nil && len(prob.Examples) == 0 {
+						prob.Example, prob.Examples = m.Example, m.Examples
+					}
 				}
-				delete(c, drop)
+				r.Value.Content = openapi3.Content{"application/problem+json": prob}
+			}
+		}
+	}
+}
+
+// parameterExamples makes a parameter's x-example its example: Swagger 2.0
+// allows no example on a parameter that is not the body, so the 2.0 document
+// says it with the extension Swagger UI reads there, and OpenAPI 3 has the
+// member (where Swagger UI reads it, and fills it in on Try it out).
+func parameterExamples(v3 *openapi3.T) {
+	for _, item := range v3.Paths.Map() {
+		for _, op := range item.Operations() {
+			for _, p := range op.Parameters {
+				if x, ok := p.Value.Extensions["x-example"]; ok {
+					p.Value.Example = x
+					delete(p.Value.Extensions, "x-example")
+				}
 			}
 		}
 	}

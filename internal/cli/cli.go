@@ -159,8 +159,9 @@ const (
 
 // Run executes the command args name and returns the process's exit code:
 // 0 done (or usage asked for), 1 failed (one line on stderr: "valruns CMD:
-// why"), 2 bad usage (why, then the command's usage, on stderr), or the
-// code an exitCoder error chooses.
+// why"), 2 bad usage (one line on stderr: why, and where the usage is:
+// "valruns CMD: why; see valruns CMD --help"), or the code an exitCoder
+// error chooses. The usage itself is printed only when asked for.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "help" { // `valruns help org create` = `valruns org create --help`
 		if len(args) == 1 {
@@ -170,8 +171,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		args = append(slices.Clone(args[1:]), "--help")
 	}
 	if len(args) == 0 {
-		fmt.Fprint(stderr, overview())
-		return exitUsage
+		return usageLine(stderr, nil, "missing command")
 	}
 	if isHelp(args[0]) {
 		fmt.Fprint(stdout, overview())
@@ -192,12 +192,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		i := slices.IndexFunc(table, func(c command) bool { return c.name == rest[0] })
 		if i < 0 {
 			if path == nil {
-				fmt.Fprintf(stderr, "valruns: unknown command %q%s\n\n%s", rest[0], suggest(rest[0], table), overview())
-				return exitUsage
+				return usageLine(stderr, nil, fmt.Sprintf("unknown command %q%s", rest[0], suggest(rest[0], table)))
 			}
-			name := strings.Join(path, " ")
-			fmt.Fprintf(stderr, "valruns %s: unknown subcommand %q%s\n\n%s", name, rest[0], suggest(rest[0], table), groupUsage(path, cmd))
-			return exitUsage
+			return usageLine(stderr, path, fmt.Sprintf("unknown subcommand %q%s", rest[0], suggest(rest[0], table)))
 		}
 		cmd, path, rest = table[i], append(path, table[i].name), rest[1:]
 		if cmd.subs == nil {
@@ -208,8 +205,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprint(stdout, groupUsage(path, cmd))
 				return exitOK
 			}
-			fmt.Fprintf(stderr, "valruns %s: missing subcommand\n\n%s", strings.Join(path, " "), groupUsage(path, cmd))
-			return exitUsage
+			return usageLine(stderr, path, "missing subcommand")
 		}
 		table = cmd.subs
 	}
@@ -225,9 +221,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return exitOK
 	case errors.As(err, new(*usageError)):
-		fmt.Fprintf(stderr, "valruns %s: %s\n\n", name, oneLine(err))
-		_ = cmd.run(ctx, []string{"-h"}, stderr)
-		return exitUsage
+		return usageLine(stderr, path, oneLine(err))
 	}
 	fmt.Fprintf(stderr, "valruns %s: %s\n", name, oneLine(err))
 	if ec, ok := errors.AsType[exitCoder](err); ok {
@@ -236,7 +230,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitFail
 }
 
-// suggest is ", did you mean X?" when word is a likely typo of a command
+// usageLine writes the one line of a bad call of the command path (nil:
+// valruns itself), why and where its usage is, and is the exit code.
+func usageLine(stderr io.Writer, path []string, why string) int {
+	name := strings.Join(append([]string{"valruns"}, path...), " ")
+	fmt.Fprintf(stderr, "%s: %s; see %s --help\n", name, why, name)
+	return exitUsage
+}
+
+// suggest is ` (did you mean "X"?)` when word is a likely typo of a command
 // of table (within two edits, or its start), else "".
 func suggest(word string, table []command) string {
 	best, bestDist := "", 3
@@ -252,7 +254,7 @@ func suggest(word string, table []command) string {
 	if best == "" {
 		return ""
 	}
-	return fmt.Sprintf(", did you mean %q?", best)
+	return fmt.Sprintf(" (did you mean %q?)", best)
 }
 
 // editDistance is the Levenshtein distance of a and b, in bytes (command
@@ -326,7 +328,7 @@ func wantsHelp(args []string) bool {
 // flags returns the FlagSet of a command: synopsis is its usage line after
 // "valruns ", doc optional paragraphs after it. The usage goes to out when
 // asked for (-h); a bad flag prints nothing here, since parse turns it into
-// a *usageError and Run prints it with the usage on stderr.
+// a *usageError and Run prints it as one line on stderr.
 func flags(name, synopsis string, out io.Writer, doc ...string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	failed := &flagFailure{}

@@ -225,57 +225,58 @@ func TestHelpSaysWhatItDoes(t *testing.T) {
 	}
 }
 
-// TestBadUsage: every bad call exits 2 with why and the command's usage on
-// stderr, before any connection to the database.
+// TestBadUsage: every bad call exits 2 with one line on stderr, why and
+// where the usage is ("; see valruns CMD --help"), before any connection to
+// the database; the usage itself only with --help.
 func TestBadUsage(t *testing.T) {
 	setEnv(t, unreachableDB)
 	tests := []struct {
 		args []string
-		// wantErr is the first line on stderr; wantUsage must follow it.
-		wantErr, wantUsage string
+		// wantErr starts the one line on stderr; wantHelp ends it.
+		wantErr, wantHelp string
 	}{
-		{args: []string{"frobnicate"}, wantErr: `valruns: unknown command "frobnicate"`, wantUsage: "valruns: the idempotent job-start API\n\nUsage:\n  valruns serve"},
-		{args: []string{"token"}, wantErr: "valruns token: missing subcommand", wantUsage: "Usage: valruns token SUBCOMMAND"},
-		{args: []string{"token", "--org", "acme"}, wantErr: "valruns token: missing subcommand", wantUsage: "Usage: valruns token SUBCOMMAND"},
-		{args: []string{"token", "make"}, wantErr: `valruns token: unknown subcommand "make"`, wantUsage: "Usage: valruns token SUBCOMMAND"},
-		{args: []string{"org"}, wantErr: "valruns org: missing subcommand", wantUsage: "Usage: valruns org SUBCOMMAND"},
-		{args: []string{"org", "Acme"}, wantErr: `valruns org: unknown subcommand "Acme"`, wantUsage: "Usage: valruns org SUBCOMMAND"},
-		{args: []string{"migrate"}, wantErr: "valruns migrate: missing subcommand", wantUsage: "Usage: valruns migrate SUBCOMMAND"},
-		{args: []string{"migrate", "sideways"}, wantErr: `valruns migrate: unknown subcommand "sideways"`, wantUsage: "Usage: valruns migrate SUBCOMMAND"},
-		{args: []string{"migrate", "up", "now"}, wantErr: `valruns migrate up: unexpected argument "now"`, wantUsage: "Usage: valruns migrate up"},
-		{args: []string{"serve", "now"}, wantErr: `valruns serve: unexpected argument "now"`, wantUsage: "Usage: valruns serve"},
-		{args: []string{"org", "create"}, wantErr: "valruns org create: missing NAME", wantUsage: "Usage: valruns org create"},
-		{args: []string{"org", "create", "Acme", "Corp"}, wantErr: "valruns org create: want one NAME, got 2 words", wantUsage: "Usage: valruns org create"},
-		{args: []string{"org", "create", "  "}, wantErr: "valruns org create: NAME: name must be 1 to 200 characters", wantUsage: "Usage: valruns org create"},
-		{args: []string{"org", "create", strings.Repeat("x", 201)}, wantErr: "valruns org create: NAME: name must be 1 to 200 characters", wantUsage: "Usage: valruns org create"},
-		{args: []string{"org", "create", "Acme", "--slug", "Not A Slug"}, wantErr: `valruns org create: --slug: slug "Not A Slug": a slug is 1 to 63 lowercase`, wantUsage: "Usage: valruns org create"},
-		{args: []string{"org", "create", "Acme", "--slug"}, wantErr: "valruns org create: flag needs an argument: -slug", wantUsage: "Usage: valruns org create"},
-		{args: []string{"org", "list", "all"}, wantErr: `valruns org list: unexpected argument "all"`, wantUsage: "Usage: valruns org list"},
-		{args: []string{"org", "quota", "acme"}, wantErr: "valruns org quota: want SLUG and N|default, got 1 argument(s)", wantUsage: "Usage: valruns org quota"},
-		{args: []string{"org", "quota", "acme", "lots"}, wantErr: `valruns org quota: quota "lots": want a whole number >= 0 (0: unlimited) or default`, wantUsage: "Usage: valruns org quota"},
-		{args: []string{"org", "quota", "acme", "1.5"}, wantErr: `valruns org quota: quota "1.5": want a whole number`, wantUsage: "Usage: valruns org quota"},
-		{args: []string{"org", "quota", "acme", "-5"}, wantErr: `valruns org quota: quota "-5": want a whole number >= 0 (0: unlimited) or default`, wantUsage: "Usage: valruns org quota"},
-		{args: []string{"org", "quota", "-5", "acme"}, wantErr: `valruns org quota: quota "acme": want a whole number >= 0`, wantUsage: "Usage: valruns org quota"},
-		{args: []string{"org", "quota", "acme", "--", "-5"}, wantErr: `valruns org quota: quota "-5": want a whole number >= 0`, wantUsage: "Usage: valruns org quota"},
-		{args: []string{"org", "create", "Acme", "--slug", ""}, wantErr: "valruns org create: --slug is empty (an unset variable?): give it a value, or leave the flag out", wantUsage: "Usage: valruns org create"},
-		{args: []string{"token", "list", "--org="}, wantErr: "valruns token list: --org is empty", wantUsage: "Usage: valruns token list"},
-		{args: []string{"org", "quota", "acme", "99999999999999999999"}, wantErr: `valruns org quota: quota "99999999999999999999": want a whole number`, wantUsage: "Usage: valruns org quota"},
-		{args: []string{"token", "create"}, wantErr: "valruns token create: --org SLUG is required", wantUsage: "Usage: valruns token create"},
-		{args: []string{"token", "list"}, wantErr: "valruns token list: --org SLUG is required", wantUsage: "Usage: valruns token list"},
-		{args: []string{"token", "revoke"}, wantErr: "valruns token revoke: want one ID or PREFIX, got 0", wantUsage: "Usage: valruns token revoke"},
-		{args: []string{"token", "revoke", "abc"}, wantErr: `valruns token revoke: token "abc": want a token id`, wantUsage: "Usage: valruns token revoke"},
-		{args: []string{"token", "revoke", "vr_"}, wantErr: `valruns token revoke: token "vr_": want a token id`, wantUsage: "Usage: valruns token revoke"},
+		{args: []string{"frobnicate"}, wantErr: `valruns: unknown command "frobnicate"`, wantHelp: "; see valruns --help"},
+		{args: []string{"token"}, wantErr: "valruns token: missing subcommand", wantHelp: "; see valruns token --help"},
+		{args: []string{"token", "--org", "acme"}, wantErr: "valruns token: missing subcommand", wantHelp: "; see valruns token --help"},
+		{args: []string{"token", "make"}, wantErr: `valruns token: unknown subcommand "make"`, wantHelp: "; see valruns token --help"},
+		{args: []string{"org"}, wantErr: "valruns org: missing subcommand", wantHelp: "; see valruns org --help"},
+		{args: []string{"org", "Acme"}, wantErr: `valruns org: unknown subcommand "Acme"`, wantHelp: "; see valruns org --help"},
+		{args: []string{"migrate"}, wantErr: "valruns migrate: missing subcommand", wantHelp: "; see valruns migrate --help"},
+		{args: []string{"migrate", "sideways"}, wantErr: `valruns migrate: unknown subcommand "sideways"`, wantHelp: "; see valruns migrate --help"},
+		{args: []string{"migrate", "up", "now"}, wantErr: `valruns migrate up: unexpected argument "now"`, wantHelp: "; see valruns migrate up --help"},
+		{args: []string{"serve", "now"}, wantErr: `valruns serve: unexpected argument "now"`, wantHelp: "; see valruns serve --help"},
+		{args: []string{"org", "create"}, wantErr: "valruns org create: missing NAME", wantHelp: "; see valruns org create --help"},
+		{args: []string{"org", "create", "Acme", "Corp"}, wantErr: "valruns org create: want one NAME, got 2 words", wantHelp: "; see valruns org create --help"},
+		{args: []string{"org", "create", "  "}, wantErr: "valruns org create: NAME: name must be 1 to 200 characters", wantHelp: "; see valruns org create --help"},
+		{args: []string{"org", "create", strings.Repeat("x", 201)}, wantErr: "valruns org create: NAME: name must be 1 to 200 characters", wantHelp: "; see valruns org create --help"},
+		{args: []string{"org", "create", "Acme", "--slug", "Not A Slug"}, wantErr: `valruns org create: --slug: slug "Not A Slug": a slug is 1 to 63 lowercase`, wantHelp: "; see valruns org create --help"},
+		{args: []string{"org", "create", "Acme", "--slug"}, wantErr: "valruns org create: flag needs an argument: -slug", wantHelp: "; see valruns org create --help"},
+		{args: []string{"org", "list", "all"}, wantErr: `valruns org list: unexpected argument "all"`, wantHelp: "; see valruns org list --help"},
+		{args: []string{"org", "quota", "acme"}, wantErr: "valruns org quota: want SLUG and N|default, got 1 argument(s)", wantHelp: "; see valruns org quota --help"},
+		{args: []string{"org", "quota", "acme", "lots"}, wantErr: `valruns org quota: quota "lots": want a whole number >= 0 (0: unlimited) or default`, wantHelp: "; see valruns org quota --help"},
+		{args: []string{"org", "quota", "acme", "1.5"}, wantErr: `valruns org quota: quota "1.5": want a whole number`, wantHelp: "; see valruns org quota --help"},
+		{args: []string{"org", "quota", "acme", "-5"}, wantErr: `valruns org quota: quota "-5": want a whole number >= 0 (0: unlimited) or default`, wantHelp: "; see valruns org quota --help"},
+		{args: []string{"org", "quota", "-5", "acme"}, wantErr: `valruns org quota: quota "acme": want a whole number >= 0`, wantHelp: "; see valruns org quota --help"},
+		{args: []string{"org", "quota", "acme", "--", "-5"}, wantErr: `valruns org quota: quota "-5": want a whole number >= 0`, wantHelp: "; see valruns org quota --help"},
+		{args: []string{"org", "create", "Acme", "--slug", ""}, wantErr: "valruns org create: --slug is empty (an unset variable?): give it a value, or leave the flag out", wantHelp: "; see valruns org create --help"},
+		{args: []string{"token", "list", "--org="}, wantErr: "valruns token list: --org is empty", wantHelp: "; see valruns token list --help"},
+		{args: []string{"org", "quota", "acme", "99999999999999999999"}, wantErr: `valruns org quota: quota "99999999999999999999": want a whole number`, wantHelp: "; see valruns org quota --help"},
+		{args: []string{"token", "create"}, wantErr: "valruns token create: --org SLUG is required", wantHelp: "; see valruns token create --help"},
+		{args: []string{"token", "list"}, wantErr: "valruns token list: --org SLUG is required", wantHelp: "; see valruns token list --help"},
+		{args: []string{"token", "revoke"}, wantErr: "valruns token revoke: want one ID or PREFIX, got 0", wantHelp: "; see valruns token revoke --help"},
+		{args: []string{"token", "revoke", "abc"}, wantErr: `valruns token revoke: token "abc": want a token id`, wantHelp: "; see valruns token revoke --help"},
+		{args: []string{"token", "revoke", "vr_"}, wantErr: `valruns token revoke: token "vr_": want a token id`, wantHelp: "; see valruns token revoke --help"},
 	}
 	// Every command refuses a flag it does not have.
 	_, leaves := walkCommands()
 	for _, l := range leaves {
 		tests = append(tests, struct {
-			args               []string
-			wantErr, wantUsage string
+			args              []string
+			wantErr, wantHelp string
 		}{
-			args:      append(slices.Clone(l.path), "--no-such-flag"),
-			wantErr:   "valruns " + l.name() + ": flag provided but not defined: -no-such-flag",
-			wantUsage: "Usage: valruns " + synopsis(l.path, l.cmd) + "\n",
+			args:     append(slices.Clone(l.path), "--no-such-flag"),
+			wantErr:  "valruns " + l.name() + ": flag provided but not defined: -no-such-flag",
+			wantHelp: "; see valruns " + l.name() + " --help",
 		})
 	}
 	for _, tt := range tests {
@@ -283,9 +284,10 @@ func TestBadUsage(t *testing.T) {
 			r := runCLI(t, tt.args...)
 			require.Equal(t, 2, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 			require.Empty(t, r.stdout)
-			first, rest, _ := strings.Cut(r.stderr, "\n")
-			require.True(t, strings.HasPrefix(first, tt.wantErr), "first line %q, want %q", first, tt.wantErr)
-			require.True(t, strings.HasPrefix(rest, "\n"+tt.wantUsage), "after a blank line, the usage: %q", rest)
+			line, rest, _ := strings.Cut(r.stderr, "\n")
+			require.Empty(t, rest, "one line on stderr, not the usage: %q", r.stderr)
+			require.True(t, strings.HasPrefix(line, tt.wantErr), "line %q, want %q", line, tt.wantErr)
+			require.True(t, strings.HasSuffix(line, tt.wantHelp), "line %q ends with where the usage is", line)
 			require.NotContains(t, r.stderr, "DATABASE_URL", "a bad call is refused before connecting")
 		})
 	}
@@ -302,7 +304,7 @@ func TestOverview(t *testing.T) {
 	r := runCLI(t)
 	require.Equal(t, 2, r.code, "no command is bad usage")
 	require.Empty(t, r.stdout)
-	require.Equal(t, overview(), r.stderr)
+	require.Equal(t, "valruns: missing command; see valruns --help\n", r.stderr)
 
 	_, leaves := walkCommands()
 	for _, l := range leaves {
@@ -1043,16 +1045,16 @@ func TestBinaryExitCodes(t *testing.T) {
 	}{
 		{args: []string{"org", "create", "--help"}, wantCode: 0, wantOut: "Usage: valruns org create NAME"},
 		{args: []string{"migrate", "status", "--help"}, wantCode: 0, wantOut: "Usage: valruns migrate status\n"},
-		{args: []string{"token"}, wantCode: 2, wantErr: "valruns token: missing subcommand\n\nUsage: valruns token SUBCOMMAND"},
+		{args: []string{"token"}, wantCode: 2, wantErr: "valruns token: missing subcommand; see valruns token --help\n"},
 		{args: []string{"org", "quota", "nope", "5"}, wantCode: 1, wantErr: `valruns org quota: no organisation with slug "nope"`},
 		// A negative number is an operand, judged as a quota, not a flag "-5".
-		{args: []string{"org", "quota", "nope", "-5"}, wantCode: 2, wantErr: `valruns org quota: quota "-5": want a whole number >= 0 (0: unlimited) or default` + "\n\nUsage: valruns org quota"},
+		{args: []string{"org", "quota", "nope", "-5"}, wantCode: 2, wantErr: `valruns org quota: quota "-5": want a whole number >= 0 (0: unlimited) or default; see valruns org quota --help` + "\n"},
 		{args: []string{"org", "create", "Acme", "--slug", ""}, wantCode: 2, wantErr: "valruns org create: --slug is empty"},
 		{args: []string{"org", "list"}, wantCode: 0, wantOut: "no organisations yet"},
 		{args: []string{"version"}, wantCode: 0, wantOut: "valruns " + Release + "\nrevision "},
 		{args: []string{"--version"}, wantCode: 0, wantOut: "valruns " + Release + "\nrevision "},
-		{args: []string{"serv"}, wantCode: 2, wantErr: `valruns: unknown command "serv", did you mean "serve"?` + "\n\nvalruns: the idempotent job-start API"},
-		{args: []string{"org", "creat", "Acme"}, wantCode: 2, wantErr: `valruns org: unknown subcommand "creat", did you mean "create"?`},
+		{args: []string{"serv"}, wantCode: 2, wantErr: `valruns: unknown command "serv" (did you mean "serve"?); see valruns --help` + "\n"},
+		{args: []string{"org", "creat", "Acme"}, wantCode: 2, wantErr: `valruns org: unknown subcommand "creat" (did you mean "create"?); see valruns org --help` + "\n"},
 		{args: []string{"org", "create", "東京"}, wantCode: 2, wantErr: `valruns org create: NAME: name "東京": 東京 has no ASCII spelling to derive a readable slug from: give the slug with --slug SLUG`},
 	}
 	for _, tt := range tests {

@@ -226,10 +226,12 @@ func TestStartCommand(t *testing.T) {
 			r := startBin(t, bin, append(append([]string{}, env...), tt.env...), tt.stdin, append([]string{"start"}, tt.args...)...)
 			require.Equal(t, 2, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
 			require.Empty(t, r.stdout)
-			// Why on the first line, then the usage (as every command does).
-			first, usage, _ := strings.Cut(r.stderr, "\n")
-			require.Contains(t, first, tt.want)
-			require.Contains(t, usage, "Usage: valruns start --workflow ID")
+			// One line, why and where the usage is (as every command does).
+			line, rest, _ := strings.Cut(r.stderr, "\n")
+			require.Contains(t, line, tt.want)
+			require.True(t, strings.HasPrefix(line, "valruns start: "), "line %q", line)
+			require.True(t, strings.HasSuffix(line, "; see valruns start --help"), "line %q", line)
+			require.Empty(t, rest, "one line on stderr, not the usage: %q", r.stderr)
 			require.Equal(t, before, runs(), "nothing started")
 		})
 	}

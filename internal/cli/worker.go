@@ -175,7 +175,7 @@ func workerReadyz(w http.ResponseWriter, r *http.Request, worker *tasks.Worker) 
 		w.Header().Set("Content-Type", problem.ContentType)
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
-		d := problem.New(http.StatusServiceUnavailable, "not_ready", err.Error())
+		d := problem.New(http.StatusServiceUnavailable, problem.NotReady, err.Error())
 		d.Instance = r.URL.Path
 		_, _ = w.Write(d.Body())
 		return

@@ -314,7 +314,7 @@ func TestFinalAnswersAreNotRetried(t *testing.T) {
 		require.Equal(t, tt.code, e.Code, tt.name)
 		require.NotEmpty(t, e.Detail, tt.name)
 		require.NotEmpty(t, e.Title, tt.name)
-		require.Equal(t, "https://valruns.dev/problems/"+tt.code, e.Type, tt.name)
+		require.Equal(t, "/problems/"+tt.code, e.Type, tt.name)
 		require.NotEmpty(t, e.RequestID, tt.name)
 		require.Equal(t, tt.replayed, e.Replayed, tt.name)
 		if tt.sentinel != nil {

@@ -116,7 +116,7 @@ func (ft *faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return &http.Response{
 			StatusCode: http.StatusServiceUnavailable, Status: "503 Service Unavailable", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 			Header: http.Header{"Content-Type": {"application/problem+json"}},
-			Body: io.NopCloser(strings.NewReader(`{"type":"https://valruns.dev/problems/service_unavailable","title":"Service Unavailable",` +
+			Body: io.NopCloser(strings.NewReader(`{"type":"/problems/service_unavailable","title":"Service Unavailable",` +
 				`"status":503,"detail":"injected by the test","code":"service_unavailable"}`)),
 			Request: req,
 		}, nil

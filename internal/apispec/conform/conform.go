@@ -28,6 +28,13 @@ import (
 	"github.com/valruns/valruns/docs"
 )
 
+// The problem pages (/problems/) are text, HTML or Markdown, as /metrics
+// is text/plain: their bodies are checked as strings.
+func init() {
+	openapi3filter.RegisterBodyDecoder("text/html", openapi3filter.PlainBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("text/markdown", openapi3filter.PlainBodyDecoder)
+}
+
 // Checker checks answers against one OpenAPI 3 document.
 type Checker struct {
 	doc    *openapi3.T

@@ -61,7 +61,7 @@ func TestCheckerRefusesDisagreements(t *testing.T) {
 	const run = `{"id":"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a","workflow_id":"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a","status":"queued",` +
 		`"submission":%s,"metadata":{},"attempts":0,"created_at":"2026-11-22T10:00:00Z"}`
 	problem := func(extra string) string {
-		return `{"type":"https://valruns.dev/problems/not_found","title":"Not Found","status":404,"detail":"Run not found.","code":"not_found"` + extra + `}`
+		return `{"type":"/problems/not_found","title":"Not Found","status":404,"detail":"Run not found.","code":"not_found"` + extra + `}`
 	}
 	jsonH := http.Header{"Content-Type": {"application/json; charset=utf-8"}, "X-Request-Id": {"r1"}}
 	probH := http.Header{"Content-Type": {"application/problem+json"}, "X-Request-Id": {"r1"}}
@@ -102,7 +102,7 @@ func TestCheckerRefusesDisagreements(t *testing.T) {
 
 	// Headers are checked against their schemas too: Retry-After is an integer.
 	start := httptest.NewRequest(http.MethodPost, "/api/workflows/0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a/start/", nil)
-	busy := `{"type":"https://valruns.dev/problems/idempotency_key_in_progress","title":"Conflict","status":409,"detail":"A request with this idempotency key is currently being processed.","code":"idempotency_key_in_progress","instance":"/x","request_id":"r1"}`
+	busy := `{"type":"/problems/idempotency_key_in_progress","title":"Conflict","status":409,"detail":"A request with this idempotency key is currently being processed.","code":"idempotency_key_in_progress","instance":"/x","request_id":"r1"}`
 	require.NoError(t, c.Check(start, 409, http.Header{"Content-Type": {"application/problem+json"}, "Retry-After": {"1"}, "X-Request-Id": {"r1"}}, []byte(busy)))
 	require.Error(t, c.Check(start, 409, http.Header{"Content-Type": {"application/problem+json"}, "Retry-After": {"soon"}, "X-Request-Id": {"r1"}}, []byte(busy)))
 
