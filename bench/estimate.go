@@ -73,7 +73,7 @@ func (p plan) estimate(baseline bool) time.Duration {
 	if baseline {
 		sides = 2
 	}
-	if p.want("pgwork") || p.want("e2e") || p.want("drain") || p.want("scale") {
+	if p.want("pgwork") || p.want("e2e") || p.want("drain") || p.want("scale") || p.want("profile") {
 		d += time.Duration(sides) * setupTime
 	}
 	if p.want("pgwork") {
@@ -82,6 +82,9 @@ func (p plan) estimate(baseline bool) time.Duration {
 	e2eLoop := p.E2E.Warm + p.E2E.Dur + e2eOverhead
 	if p.want("e2e") {
 		d += time.Duration(p.e2eLoops(baseline)) * e2eLoop
+	}
+	if p.want("profile") {
+		d += e2eLoop
 	}
 	if p.want("drain") {
 		d += rateTime(p.DrainRuns, drainQueueRate) + time.Duration(len(p.DrainConc))*drainPointTime
@@ -113,13 +116,13 @@ func (p plan) describe(baseline bool) string {
 		parts = append(parts, fmt.Sprintf("end to end at clients %s: %d loops of %s + %s", levelsText(p.E2ELevels, 0),
 			p.e2eLoops(baseline), p.E2E.Warm, p.E2E.Dur))
 	}
-	for _, part := range []string{"capture", "tracing", "cleanup", "latency", "pgwork", "drain", "scale", "noisy"} {
+	for _, part := range []string{"capture", "tracing", "cleanup", "latency", "pgwork", "profile", "drain", "scale", "noisy"} {
 		if len(p.Only) > 0 && p.want(part) {
 			parts = append(parts, part)
 		}
 	}
 	if len(p.Only) == 0 {
-		parts = append(parts, "the other parts (capture, tracing, cleanup, latency, pgwork, drain, scale, noisy)")
+		parts = append(parts, "the other parts (capture, tracing, cleanup, latency, pgwork, profile, drain, scale, noisy)")
 	}
 	return strings.Join(parts, "; ")
 }

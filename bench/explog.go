@@ -33,9 +33,11 @@ type experimentLog struct {
 	E2E        []e2eResult
 	Drain      []drainResult
 	Scale      []e2eResult // horizontal scale (issue 17), of "now"
-	ScaleDur   time.Duration
-	Load       string // load average before and after
-	Errors     []string
+	// Profile: where a start's and a run's time goes (issue 30), of "now".
+	Profile  *profileResult
+	ScaleDur time.Duration
+	Load     string // load average before and after
+	Errors   []string
 }
 
 func (x *experimentLog) pgwork(side string) (pgWorkResult, bool) {
@@ -145,6 +147,9 @@ func (x *experimentLog) markdown() string {
 	}
 	if len(x.E2E) > 0 {
 		x.writeE2E(&b)
+	}
+	if x.Profile != nil {
+		x.writeProfile(&b)
 	}
 	for _, d := range x.Drain {
 		x.writeDrain(&b, d)
@@ -452,6 +457,11 @@ func runExperiments(ctx context.Context, e *env, p plan, baseline, root, scratch
 				}
 			}
 		}
+	}
+	if p.want("profile") && ctx.Err() == nil {
+		say("profile: where the time goes, %d clients", profileClients)
+		r := e.measureProfile(ctx, now, profileClients, p.E2E.Warm, p.E2E.Dur, scratch)
+		x.Profile = &r
 	}
 	if p.want("drain") && ctx.Err() == nil {
 		say("drain now: %d runs, WORKER_CONCURRENCY %v", p.DrainRuns, p.DrainConc)

@@ -116,7 +116,7 @@ func run(ctx context.Context) error {
 	var levels, e2eClients, drainConc intsFlag
 	flag.Var(&levels, "clients", "comma-separated client counts of the start curve (default: 1,4,8,16,32,64,128; quick: 1,8,32); the other start scenarios run at those of 1,8,32,128 (quick: 32)")
 	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
-	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,tracing,cleanup,latency,pgwork,e2e,drain,scale,noisy (default all; e2e includes the peer's)")
+	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,tracing,cleanup,latency,pgwork,e2e,profile,drain,scale,noisy (default all; e2e includes the peer's)")
 	baseline := flag.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
 	e2eDur := flag.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 15s; quick 5s)")
 	flag.Var(&e2eClients, "e2e-clients", "comma-separated client counts of the end-to-end curve (default 1,8,32,128; quick 1,8,32); the baseline and the horizontal scale run at 32 (or the largest)")
@@ -277,7 +277,7 @@ func run(ctx context.Context) error {
 		}
 	}
 
-	if (p.want("pgwork") || p.want("e2e") || p.want("drain") || p.want("scale")) && ctx.Err() == nil {
+	if (p.want("pgwork") || p.want("e2e") || p.want("profile") || p.want("drain") || p.want("scale")) && ctx.Err() == nil {
 		res.Exp = runExperiments(ctx, e, p, *baseline, root, scratchDir)
 	}
 
