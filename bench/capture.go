@@ -36,8 +36,12 @@ type wireParam struct {
 
 // wireStmt is one executed statement.
 type wireStmt struct {
-	Conn   int
-	Burst  int // the client's burst on Conn: statements sent without waiting for an answer share one
+	Conn  int
+	Burst int // the client's burst on Conn: statements sent without waiting for an answer share one
+	// Txn numbers the extended-protocol transactions of Conn: statements
+	// between two Syncs run in one implicit transaction (a Query is one of
+	// its own), whatever bursts they were sent in.
+	Txn    int
 	SQL    string
 	Params []wireParam
 	Simple bool // a simple-protocol Query (no parameters; may hold several statements)
@@ -64,6 +68,7 @@ const keptRows = 2
 type wireEvent struct {
 	Conn  int
 	Burst int
+	Txn   int
 	Type  byte      // the message type: 'P' Parse, 'B' Bind, 'E' Execute, 'S' Sync, 'Q' Query...
 	Stmt  *wireStmt // set for 'E' and 'Q'
 	Err   string    // set for server errors ('!' events)
@@ -208,6 +213,7 @@ type connState struct {
 	opaque      bool // TLS or a protocol we cannot follow: stop decoding
 	serverSpoke bool
 	burst       int
+	txn         int // Syncs and Queries the client sent (wireStmt.Txn)
 
 	stmts           map[string]*prepared
 	portals         map[string]*bound
@@ -351,7 +357,7 @@ func (r *reader) bytes(n int) []byte {
 }
 
 func (st *connState) record(ev wireEvent) {
-	ev.Conn, ev.Burst = st.id, st.burst
+	ev.Conn, ev.Burst, ev.Txn = st.id, st.burst, st.txn
 	st.cap.events = append(st.cap.events, ev)
 }
 
@@ -446,9 +452,13 @@ func (st *connState) clientMessage(typ byte, body []byte) {
 		s := &wireStmt{SQL: sql, Simple: true}
 		st.pendingExec = append(st.pendingExec, s)
 		st.record(wireEvent{Type: typ, Stmt: s})
+		st.txn++
 		return
 	}
 	st.record(wireEvent{Type: typ})
+	if typ == 'S' { // Sync: the implicit transaction ends
+		st.txn++
+	}
 }
 
 func (st *connState) serverMessage(typ byte, body []byte) {
@@ -691,7 +701,7 @@ func summarize(events []wireEvent) requestCapture {
 			pingOnly[k] = false
 			hasExec[k] = true
 			s := *ev.Stmt
-			s.Conn, s.Burst = ev.Conn, ev.Burst
+			s.Conn, s.Burst, s.Txn = ev.Conn, ev.Burst, ev.Txn
 			rc.Stmts = append(rc.Stmts, s)
 		case 'P':
 			pingOnly[k] = false

@@ -136,7 +136,11 @@ func buildScript(a, b requestCapture, others []requestCapture, typeName map[uint
 		if err != nil {
 			return nil, fmt.Errorf("statement %d: %w", si+1, err)
 		}
-		cur := [2]int{s.Conn, s.Burst}
+		// Statements the server ran in one implicit transaction (no Sync
+		// between them) share a pipeline, whatever bursts the client sent
+		// them in: a statement can rely on what an earlier one set or
+		// locked for the transaction (the start's locks and settings).
+		cur := [2]int{s.Conn, s.Txn}
 		if cur != prev {
 			if inPipe {
 				body.WriteString("\\endpipeline\n")
@@ -315,11 +319,11 @@ func (g *scriptGen) usedLater(a requestCapture, si int, u string) bool {
 	return false
 }
 
-// groupsOf counts the statements of each round trip.
+// groupsOf counts the statements of each implicit transaction (Conn, Txn).
 func groupsOf(stmts []wireStmt) map[[2]int]int {
 	m := map[[2]int]int{}
 	for _, s := range stmts {
-		m[[2]int{s.Conn, s.Burst}]++
+		m[[2]int{s.Conn, s.Txn}]++
 	}
 	return m
 }
