@@ -81,8 +81,21 @@ func New(t testing.TB, opt ...Options) (*gorm.DB, string) {
 	if pooler != "" {
 		poolURL = withDBName(t, pooler, name)
 	}
-	db, err := models.Open(ctx, poolURL, models.DBOptions{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns,
-		StatementTimeout: o.StatementTimeout, TransactionPooler: pooler != ""})
+	// models.Open gives the first connection 5 s, as a server at start-up
+	// does; the first connection to a database just cloned can take longer
+	// on a machine whose cores are all busy (make test-under-load saw it),
+	// so the tests give it four tries before they fail.
+	var db *gorm.DB
+	var err error
+	for try := 1; ; try++ {
+		db, err = models.Open(ctx, poolURL, models.DBOptions{Tracer: o.Tracer, MaxOpenConns: o.MaxOpenConns,
+			StatementTimeout: o.StatementTimeout, TransactionPooler: pooler != ""})
+		if err == nil || try == 4 {
+			break
+		}
+		t.Logf("testdb: open %s, try %d: %v", name, try, err)
+		time.Sleep(time.Second)
+	}
 	if err != nil {
 		t.Fatalf("testdb: open %s: %v", name, err)
 	}
