@@ -88,7 +88,6 @@ var wantSettings = []struct{ name, value string }{
 	{"RUN_FAST_PATH", "0"},        // every run under a lease: the kill and pause scenarios catch workers holding them
 	{"RUN_HEARTBEAT", "1s"},       // ... while a live worker keeps it
 	{"RUN_SWEEP_INTERVAL", "2s"},  // lost runs are looked for often
-	{"RUN_POLL_INTERVAL", "20ms"}, // many idle workers on 2 cores: none of the faults is about the hand-off's millisecond
 	{"RUN_REDELIVER_AFTER", "2s"}, // ... and redelivered soon
 	{"RUN_RETRY_DELAY", "500ms"},  // a transient failure is retried soon
 	{"WORKER_CONCURRENCY", "2"},   // slow runs are CPU-bound: 2 cores
