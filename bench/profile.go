@@ -15,6 +15,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -162,7 +163,7 @@ func (e *env) measureProfile(ctx context.Context, now *side, clients int, warm, 
 		r.Picked = workerAfter.hist(workerBefore, "valruns_run_start_to_picked_seconds", "")
 		r.Final = workerAfter.hist(workerBefore, "valruns_run_start_to_final_seconds", `status="passed"`)
 	})
-	if err := joinErrs(errs); err != nil {
+	if err := errors.Join(errs...); err != nil {
 		return fail(err)
 	}
 	r.Window, r.Starts = res.Duration, res.Requests
@@ -410,15 +411,6 @@ func pprofTop(ctx context.Context, bin, file string, n int) ([]string, error) {
 		lines = append(lines, l)
 	}
 	return lines, nil
-}
-
-func joinErrs(errs []error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // writeProfile writes the profile's section of the experiment log.
