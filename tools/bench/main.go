@@ -1,10 +1,10 @@
 // Command bench is valruns' benchmark harness (`make bench`). It drives the
 // real binary (`valruns serve`, `valruns worker`) with a closed-loop load
 // generator, in the same run as the two things a user compares it with:
-// the peer a team would otherwise pick (bench/peer: Express +
+// the peer a team would otherwise pick (tools/bench/peer: Express +
 // express-idempotency on Redis + pg) and the database's own limit (pgbench
 // replaying the SQL a new-key start sends, captured from the server at run
-// time, never retyped). It writes bench/RESULTS.md with the machine, the
+// time, never retyped). It writes tools/bench/RESULTS.md with the machine, the
 // table, the captured SQL and the ratios with their targets.
 //
 // It uses PostgreSQL at DATABASE_URL (databases valruns_bench_<pid>_*,
@@ -110,9 +110,9 @@ func main() {
 
 func run(ctx context.Context) error {
 	quick := flag.Bool("quick", os.Getenv("QUICK") != "" && os.Getenv("QUICK") != "0", "short runs, clients 1, 8 and 32 only (also QUICK=1)")
-	out := flag.String("out", "bench/RESULTS.md", "where to write the results")
+	out := flag.String("out", "tools/bench/RESULTS.md", "where to write the results")
 	bin := flag.String("bin", "bin/valruns", "the valruns binary")
-	scratch := flag.String("scratch", "bench/results", "logs, the pgbench script and results.json")
+	scratch := flag.String("scratch", "tools/bench/results", "logs, the pgbench script and results.json")
 	var levels, e2eClients, drainConc intsFlag
 	flag.Var(&levels, "clients", "comma-separated client counts of the start curve (default: 1,4,8,16,32,64,128; quick: 1,8,32); the other start scenarios run at those of 1,8,32,128 (quick: 32)")
 	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
