@@ -108,7 +108,51 @@ func main() {
 	}
 }
 
+// run is one run of the harness: plan it, measure each part the plan
+// wants, in this order, then write and judge the results.
 func run(ctx context.Context) error {
+	p, o, err := parseFlags()
+	if err != nil {
+		return err
+	}
+	h, err := setUp(ctx, p, o)
+	if err != nil {
+		return err
+	}
+	defer h.e.close()
+
+	start, peerSQL := h.captureStarts(ctx)
+	if err := h.runCurve(ctx, start, peerSQL); err != nil {
+		return err
+	}
+	if err := h.runTracing(ctx); err != nil {
+		return err
+	}
+	h.runExperimentLog(ctx)
+	h.runNoisy(ctx)
+	h.runCleanup(ctx)
+	h.runLatency(ctx)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return h.finish()
+}
+
+// options are where a run reads and writes, beside its plan.
+type options struct {
+	Out      string // the results' Markdown; an existing file keeps what a partial run did not measure
+	Bin      string // the valruns binary
+	Scratch  string // logs, the pgbench scripts, baseline builds and results.json
+	Baseline string // the git ref the experiment log measures beside Bin ("" or "none": no baseline)
+	Port     int    // BENCH_PORT: the first of the harness's HTTP ports
+}
+
+func (o options) withBaseline() bool { return o.Baseline != "" && o.Baseline != "none" }
+
+// parseFlags plans a run from the command line (and QUICK, BENCH_BASELINE,
+// BENCH_PORT): quick or full, then each flag given overrides its part of
+// that plan.
+func parseFlags() (plan, options, error) {
 	quick := flag.Bool("quick", os.Getenv("QUICK") != "" && os.Getenv("QUICK") != "0", "short runs, clients 1, 8 and 32 only (also QUICK=1)")
 	out := flag.String("out", "tools/bench/RESULTS.md", "where to write the results")
 	bin := flag.String("bin", "bin/valruns", "the valruns binary")
@@ -175,45 +219,61 @@ func run(ctx context.Context) error {
 			p.Only[strings.TrimSpace(f)] = true
 		}
 	}
-	port := 18080
+	o := options{Out: *out, Bin: *bin, Scratch: *scratch, Baseline: *baseline, Port: 18080}
 	if v := os.Getenv("BENCH_PORT"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			return fmt.Errorf("BENCH_PORT=%q: want a port number", v)
+			return plan{}, options{}, fmt.Errorf("BENCH_PORT=%q: want a port number", v)
 		}
-		port = n
+		o.Port = n
 	}
+	return p, o, nil
+}
 
+// harness is one run under way: its plan, where it writes, the
+// environment every part measures in, and the results so far.
+type harness struct {
+	p          plan
+	o          options
+	root       string // the repository's root: the working directory
+	scratchDir string // o.Scratch, absolute
+	began      time.Time
+	e          *env
+	res        *results
+}
+
+// setUp checks the binary, makes the scratch directory, says what the run
+// will do and how long it should take, and opens the environment (the
+// template database, Redis). The caller closes h.e.
+func setUp(ctx context.Context, p plan, o options) (*harness, error) {
 	root, err := os.Getwd()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	binPath, err := filepath.Abs(*bin)
+	binPath, err := filepath.Abs(o.Bin)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := os.Stat(binPath); err != nil {
-		return fmt.Errorf("%s: build it first (make build)", *bin)
+		return nil, fmt.Errorf("%s: build it first (make build)", o.Bin)
 	}
-	scratchDir, err := filepath.Abs(*scratch)
+	scratchDir, err := filepath.Abs(o.Scratch)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	logDir := filepath.Join(scratchDir, "logs")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 
 	began := time.Now()
-	withBaseline := *baseline != "" && *baseline != "none"
-	say("plan: %s", p.describe(withBaseline))
-	say("estimated time: about %s (from runs on 2 cores; more on a slower or busier machine)", p.estimate(withBaseline).Round(time.Minute))
+	say("plan: %s", p.describe(o.withBaseline()))
+	say("estimated time: about %s (from runs on 2 cores; more on a slower or busier machine)", p.estimate(o.withBaseline()).Round(time.Minute))
 	say("setting up: template database with %d organisations, tokens and workflows", p.Orgs)
-	e, err := openEnv(ctx, root, binPath, logDir, p.Orgs, port)
+	e, err := openEnv(ctx, root, binPath, logDir, p.Orgs, o.Port)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer e.close()
 
 	res := &results{Mode: "full", Date: began, Levels: p.Levels, Timing: p.HTTP, PgTiming: p.PG}
 	if p.Quick {
@@ -224,118 +284,135 @@ func run(ctx context.Context) error {
 	if e.redisProc == nil {
 		res.Redis = "BENCH_REDIS_URL " + e.redisURL
 	}
+	return &harness{p: p, o: o, root: root, scratchDir: scratchDir, began: began, e: e, res: res}, nil
+}
 
-	start := sqlScript{Scenario: pgbenchScenario(1), UsageSlots: true}
-	peerSQL := sqlScript{Scenario: pgbenchPeerScenario}
-	if p.want("capture") || p.want("pgbench") {
-		capture := func(what string, cp *captured, sc *sqlScript, run func(context.Context, string) captured) {
-			say("capturing the SQL of %s", what)
-			*cp = run(ctx, scratchDir)
-			if cp.Err != nil {
-				say("capture failed: %v", cp.Err)
-				return
-			}
-			say("captured %d statements in %d round trips", len(cp.A.Stmts), cp.Script.RoundTrips)
-			if err := e.checkScript(ctx, cp.Path, cp.Script.MaxOrgs); err != nil {
-				cp.Err = err
-				say("%v", err)
-				return
-			}
-			sc.Path = cp.Path
-		}
-		capture("a new-key start", &res.Capture, &start, e.captureStart)
-		// The peer's start is the curve's limit: pgbench of its INSERT.
-		if p.want("peer") || p.want("pgbench") {
-			capture("the peer's new-key start", &res.PeerCapture, &peerSQL, e.capturePeer)
-		}
+// captureStarts captures the SQL of a new-key start of valruns and, when
+// the curve needs its limit, of the peer's, and returns the pgbench
+// scripts made from them (without a Path when not captured).
+func (h *harness) captureStarts(ctx context.Context) (start, peerSQL sqlScript) {
+	start = sqlScript{Scenario: pgbenchScenario(1), UsageSlots: true}
+	peerSQL = sqlScript{Scenario: pgbenchPeerScenario}
+	if !h.p.want("capture") && !h.p.want("pgbench") {
+		return start, peerSQL
 	}
+	capture := func(what string, cp *captured, sc *sqlScript, run func(context.Context, string) captured) {
+		say("capturing the SQL of %s", what)
+		*cp = run(ctx, h.scratchDir)
+		if cp.Err != nil {
+			say("capture failed: %v", cp.Err)
+			return
+		}
+		say("captured %d statements in %d round trips", len(cp.A.Stmts), cp.Script.RoundTrips)
+		if err := h.e.checkScript(ctx, cp.Path, cp.Script.MaxOrgs); err != nil {
+			cp.Err = err
+			say("%v", err)
+			return
+		}
+		sc.Path = cp.Path
+	}
+	capture("a new-key start", &h.res.Capture, &start, h.e.captureStart)
+	// The peer's start is the curve's limit: pgbench of its INSERT.
+	if h.p.want("peer") || h.p.want("pgbench") {
+		capture("the peer's new-key start", &h.res.PeerCapture, &peerSQL, h.e.capturePeer)
+	}
+	return start, peerSQL
+}
 
-	// The curve, interleaved per client count: at each count valruns and
-	// the peer run back to back, scenario by scenario, then the pgbench
-	// limit, so that the runs a ratio compares are close in time on a
-	// machine whose load drifts.
-	for _, c := range p.Levels {
-		for _, step := range startSteps(ctx, e, p, c, start, peerSQL) {
+// runCurve measures the curve, interleaved per client count: at each
+// count valruns and the peer run back to back, scenario by scenario, then
+// the pgbench limit, so that the runs a ratio compares are close in time
+// on a machine whose load drifts.
+func (h *harness) runCurve(ctx context.Context, start, peerSQL sqlScript) error {
+	for _, c := range h.p.Levels {
+		for _, step := range startSteps(ctx, h.e, h.p, c, start, peerSQL) {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			r := step.run()
-			res.Rows = append(res.Rows, r)
-			progress(r)
+			h.addRow(step.run())
 		}
 	}
+	return nil
+}
 
-	// The cost of tracing: off and on, back to back, at 32 clients.
-	if p.want("tracing") {
-		for _, sc := range tracingScenarios {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			r := e.runHTTP(ctx, sc, tracingClients, p.HTTP)
-			res.Rows = append(res.Rows, r)
-			progress(r)
+// runTracing measures the cost of tracing: off and on, back to back, at
+// 32 clients.
+func (h *harness) runTracing(ctx context.Context) error {
+	if !h.p.want("tracing") {
+		return nil
+	}
+	for _, sc := range tracingScenarios {
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
+		h.addRow(h.e.runHTTP(ctx, sc, tracingClients, h.p.HTTP))
 	}
+	return nil
+}
 
-	if (p.want("pgwork") || p.want("e2e") || p.want("profile") || p.want("drain") || p.want("scale")) && ctx.Err() == nil {
-		res.Exp = runExperiments(ctx, e, p, *baseline, root, scratchDir)
-	}
+// addRow records a run of the curve or of tracing and says how it went.
+func (h *harness) addRow(r row) {
+	h.res.Rows = append(h.res.Rows, r)
+	progress(r)
+}
 
-	if p.want("noisy") && ctx.Err() == nil {
-		res.Noisy = measureNoisy(ctx, e, p, root)
+// runExperimentLog measures the experiment log's parts: PostgreSQL's work
+// per run, end to end beside the baseline, the profile, the backlog drain
+// and the horizontal scale.
+func (h *harness) runExperimentLog(ctx context.Context) {
+	if (h.p.want("pgwork") || h.p.want("e2e") || h.p.want("profile") || h.p.want("drain") || h.p.want("scale")) && ctx.Err() == nil {
+		h.res.Exp = runExperiments(ctx, h.e, h.p, h.o.Baseline, h.root, h.scratchDir)
 	}
+}
 
-	if p.want("cleanup") && ctx.Err() == nil {
-		say("cleanup: %d expired keys", p.CleanupKeys)
-		c := e.measureCleanup(ctx, p.CleanupKeys, ratioClients, p.HTTP)
-		res.Cleanup = &c
-		if c.Failed != "" {
-			say("cleanup failed: %s", c.Failed)
-		} else {
-			say("cleanup: %.0f keys/s alone; p99 %s ms without, %s ms during", c.KeysPerSec(), ms(c.Baseline.P99), ms(c.During.P99))
-		}
+// runNoisy measures the noisy neighbour: a quiet organisation beside one
+// that floods, per set of settings.
+func (h *harness) runNoisy(ctx context.Context) {
+	if h.p.want("noisy") && ctx.Err() == nil {
+		h.res.Noisy = measureNoisy(ctx, h.e, h.p, h.root)
 	}
-	if p.want("latency") && ctx.Err() == nil {
-		say("start-to-running latency, %d runs", p.Samples)
-		l := e.measureStartToRunning(ctx, p.Samples)
-		res.Latency = &l
-		if l.Failed != "" {
-			say("latency failed: %s", l.Failed)
-		} else {
-			say("start-to-running p50 %s ms, p99 %s ms", ms(percentile(l.Observed, .5)), ms(percentile(l.Observed, .99)))
-		}
+}
+
+// runCleanup measures the deletion of expired keys, alone and under starts.
+func (h *harness) runCleanup(ctx context.Context) {
+	if !h.p.want("cleanup") || ctx.Err() != nil {
+		return
 	}
-	if ctx.Err() != nil {
-		return ctx.Err()
+	say("cleanup: %d expired keys", h.p.CleanupKeys)
+	c := h.e.measureCleanup(ctx, h.p.CleanupKeys, ratioClients, h.p.HTTP)
+	h.res.Cleanup = &c
+	if c.Failed != "" {
+		say("cleanup failed: %s", c.Failed)
+	} else {
+		say("cleanup: %.0f keys/s alone; p99 %s ms without, %s ms during", c.KeysPerSec(), ms(c.Baseline.P99), ms(c.During.P99))
 	}
-	res.Elapsed = time.Since(began)
+}
+
+// runLatency measures start-to-running with one client.
+func (h *harness) runLatency(ctx context.Context) {
+	if !h.p.want("latency") || ctx.Err() != nil {
+		return
+	}
+	say("start-to-running latency, %d runs", h.p.Samples)
+	l := h.e.measureStartToRunning(ctx, h.p.Samples)
+	h.res.Latency = &l
+	if l.Failed != "" {
+		say("latency failed: %s", l.Failed)
+	} else {
+		say("start-to-running p50 %s ms, p99 %s ms", ms(percentile(l.Observed, .5)), ms(percentile(l.Observed, .99)))
+	}
+}
+
+// finish writes the results (Markdown and results.json), prints the
+// checks, and returns an error when an answer was wrong, a run failed, or
+// a check of the experiment log or the noisy neighbour failed.
+func (h *harness) finish() error {
+	res := h.res
+	res.Elapsed = time.Since(h.began)
 	res.Machine.LoadEnd = loadavg()
-
-	md := res.markdown()
-	if res.onlySections() {
-		// Only the experiment log or the noisy neighbour ran: replace
-		// their sections of the existing results, keep the rest as it was
-		// measured.
-		old, err := os.ReadFile(*out)
-		if err != nil && !os.IsNotExist(err) {
-			return err
-		}
-		md = string(old)
-		if res.Exp != nil {
-			if e2e := res.e2eCurveMarkdown(); e2e != "" {
-				md = spliceSectionBefore(md, e2eCurveHeading, e2e, expHeading)
-			}
-			md = spliceSection(md, expHeading, res.Exp.markdown())
-		}
-		if res.Noisy != nil {
-			md = spliceSection(md, noisyHeading, res.Noisy.markdown())
-		}
-	}
-	if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
+	if err := h.write(); err != nil {
 		return err
 	}
-	raw, _ := json.MarshalIndent(res, "", "  ")
-	_ = os.WriteFile(filepath.Join(scratchDir, "results.json"), raw, 0o644)
 
 	fmt.Println()
 	if !res.onlySections() { // else the start table was not measured: its checks would all say "no data"
@@ -350,13 +427,14 @@ func run(ctx context.Context) error {
 		}
 		printChecks(res.Exp.checks())
 	}
-	fmt.Printf("\nwrote %s in %s\n", *out, res.Elapsed.Round(time.Second))
+	out := h.o.Out
+	fmt.Printf("\nwrote %s in %s\n", out, res.Elapsed.Round(time.Second))
 	if n := res.totalErrors(); n > 0 {
-		return fmt.Errorf("%d answers were errors, non-2xx or unexpected (they must be 0): see %s", n, *out)
+		return fmt.Errorf("%d answers were errors, non-2xx or unexpected (they must be 0): see %s", n, out)
 	}
 	for _, r := range res.Rows {
 		if r.Failed != "" {
-			return fmt.Errorf("some runs failed: see %s", *out)
+			return fmt.Errorf("some runs failed: see %s", out)
 		}
 	}
 	if res.Noisy != nil {
@@ -364,14 +442,45 @@ func run(ctx context.Context) error {
 	}
 	if res.Exp != nil {
 		if err := res.Exp.failure(); err != nil {
-			return fmt.Errorf("%v: see %s", err, *out)
+			return fmt.Errorf("%v: see %s", err, out)
 		}
 	}
 	if res.Noisy != nil {
 		if err := res.Noisy.failure(); err != nil {
-			return fmt.Errorf("%v: see %s", err, *out)
+			return fmt.Errorf("%v: see %s", err, out)
 		}
 	}
+	return nil
+}
+
+// write writes the results' Markdown to o.Out and the raw numbers to
+// results.json in the scratch directory. When only the experiment log or
+// the noisy neighbour ran, it replaces their sections of the existing
+// results and keeps the rest as it was measured.
+func (h *harness) write() error {
+	res := h.res
+	md := res.markdown()
+	if res.onlySections() {
+		old, err := os.ReadFile(h.o.Out)
+		if err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		md = string(old)
+		if res.Exp != nil {
+			if e2e := res.e2eCurveMarkdown(); e2e != "" {
+				md = spliceSectionBefore(md, e2eCurveHeading, e2e, expHeading)
+			}
+			md = spliceSection(md, expHeading, res.Exp.markdown())
+		}
+		if res.Noisy != nil {
+			md = spliceSection(md, noisyHeading, res.Noisy.markdown())
+		}
+	}
+	if err := os.WriteFile(h.o.Out, []byte(md), 0o644); err != nil {
+		return err
+	}
+	raw, _ := json.MarshalIndent(res, "", "  ")
+	_ = os.WriteFile(filepath.Join(h.scratchDir, "results.json"), raw, 0o644)
 	return nil
 }
 
