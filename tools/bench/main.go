@@ -111,7 +111,7 @@ func main() {
 // run is one run of the harness: plan it, measure each part the plan
 // wants, in this order, then write and judge the results.
 func run(ctx context.Context) error {
-	p, o, err := parseFlags()
+	p, o, err := parseFlags(flag.CommandLine, os.Args[1:])
 	if err != nil {
 		return err
 	}
@@ -149,66 +149,52 @@ type options struct {
 
 func (o options) withBaseline() bool { return o.Baseline != "" && o.Baseline != "none" }
 
-// parseFlags plans a run from the command line (and QUICK, BENCH_BASELINE,
+// parseFlags plans a run from its arguments (and QUICK, BENCH_BASELINE,
 // BENCH_PORT): quick or full, then each flag given overrides its part of
 // that plan.
-func parseFlags() (plan, options, error) {
-	quick := flag.Bool("quick", os.Getenv("QUICK") != "" && os.Getenv("QUICK") != "0", "short runs, clients 1, 8 and 32 only (also QUICK=1)")
-	out := flag.String("out", "tools/bench/RESULTS.md", "where to write the results")
-	bin := flag.String("bin", "bin/valruns", "the valruns binary")
-	scratch := flag.String("scratch", "tools/bench/results", "logs, the pgbench script and results.json")
+func parseFlags(fs *flag.FlagSet, args []string) (plan, options, error) {
+	quick := fs.Bool("quick", os.Getenv("QUICK") != "" && os.Getenv("QUICK") != "0", "short runs, clients 1, 8 and 32 only (also QUICK=1)")
+	out := fs.String("out", "tools/bench/RESULTS.md", "where to write the results")
+	bin := fs.String("bin", "bin/valruns", "the valruns binary")
+	scratch := fs.String("scratch", "tools/bench/results", "logs, the pgbench script and results.json")
 	var levels, e2eClients, drainConc intsFlag
-	flag.Var(&levels, "clients", "comma-separated client counts of the start curve (default: 1,4,8,16,32,64,128; quick: 1,8,32); the other start scenarios run at those of 1,8,32,128 (quick: 32)")
-	dur := flag.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
-	only := flag.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,tracing,cleanup,latency,pgwork,e2e,profile,drain,scale,noisy (default all; e2e includes the peer's)")
-	baseline := flag.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
-	e2eDur := flag.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 15s; quick 5s)")
-	flag.Var(&e2eClients, "e2e-clients", "comma-separated client counts of the end-to-end curve (default 1,8,32,128; quick 1,8,32); the baseline and the horizontal scale run at 32 (or the largest)")
-	noisyDur := flag.Duration("noisy-duration", 0, "noisy neighbour: measured time of each window (default 60s; quick 10s)")
-	pgworkRuns := flag.Int("pgwork-runs", 0, "runs started and executed to measure PostgreSQL's work per run (default 2000; quick 300)")
-	drainRuns := flag.Int("drain-runs", 0, "runs queued for the backlog drain (default 100000; quick 3000)")
-	flag.Var(&drainConc, "drain-concurrency", "WORKER_CONCURRENCY values the drain sweeps (default 10,20,50,100; quick 10,50)")
-	cleanupKeys := flag.Int("cleanup-keys", 0, "expired keys the cleanup measurement deletes (default 1000000; quick 100000)")
-	noisyRuns := flag.Int("noisy-runs", 0, "noisy neighbour: A's slow runs queued ahead of B's (default 1000; quick 200)")
-	noisyClients := flag.Int("noisy-clients", 0, "noisy neighbour: clients of A's flood (default 64)")
+	fs.Var(&levels, "clients", "comma-separated client counts of the start curve (default: 1,4,8,16,32,64,128; quick: 1,8,32); the other start scenarios run at those of 1,8,32,128 (quick: 32)")
+	dur := fs.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
+	only := fs.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,tracing,cleanup,latency,pgwork,e2e,profile,drain,scale,noisy (default all; e2e includes the peer's)")
+	baseline := fs.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
+	e2eDur := fs.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 15s; quick 5s)")
+	fs.Var(&e2eClients, "e2e-clients", "comma-separated client counts of the end-to-end curve (default 1,8,32,128; quick 1,8,32); the baseline and the horizontal scale run at 32 (or the largest)")
+	noisyDur := fs.Duration("noisy-duration", 0, "noisy neighbour: measured time of each window (default 60s; quick 10s)")
+	pgworkRuns := fs.Int("pgwork-runs", 0, "runs started and executed to measure PostgreSQL's work per run (default 2000; quick 300)")
+	drainRuns := fs.Int("drain-runs", 0, "runs queued for the backlog drain (default 100000; quick 3000)")
+	fs.Var(&drainConc, "drain-concurrency", "WORKER_CONCURRENCY values the drain sweeps (default 10,20,50,100; quick 10,50)")
+	cleanupKeys := fs.Int("cleanup-keys", 0, "expired keys the cleanup measurement deletes (default 1000000; quick 100000)")
+	noisyRuns := fs.Int("noisy-runs", 0, "noisy neighbour: A's slow runs queued ahead of B's (default 1000; quick 200)")
+	noisyClients := fs.Int("noisy-clients", 0, "noisy neighbour: clients of A's flood (default 64)")
 	var noisyEnv settingsFlag
-	flag.Var(&noisyEnv, "noisy-env", "noisy neighbour: one variant's settings for serve and worker, space-separated NAME=value (NAME=: the service's default); repeat for more variants "+
+	fs.Var(&noisyEnv, "noisy-env", "noisy neighbour: one variant's settings for serve and worker, space-separated NAME=value (NAME=: the service's default); repeat for more variants "+
 		"(default: \"ORG_START_RATE=0 ORG_RUN_SHARE=1000000\", \"ORG_START_RATE=0 ORG_RUN_SHARE=\", \"ORG_START_RATE= ORG_RUN_SHARE=\")")
-	flag.Parse()
+	if err := fs.Parse(args); err != nil {
+		return plan{}, options{}, err
+	}
 
 	p := makePlan(*quick)
+	override(&p.HTTP.Dur, *dur)
+	override(&p.E2E.Dur, *e2eDur)
+	override(&p.Noisy.Dur, *noisyDur)
+	override(&p.PgWorkRuns, *pgworkRuns)
+	override(&p.DrainRuns, *drainRuns)
+	override(&p.CleanupKeys, *cleanupKeys)
+	override(&p.NoisyRuns, *noisyRuns)
+	override(&p.NoisyClients, *noisyClients)
 	if levels != nil {
 		p.Levels = levels
-	}
-	if *dur > 0 {
-		p.HTTP.Dur = *dur
-	}
-	if *e2eDur > 0 {
-		p.E2E.Dur = *e2eDur
 	}
 	if e2eClients != nil {
 		p.E2ELevels = e2eClients
 	}
-	if *noisyDur > 0 {
-		p.Noisy.Dur = *noisyDur
-	}
-	if *pgworkRuns > 0 {
-		p.PgWorkRuns = *pgworkRuns
-	}
-	if *drainRuns > 0 {
-		p.DrainRuns = *drainRuns
-	}
 	if drainConc != nil {
 		p.DrainConc = drainConc
-	}
-	if *cleanupKeys > 0 {
-		p.CleanupKeys = *cleanupKeys
-	}
-	if *noisyRuns > 0 {
-		p.NoisyRuns = *noisyRuns
-	}
-	if *noisyClients > 0 {
-		p.NoisyClients = *noisyClients
 	}
 	if noisyEnv != nil {
 		p.NoisyEnv = noisyEnv
@@ -228,6 +214,14 @@ func parseFlags() (plan, options, error) {
 		o.Port = n
 	}
 	return p, o, nil
+}
+
+// override sets a part of the plan to a flag's value when the flag was
+// given: 0, the flag's default, keeps the plan's (and so does a negative).
+func override[T int | time.Duration](dst *T, v T) {
+	if v > 0 {
+		*dst = v
+	}
 }
 
 // harness is one run under way: its plan, where it writes, the
