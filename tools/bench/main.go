@@ -10,6 +10,10 @@
 // It uses PostgreSQL at DATABASE_URL (databases valruns_bench_<pid>_*,
 // dropped at the end), a private redis-server (or BENCH_REDIS_URL, which
 // it flushes), and HTTP ports BENCH_PORT..BENCH_PORT+2 (default 18080).
+//
+// It is a module of its own (tools/bench/go.mod), not part of the
+// service's, and runs from the repository's root, where its default paths
+// start: scripts/bench.sh builds it into bin/valruns-bench and runs it there.
 package main
 
 import (
