@@ -47,19 +47,24 @@ fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '^docs/')
 
 # The Go client is a module of its own (client/go.mod: go 1.25, the standard
-# library only), used by the service through go.mod's replace directive; ./...
-# does not descend into it, so vet and test name it (go -C client) as well.
+# library only), used by the service through go.mod's replace directive; the
+# benchmark harness is one too (tools/bench/go.mod), which uses the service's
+# packages through its own replace directive. ./... descends into neither, so
+# vet and test name them (go -C client, go -C tools/bench) as well.
 vet:
 	$(GO) vet ./...
 	$(GO) -C client vet ./...
+	$(GO) -C tools/bench vet ./...
 
 test: redis-dbs services docs-check test-tools
 	$(GO) vet ./...
 	$(GO) -C client vet ./...
+	$(GO) -C tools/bench vet ./...
 	@bad=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' | grep -v '^docs/')); \
 	if [ -n "$$bad" ]; then echo "gofmt needed on:"; echo "$$bad"; echo "run: make fmt"; exit 1; fi
 	$(GO) test -race -count=1 -timeout 20m ./...
 	$(GO) -C client test -race -count=1 ./...
+	$(GO) -C tools/bench test -race -count=1 -timeout 20m ./...
 
 # test-under-load: make test five times in a row beside a busy loop per
 # core (ROUNDS, HOGS); the tests must not depend on the machine's speed.
@@ -98,14 +103,14 @@ reliability:
 # 128) of valruns beside the Node peer and the database limit (pgbench of the
 # captured start SQL), then the experiment log (PostgreSQL work per run, end
 # to end, backlog drain, beside the baseline BENCH_BASELINE, default
-# 0b107b5) and the noisy neighbour; writes bench/RESULTS.md (about 40 min).
+# 0b107b5) and the noisy neighbour; writes tools/bench/RESULTS.md (about 40 min).
 # QUICK=1: clients 1, 8 and 32, short runs (about 10 min).
 QUICK ?=
 bench: services
 	@QUICK=$(QUICK) scripts/bench.sh
 
 # bench-e2e: the experiment log and the end-to-end curve alone (about 15 min;
-# QUICK=1 about 4 min); replaces their sections of bench/RESULTS.md. BENCH_ARGS passes harness flags,
+# QUICK=1 about 4 min); replaces their sections of tools/bench/RESULTS.md. BENCH_ARGS passes harness flags,
 # e.g. BENCH_ARGS='-e2e-duration 30s -drain-runs 20000 -baseline HEAD~3'.
 BENCH_ARGS ?=
 bench-e2e: services
@@ -114,7 +119,7 @@ bench-e2e: services
 # bench-noisy: the noisy neighbour alone (issue 16; about 15 min, QUICK=1 about
 # 3): B's start latency and start-to-final alone, while A floods and behind A's
 # slow runs, and A's throughput alone, for each -noisy-env variant; replaces its
-# section of bench/RESULTS.md. BENCH_ARGS passes harness flags, e.g.
+# section of tools/bench/RESULTS.md. BENCH_ARGS passes harness flags, e.g.
 # BENCH_ARGS='-noisy-env "ORG_START_RATE=0" -noisy-env "ORG_START_RATE= ORG_RUN_SHARE=40"'.
 bench-noisy: services
 	@QUICK=$(QUICK) scripts/bench.sh noisy -- $(BENCH_ARGS)

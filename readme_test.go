@@ -140,7 +140,7 @@ func TestREADMEIsAFrontDoor(t *testing.T) {
 	require.NoError(t, err)
 	readme := string(b)
 	require.LessOrEqual(t, strings.Count(readme, "\n"), 300, "README.md is a front door of at most 300 lines: the manual is docs/")
-	for _, page := range []string{"docs/api.md", "docs/operations.md", "docs/design.md", "docs/client.md", "reliability/README.md", "bench/RESULTS.md"} {
+	for _, page := range []string{"docs/api.md", "docs/operations.md", "docs/design.md", "docs/client.md", "reliability/README.md", "tools/bench/RESULTS.md"} {
 		require.Contains(t, readme, "]("+page, "the README links %s", page)
 	}
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # bench.sh: the benchmark behind `make bench`. It measures valruns (the real
 # binary, driven over HTTP) beside the peer a user would otherwise pick
-# (bench/peer: Express + express-idempotency + Redis + pg) and beside the
+# (tools/bench/peer: Express + express-idempotency + Redis + pg) and beside the
 # database's own limit (pgbench replaying the SQL a start sends, captured at
-# run time), and writes bench/RESULTS.md with the ratios and their targets.
+# run time), and writes tools/bench/RESULTS.md with the ratios and their targets.
 #
 #   scripts/bench.sh            full run: the curve at 1, 4, 8, 16, 32, 64 and 128 clients, the
 #                               experiment log and the noisy neighbour (about 40 minutes on 2 cores;
@@ -12,11 +12,11 @@
 #   scripts/bench.sh e2e        the experiment log only (make bench-e2e): PostgreSQL work
 #                               per run, end to end (the end-to-end curve), backlog drain, beside
 #                               the baseline (BENCH_BASELINE, default 0b107b5); replaces those
-#                               sections of bench/RESULTS.md (QUICK=1: short, about 4 minutes)
+#                               sections of tools/bench/RESULTS.md (QUICK=1: short, about 4 minutes)
 #   scripts/bench.sh noisy      the noisy neighbour only (make bench-noisy): B's starts and runs
 #                               alone, while A floods and behind A's slow runs, and A's own
 #                               throughput, per set of settings (-noisy-env); replaces that
-#                               section of bench/RESULTS.md (about 15 minutes; QUICK=1: about 3)
+#                               section of tools/bench/RESULTS.md (about 15 minutes; QUICK=1: about 3)
 #   scripts/bench.sh go         the Go micro-benchmarks of the handlers (make bench-go)
 #   scripts/bench.sh -- ARGS    pass ARGS to the harness (e.g. -- -only valruns,peer -clients 8,32)
 #
@@ -85,7 +85,9 @@ scripts/install-bench-tools.sh || die "the benchmark's tools are missing (see ab
 
 say "building bin/valruns and bin/valruns-bench ..."
 go build -o bin/valruns .
-go build -o bin/valruns-bench ./bench
+# The harness is a module of its own (tools/bench/go.mod); it runs from here,
+# the repository's root, where its paths (bin/, tools/bench/...) start.
+go -C tools/bench build -o "$PWD/bin/valruns-bench" .
 
 args=()
 if [ -n "${QUICK:-}" ] && [ "${QUICK}" != 0 ]; then args+=(-quick); fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # install-bench-tools.sh: make sure what the benchmark (make bench) and its tests need exists:
-# pgbench, Node.js with npm, redis-server, and the peer's Node packages (npm ci in bench/peer);
+# pgbench, Node.js with npm, redis-server, and the peer's Node packages (npm ci in tools/bench/peer);
 # also the typed-client test's Node packages (npm ci in internal/tsclient: openapi-typescript, tsc)
 # and the spec lint test's (npm ci in internal/apispec/lint: Redocly CLI).
 # Installs the missing Debian packages (postgresql-client, nodejs, npm, redis-server) with
@@ -58,7 +58,7 @@ npm_ci() {
 		npm install --no-audit --no-fund --no-save --loglevel=error >&2; }) || die "npm ci / npm install failed in $dir"
 }
 
-peer() { npm_ci bench/peer "the peer's Node packages"; }
+peer() { npm_ci tools/bench/peer "the peer's Node packages"; }
 
 # tsclient: openapi-typescript and tsc for the typed-client test (internal/tsclient).
 tsclient() { npm_ci internal/tsclient "openapi-typescript and TypeScript"; }

@@ -1,5 +1,5 @@
 // Package workload is the heavy workflow that the fault suite (reliability/)
-// and the benchmark (bench/) start runs of: CEL rules that each scan a
+// and the benchmark (tools/bench/) start runs of: CEL rules that each scan a
 // large array of the submission, slow but within every limit of the
 // validation engine. One definition, so that "a slow run" means the same
 // work in both places.

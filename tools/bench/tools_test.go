@@ -21,14 +21,14 @@ type toolCheck struct {
 // needTool makes sure a tool of the benchmark exists (pgbench, node,
 // redis-server, or peer: the peer's Node packages) with the project's
 // scripts/install-bench-tools.sh, which installs the Debian packages when
-// missing and running as root, and npm ci in bench/peer. When it cannot,
+// missing and running as root, and npm ci in tools/bench/peer. When it cannot,
 // the test is skipped loudly: a skipped test must never pass unnoticed.
 func needTool(t *testing.T, tool string) {
 	t.Helper()
 	v, _ := benchTools.LoadOrStore(tool, &toolCheck{})
 	c := v.(*toolCheck)
 	c.once.Do(func() {
-		cmd := exec.Command("bash", "../scripts/install-bench-tools.sh", tool)
+		cmd := exec.Command("bash", "../../scripts/install-bench-tools.sh", tool)
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
 		cmd.Env = append(os.Environ(), "BENCH_REDIS_URL=") // the tests start their own redis-server

@@ -128,7 +128,7 @@ func f2(v float64) string { return fmt.Sprintf("%.2f", v) }
 func (x *experimentLog) markdown() string {
 	var b strings.Builder
 	b.WriteString(expHeading + "\n\n")
-	fmt.Fprintf(&b, "Written by `make bench-e2e` or `make bench` (bench/explog.go) on %s, mode %s: valruns %s", x.Date.UTC().Format("2006-01-02 15:04 MST"), x.Mode, x.Now)
+	fmt.Fprintf(&b, "Written by `make bench-e2e` or `make bench` (tools/bench/explog.go) on %s, mode %s: valruns %s", x.Date.UTC().Format("2006-01-02 15:04 MST"), x.Mode, x.Now)
 	switch {
 	case x.BaselineCommit != "":
 		fmt.Fprintf(&b, " (\"now\") beside the baseline %s = %s (\"baseline\", built from git by the harness and run on a schema its own `migrate up` made)", x.Baseline, x.BaselineCommit[:12])

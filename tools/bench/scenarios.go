@@ -397,13 +397,12 @@ func (e *env) startPeerURL(ctx context.Context, dbURL string) (*proc, string, er
 // its BullMQ worker in the same process when worker.
 func (e *env) startPeerOpts(ctx context.Context, dbURL string, org benchOrg, worker bool) (*proc, string, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", e.port+1)
-	dir := filepath.Join(e.root, "bench", "peer")
 	kv := []string{"PORT=" + fmt.Sprint(e.port+1), "HOST=127.0.0.1", "DATABASE_URL=" + dbURL,
 		"REDIS_URL=" + e.redisURL, "ORG_ID=" + org.ID, "NODE_ENV=production"}
 	if worker {
 		kv = append(kv, "PEER_WORKER=1")
 	}
-	p, err := startProc("peer", e.logDir, dir, childEnv(kv...), "node", "server.js")
+	p, err := startProc("peer", e.logDir, e.peerDir(), childEnv(kv...), "node", "server.js")
 	if err != nil {
 		return nil, "", err
 	}
@@ -418,10 +417,9 @@ func (e *env) startPeerOpts(ctx context.Context, dbURL string, org benchOrg, wor
 // startPeerWorker runs the peer's BullMQ worker as a process of its own
 // (node worker.js), its health check on the harness's third port.
 func (e *env) startPeerWorker(ctx context.Context, dbURL string) (*proc, error) {
-	dir := filepath.Join(e.root, "bench", "peer")
 	kv := []string{"HEALTH_PORT=" + fmt.Sprint(e.port+2), "HOST=127.0.0.1", "DATABASE_URL=" + dbURL,
 		"REDIS_URL=" + e.redisURL, "NODE_ENV=production"}
-	p, err := startProc("peer-worker", e.logDir, dir, childEnv(kv...), "node", "worker.js")
+	p, err := startProc("peer-worker", e.logDir, e.peerDir(), childEnv(kv...), "node", "worker.js")
 	if err != nil {
 		return nil, err
 	}
@@ -431,6 +429,10 @@ func (e *env) startPeerWorker(ctx context.Context, dbURL string) (*proc, error) 
 	}
 	return p, nil
 }
+
+// peerDir is the peer's directory (server.js, worker.js, node_modules),
+// under the repository's root the harness runs from.
+func (e *env) peerDir() string { return filepath.Join(e.root, "tools", "bench", "peer") }
 
 // threads is pgbench's -j for c clients.
 func threads(c int) int { return max(1, min(c, runtime.NumCPU())) }

@@ -475,7 +475,7 @@ func (x *noisyLog) failure() error {
 func (x *noisyLog) markdown() string {
 	var b strings.Builder
 	b.WriteString(noisyHeading + "\n\n")
-	fmt.Fprintf(&b, "Written by `make bench` or `make bench-noisy` (bench/noisy.go) on %s, mode %s, valruns %s. Load average %s (1 min). ",
+	fmt.Fprintf(&b, "Written by `make bench` or `make bench-noisy` (tools/bench/noisy.go) on %s, mode %s, valruns %s. Load average %s (1 min). ",
 		x.Date.UTC().Format("2006-01-02 15:04 MST"), x.Mode, x.Now, x.Load)
 	b.WriteString("Organisation A floods, organisation B starts a run every 0.5 s (~2 starts/s, new keys, the bench invoice workflow), on `valruns serve` + `valruns worker` (a fresh database each). ")
 	fmt.Fprintf(&b, "B's start latency is the 201's round trip; start-to-final is B's runs' `finished_at - created_at`. "+

@@ -300,7 +300,7 @@ func (r *results) curveMarkdown() string {
 	var b strings.Builder
 	intro := fmt.Sprintf("Issue 30's curve: each scenario at every client count, `valruns serve` beside the peer, run back to back at each count "+
 		"(%s warm-up, %s measured, a fresh database each), and the database's limit at the same count: pgbench replaying the peer's start "+
-		"(its one `INSERT`, captured from the peer; `bench/results/pgbench-peer.sql`), %s measured. "+
+		"(its one `INSERT`, captured from the peer; `tools/bench/results/pgbench-peer.sql`), %s measured. "+
 		"\"valruns / limit\" is how far valruns' start is from it; \"own SQL\" is pgbench of valruns' captured start (1 organisation). "+
 		"pgbench's connections are capped by `max_connections` (shown when they were). A count that was not measured is never a PASS.\n",
 		r.Timing.Warm, r.Timing.Dur, r.PgTiming.Dur)

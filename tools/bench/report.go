@@ -241,7 +241,7 @@ func (r *results) markdown() string {
 	var b strings.Builder
 	m := r.Machine
 	fmt.Fprintf(&b, "# valruns benchmark results\n\n")
-	fmt.Fprintf(&b, "Written by `make bench%s` (scripts/bench.sh, harness in bench/) on %s in %s, valruns %s.\n",
+	fmt.Fprintf(&b, "Written by `make bench%s` (scripts/bench.sh, harness in tools/bench/) on %s in %s, valruns %s.\n",
 		map[bool]string{true: " QUICK=1", false: ""}[r.Mode == "quick"], r.Date.UTC().Format("2006-01-02 15:04 MST"), r.Elapsed.Round(time.Second), m.Commit)
 	fmt.Fprintf(&b, "Mode %s: clients %v; HTTP runs warm up %s then measure %s; pgbench warms up %s then measures %s.\n",
 		r.Mode, r.Levels, r.Timing.Warm, r.Timing.Dur, r.PgTiming.Warm, r.PgTiming.Dur)
@@ -333,7 +333,7 @@ func (r *results) markdown() string {
 	}
 	if sc := cp.Script; sc != nil {
 		fmt.Fprintf(&b, "\nThe pgbench script made from it (written to %s; per-organisation arrays shortened here). "+
-			"Values were classified by comparing captures: two starts of one organisation and one of each of %d organisations.\n\n", "`bench/results/pgbench-start.sql`", sc.MaxOrgs)
+			"Values were classified by comparing captures: two starts of one organisation and one of each of %d organisations.\n\n", "`tools/bench/results/pgbench-start.sql`", sc.MaxOrgs)
 		b.WriteString("Values not listed are the same in every capture and written as captured.\n\n")
 		b.WriteString("| variable | what | captured value |\n|---|---|---|\n")
 		for _, v := range sc.Vars {
@@ -358,7 +358,7 @@ func (r *results) markdown() string {
 		if pc.Err != nil {
 			fmt.Fprintf(&b, "FAILED: %v\n", pc.Err)
 		} else {
-			fmt.Fprintf(&b, "**%s in %s**, replayed by pgbench as the rows \"%s\" (script in `bench/results/pgbench-peer.sql`).\n\n",
+			fmt.Fprintf(&b, "**%s in %s**, replayed by pgbench as the rows \"%s\" (script in `tools/bench/results/pgbench-peer.sql`).\n\n",
 				count(len(pc.A.Stmts), "statement"), count(pc.A.RoundTrips-pc.A.PrepareRoundTrips, "round trip"), pgbenchPeerScenario)
 			writeStatements(&b, pc.A)
 		}
