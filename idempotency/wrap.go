@@ -174,8 +174,8 @@ type Prepared struct {
 	// Commit, when set, does the request in one step, without a
 	// transaction of its own: it writes the work together with the key row
 	// (key; nil without a key, and the row's ResourceID is Commit's to
-	// write) and says what happened. Nothing it did not commit may have
-	// been written.
+	// write), all or nothing, and says what happened: unless it answers
+	// Committed, nothing was written.
 	Commit func(ctx context.Context, key *models.KeyWrite) (CommitResult, error)
 	// Response is the answer once Commit has committed. A status that is
 	// not stored (1xx, 5xx) or a body over the limit sends the request to
