@@ -161,7 +161,7 @@ func NewRouter(d Deps) *gin.Engine {
 	get(api, "/workflows/:id", wf.get)
 	// The rate limit runs before the idempotency wrapper: its 429 is not
 	// stored against the key (unlike quota_exceeded), so a retry executes.
-	api.POST("/workflows/:id/start", startRate.middleware(), idem.WrapPrepared(ScopeWorkflowStart, runs.prepare, runs.start))
+	api.POST("/workflows/:id/start", startRate.middleware(), idem.WrapPrepared(ScopeWorkflowStart, runs.prepare))
 	get(api, "/runs", runs.list)
 	get(api, "/runs/:id", runs.get)
 	get(api, "/usage", usage.get)

@@ -155,11 +155,11 @@ func utc(t *time.Time) *time.Time {
 //	@Header			401				{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
 //	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/start/ [post]
-func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
-	p, d := h.startParams(req)
-	if d != nil {
-		return idempotency.Problem(req, *d), nil
-	}
+func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request, p models.StartParams) (idempotency.Response, error) {
+	// The run is stamped when it is written, as in the one step: its id
+	// and creation time are made in its transaction, not taken from
+	// before the transaction began, when prepare stamped the one step's.
+	p.ID, p.CreatedAt = models.NewRunID(), models.NewRunTime()
 	err := h.runs.Start(tx, p)
 	switch {
 	case errors.Is(err, models.ErrNotFound):
@@ -173,21 +173,45 @@ func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idem
 	return h.created(req.Gin.Request.Context(), p)
 }
 
-// prepare readies a start for the one-step path (models.RunStore.StartOne):
-// the common case. A start it cannot decide, or one refused by its body, goes
-// to start, in a transaction.
-func (h *runHandlers) prepare(req idempotency.Request) (idempotency.Prepared, bool, error) {
+// prepare reads a start's body, once, into the run to create. Its Commit is
+// the one-step path (models.RunStore.StartOne), the common case; a start
+// that path cannot decide goes to start, in a transaction, with what was
+// read. A body refused with a problem is answered in a transaction too, so
+// that the problem is stored with the key.
+func (h *runHandlers) prepare(req idempotency.Request) (idempotency.Prepared, error) {
 	p, d := h.startParams(req)
 	if d != nil {
-		return idempotency.Prepared{}, false, nil
+		return idempotency.Prepared{Handle: func(_ *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+			return idempotency.Problem(req, *d), nil
+		}}, nil
 	}
 	resp, err := h.created(req.Gin.Request.Context(), p)
 	if err != nil {
-		return idempotency.Prepared{}, false, err
+		return idempotency.Prepared{}, err
 	}
-	return idempotency.Prepared{Response: resp, Commit: func(ctx context.Context, k *models.KeyWrite) (models.OneResult, error) {
-		return h.runs.StartOne(ctx, p, k)
-	}}, true, nil
+	return idempotency.Prepared{
+		Response: resp,
+		Commit: func(ctx context.Context, k *models.KeyWrite) (idempotency.CommitResult, error) {
+			res, err := h.runs.StartOne(ctx, p, k)
+			return commitResult(res), err
+		},
+		Handle: func(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+			return h.start(tx, req, p)
+		},
+	}, nil
+}
+
+// commitResult is what the one-step start did, as the wrapper takes it.
+func commitResult(r models.OneResult) idempotency.CommitResult {
+	switch {
+	case r.Done:
+		return idempotency.CommitResult{Kind: idempotency.Committed, Expires: r.Expires, Replaced: r.Replaced}
+	case r.InFlight:
+		return idempotency.CommitResult{Kind: idempotency.KeyInFlight}
+	case r.Stored != nil:
+		return idempotency.CommitResult{Kind: idempotency.KeyAnswered, Stored: r.Stored}
+	}
+	return idempotency.CommitResult{Kind: idempotency.NeedsTransaction} // r.Slow
 }
 
 // startParams reads a start's body into the run to create, or the problem
@@ -241,7 +265,7 @@ func (h *runHandlers) created(ctx context.Context, p models.StartParams) (idempo
 		return idempotency.Response{}, err
 	}
 	resp.Header.Set("Location", "/api/runs/"+p.ID+"/")
-	resp.ValidationRunID = p.ID
+	resp.ResourceID = p.ID
 	if h.handOff != nil {
 		q := &models.QueuedRun{ID: p.ID, WorkflowID: p.WorkflowID, Submission: run.Submission, Metadata: run.Metadata,
 			CreatedAt: p.CreatedAt, OrgID: p.OrgID, RunShare: p.RunShare,

@@ -7,7 +7,7 @@
 // the request fingerprint over the method, the path and the canonical JSON
 // body (Canonicalize, Fingerprint), the one transaction per request guarded
 // by a PostgreSQL advisory lock, and the replay of a stored response. It
-// knows nothing about workflows or runs; a handler opts in by being wrapped.
+// knows nothing about the routes it protects; a handler opts in by being wrapped.
 package idempotency
 
 import "errors"

@@ -116,8 +116,14 @@ type Response struct {
 	Status int
 	Body   []byte
 	Header http.Header
-	// ValidationRunID, when set, is stored on the key row (validation_run_id).
-	ValidationRunID string
+	// ResourceID, when set, is the id of what the request created, stored
+	// on the key row with the answer so that a key leads to its resource.
+	// The key store decides what it may hold: models.KeyStore keeps it in
+	// the row's link column (models.IdempotencyKey.ValidationRunID), a
+	// uuid with a foreign key (ON DELETE SET NULL) to the service's one
+	// linked table, so there it must be the id of a row of that table, or
+	// empty. A route whose resources live elsewhere leaves it empty.
+	ResourceID string
 	// AfterCommit, when set, is called once the answer has committed (never
 	// for a replay, a rollback or a 5xx): work that must not happen inside
 	// the transaction, such as waking a consumer of what it staged.
@@ -156,19 +162,62 @@ func Problem(req Request, d problem.Details) Response {
 // everything: nothing happened, nothing is stored, the key is free.
 type Handler func(tx *models.RequestTx, req Request) (Response, error)
 
-// Prepared is a request made ready by a Preparer to be done in one step,
-// without a transaction of its own: Commit writes its work together with
-// the key row (nil without a key) and says what happened; Response is the
-// answer once it has committed.
+// Prepared is a request read from its body, ready to be done: in one step
+// by Commit when it can, else in the request's transaction by Handle. What
+// the Preparer decoded travels in the two functions' closures, so the body
+// is decoded once.
 type Prepared struct {
+	// Handle does the request in its transaction (see Handler); it is
+	// required. A Preparer that refuses the body returns a Handle that
+	// answers the refusal, which is then stored like any answer.
+	Handle Handler
+	// Commit, when set, does the request in one step, without a
+	// transaction of its own: it writes the work together with the key row
+	// (key; nil without a key, and the row's ResourceID is Commit's to
+	// write), all or nothing, and says what happened: unless it answers
+	// Committed, nothing was written.
+	Commit func(ctx context.Context, key *models.KeyWrite) (CommitResult, error)
+	// Response is the answer once Commit has committed. A status that is
+	// not stored (1xx, 5xx) or a body over the limit sends the request to
+	// Handle instead.
 	Response Response
-	Commit   func(ctx context.Context, key *models.KeyWrite) (models.OneResult, error)
 }
 
-// Preparer readies a request for the one-step path (WrapPrepared) from its
-// body alone, before anything is written. ok is false when the request
-// needs the transactional Handler instead (say, to store a 4xx answer).
-type Preparer func(req Request) (p Prepared, ok bool, err error)
+// CommitResult is what a Prepared's Commit did with its request.
+type CommitResult struct {
+	// Kind says what happened; its zero value, NeedsTransaction, that
+	// nothing was written.
+	Kind CommitKind
+	// Expires is when the key expires (Committed, with a key).
+	Expires time.Time
+	// Replaced: the key row took over an expired one (Committed, with a key).
+	Replaced bool
+	// Stored is the key's live row, which answers the request (KeyAnswered).
+	Stored *models.StoredKey
+}
+
+// CommitKind is what a Prepared's Commit did.
+type CommitKind int
+
+const (
+	// NeedsTransaction: nothing was written; the request is done in its
+	// transaction (Prepared.Handle) instead.
+	NeedsTransaction CommitKind = iota
+	// Committed: the work committed, with the key row when there is a key.
+	Committed
+	// KeyInFlight: nothing was written; another request holds the key.
+	KeyInFlight
+	// KeyAnswered: nothing was written; the key's live row (Stored)
+	// answers the request.
+	KeyAnswered
+)
+
+// Preparer reads a request's body, before anything is written, into a
+// Prepared. An error is answered 5xx, nothing stored. It is called once per
+// attempt at the request's work: again only when the request waited for
+// another request with its key (Prefer: wait) that then left the key free,
+// so what it makes (ids, times) is fresh each time.
+type Preparer func(req Request) (Prepared, error)
 
 // Config configures a Wrapper; its zero value takes the defaults, except
 // where a field says what 0 means.
@@ -202,7 +251,7 @@ type Config struct {
 	// MaxWaiters caps the requests waiting at once in this process; past it
 	// a request is 409 at once. 0 means 64. A waiter holds no database
 	// connection while it waits: it looks again now and then, and is woken
-	// at once when the first request runs in this same process.
+	// at once when the first request executes in this same process.
 	//
 	// The slots are shared fairly among tenants: one tenant holds at most
 	// MaxWaitersPerTenant of them, and a tenant with no request waiting
@@ -230,7 +279,7 @@ type Wrapper struct {
 	cfg     Config
 	waiters *waitSlots  // the requests waiting on a key in flight, per tenant
 	flights sync.Map    // lock id -> *flight, for keyed requests executing in this process
-	recent  *recentKeys // keys this process answered lately: their retries try the fast path
+	recent  *recentKeys // keys this process answered lately: their retries look first (stageLook)
 }
 
 // recentKeysSize bounds recentKeys: up to twice this many keys (16 bytes each).
@@ -317,25 +366,33 @@ type call struct {
 	canonical []byte
 	requestID string
 	outcome   string
+	// flight is this request's claim on its key within the process
+	// (claim), nil when it holds none.
+	flight *flight
 	// waited is the wait this request applied (Prefer: wait) while its
-	// key was in flight, 0 if it did not wait; pollCount how often it
+	// key was in flight, 0 if it did not wait (it then holds no waiting
+	// slot); deadline is when that wait ends, pollCount how often it
 	// looked again.
 	waited    time.Duration
+	deadline  time.Time
 	pollCount uint
 	// noBody: the route takes no body (WrapNoBody): an empty one is fine.
 	noBody bool
 }
 
 // Wrap returns a gin handler running h idempotently under scope (such as
-// workflow_start): keys are unique per (tenant, scope, key).
-func (w *Wrapper) Wrap(scope string, h Handler) gin.HandlerFunc { return w.WrapPrepared(scope, nil, h) }
+// note_create): keys are unique per (tenant, scope, key).
+func (w *Wrapper) Wrap(scope string, h Handler) gin.HandlerFunc {
+	return w.wrap(scope, handleOnly(h), false)
+}
 
 // WrapPrepared is Wrap for a route whose common case is done in one step
-// (see Prepared): prep readies each request, and whatever Commit cannot
-// decide alone (Slow), or prep declines, goes to h in a transaction, as
-// with Wrap. The contract is the same either way.
-func (w *Wrapper) WrapPrepared(scope string, prep Preparer, h Handler) gin.HandlerFunc {
-	return w.wrap(scope, prep, h, false)
+// (see Prepared): prep reads each request once, and whatever its Commit
+// cannot decide alone (NeedsTransaction), or a Prepared without Commit,
+// goes to its Handle in a transaction, as with Wrap. The contract is the
+// same either way.
+func (w *Wrapper) WrapPrepared(scope string, prep Preparer) gin.HandlerFunc {
+	return w.wrap(scope, prep, false)
 }
 
 // WrapNoBody is Wrap for a route that takes no body (such as a secret's
@@ -343,16 +400,22 @@ func (w *Wrapper) WrapPrepared(scope string, prep Preparer, h Handler) gin.Handl
 // The route and its ids are the request's fingerprint (and a body, if one
 // is sent).
 func (w *Wrapper) WrapNoBody(scope string, h Handler) gin.HandlerFunc {
-	return w.wrap(scope, nil, h, true)
+	return w.wrap(scope, handleOnly(h), true)
 }
 
-func (w *Wrapper) wrap(scope string, prep Preparer, h Handler, noBody bool) gin.HandlerFunc {
+// handleOnly is the Preparer of a route that is always done in a
+// transaction: h reads the body there.
+func handleOnly(h Handler) Preparer {
+	return func(Request) (Prepared, error) { return Prepared{Handle: h}, nil }
+}
+
+func (w *Wrapper) wrap(scope string, prep Preparer, noBody bool) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		k := &call{w: w, c: c, scope: scope, tenant: w.cfg.Tenant(c), requestID: c.GetString(problem.RequestIDKey), noBody: noBody}
 		if k.requestID == "" {
 			k.requestID = uuid.NewString()
 		}
-		k.serve(prep, h)
+		k.serve(prep)
 		w.cfg.Observe(scope, k.outcome)
 		// The decision on the request's span, when it is traced (new,
 		// replayed, in_progress, mismatch, ...).
@@ -362,95 +425,151 @@ func (w *Wrapper) wrap(scope string, prep Preparer, h Handler, noBody bool) gin.
 	}
 }
 
-func (k *call) serve(prep Preparer, h Handler) {
+// stage is where a request stands: what the wrapper does with it next.
+type stage struct {
+	kind stageKind
+	// stored is the key's live row that answers the request (stageReplay).
+	stored *models.StoredKey
+	// handle is the prepared request's transactional work (stageTransact).
+	handle Handler
+}
+
+type stageKind int
+
+const (
+	stageAnswered stageKind = iota // the request has its answer: nothing left to do
+	stageLook                      // read the key's row first (a retry, or after a wait)
+	stageClaim                     // take the key within this process
+	stagePrepare                   // read the body; do the request in one step if it can be
+	stageTransact                  // do the request in its transaction
+	stageReplay                    // answer with the key's stored answer
+	stageInFlight                  // another request holds the key: wait, or answer 409
+)
+
+// serve answers the request: it reads the key and the body, then goes from
+// stage to stage, each function doing one and naming the next, until one
+// has answered. A keyed request's path is look (for a key this process
+// answered lately), claim, prepare, then transact when the one step cannot
+// decide it; any of them may find the key answered (replay) or held
+// (inFlight, which waits and looks again, or answers 409).
+func (k *call) serve(prep Preparer) {
 	if !k.readKey() || !k.readBody() {
 		return
 	}
-	// The work runs on a context the client cannot cancel, with its own
+	// The work is done on a context the client cannot cancel, with its own
 	// deadline: a client that hangs up still gets its answer stored.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(k.c.Request.Context()), k.w.cfg.TxTimeout+txGrace)
 	defer cancel()
+	defer k.leave()
 
-	if k.key == "" {
-		k.outcome = OutcomeNoKey
-		k.run(ctx, prep, h)
-		return
-	}
-	k.lockID = models.LockID(k.tenant, k.scope, k.key)
-	wait := k.preferredWait()
-	var deadline time.Time
-	// A key this process answered lately probably comes back as a retry:
-	// look it up first, with one read and no transaction (a replay, a 422,
-	// or a 409 while in flight, seen in pg_locks by the same statement). A
-	// first attempt goes straight to its work, which takes the key's lock
-	// (or finds its row) before anything else.
-	lookFirst := k.w.recent.has(k.lockID)
-	for {
-		if k.try(ctx, prep, h, lookFirst) {
-			return
+	s := k.first()
+	for s.kind != stageAnswered {
+		switch s.kind {
+		case stageLook:
+			s = k.look(ctx)
+		case stageClaim:
+			s = k.claim()
+		case stagePrepare:
+			s = k.prepare(ctx, prep)
+		case stageTransact:
+			s = k.transact(ctx, s.handle)
+		case stageReplay:
+			k.replay(s.stored)
+			s = stage{kind: stageAnswered}
+		case stageInFlight:
+			s = k.await()
 		}
-		// Another request holds the key's lock.
-		k.w.recent.add(k.lockID)
-		if wait == 0 {
-			k.inProgress()
-			return
-		}
-		if k.waited == 0 {
-			if !k.w.waiters.take(k.tenant) { // enough requests wait already
-				k.inProgress()
-				return
-			}
-			defer k.w.waiters.give(k.tenant)
-			k.waited = wait
-			deadline = time.Now().Add(wait)
-			k.c.Header(HeaderPreferenceApplied, AppliedWait(wait))
-		}
-		if !k.waitForFlight(deadline) {
-			k.inProgress()
-			return
-		}
-		lookFirst = true // the cheap look, until the key is free
 	}
 }
 
-// try answers a keyed request, unless another request holds its key
-// (false): with the cheap look first when lookFirst, then by its work.
-func (k *call) try(ctx context.Context, prep Preparer, h Handler, lookFirst bool) (answered bool) {
-	if lookFirst {
-		stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
-		switch {
-		case err != nil:
-			k.fail(err)
-			return true
-		case stored.Found() && !stored.Expired:
-			k.replay(stored)
-			return true
-		case stored.InFlight:
-			return false
-		}
+// first is a request's first stage. A request without a key has nothing to
+// look up or claim. A key this process answered lately probably comes
+// back as a retry: it is looked up first, with one read and no
+// transaction (a replay, a 422, or a 409 while in flight, seen in pg_locks
+// by the same statement). A first attempt goes straight to its work, which
+// takes the key's lock (or finds its row) before anything else.
+func (k *call) first() stage {
+	if k.key == "" {
+		k.outcome = OutcomeNoKey
+		return stage{kind: stagePrepare}
 	}
-	// The key is this process's to work on, unless one of its requests
-	// holds it: then this one is a duplicate in flight, known at once,
-	// whatever the first request waits on (docs/design.md, Proof: a later duplicate
-	// must never overtake the first while it waits). Requests of this
-	// process waiting on the key are woken once the work has ended.
+	k.lockID = models.LockID(k.tenant, k.scope, k.key)
+	if k.w.recent.has(k.lockID) {
+		return stage{kind: stageLook}
+	}
+	return stage{kind: stageClaim}
+}
+
+// look reads the key's row, without a transaction: it answers the request,
+// or says whether the key is held or free to claim.
+func (k *call) look(ctx context.Context) stage {
+	stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
+	switch {
+	case err != nil:
+		k.fail(err)
+		return stage{kind: stageAnswered}
+	case stored.Found() && !stored.Expired:
+		return stage{kind: stageReplay, stored: stored}
+	case stored.InFlight:
+		return stage{kind: stageInFlight}
+	}
+	return stage{kind: stageClaim}
+}
+
+// claim makes the key this process's to work on, unless one of its
+// requests holds it: then this one is a duplicate in flight, known at
+// once, whatever the first request waits on (docs/design.md, Proof: a
+// later duplicate must never overtake the first while it waits). The
+// claim ends with the work (unclaim), waking this process's requests
+// waiting on the key.
+func (k *call) claim() stage {
 	f := &flight{done: make(chan struct{})}
 	if _, held := k.w.flights.LoadOrStore(k.lockID, f); held {
-		return false
+		return stage{kind: stageInFlight}
 	}
-	defer func() {
-		k.w.flights.CompareAndDelete(k.lockID, f)
-		close(f.done)
-	}()
-	stored, done := k.run(ctx, prep, h)
-	switch {
-	case done:
-		return true
-	case stored.Found() && !stored.Expired:
-		k.replay(stored)
-		return true
+	k.flight = f
+	return stage{kind: stagePrepare}
+}
+
+// unclaim ends this request's claim on its key, if it holds one.
+func (k *call) unclaim() {
+	if k.flight == nil {
+		return
 	}
-	return false
+	k.w.flights.CompareAndDelete(k.lockID, k.flight)
+	close(k.flight.done)
+	k.flight = nil
+}
+
+// leave gives back what the request held while it was served: its claim
+// and its waiting slot.
+func (k *call) leave() {
+	k.unclaim()
+	if k.waited > 0 {
+		k.w.waiters.give(k.tenant)
+	}
+}
+
+// await handles a key another request holds: 409 at once, unless the
+// request asked to wait (Prefer: wait) and may; then it waits for the
+// first to finish, or a while, and looks again, until its wait is over.
+func (k *call) await() stage {
+	k.unclaim()
+	k.w.recent.add(k.lockID)
+	if k.waited == 0 {
+		wait := k.preferredWait()
+		if wait == 0 || !k.w.waiters.take(k.tenant) { // no wait asked, or enough requests wait already
+			k.inProgress()
+			return stage{kind: stageAnswered}
+		}
+		k.waited, k.deadline = wait, time.Now().Add(wait)
+		k.c.Header(HeaderPreferenceApplied, AppliedWait(wait))
+	}
+	if !k.waitForFlight(k.deadline) {
+		k.inProgress()
+		return stage{kind: stageAnswered}
+	}
+	return stage{kind: stageLook} // the cheap look, until the key is free
 }
 
 // readKey reads the Idempotency-Key header; false when it answered 400.
@@ -604,7 +723,7 @@ func AppliedWait(d time.Duration) string {
 }
 
 // waitForFlight waits for the key's first request to finish, or a while
-// before looking again (it may run in another process), and reports
+// before looking again (it may be in another process), and reports
 // whether there is time left.
 func (k *call) waitForFlight(deadline time.Time) bool {
 	left := time.Until(deadline)
@@ -628,68 +747,80 @@ func (k *call) waitForFlight(deadline time.Time) bool {
 	return true
 }
 
-// run does the request: in one step when prep readies it and its Commit
-// decides it, else in a transaction (execute). It answers (done) or says
-// why not, as execute does.
-func (k *call) run(ctx context.Context, prep Preparer, h Handler) (stored *models.StoredKey, done bool) {
-	if prep != nil {
-		if stored, done, decided := k.executePrepared(ctx, prep); decided {
-			return stored, done
-		}
-	}
-	return k.execute(ctx, h)
+// request is what the route's functions get of the request.
+func (k *call) request() Request {
+	return Request{Gin: k.c, Body: k.body, RequestID: k.requestID, Key: k.key}
 }
 
-// executePrepared is run's one step; decided is false when the request
-// needs the transactional path (nothing was written then).
-func (k *call) executePrepared(ctx context.Context, prep Preparer) (stored *models.StoredKey, done, decided bool) {
-	req := Request{Gin: k.c, Body: k.body, RequestID: k.requestID, Key: k.key}
-	p, ok, err := prep(req)
-	switch {
-	case err != nil:
+// prepare reads the request (prep) and does it in one step when the route
+// can (Prepared.Commit); whatever that one step cannot decide goes on to the
+// transaction, with what prep read.
+func (k *call) prepare(ctx context.Context, prep Preparer) stage {
+	p, err := prep(k.request())
+	if err != nil {
 		k.fail(err)
-		return nil, true, true
-	case !ok, p.Response.Status < 200, p.Response.Status >= 500,
-		int64(len(p.Response.Body)) > 4*k.w.cfg.MaxBodyBytes:
-		return nil, false, false
+		return stage{kind: stageAnswered}
 	}
 	resp := p.Response
-	var kw *models.KeyWrite
-	if k.key != "" {
-		row := k.keyRow(resp)
-		kw = &models.KeyWrite{Endpoint: k.scope, Key: k.key, LockID: k.lockID, RequestHash: row.RequestHash,
-			Method: row.RequestMethod, Path: row.RequestPath, Status: row.ResponseStatus, Body: row.ResponseBody,
-			Headers: row.ResponseHeaders, RequestID: row.RequestID, ClientIP: row.ClientIP, UserAgent: row.UserAgent,
-			TTL: k.w.cfg.TTL}
+	if p.Commit == nil || resp.Status < 200 || resp.Status >= 500 || int64(len(resp.Body)) > k.maxAnswer() {
+		return stage{kind: stageTransact, handle: p.Handle}
 	}
-	res, err := p.Commit(ctx, kw)
+	res, err := p.Commit(ctx, k.keyWrite(resp))
 	switch {
 	case errors.Is(err, models.ErrConflict) && k.key != "":
 		k.replayCommitted(ctx)
-		return nil, true, true
+		return stage{kind: stageAnswered}
 	case err != nil:
 		k.failCommit(err, resp)
-		return nil, true, true
-	case res.Slow:
-		return nil, false, false
-	case res.InFlight:
-		return &models.StoredKey{InFlight: true}, false, true
-	case res.Stored != nil:
-		return res.Stored, false, true
+		return stage{kind: stageAnswered}
 	}
+	switch res.Kind {
+	case Committed:
+		k.answerCommitted(resp, res.Expires, res.Replaced)
+		return stage{kind: stageAnswered}
+	case KeyInFlight:
+		return stage{kind: stageInFlight}
+	case KeyAnswered:
+		return stage{kind: stageReplay, stored: res.Stored}
+	}
+	return stage{kind: stageTransact, handle: p.Handle} // NeedsTransaction
+}
+
+// keyWrite is the key row a Prepared's Commit writes with the answer resp
+// (nil without a key).
+func (k *call) keyWrite(resp Response) *models.KeyWrite {
+	if k.key == "" {
+		return nil
+	}
+	row := k.keyRow(resp)
+	return &models.KeyWrite{Endpoint: k.scope, Key: k.key, LockID: k.lockID, RequestHash: row.RequestHash,
+		Method: row.RequestMethod, Path: row.RequestPath, Status: row.ResponseStatus, Body: row.ResponseBody,
+		Headers: row.ResponseHeaders, RequestID: row.RequestID, ClientIP: row.ClientIP, UserAgent: row.UserAgent,
+		TTL: k.w.cfg.TTL}
+}
+
+// maxAnswer is the largest answer stored: four times the largest body.
+func (k *call) maxAnswer() int64 { return 4 * k.w.cfg.MaxBodyBytes }
+
+// answerCommitted answers with resp, whose work has committed (with its
+// key row, which expires at expires and replaced an expired one when
+// replaced, if the request has a key).
+func (k *call) answerCommitted(resp Response, expires time.Time, replaced bool) {
 	if k.key != "" {
 		k.outcome = OutcomeNew
-		if res.Replaced {
+		if replaced {
 			k.outcome = OutcomeExpiredReused
 		}
 		k.w.recent.add(k.lockID)
-		resp.Header.Set(HeaderKeyExpires, res.Expires.UTC().Format(http.TimeFormat))
+		if resp.Header == nil {
+			resp.Header = http.Header{}
+		}
+		resp.Header.Set(HeaderKeyExpires, expires.UTC().Format(http.TimeFormat))
 	}
 	if resp.AfterCommit != nil {
 		resp.AfterCommit()
 	}
 	k.write(resp.Status, resp.Header, resp.Body)
-	return nil, true, true
 }
 
 // replayCommitted answers with the key row another request committed
@@ -703,14 +834,12 @@ func (k *call) replayCommitted(ctx context.Context) {
 	k.replay(stored)
 }
 
-// execute runs the handler in the request's one transaction and answers
-// (done). With a key, the transaction's first round trip reads the key's
-// row and takes its advisory lock, and the last saves the key row with the
-// answer along with the COMMIT. It answers nothing (not done) when a live
-// row already answers the request (stored, for the caller to replay) or
-// another request holds the key's lock (stored.InFlight).
-func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey, done bool) {
-	req := Request{Gin: k.c, Body: k.body, RequestID: k.requestID, Key: k.key}
+// transact does the request with h in its one transaction. With a key,
+// the transaction's first round trip reads the key's row and takes its
+// advisory lock, and the last saves the key row with the answer along with
+// the COMMIT; when a live row already answers the request, or another
+// request holds the key's lock, nothing is done (replay, inFlight).
+func (k *call) transact(ctx context.Context, h Handler) stage {
 	var ref *models.KeyRef
 	if k.key != "" {
 		ref = &models.KeyRef{OrgID: k.tenant, Endpoint: k.scope, Key: k.key, LockID: k.lockID}
@@ -719,64 +848,55 @@ func (k *call) execute(ctx context.Context, h Handler) (stored *models.StoredKey
 	switch {
 	case err != nil:
 		k.fail(err)
-		return nil, true
+		return stage{kind: stageAnswered}
+	case tx == nil && stored.Found() && !stored.Expired:
+		return stage{kind: stageReplay, stored: stored}
 	case tx == nil:
-		return stored, false
+		return stage{kind: stageInFlight}
 	}
 	if ref != nil {
-		k.outcome = OutcomeNew
-		if stored.Found() {
-			k.outcome = OutcomeExpiredReused
-		}
 		defer k.w.recent.add(k.lockID)
 	}
 	defer tx.Rollback() // after a commit, nothing to do
 
-	resp, err := k.handle(tx, h, req)
+	resp, err := k.handle(tx, h)
 	switch {
 	case err != nil:
 		k.fail(err)
-		return nil, true
+		return stage{kind: stageAnswered}
 	case resp.Status >= 500:
 		// Rolled back, passed on, not stored: a retry executes afresh.
 		tx.Rollback()
 		k.outcome = OutcomeError
 		k.write(resp.Status, resp.Header, resp.Body)
-		return nil, true
+		return stage{kind: stageAnswered}
 	case resp.Status < 200:
 		k.fail(fmt.Errorf("handler answered %d", resp.Status))
-		return nil, true
-	case int64(len(resp.Body)) > 4*k.w.cfg.MaxBodyBytes:
+		return stage{kind: stageAnswered}
+	case int64(len(resp.Body)) > k.maxAnswer():
 		tx.Rollback()
 		k.reject(http.StatusRequestEntityTooLarge, problem.ResponseTooLarge, fmt.Sprintf(
 			"The answer to this request would be %d bytes, over the limit of %d; nothing was done. Send a smaller request.",
-			len(resp.Body), 4*k.w.cfg.MaxBodyBytes))
-		return nil, true
+			len(resp.Body), k.maxAnswer()))
+		return stage{kind: stageAnswered}
 	}
-	if k.key == "" {
+	var expires time.Time
+	if ref == nil {
 		err = tx.Commit(ctx)
 	} else {
-		var expires time.Time
 		expires, err = tx.CommitWithKey(ctx, k.keyRow(resp), k.w.cfg.TTL)
-		if err == nil {
-			resp.Header.Set(HeaderKeyExpires, expires.UTC().Format(http.TimeFormat))
-		}
 	}
-	if errors.Is(err, models.ErrConflict) {
+	switch {
+	case errors.Is(err, models.ErrConflict):
 		// A request holding the lock before us committed this key after
 		// our fast-path read: our work is rolled back; answer with theirs.
 		k.replayCommitted(ctx)
-		return nil, true
-	}
-	if err != nil {
+	case err != nil:
 		k.failCommit(err, resp)
-		return nil, true
+	default:
+		k.answerCommitted(resp, expires, ref != nil && stored.Found())
 	}
-	if resp.AfterCommit != nil {
-		resp.AfterCommit()
-	}
-	k.write(resp.Status, resp.Header, resp.Body)
-	return nil, true
+	return stage{kind: stageAnswered}
 }
 
 // failCommit answers an error of the commit of resp's work (fail), and
@@ -788,8 +908,8 @@ func (k *call) failCommit(err error, resp Response) {
 	k.fail(err)
 }
 
-// handle runs the handler on tx; a panic is an error (logged with its stack).
-func (k *call) handle(tx *models.RequestTx, h Handler, req Request) (resp Response, err error) {
+// handle calls h on tx; a panic is an error (logged with its stack).
+func (k *call) handle(tx *models.RequestTx, h Handler) (resp Response, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			k.w.cfg.Log.ErrorContext(tx.Context(), "panic in idempotent handler",
@@ -797,7 +917,7 @@ func (k *call) handle(tx *models.RequestTx, h Handler, req Request) (resp Respon
 			err = fmt.Errorf("panic: %v", p)
 		}
 	}()
-	return h(tx, req)
+	return h(tx, k.request())
 }
 
 // txGrace lets the transaction's statement_timeout (equal to TxTimeout) fire
@@ -820,8 +940,8 @@ func (k *call) keyRow(resp Response) *models.IdempotencyKey {
 		ResponseStatus: resp.Status, ResponseBody: resp.Body, ResponseHeaders: hb,
 		RequestID: k.requestID, ClientIP: k.c.ClientIP(), UserAgent: k.c.Request.UserAgent(),
 	}
-	if resp.ValidationRunID != "" {
-		row.ValidationRunID = &resp.ValidationRunID
+	if resp.ResourceID != "" {
+		row.ValidationRunID = &resp.ResourceID
 	}
 	return row
 }

@@ -23,8 +23,8 @@ import (
 )
 
 // The wrapper is generic: these tests wrap a tiny handler that writes into a
-// table of its own (items), on a real PostgreSQL database, with no workflow
-// or run in sight.
+// table of its own (items), on a real PostgreSQL database, with nothing else
+// of the service in sight.
 
 const (
 	scopeItems = "item_create"
@@ -419,7 +419,7 @@ func TestWrapScopesAndTenantsIndependent(t *testing.T) {
 }
 
 // TestWrapInProgressRetryAfter: while another transaction holds the key's
-// advisory lock the answer is 409 with Retry-After, and nothing runs.
+// advisory lock the answer is 409 with Retry-After, and nothing is executed.
 func TestWrapInProgressRetryAfter(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -442,7 +442,7 @@ func TestWrapInProgressRetryAfter(t *testing.T) {
 			require.Equal(t, http.StatusConflict, r.Status)
 			require.Equal(t, tc.want, r.Header.Get("Retry-After"))
 			require.Equal(t, idempotency.CodeKeyInProgress, code(t, r))
-			require.Zero(t, e.calls.Load(), "the handler did not run")
+			require.Zero(t, e.calls.Load(), "the handler was not called")
 			require.Zero(t, e.keyRows("busy"))
 
 			tx.Rollback()

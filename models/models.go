@@ -136,6 +136,10 @@ type IdempotencyKey struct {
 	ResponseStatus  int
 	ResponseBody    []byte
 	ResponseHeaders JSON `gorm:"type:jsonb"`
+	// ValidationRunID links the key to what its request created
+	// (idempotency.Response.ResourceID): a uuid column with a foreign key
+	// to validation_runs (ON DELETE SET NULL, migration 0001), so a run's
+	// id or nil; nil too once that run is deleted.
 	ValidationRunID *string
 	RequestID       string
 	ClientIP        string
