@@ -198,10 +198,7 @@ func (s *TokenStore) Authenticate(ctx context.Context, token string) (*Principal
 	var p Principal
 	actx, cancel := FirstAnswer(ctx, s.db)
 	defer cancel()
-	res := s.db.WithContext(actx).Raw(`
-		SELECT o.id AS org_id, o.slug AS org_slug, t.id AS token_id, o.monthly_run_quota, o.start_rate, o.run_share
-		FROM api_tokens t JOIN organizations o ON o.id = t.org_id
-		WHERE t.token_hash = ? AND t.revoked_at IS NULL`, HashToken(token)).Scan(&p)
+	res := s.db.WithContext(actx).Raw(authenticateSQL, HashToken(token)).Scan(&p)
 	if err := stalled(ctx, actx, res.Error); errors.Is(err, ErrStalled) {
 		return nil, fmt.Errorf("authenticate: %w", err)
 	}
@@ -213,6 +210,9 @@ func (s *TokenStore) Authenticate(ctx context.Context, token string) (*Principal
 	}
 	return &p, nil
 }
+
+// authenticateSQL finds a token's organisation (sql/authenticate.sql).
+var authenticateSQL = statement("authenticate")
 
 // Revoke makes a token unusable (already cached copies expire with AUTH_CACHE_TTL).
 func (s *TokenStore) Revoke(ctx context.Context, tokenID string) error {

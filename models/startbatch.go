@@ -2,11 +2,9 @@ package models
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -366,26 +364,11 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 	return rest, nil
 }
 
-// The start's statements, each in a file of its own under sql/ that says
-// what it does and what its parameters are (its leading comment, not sent).
+// The start's statements (sql/start_locks.sql, sql/start_batch.sql).
 var (
-	//go:embed sql/start_locks.sql
-	startLocksFile string
-	//go:embed sql/start_batch.sql
-	startBatchFile string
-
-	startLocksSQL = statementOf(startLocksFile)
-	startBatchSQL = statementOf(startBatchFile)
+	startLocksSQL = statement("start_locks")
+	startBatchSQL = statement("start_batch")
 )
-
-// statementOf is the statement of a .sql file: its text after the leading
-// comment lines.
-func statementOf(file string) string {
-	for strings.HasPrefix(file, "--") {
-		_, file, _ = strings.Cut(file, "\n")
-	}
-	return strings.TrimSpace(file)
-}
 
 // startSettingsSQL sets a batch of starts without a key: its
 // statement_timeout, its client_connection_check_interval, and a generic
@@ -400,8 +383,7 @@ func statementOf(file string) string {
 // costs 0.06 ms to reuse (EXPLAIN ANALYZE EXECUTE, twelve lone starts).
 // Every plan it can take is index lookups per start, whatever the batch's
 // size (TestStartBatchPlanIsGeneric).
-const startSettingsSQL = `SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true),
-	set_config('plan_cache_mode', 'force_generic_plan', true)`
+var startSettingsSQL = statement("start_settings")
 
 // txGrace lets a statement's statement_timeout fire before its context's
 // deadline does (see idempotency.Config.TxTimeout).
