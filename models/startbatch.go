@@ -94,6 +94,27 @@ type startReq struct {
 // one, and a writer that finds nothing waiting ends. A start of an
 // organisation with nothing in the batcher that finds every writer busy
 // goes alone, by an express writer, when fewer than expressWriters are.
+//
+// It is not the worker's generic batcher (tasks/batcher.go), and could not
+// be without that one growing the start path's rules into its API (models
+// cannot import tasks, so it would also have to move to a package both
+// import). The generic one takes the first max items in arrival order and
+// releases every caller of a batch together, once its flush returns. A
+// batch of starts differs in three ways:
+//   - it is chosen, not cut: two starts of one key never share a
+//     statement (the second waits for the next, where it finds the first's
+//     row or lock), so a writer skips queued starts and leaves them queued
+//     out of order;
+//   - its starts are answered one by one, as soon as each is decided: those
+//     answered by start_locks.sql (a live row, a lock held elsewhere) go on
+//     before start_batch.sql has run, and after a failed statement each
+//     start is retried, and answered, alone;
+//   - admission depends on what is in it: orgs counts each organisation's
+//     starts until they are answered, and a light organisation's start
+//     skips the queue by an express writer when every writer is busy.
+//
+// The one shape the two share, writers that exist only while work waits, is
+// a dozen lines.
 type startBatcher struct {
 	db      *gorm.DB
 	timeout time.Duration
