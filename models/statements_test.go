@@ -65,3 +65,27 @@ func TestSQLFilesAreUsedAndDocumented(t *testing.T) {
 		})
 	}
 }
+
+// record_attempt.sql names the test event's type by its value.
+func TestRecordAttemptNamesEventTest(t *testing.T) {
+	t.Parallel()
+	require.Contains(t, recordAttemptSQL, "event_type = '"+EventTest+"'")
+}
+
+// Every statement that ends runs does the same after its UPDATE (the run
+// leaves unfinished_runs, its event goes to the outbox, endedRun is read
+// back): written out in each file, so that each reads whole, and kept the
+// same here.
+func TestStatementsThatEndRunsShareTheirEnd(t *testing.T) {
+	t.Parallel()
+	tail := func(sql string) string {
+		t.Helper()
+		i := strings.Index(sql, "), unlisted AS (")
+		require.GreaterOrEqual(t, i, 0, "%s", sql)
+		return sql[i:]
+	}
+	want := tail(finishRunSQL)
+	for name, sql := range map[string]string{"fail_run": failRunSQL, "fail_attempt": failAttemptSQL, "finish_unclaimed": finishUnclaimedSQL} {
+		require.Equal(t, want, tail(sql), "%s.sql ends otherwise than finish_run.sql", name)
+	}
+}
