@@ -3,6 +3,7 @@ package canonjson
 import (
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -112,8 +113,7 @@ func decimalOf(t *testing.T, lit string) (digits string, exp int64, ok bool) {
 		return "", 0, true
 	}
 	digits, expText, _ := strings.Cut(key, "e")
-	var e json.Number = json.Number(expText)
-	exp, err := e.Int64()
+	exp, err := strconv.ParseInt(expText, 10, 64)
 	return digits, exp, err == nil
 }
 
