@@ -17,6 +17,7 @@ import (
 	"github.com/valruns/valruns/handlers"
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/models"
 )
 
 // idemTracer records every statement pgx sends on the API's pool, and the
@@ -204,14 +205,19 @@ func TestStatementsPerRequest(t *testing.T) {
 		maxTrips   int // 0: no limit
 		maxBegins  int
 		maxCommits int
+		// statements: the names of the statements it sends, in order, as
+		// models.Statement loads them (nil: not checked).
+		statements []string
 	}{
 		// The statement's settings (with a key: and the key's lock,
 		// models.startLocksSQL) and the start (models.startBatchSQL), sent together.
 		{name: "no-key start", status: 201, maxStmts: 2, maxTrips: 1,
-			send: func() apitest.Response { return start(idemBody) }},
+			statements: []string{"start_settings", "start_batch"},
+			send:       func() apitest.Response { return start(idemBody) }},
 		{name: "new-key start", status: 201, maxStmts: 2, maxTrips: 1,
-			send: func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
-		{name: "replay", status: 201, maxStmts: 1,
+			statements: []string{"start_locks", "start_batch"},
+			send:       func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
+		{name: "replay", status: 201, maxStmts: 1, statements: []string{"lookup_key"},
 			send: func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
 		// The fast path sees the holder in pg_locks: one statement, no transaction
 		// (docs/design.md, #proof: a hot key is answered from one indexed read).
@@ -260,6 +266,13 @@ func TestStatementsPerRequest(t *testing.T) {
 			}
 			require.Equal(t, want, written[i], "rows written (runs, runs listed, key rows, runs billed)")
 			require.Equal(t, tc.status, r.Status, "body %s", r.Body)
+			if tc.statements != nil {
+				var want []string
+				for _, name := range tc.statements {
+					want = append(want, models.Statement(name))
+				}
+				require.Equal(t, want, c.SQL, "the statements sent, by name: %q", tc.statements)
+			}
 			// docs/design.md (#proof): a NOTIFY in the request's transaction serialises the
 			// commits of every notifying transaction, cluster-wide.
 			require.Empty(t, c.NotifiesInTx, "no statement of a request notifies inside its transaction")

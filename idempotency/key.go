@@ -5,7 +5,7 @@
 //
 // The package holds the pieces of that wrapper: parsing the key (ParseKey),
 // the request fingerprint over the method, the path and the canonical JSON
-// body (Canonicalize, Fingerprint), the one transaction per request guarded
+// body (Fingerprint, over internal/canonjson's form), the one transaction per request guarded
 // by a PostgreSQL advisory lock, and the replay of a stored response. It
 // knows nothing about the routes it protects; a handler opts in by being wrapped.
 package idempotency

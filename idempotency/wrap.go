@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
+	"github.com/valruns/valruns/internal/canonjson"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
@@ -623,14 +624,14 @@ func (k *call) readBody() bool {
 		k.reject(http.StatusBadRequest, problem.InvalidJSON, "The request body could not be read: "+err.Error()+".")
 		return false
 	}
-	canonical, err := CanonicalizeBounded(body, k.w.cfg.MaxBodyBytes)
-	var numErr *NumberError
-	var sizeErr *SizeError
+	canonical, err := canonjson.CanonicalizeBounded(body, k.w.cfg.MaxBodyBytes)
+	var numErr *canonjson.NumberError
+	var sizeErr *canonjson.SizeError
 	switch {
 	case errors.As(err, &numErr):
 		d := problem.New(http.StatusBadRequest, problem.InvalidNumber, "The number at "+numErr.Path+" cannot be stored as sent: "+
-			fmt.Sprintf("written out in decimal it has %d digits, and at most %d are accepted.", numErr.Length, MaxNumberLength))
-		d.Errors = []problem.FieldError{{Field: numErr.Path, Message: fmt.Sprintf("number longer than %d digits in decimal", MaxNumberLength)}}
+			fmt.Sprintf("written out in decimal it has %d digits, and at most %d are accepted.", numErr.Length, canonjson.MaxNumberLength))
+		d.Errors = []problem.FieldError{{Field: numErr.Path, Message: fmt.Sprintf("number longer than %d digits in decimal", canonjson.MaxNumberLength)}}
 		k.outcome = OutcomeRejected
 		problem.Write(k.c, d)
 		return false

@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/idempotency"
+	"github.com/valruns/valruns/internal/canonjson"
 	"github.com/valruns/valruns/internal/testdb"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
@@ -544,7 +545,7 @@ func TestWrapLostInsertRaceReplaysWinner(t *testing.T) {
 	t.Parallel()
 	e := newWrapEnv(t, idempotency.Config{})
 	body := `{"name":"race"}`
-	canonical, err := idempotency.Canonicalize([]byte(body))
+	canonical, err := canonjson.Canonicalize([]byte(body))
 	require.NoError(t, err)
 	hash := idempotency.Fingerprint(http.MethodPost, "/items", canonical)
 

@@ -46,18 +46,7 @@ func (s *KeyStore) Lookup(ctx context.Context, orgID, endpoint, key string) (*St
 	actx, cancel := FirstAnswer(ctx, s.db)
 	defer cancel()
 	err := withConn(actx, s.db, func(c *pgx.Conn) error {
-		return scanKey(c.QueryRow(actx, `
-SELECT k.key, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
-	k.response_headers, k.validation_run_id, k.request_id, k.created_at, k.expires_at,
-	k.expires_at <= now() AS expired,
-	CASE WHEN k.key IS NULL OR k.expires_at <= now() THEN EXISTS (
-		SELECT 1 FROM pg_locks l
-		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND l.classid = CAST(CAST($1 AS bigint) AS oid) AND l.objid = CAST(CAST($2 AS bigint) AS oid))
-	ELSE false END AS in_flight
-FROM (SELECT 1) AS one
-LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5`,
+		return scanKey(c.QueryRow(actx, lookupKeySQL,
 			int64(lockID>>32), int64(lockID&0xffffffff), orgID, endpoint, key), k, &k.InFlight)
 	})
 	if err = stalled(ctx, actx, err); errors.Is(err, ErrStalled) {
@@ -112,38 +101,13 @@ func (s *KeyStore) TryLock(tx *gorm.DB, lockID int64) (bool, error) {
 	return ok, nil
 }
 
-// keyInsert is the head of an INSERT of a finished key row (the columns
-// saveKeySQL and the start's statement, sql/start_batch.sql, both write), and
-// keyTakeOver its ON CONFLICT: a row of the same scoped key is replaced
-// only if it has expired; a live one is left alone.
-const (
-	keyInsert = `
-	INSERT INTO idempotency_keys AS k (org_id, endpoint, key, request_hash, request_method, request_path,
-		response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
-		created_at, expires_at)
-`
-	keyTakeOver = `
-	ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
-		request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
-		request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
-		response_body = EXCLUDED.response_body, response_headers = EXCLUDED.response_headers,
-		validation_run_id = EXCLUDED.validation_run_id, request_id = EXCLUDED.request_id,
-		client_ip = EXCLUDED.client_ip, user_agent = EXCLUDED.user_agent,
-		created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-	WHERE k.expires_at <= now()
-`
+// The key's statements (sql/lookup_key.sql: Lookup's probe; sql/save_key.sql:
+// RequestTx.CommitWithKey's write of the finished row; sql/delete_expired_keys.sql).
+var (
+	lookupKeySQL         = statement("lookup_key")
+	saveKeySQL           = statement("save_key")
+	deleteExpiredKeysSQL = statement("delete_expired_keys")
 )
-
-// saveKeySQL writes a finished key row (see RequestTx.CommitWithKey). A row
-// of the same scoped key is replaced only if it has expired; a live one is
-// left alone, and then the statement fails with unique_violation (raised by
-// idempotency_key_taken, migration 0002), so that the COMMIT sent with it
-// does not commit the request's work.
-const saveKeySQL = `
-WITH saved AS (` + keyInsert + `	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CAST($9 AS jsonb), CAST($10 AS uuid),
-		$11, $12, $13, now(), now() + $14 * interval '1 microsecond')` + keyTakeOver + `	RETURNING expires_at
-)
-SELECT CASE WHEN EXISTS (SELECT 1 FROM saved) THEN (SELECT expires_at FROM saved) ELSE idempotency_key_taken() END`
 
 func saveKeyArgs(k *IdempotencyKey, ttl time.Duration) []any {
 	return []any{
@@ -172,10 +136,7 @@ func truncate(s string, n int) string {
 // (and the key they were started with). A key has no id: the batch found
 // by the expires_at index is deleted by the rows' places (ctid).
 func (s *KeyStore) DeleteExpiredBatch(ctx context.Context, n int) (int64, error) {
-	res := s.db.WithContext(ctx).Exec(`
-DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM idempotency_keys WHERE expires_at <= now()
-	ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED))`, n)
+	res := s.db.WithContext(ctx).Exec(deleteExpiredKeysSQL, n)
 	if res.Error != nil {
 		return 0, fmt.Errorf("delete expired keys: %w", translate(res.Error))
 	}

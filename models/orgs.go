@@ -198,10 +198,7 @@ func (s *TokenStore) Authenticate(ctx context.Context, token string) (*Principal
 	var p Principal
 	actx, cancel := FirstAnswer(ctx, s.db)
 	defer cancel()
-	res := s.db.WithContext(actx).Raw(`
-		SELECT o.id AS org_id, o.slug AS org_slug, t.id AS token_id, o.monthly_run_quota, o.start_rate, o.run_share
-		FROM api_tokens t JOIN organizations o ON o.id = t.org_id
-		WHERE t.token_hash = ? AND t.revoked_at IS NULL`, HashToken(token)).Scan(&p)
+	res := s.db.WithContext(actx).Raw(authenticateSQL, HashToken(token)).Scan(&p)
 	if err := stalled(ctx, actx, res.Error); errors.Is(err, ErrStalled) {
 		return nil, fmt.Errorf("authenticate: %w", err)
 	}
@@ -213,6 +210,9 @@ func (s *TokenStore) Authenticate(ctx context.Context, token string) (*Principal
 	}
 	return &p, nil
 }
+
+// authenticateSQL finds a token's organisation (sql/authenticate.sql).
+var authenticateSQL = statement("authenticate")
 
 // Revoke makes a token unusable (already cached copies expire with AUTH_CACHE_TTL).
 func (s *TokenStore) Revoke(ctx context.Context, tokenID string) error {
@@ -242,15 +242,18 @@ type TokenInfo struct {
 	RevokedAt *time.Time
 }
 
-// tokenInfoSQL selects TokenInfo columns; a WHERE clause follows.
-const tokenInfoSQL = `
-	SELECT t.id, t.org_id, o.slug AS org_slug, t.display, t.created_at, t.revoked_at
-	FROM api_tokens t JOIN organizations o ON o.id = t.org_id `
+// The statements that read TokenInfo, each in sql/ under its name.
+var (
+	tokensOfOrgSQL     = statement("tokens_of_org")
+	tokenByIDSQL       = statement("token_by_id")
+	tokenByHashSQL     = statement("token_by_hash")
+	tokensByDisplaySQL = statement("tokens_by_display")
+)
 
 // List returns the organisation's tokens, revoked ones included, oldest first.
 func (s *TokenStore) List(ctx context.Context, orgID string) ([]TokenInfo, error) {
 	var ts []TokenInfo
-	if err := s.db.WithContext(ctx).Raw(tokenInfoSQL+`WHERE t.org_id = ? ORDER BY t.created_at, t.id`, orgID).Scan(&ts).Error; err != nil {
+	if err := s.db.WithContext(ctx).Raw(tokensOfOrgSQL, orgID).Scan(&ts).Error; err != nil {
 		return nil, fmt.Errorf("list tokens: %w", translate(err))
 	}
 	return ts, nil
@@ -317,19 +320,18 @@ func (s *TokenStore) Find(ctx context.Context, ref string) ([]TokenInfo, error) 
 	if err != nil {
 		return nil, err
 	}
-	q := tokenInfoSQL
+	var q string
 	var arg any
 	switch kind {
 	case refID:
-		q, arg = q+`WHERE t.id = ?`, ref
+		q, arg = tokenByIDSQL, ref
 	case refToken:
-		q, arg = q+`WHERE t.token_hash = ?`, HashToken(ref)
+		q, arg = tokenByHashSQL, HashToken(ref)
 	default:
-		// starts_with, not LIKE: the _ of vr_ is a LIKE wildcard.
-		q, arg = q+`WHERE starts_with(t.display, ?)`, ref
+		q, arg = tokensByDisplaySQL, ref
 	}
 	var ts []TokenInfo
-	err = s.db.WithContext(ctx).Raw(q+fmt.Sprintf(` ORDER BY t.created_at, t.id LIMIT %d`, MaxTokenCandidates+1), arg).Scan(&ts).Error
+	err = s.db.WithContext(ctx).Raw(q, arg, MaxTokenCandidates+1).Scan(&ts).Error
 	if err != nil {
 		return nil, fmt.Errorf("find token: %w", translate(err))
 	}
@@ -366,7 +368,7 @@ func (s *TokenStore) RevokeRef(ctx context.Context, ref string) (TokenInfo, erro
 	}
 	if len(revokedAt) == 0 { // revoked (or deleted) since Find read it
 		var again []TokenInfo
-		if err := s.db.WithContext(ctx).Raw(tokenInfoSQL+`WHERE t.id = ?`, t.ID).Scan(&again).Error; err != nil {
+		if err := s.db.WithContext(ctx).Raw(tokenByIDSQL, t.ID, 1).Scan(&again).Error; err != nil {
 			return t, fmt.Errorf("revoke token: %w", translate(err))
 		}
 		if len(again) == 0 {

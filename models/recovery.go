@@ -23,13 +23,24 @@ import (
 // is not started again (Claim), and should end in error.
 var ErrAttemptsExhausted = errors.New("run started too many times")
 
-// liveLease is the fence of every write of a delivery: the run is still
-// running, by this attempt, and its lease has not run out. clock_timestamp,
-// not now(): the time the row is looked at, not when a transaction began.
-// A delivery whose lease ran out may have been stopped or starved for any
-// time, and the sweeper may already have re-enqueued the run: it writes
-// nothing, whether or not another delivery has claimed the run yet.
-const liveLease = `status = 'running' AND attempts = ? AND lease_expires_at > clock_timestamp()`
+// The statements of a delivery's lease and of the sweep. Every write of a
+// delivery (heartbeat, release, fail_attempt, finish_run) is fenced by the
+// attempt's live lease: the run is still running, by this attempt, and its
+// lease has not run out. clock_timestamp, not now(): the time the row is
+// looked at, not when a transaction began. A delivery whose lease ran out
+// may have been stopped or starved for any time, and the sweeper may
+// already have re-enqueued the run: it writes nothing, whether or not
+// another delivery has claimed the run yet.
+var (
+	heartbeatSQL       = statement("heartbeat")
+	releaseSQL         = statement("release")
+	failAttemptSQL     = statement("fail_attempt")
+	strandedRunningSQL = statement("stranded_running")
+	queuedSinceSQL     = statement("queued_since")
+	markRedeliveredSQL = statement("mark_redelivered")
+	queuedOfSQL        = statement("queued_of")
+	notPendingSQL      = statement("not_pending")
+)
 
 // Heartbeat renews the lease of the attempt-th execution of a running run
 // for another lease. It returns false, changing nothing, when that attempt
@@ -37,8 +48,7 @@ const liveLease = `status = 'running' AND attempts = ? AND lease_expires_at > cl
 // finished, or the lease ran out (a heartbeat never revives an expired
 // lease: the run may be re-enqueued already).
 func (s *RunStore) Heartbeat(ctx context.Context, runID string, attempt int, lease time.Duration) (bool, error) {
-	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET lease_expires_at = clock_timestamp() + ? * interval '1 microsecond'
-		WHERE id = ? AND `+liveLease, lease.Microseconds(), runID, attempt)
+	res := s.db.WithContext(ctx).Exec(heartbeatSQL, lease.Microseconds(), runID, attempt)
 	if res.Error != nil {
 		return false, fmt.Errorf("heartbeat run %s: %w", runID, translate(res.Error))
 	}
@@ -50,8 +60,7 @@ func (s *RunStore) Heartbeat(ctx context.Context, runID string, attempt int, lea
 // lease to run out: the execution failed, or its worker is shutting down.
 // Like every write of a delivery, it needs the attempt's live lease.
 func (s *RunStore) Release(ctx context.Context, runID string, attempt int) error {
-	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET lease_expires_at = clock_timestamp()
-		WHERE id = ? AND `+liveLease, runID, attempt)
+	res := s.db.WithContext(ctx).Exec(releaseSQL, runID, attempt)
 	if res.Error != nil {
 		return fmt.Errorf("release run %s: %w", runID, translate(res.Error))
 	}
@@ -64,9 +73,7 @@ func (s *RunStore) Release(ctx context.Context, runID string, attempt int) error
 // holds a live lease on the run.
 func (s *RunStore) FailAttempt(ctx context.Context, runID string, attempt int, reason string) (bool, error) {
 	reason = truncate(reason, 2000)
-	ended, err := s.endRun(ctx, `UPDATE validation_runs SET status = 'error', error = ?,
-		finished_at = now(), lease_expires_at = NULL
-		WHERE id = ? AND `+liveLease, reason, runID, attempt)
+	ended, err := s.endRun(ctx, failAttemptSQL, reason, runID, attempt)
 	if err != nil {
 		return false, fmt.Errorf("fail run %s: %w", runID, err)
 	}
@@ -91,12 +98,7 @@ type StrandedRun struct {
 // (migration 0010): no index of validation_runs holds its status.
 func (s *RunStore) StrandedRunning(ctx context.Context, limit int) ([]StrandedRun, error) {
 	var rs []StrandedRun
-	err := s.db.WithContext(ctx).Raw(`
-SELECT r.id, r.org_id, r.status, r.redeliveries, r.created_at
-FROM unfinished_runs u JOIN validation_runs r ON r.id = u.id
-WHERE r.status = 'running' AND coalesce(r.lease_expires_at < now(), true)
-ORDER BY u.id
-LIMIT ?`, limit).Scan(&rs).Error
+	err := s.db.WithContext(ctx).Raw(strandedRunningSQL, limit).Scan(&rs).Error
 	if err != nil {
 		return nil, fmt.Errorf("list stranded runs: %w", translate(err))
 	}
@@ -119,27 +121,12 @@ func (s *RunStore) QueuedSince(ctx context.Context, after time.Duration, from *R
 		StrandedRun
 		Due bool
 	}
-	cond := ``
-	args := map[string]any{"after": after.Microseconds(), "limit": limit}
+	cursor := uuid.Nil.String() // below every UUIDv7: the first page
 	if from != nil {
-		cond = `WHERE u.id > CAST(@from AS uuid)`
-		args["from"] = from.ID
+		cursor = from.ID
 	}
-	err := s.db.WithContext(ctx).Raw(`
-WITH page AS (
-	SELECT u.id, r.org_id, r.status, r.redeliveries, r.created_at
-	FROM unfinished_runs u LEFT JOIN validation_runs r ON r.id = u.id
-	`+cond+`
-	ORDER BY u.id
-	LIMIT @limit
-), unlisted AS (
-	DELETE FROM unfinished_runs u USING page p
-	WHERE u.id = p.id AND coalesce(p.status NOT IN ('queued', 'running'), true)
-)
-SELECT id, coalesce(org_id::text, '') AS org_id, coalesce(status, '') AS status, coalesce(redeliveries, 0) AS redeliveries,
-	coalesce(created_at, now()) AS created_at,
-	coalesce(status = 'queued' AND created_at < now() - @after * interval '1 microsecond', false) AS due
-FROM page ORDER BY id`, args).Scan(&page).Error
+	args := map[string]any{"after": after.Microseconds(), "limit": limit, "from": cursor}
+	err := s.db.WithContext(ctx).Raw(queuedSinceSQL, args).Scan(&page).Error
 	if err != nil {
 		return nil, nil, fmt.Errorf("list queued runs: %w", translate(err))
 	}
@@ -163,8 +150,7 @@ FROM page ORDER BY id`, args).Scan(&page).Error
 // It never waits: a run whose row another statement holds (its delivery is
 // writing it) is left alone, and false returned; the sweep looks again later.
 func (s *RunStore) MarkRedelivered(ctx context.Context, r StrandedRun) (bool, error) {
-	res := s.db.WithContext(ctx).Exec(`UPDATE validation_runs SET redeliveries = redeliveries + 1
-		WHERE id = (SELECT id FROM validation_runs WHERE id = ? AND redeliveries = ? FOR UPDATE SKIP LOCKED)`,
+	res := s.db.WithContext(ctx).Exec(markRedeliveredSQL,
 		r.ID, r.Redeliveries)
 	if res.Error != nil {
 		return false, fmt.Errorf("mark run %s redelivered: %w", r.ID, translate(res.Error))
@@ -186,10 +172,7 @@ func (s *RunStore) QueuedOf(ctx context.Context, ids []string) ([]StrandedRun, e
 		return nil, nil
 	}
 	var rs []StrandedRun
-	// One text parameter (GORM would expand a slice into a list).
-	err := s.db.WithContext(ctx).Raw(`SELECT id, org_id, status, redeliveries, created_at FROM validation_runs
-		WHERE id IN (SELECT CAST(x AS uuid) FROM unnest(string_to_array(?, ',')) AS x) AND status = 'queued'
-		ORDER BY id`, strings.Join(valid, ",")).Scan(&rs).Error
+	err := s.db.WithContext(ctx).Raw(queuedOfSQL, strings.Join(valid, ",")).Scan(&rs).Error
 	if err != nil {
 		return nil, fmt.Errorf("read held runs: %w", translate(err))
 	}
@@ -213,10 +196,7 @@ func (s *RunStore) NotPending(ctx context.Context, ids []string) ([]string, erro
 		return out, nil
 	}
 	var ended []string
-	// One text parameter (GORM would expand a slice into a list).
-	err := s.db.WithContext(ctx).Raw(`SELECT x FROM unnest(string_to_array(?, ',')) AS x
-		WHERE NOT EXISTS (SELECT 1 FROM validation_runs r
-			WHERE r.id = CAST(x AS uuid) AND r.status IN ('queued', 'running'))`, strings.Join(valid, ",")).Scan(&ended).Error
+	err := s.db.WithContext(ctx).Raw(notPendingSQL, strings.Join(valid, ",")).Scan(&ended).Error
 	if err != nil {
 		return nil, fmt.Errorf("read runs' states: %w", translate(err))
 	}

@@ -57,17 +57,8 @@ var clientCheckMS = strconv.FormatInt(ClientCheckInterval.Milliseconds(), 10)
 
 // beginKeyedSQL sets the transaction's statement_timeout and
 // client_connection_check_interval, reads the key's row and takes the
-// key's lock, unless a live row already answers the request (a replay
-// takes no lock, so a storm of replays of one key never contends on it).
-const beginKeyedSQL = `
-SELECT k.key, k.request_hash, k.request_method, k.request_path, k.response_status, k.response_body,
-	k.response_headers, k.validation_run_id, k.request_id, k.created_at, k.expires_at,
-	k.expires_at <= now() AS expired,
-	set_config('statement_timeout', $1, true) AS timeout,
-	set_config('client_connection_check_interval', $6, true) AS client_check,
-	CASE WHEN k.key IS NOT NULL AND k.expires_at > now() THEN false ELSE pg_try_advisory_xact_lock($2) END AS locked
-FROM (SELECT 1) AS one
-LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5`
+// key's lock (sql/begin_keyed.sql).
+var beginKeyedSQL = statement("begin_keyed")
 
 // BeginRequest takes a connection from db's pool and begins a transaction on
 // it whose statements may each run for at most timeout (SET LOCAL

@@ -32,13 +32,7 @@ func (s *RunStore) Claim(ctx context.Context, runID string, lease time.Duration,
 
 func (s *RunStore) claim(ctx context.Context, runID string, lease time.Duration, maxAttempts, tries int) (*ClaimedRun, error) {
 	var r ClaimedRun
-	res := s.db.WithContext(ctx).Raw(`
-UPDATE validation_runs r SET status = 'running', attempts = r.attempts + 1,
-	started_at = coalesce(r.started_at, now()), lease_expires_at = now() + ? * interval '1 microsecond'
-FROM workflows w
-WHERE r.id = ? AND w.id = r.workflow_id AND r.attempts < ?
-  AND (r.status = 'queued' OR (r.status = 'running' AND coalesce(r.lease_expires_at < now(), true)))
-RETURNING r.*, w.schema, w.assertions`, lease.Microseconds(), runID, maxAttempts).Scan(&r)
+	res := s.db.WithContext(ctx).Raw(claimRunSQL, lease.Microseconds(), runID, maxAttempts).Scan(&r)
 	if res.Error != nil {
 		return nil, fmt.Errorf("claim run %s: %w", runID, translate(res.Error))
 	}
@@ -51,8 +45,7 @@ RETURNING r.*, w.schema, w.assertions`, lease.Microseconds(), runID, maxAttempts
 		LeaseExpiresAt *time.Time
 		Expired        bool
 	}
-	res = s.db.WithContext(ctx).Raw(`SELECT status, attempts, lease_expires_at,
-		coalesce(lease_expires_at < now(), true) AS expired FROM validation_runs WHERE id = ?`, runID).Scan(&cur)
+	res = s.db.WithContext(ctx).Raw(claimStateSQL, runID).Scan(&cur)
 	unfinished := cur.Status == RunQueued || cur.Status == RunRunning
 	switch {
 	case res.Error != nil:
@@ -82,52 +75,41 @@ func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status
 	if err != nil {
 		return false, fmt.Errorf("finish run %s: %w", runID, err)
 	}
-	ended, err := s.endRun(ctx, `UPDATE validation_runs SET status = ?, findings = CAST(? AS json),
-		finished_at = now(), lease_expires_at = NULL
-		WHERE id = ? AND `+liveLease, status, fs, runID, attempt)
+	ended, err := s.endRun(ctx, finishRunSQL, status, fs, runID, attempt)
 	if err != nil {
 		return false, fmt.Errorf("finish run %s: %w", runID, err)
 	}
 	return ended, nil
 }
 
-// recordFinished is the end of every statement that ends runs. For each
-// run the UPDATE named done returned (id, org_id): it is no longer listed
-// as unfinished (listRun), and a delivery of its validation_run.finished
-// event is recorded for each endpoint of its organisation that subscribes
-// to it (the outbox). In the same statement as the final state, so all
-// commit or none does; ON CONFLICT (the unique event per endpoint) keeps
-// an event once. For an organisation without endpoints it costs one index
-// probe.
-const recordFinished = `, unlisted AS (
-	DELETE FROM unfinished_runs u USING done d WHERE u.id = d.id
-), finished_hooks AS (
-	INSERT INTO webhook_deliveries (org_id, endpoint_id, run_id, event_id)
-	SELECT d.org_id, e.id, d.id, 'evt_' || replace(d.id::text, '-', '')
-	FROM done d JOIN webhook_endpoints e ON e.org_id = d.org_id AND e.events @> '["validation_run.finished"]'
-	ON CONFLICT DO NOTHING)`
+// The statements that end runs (sql/finish_run.sql, fail_run.sql,
+// fail_attempt.sql, finish_unclaimed.sql), and the claim's. Each that ends
+// runs does, in the same statement as the final state (so all commit or
+// none does): the run leaves unfinished_runs, and a delivery of its
+// validation_run.finished event is recorded for each endpoint of its
+// organisation that subscribes to it (the outbox; ON CONFLICT keeps an
+// event once; for an organisation without endpoints it costs one index
+// probe). Each returns what endedRun reads of the runs it ended.
+var (
+	claimRunSQL        = statement("claim_run")
+	claimStateSQL      = statement("claim_state")
+	finishRunSQL       = statement("finish_run")
+	failRunSQL         = statement("fail_run")
+	finishUnclaimedSQL = statement("finish_unclaimed")
+	readBacklogSQL     = statement("read_backlog")
+)
 
-// endRun runs update, an UPDATE of validation_runs to a final state (without
-// RETURNING), with the run's event recorded (recordFinished), as one
-// statement; ended says whether it ended a run.
-func (s *RunStore) endRun(ctx context.Context, update string, args ...any) (bool, error) {
+// endRun runs end, a statement that ends at most one run, and tells the
+// end observer about it; ended says whether it ended a run.
+func (s *RunStore) endRun(ctx context.Context, end string, args ...any) (bool, error) {
 	var ended []endedRun
-	err := s.db.WithContext(ctx).Raw(`WITH done AS (`+update+` RETURNING `+endedColumns+`)`+recordFinished+`
-SELECT `+endedSelect+` FROM done`, args...).Scan(&ended).Error
+	err := s.db.WithContext(ctx).Raw(end, args...).Scan(&ended).Error
 	if err != nil {
 		return false, translate(err)
 	}
 	s.observeEnded(ended)
 	return len(ended) == 1, nil
 }
-
-// endedColumns is what every statement that ends runs returns of each run
-// it ended (the CTE done; finishUnclaimedSQL names them through its alias),
-// and endedSelect what it reads back of them (endedRun): the run's final
-// status, and its time from start to final as the row records it.
-const endedColumns = `id, org_id, status, created_at, finished_at`
-
-const endedSelect = `id, status, CAST(greatest(extract(epoch FROM finished_at - created_at), 0) AS float8) AS seconds`
 
 // endedRun is a run a statement ended.
 type endedRun struct {
@@ -178,16 +160,6 @@ type Outcome struct {
 	// StartedAt is when its validation began.
 	StartedAt time.Time
 }
-
-// finishUnclaimedSQL ends queued runs (FinishUnclaimed).
-const finishUnclaimedSQL = `
-WITH done AS (UPDATE validation_runs r SET status = v.status, findings = CAST(v.findings AS json), error = v.error,
-	attempts = r.attempts + 1, started_at = v.started, finished_at = now()
-FROM unnest(CAST($1 AS uuid[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS text[]), CAST($5 AS timestamptz[]))
-	AS v(id, status, findings, error, started)
-WHERE r.id = v.id AND r.status = 'queued'
-RETURNING r.id, r.org_id, r.status, r.created_at, r.finished_at)` + recordFinished + `
-SELECT ` + endedSelect + ` FROM done`
 
 // FinishUnclaimed ends queued runs with their outcomes, in one statement:
 // the fast path of a run, written once, from queued to final, without a
@@ -291,9 +263,7 @@ func (s *RunStore) Rules(ctx context.Context, workflowID string) (schema, assert
 // delivery ends it); ended says whether this call ended it.
 func (s *RunStore) Fail(ctx context.Context, runID, reason string) (ended bool, err error) {
 	reason = truncate(reason, 2000)
-	ended, err = s.endRun(ctx, `UPDATE validation_runs SET status = 'error', error = ?,
-		finished_at = now(), lease_expires_at = NULL
-		WHERE id = ? AND (status = 'queued' OR (status = 'running' AND coalesce(lease_expires_at <= now(), true)))`, reason, runID)
+	ended, err = s.endRun(ctx, failRunSQL, reason, runID)
 	if err != nil {
 		return false, fmt.Errorf("fail run %s: %w", runID, err)
 	}
@@ -320,12 +290,7 @@ func (s *RunStore) ReadBacklog(ctx context.Context) (Backlog, error) {
 		Unfinished int64
 		Seconds    float64
 	}
-	err := s.db.WithContext(ctx).Raw(`
-SELECT (SELECT count(*) FROM unfinished_runs) AS unfinished,
-	coalesce((SELECT greatest(extract(epoch FROM now() - r.created_at), 0)
-		FROM unfinished_runs u JOIN validation_runs r ON r.id = u.id
-		WHERE r.status IN ('queued', 'running')
-		ORDER BY u.id LIMIT 1), 0) AS seconds`).Scan(&b).Error
+	err := s.db.WithContext(ctx).Raw(readBacklogSQL).Scan(&b).Error
 	if err != nil {
 		return Backlog{}, fmt.Errorf("read the backlog: %w", translate(err))
 	}

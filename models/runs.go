@@ -69,31 +69,23 @@ const (
 	RunTaskIDPrefix = "validation_run:"
 )
 
-// listRun is the end of every statement that starts runs (sql/start_batch.sql
-// writes it out): each run the CTE named run inserted (RETURNING id) is
-// listed as not final, where the sweeper looks for it (migration 0010).
-const listRun = `, listed AS (
-	INSERT INTO unfinished_runs (id) SELECT id FROM run
-)`
+// The statements of a start in a transaction (sql/start_tx_fast.sql: the
+// run and its slot in one statement; sql/start_slow.sql: the run, once the
+// slow path has claimed its slot). Both list the run as unfinished, as
+// sql/start_batch.sql does, where the sweeper looks for it (migration 0010).
+var (
+	startTxFastSQL = statement("start_tx_fast")
+	startSlowSQL   = statement("start_slow")
+)
 
-// startSlowSQL inserts the run once the slow path has claimed its slot.
-const startSlowSQL = `WITH run AS (
-	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
-		token_id, request_id, idempotency_key)
-	VALUES ($3, $1, $2, 'queued', CAST($4 AS json), CAST($5 AS json), $6, $7, $8, $9)
-	RETURNING id
-)` + listRun + ` SELECT id FROM run`
-
-// startTxFastSQL claims a slot without waiting and inserts the run, in one
-// statement (see claimSlotFast): $1 workflow, $2 org, $3 period, $4 quota,
-// $5 slot offset, $6 slots, then the run's id, submission, metadata,
-// creation time, token, request id and key.
-const startTxFastSQL = `WITH ` + claimSlotFast + `, run AS (
-	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
-		token_id, request_id, idempotency_key)
-	SELECT $7, $2, $1, 'queued', CAST($8 AS json), CAST($9 AS json), $10, $11, $12, $13 FROM bump
-	RETURNING id
-)` + listRun + ` SELECT id FROM run`
+// The statements that read runs: a page of one final status
+// (sql/list_final.sql), and which of a set of runs are final
+// (sql/final_runs.sql) or still queued (sql/still_queued.sql).
+var (
+	listFinalSQL   = statement("list_final")
+	finalRunsSQL   = statement("final_runs")
+	stillQueuedSQL = statement("still_queued")
+)
 
 // Start creates the queued run p on tx, billed to its usage of the period:
 // a start in a transaction, for what the one-step path (StartOne) leaves to
@@ -299,9 +291,7 @@ func (s *RunStore) listFinal(q *gorm.DB, status string, p Page) ([]ValidationRun
 	}
 	scan := q.Model(&ValidationRun{}).Order("created_at DESC, id DESC").Limit(FinalScanBudget)
 	var rows []scannedRun
-	err = s.db.WithContext(q.Statement.Context).Raw(`SELECT * FROM (
-	SELECT r.*, r.status = ? AS hit, row_number() OVER (ORDER BY r.created_at DESC, r.id DESC) = ? AS edge FROM (?) r
-) x WHERE hit OR edge ORDER BY created_at DESC, id DESC LIMIT ?`, status, FinalScanBudget, scan, p.limit()+1).Scan(&rows).Error
+	err = s.db.WithContext(q.Statement.Context).Raw(listFinalSQL, status, FinalScanBudget, scan, p.limit()+1).Scan(&rows).Error
 	if err != nil {
 		return nil, "", translate(err)
 	}
@@ -337,9 +327,7 @@ func (s *RunStore) Finished(ctx context.Context, ids []string) ([]string, error)
 		return nil, nil
 	}
 	var final []string
-	// One text parameter (GORM would expand a slice into a list).
-	err := s.db.WithContext(ctx).Raw(`SELECT id FROM validation_runs
-		WHERE id = ANY(CAST(string_to_array(?, ',') AS uuid[])) AND status IN (?, ?, ?)`,
+	err := s.db.WithContext(ctx).Raw(finalRunsSQL,
 		strings.Join(ids, ","), RunPassed, RunFailed, RunError).Scan(&final).Error
 	if err != nil {
 		return nil, fmt.Errorf("read final runs: %w", translate(err))
@@ -355,8 +343,7 @@ func (s *RunStore) StillQueued(ctx context.Context, ids []string) ([]string, err
 		return nil, nil
 	}
 	var queued []string
-	err := s.db.WithContext(ctx).Raw(`SELECT id FROM validation_runs
-		WHERE id = ANY(CAST(string_to_array(?, ',') AS uuid[])) AND status = ?`,
+	err := s.db.WithContext(ctx).Raw(stillQueuedSQL,
 		strings.Join(ids, ","), RunQueued).Scan(&queued).Error
 	if err != nil {
 		return nil, fmt.Errorf("read queued runs: %w", translate(err))

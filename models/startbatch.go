@@ -2,11 +2,9 @@ package models
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -96,6 +94,27 @@ type startReq struct {
 // one, and a writer that finds nothing waiting ends. A start of an
 // organisation with nothing in the batcher that finds every writer busy
 // goes alone, by an express writer, when fewer than expressWriters are.
+//
+// It is not the worker's generic batcher (tasks/batcher.go), and could not
+// be without that one growing the start path's rules into its API (models
+// cannot import tasks, so it would also have to move to a package both
+// import). The generic one takes the first max items in arrival order and
+// releases every caller of a batch together, once its flush returns. A
+// batch of starts differs in three ways:
+//   - it is chosen, not cut: two starts of one key never share a
+//     statement (the second waits for the next, where it finds the first's
+//     row or lock), so a writer skips queued starts and leaves them queued
+//     out of order;
+//   - its starts are answered one by one, as soon as each is decided: those
+//     answered by start_locks.sql (a live row, a lock held elsewhere) go on
+//     before start_batch.sql has run, and after a failed statement each
+//     start is retried, and answered, alone;
+//   - admission depends on what is in it: orgs counts each organisation's
+//     starts until they are answered, and a light organisation's start
+//     skips the queue by an express writer when every writer is busy.
+//
+// The one shape the two share, writers that exist only while work waits, is
+// a dozen lines.
 type startBatcher struct {
 	db      *gorm.DB
 	timeout time.Duration
@@ -366,26 +385,11 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 	return rest, nil
 }
 
-// The start's statements, each in a file of its own under sql/ that says
-// what it does and what its parameters are (its leading comment, not sent).
+// The start's statements (sql/start_locks.sql, sql/start_batch.sql).
 var (
-	//go:embed sql/start_locks.sql
-	startLocksFile string
-	//go:embed sql/start_batch.sql
-	startBatchFile string
-
-	startLocksSQL = statementOf(startLocksFile)
-	startBatchSQL = statementOf(startBatchFile)
+	startLocksSQL = statement("start_locks")
+	startBatchSQL = statement("start_batch")
 )
-
-// statementOf is the statement of a .sql file: its text after the leading
-// comment lines.
-func statementOf(file string) string {
-	for strings.HasPrefix(file, "--") {
-		_, file, _ = strings.Cut(file, "\n")
-	}
-	return strings.TrimSpace(file)
-}
 
 // startSettingsSQL sets a batch of starts without a key: its
 // statement_timeout, its client_connection_check_interval, and a generic
@@ -400,8 +404,7 @@ func statementOf(file string) string {
 // costs 0.06 ms to reuse (EXPLAIN ANALYZE EXECUTE, twelve lone starts).
 // Every plan it can take is index lookups per start, whatever the batch's
 // size (TestStartBatchPlanIsGeneric).
-const startSettingsSQL = `SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true),
-	set_config('plan_cache_mode', 'force_generic_plan', true)`
+var startSettingsSQL = statement("start_settings")
 
 // txGrace lets a statement's statement_timeout fire before its context's
 // deadline does (see idempotency.Config.TxTimeout).

@@ -28,31 +28,6 @@ func UsagePeriod(t time.Time) time.Time {
 	return time.Date(u.Year(), u.Month(), 1, 0, 0, 0, 0, time.UTC)
 }
 
-// claimSlotFast is the CTE that claims a slot for one run without waiting:
-// the first slot, from a random offset, that no other transaction holds,
-// that was balanced for @quota and has room. It yields no row when the
-// workflow is not the organisation's (nothing is billed then), when the
-// slots are not balanced for @quota (a new month, a changed quota), when
-// the quota is used up, or when every slot with room is held: the caller
-// then takes the slow path (claimSlot).
-// Its parameters: $1 workflow, $2 org, $3 period, $4 quota, $5 the slot to
-// start looking from, $6 UsageSlots.
-const claimSlotFast = `
-wf AS (
-	SELECT id FROM workflows WHERE id = $1 AND org_id = $2
-), slot AS (
-	SELECT s.slot FROM usage_slots s
-	WHERE s.org_id = $2 AND s.period = $3 AND s.quota = CAST($4 AS bigint)
-	  AND (CAST($4 AS bigint) = 0 OR s.runs < s.cap)
-	  AND EXISTS (SELECT 1 FROM wf)
-	ORDER BY (s.slot + CAST($5 AS integer)) % CAST($6 AS integer)
-	LIMIT 1 FOR UPDATE SKIP LOCKED
-), bump AS (
-	UPDATE usage_slots u SET runs = u.runs + 1 FROM slot
-	WHERE u.org_id = $2 AND u.period = $3 AND u.slot = slot.slot
-	RETURNING u.slot
-)`
-
 // claimSlot claims a slot on tx for one run of the organisation, waiting
 // for slots other transactions hold, and rebalancing the slots when they
 // were balanced for another quota (or do not exist yet). It returns
@@ -102,9 +77,7 @@ func claimSlot(tx *gorm.DB, orgID string, period time.Time, quota int64) error {
 // and those of them with room, as of the statement's snapshot.
 func slotState(tx *gorm.DB, orgID string, period time.Time, quota int64) (balanced, open int64, err error) {
 	var st struct{ Balanced, Open int64 }
-	err = tx.Raw(`SELECT count(*) FILTER (WHERE quota = @quota) AS balanced,
-	count(*) FILTER (WHERE quota = @quota AND (CAST(@quota AS bigint) = 0 OR runs < cap)) AS open
-FROM usage_slots WHERE org_id = @org AND period = @period`,
+	err = tx.Raw(slotStateSQL,
 		map[string]any{"org": orgID, "period": period, "quota": quota}).Scan(&st).Error
 	if err != nil {
 		return 0, 0, fmt.Errorf("usage slots: %w", translate(err))
@@ -116,13 +89,7 @@ FROM usage_slots WHERE org_id = @org AND period = @period`,
 // transaction holds it; a slot that turns out full once its holder commits is
 // passed over (PostgreSQL re-checks the condition on the newest version).
 func claimSlotWaiting(tx *gorm.DB, orgID string, period time.Time, quota int64) (bool, error) {
-	res := tx.Exec(`
-UPDATE usage_slots u SET runs = u.runs + 1
-WHERE (u.org_id, u.period, u.slot) = (
-	SELECT org_id, period, slot FROM usage_slots
-	WHERE org_id = @org AND period = @period AND quota = CAST(@quota AS bigint)
-	  AND (CAST(@quota AS bigint) = 0 OR runs < cap)
-	ORDER BY slot LIMIT 1 FOR UPDATE)`,
+	res := tx.Exec(claimSlotWaitingSQL,
 		map[string]any{"org": orgID, "period": period, "quota": quota})
 	if res.Error != nil {
 		return false, fmt.Errorf("claim usage slot: %w", translate(res.Error))
@@ -137,32 +104,26 @@ WHERE (u.org_id, u.period, u.slot) = (
 // in slot 0, so every slot is full. Unlimited (quota 0): all in slot 0.
 func rebalance(tx *gorm.DB, orgID string, period time.Time, quota int64) error {
 	var total int64
-	if err := tx.Raw(`SELECT coalesce(sum(runs), 0) FROM (
-		SELECT runs FROM usage_slots WHERE org_id = ? AND period = ? ORDER BY slot FOR UPDATE) s`,
+	if err := tx.Raw(lockUsageSlotsSQL,
 		orgID, period).Scan(&total).Error; err != nil {
 		return fmt.Errorf("lock usage slots: %w", translate(err))
 	}
-	err := tx.Exec(`
-INSERT INTO usage_slots (org_id, period, slot, runs, quota, cap)
-SELECT @org, @period, g,
-	CASE WHEN q = 0 THEN CASE WHEN g = 0 THEN total ELSE 0 END
-	     ELSE least(cap, greatest(0, total - before)) + CASE WHEN g = 0 THEN greatest(0, total - q) ELSE 0 END
-	END,
-	q, cap
-FROM (
-	SELECT g, q, total,
-		CASE WHEN q = 0 THEN 0 ELSE q / n + CASE WHEN g < q % n THEN 1 ELSE 0 END END AS cap,
-		CASE WHEN q = 0 THEN 0 ELSE g * (q / n) + least(g, q % n) END AS before
-	FROM (SELECT CAST(@quota AS bigint) AS q, CAST(@total AS bigint) AS total, CAST(@slots AS bigint) AS n) params,
-		generate_series(0, CAST(@slots AS integer) - 1) AS g
-) shares
-ON CONFLICT (org_id, period, slot) DO UPDATE SET runs = EXCLUDED.runs, quota = EXCLUDED.quota, cap = EXCLUDED.cap`,
+	err := tx.Exec(rebalanceSlotsSQL,
 		map[string]any{"org": orgID, "period": period, "quota": quota, "total": total, "slots": UsageSlots}).Error
 	if err != nil {
 		return fmt.Errorf("rebalance usage slots: %w", translate(err))
 	}
 	return nil
 }
+
+// The usage slots' statements, each in sql/ under its name.
+var (
+	slotStateSQL        = statement("slot_state")
+	claimSlotWaitingSQL = statement("claim_slot_waiting")
+	lockUsageSlotsSQL   = statement("lock_usage_slots")
+	rebalanceSlotsSQL   = statement("rebalance_slots")
+	usageOfPeriodSQL    = statement("usage_of_period")
+)
 
 // slotOffset spreads the starts of one organisation over its slots.
 func slotOffset() int { return rand.IntN(UsageSlots) }
@@ -193,10 +154,7 @@ func (s *UsageStore) Get(ctx context.Context, orgID string, defaultQuota int64, 
 		Runs  int64
 		Quota *int64
 	}
-	res := s.db.WithContext(ctx).Raw(`
-SELECT coalesce((SELECT sum(runs) FROM usage_slots WHERE org_id = o.id AND period = ?), 0) AS runs,
-	o.monthly_run_quota AS quota
-FROM organizations o WHERE o.id = ?`, period, orgID).Scan(&row)
+	res := s.db.WithContext(ctx).Raw(usageOfPeriodSQL, period, orgID).Scan(&row)
 	if res.Error != nil {
 		return nil, fmt.Errorf("usage: %w", translate(res.Error))
 	}

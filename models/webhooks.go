@@ -194,11 +194,7 @@ func (s *WebhookStore) Deliveries(ctx context.Context, orgID, endpointID string,
 // failed again if it is not delivered.
 func (s *WebhookStore) Redeliver(tx *gorm.DB, orgID, endpointID, id string) (*WebhookDelivery, error) {
 	var rows []WebhookDelivery
-	err := tx.Raw(`
-UPDATE webhook_deliveries SET status = 'pending', delivered_at = NULL, next_attempt_at = now(),
-	resend = coalesce(sending_until > now(), false)
-WHERE id = ? AND endpoint_id = ? AND org_id = ?
-RETURNING *`, id, endpointID, orgID).Scan(&rows).Error
+	err := tx.Raw(redeliverSQL, id, endpointID, orgID).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("redeliver webhook delivery %s: %w", id, translate(err))
 	}
@@ -207,6 +203,15 @@ RETURNING *`, id, endpointID, orgID).Scan(&rows).Error
 	}
 	return &rows[0], nil
 }
+
+// The deliveries' statements longer than a line, each in sql/ under its
+// name. record_attempt.sql names EventTest by its value.
+var (
+	redeliverSQL            = statement("redeliver")
+	claimDueDeliveriesSQL   = statement("claim_due_deliveries")
+	recordAttemptSQL        = statement("record_attempt")
+	deleteDoneDeliveriesSQL = statement("delete_done_deliveries")
+)
 
 // SendTestEvent records a test event (EventTest) for the organisation's
 // endpoint, on tx (the request's transaction): a delivery due at once,
@@ -265,27 +270,7 @@ type DeliveryClaim struct {
 // Two workers claiming at once may each claim up to perEndpoint.
 func (s *WebhookStore) ClaimDueDeliveries(ctx context.Context, limit, perEndpoint int, lease time.Duration) ([]DeliveryClaim, error) {
 	var out []DeliveryClaim
-	err := s.db.WithContext(ctx).Raw(`
-WITH eps AS (
-	SELECT endpoint_id, min(next_attempt_at) AS first FROM webhook_deliveries
-	WHERE status = 'pending' AND next_attempt_at <= now() AND (sending_until IS NULL OR sending_until <= now())
-	GROUP BY endpoint_id ORDER BY first LIMIT @limit),
-busy AS (
-	SELECT e.endpoint_id, e.first, (SELECT count(*) FROM webhook_deliveries b
-		WHERE b.endpoint_id = e.endpoint_id AND b.status = 'pending' AND b.sending_until > now()) AS n
-	FROM eps e),
-pick AS (
-	SELECT c.id, row_number() OVER (PARTITION BY b.endpoint_id ORDER BY c.next_attempt_at) AS turn, b.first
-	FROM busy b CROSS JOIN LATERAL (
-		SELECT d.id, d.next_attempt_at FROM webhook_deliveries d
-		WHERE d.endpoint_id = b.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
-			AND (d.sending_until IS NULL OR d.sending_until <= now())
-		ORDER BY d.next_attempt_at LIMIT greatest(@per - b.n, 0)
-		FOR UPDATE SKIP LOCKED) c
-	ORDER BY turn, first LIMIT @limit)
-UPDATE webhook_deliveries d SET sending_until = now() + @lease * interval '1 microsecond', resend = false
-FROM pick WHERE d.id = pick.id
-RETURNING d.id, d.attempts, d.sending_until AS claim`,
+	err := s.db.WithContext(ctx).Raw(claimDueDeliveriesSQL,
 		map[string]any{"limit": limit, "per": perEndpoint, "lease": lease.Microseconds()}).Scan(&out).Error
 	if err != nil {
 		return nil, fmt.Errorf("claim webhook deliveries: %w", translate(err))
@@ -360,22 +345,7 @@ func (s *WebhookStore) RecordAttempt(ctx context.Context, id string, claim time.
 		msg = &e
 	}
 	var status []string
-	err := s.db.WithContext(ctx).Raw(`
-UPDATE webhook_deliveries SET attempts = attempts + 1, sending_until = NULL, last_status_code = @code, last_error = @msg,
-	status = CASE WHEN resend THEN 'pending'
-		WHEN @delivered THEN 'delivered'
-		WHEN event_type = '`+EventTest+`' THEN 'failed'
-		WHEN now() + @retry * interval '1 microsecond' > created_at + @horizon * interval '1 microsecond' THEN 'failed'
-		ELSE 'pending' END,
-	next_attempt_at = CASE WHEN resend THEN now()
-		WHEN @delivered THEN NULL
-		WHEN event_type = '`+EventTest+`' THEN NULL
-		WHEN now() + @retry * interval '1 microsecond' > created_at + @horizon * interval '1 microsecond' THEN NULL
-		ELSE now() + @retry * interval '1 microsecond' END,
-	delivered_at = CASE WHEN @delivered AND NOT resend THEN now() END,
-	resend = false
-WHERE id = @id AND status = 'pending' AND sending_until = @claim
-RETURNING status`, map[string]any{"id": id, "claim": claim, "code": code, "msg": msg, "delivered": a.Delivered,
+	err := s.db.WithContext(ctx).Raw(recordAttemptSQL, map[string]any{"id": id, "claim": claim, "code": code, "msg": msg, "delivered": a.Delivered,
 		"retry": a.Retry.Microseconds(), "horizon": horizon.Microseconds()}).Scan(&status).Error
 	if err != nil {
 		return "", fmt.Errorf("record webhook delivery %s: %w", id, translate(err))
@@ -406,10 +376,7 @@ func (s *WebhookStore) OldestPendingDelivery(ctx context.Context) (t time.Time, 
 func (s *WebhookStore) DeleteDoneDeliveries(ctx context.Context, before time.Time, batch int) (int64, error) {
 	var total int64
 	for {
-		res := s.db.WithContext(ctx).Exec(`
-DELETE FROM webhook_deliveries WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM webhook_deliveries WHERE status <> 'pending' AND created_at < ?
-	ORDER BY created_at LIMIT ? FOR UPDATE SKIP LOCKED))`, before, batch)
+		res := s.db.WithContext(ctx).Exec(deleteDoneDeliveriesSQL, before, batch)
 		total += res.RowsAffected
 		if res.Error != nil {
 			return total, fmt.Errorf("delete old webhook deliveries: %w", translate(res.Error))

@@ -169,6 +169,17 @@ func TestStatementsPerExecution(t *testing.T) {
 	require.Equal(t, map[string]int64{"public.validation_runs": n}, writtenBy, "one row written per run: the run, once")
 	require.Zero(t, listed(), "the statement that ends a run unlists it")
 	require.Equal(t, 2, bStmts, "one statement for the whole batch, with its setting: %q", bSQL)
+	// Named as models loads them: the runs end by sql/finish_unclaimed.sql.
+	ends := func(sqls []string) (k int) {
+		for _, q := range sqls {
+			if q == models.Statement("finish_unclaimed") {
+				k++
+			}
+		}
+		return k
+	}
+	require.Equal(t, n, ends(sqls), "each run alone ends by finish_unclaimed: %q", sqls)
+	require.Equal(t, 1, ends(bSQL), "the batch ends by one finish_unclaimed: %q", bSQL)
 	require.Equal(t, 1, bTrips)
 	require.Equal(t, map[string]int64{"public.validation_runs": n}, bWrittenBy, "one row written per run: the run, once")
 }

@@ -1,8 +1,21 @@
-package idempotency
+// Package canonjson writes a JSON document in one canonical form, so that two
+// bodies that mean the same compare equal byte for byte: the idempotency
+// wrapper fingerprints a request by its canonical body, and a retry that
+// reorders keys, re-indents or writes 1.0 for 1 is still the same request.
+//
+// The rules (Canonicalize has them in full): RFC 8785 (JCS) for whitespace,
+// member order (keys compared as UTF-16 code units) and string escapes; numbers
+// by exact decimal value, never rounded through float64, written in
+// ECMAScript's Number.prototype.toString form over their exact digits; I-JSON
+// (RFC 7493) enforced, so invalid UTF-8, escaped lone surrogates and duplicate
+// keys are refused; nesting bounded by MaxDepth and numbers by MaxNumberLength
+// in plain decimal, the way PostgreSQL stores them. Numbers of at most 15
+// significant digits within float64's normal range come out exactly as RFC
+// 8785 writes them (a differential fuzz test checks it against an RFC 8785
+// implementation); beyond that RFC 8785 rounds and this does not.
+package canonjson
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -75,7 +88,7 @@ func (e *SizeError) Error() string {
 //     all 1; -0 is 0; 12345678901234567890 and 12345678901234567891 stay
 //     different. The form is that of ECMAScript's Number.prototype.toString,
 //     which RFC 8785 uses, applied to the exact digits: plain decimal when
-//     1e-7 <= |v| < 1e21 (100, 0.5, 0.000001, 123000000000000000000), else
+//     1e-6 <= |v| < 1e21 (100, 0.5, 0.000001, 123000000000000000000), else
 //     one digit, the remaining digits after a point, and a signed exponent
 //     (1e+21, 1.5e-7, -2.25e+400). So a number is never written more than
 //     about 20 bytes longer than its literal, whatever its exponent, and any
@@ -155,29 +168,6 @@ func putParser(p *parser) {
 		path:  p.path[:0],
 	}
 	parsers.Put(p)
-}
-
-// Fingerprint identifies a request by its method, path and canonical body
-// (as returned by Canonicalize; nil for no body), so that a key reused for a
-// different request can be told apart. Each part is length-prefixed, so no
-// two different triples hash the same input by concatenation, and the input
-// starts with a versioned domain tag, so a future change of the scheme
-// cannot match fingerprints stored by this one.
-func Fingerprint(method, path string, canonicalBody []byte) [32]byte {
-	h := sha256.New()
-	var n [8]byte
-	writePart := func(b []byte) {
-		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
-		h.Write(n[:])
-		h.Write(b)
-	}
-	h.Write([]byte("valruns idempotency fingerprint v1\x00"))
-	writePart([]byte(method))
-	writePart([]byte(path))
-	writePart(canonicalBody)
-	var sum [32]byte
-	h.Sum(sum[:0])
-	return sum
 }
 
 // Node kinds of the parse tree.

@@ -1,0 +1,45 @@
+package models
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+)
+
+// sqlFiles holds every statement longer than a line, one per file under
+// sql/, named for what it does. Each file starts with a comment saying what
+// the statement does and what each parameter is ($1..$n for pgx; for GORM,
+// ?1..?n for its ? placeholders in order and @name for its named ones), as
+// asynq documents its Lua scripts; the comment is not sent.
+//
+//go:embed sql/*.sql
+var sqlFiles embed.FS
+
+// usedStatements records which files statement loaded: every one is, by a
+// package-level variable, when the package starts (a test checks that none
+// is left unused).
+var usedStatements = map[string]bool{}
+
+// statement is the statement of sql/name.sql, without its leading comment.
+// It panics on a name without a file: the package would not start.
+func statement(name string) string {
+	file, err := sqlFiles.ReadFile("sql/" + name + ".sql")
+	if err != nil {
+		panic(fmt.Sprintf("models: statement %q: %v", name, err))
+	}
+	usedStatements[name] = true
+	return statementOf(string(file))
+}
+
+// Statement is the statement named name as the models package sends it,
+// for tests that check which statements a request sends.
+func Statement(name string) string { return statement(name) }
+
+// statementOf is the statement of a .sql file: its text after the leading
+// comment lines.
+func statementOf(file string) string {
+	for strings.HasPrefix(file, "--") {
+		_, file, _ = strings.Cut(file, "\n")
+	}
+	return strings.TrimSpace(file)
+}
