@@ -225,8 +225,10 @@ type QueuedRun struct {
 	// RequestID is the id of the request that started the run, and Trace
 	// its W3C trace context (traceparent, tracestate; nil when not traced):
 	// the queue carries both to the run's execution, for its logs and spans.
+	// Trace is no column: GORM, which scans Queued's row into this struct,
+	// cannot map a map (it logged "failed to parse field: Trace" each time).
 	RequestID string
-	Trace     map[string]string
+	Trace     map[string]string `gorm:"-"`
 }
 
 // Queued reads what executing a run needs; ErrNotFound if there is no run.

@@ -2,10 +2,12 @@ package models_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm/schema"
 
 	"github.com/valruns/valruns/internal/testdb"
 	"github.com/valruns/valruns/models"
@@ -125,4 +127,14 @@ func TestFinishUnclaimedNeverScansTheRuns(t *testing.T) {
 	before := scanned()
 	finish(last)
 	require.Less(t, scanned()-before, int64(1000), "ending one run must not scan the runs")
+}
+
+// GORM can map every struct the store scans rows into: a field it cannot
+// map is logged as an error on every scan ("failed to parse field"), and a
+// worker's redeliveries read QueuedRun often.
+func TestScannedStructsParse(t *testing.T) {
+	for _, v := range []any{&models.QueuedRun{}, &models.ValidationRun{}, &models.IdempotencyKey{}} {
+		_, err := schema.Parse(v, &sync.Map{}, schema.NamingStrategy{})
+		require.NoError(t, err, "%T", v)
+	}
 }
