@@ -1578,7 +1578,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -2575,7 +2575,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -2926,7 +2926,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -3323,7 +3323,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
