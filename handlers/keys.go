@@ -65,7 +65,7 @@ type IdempotencyKey struct {
 //	@Success		200		{object}	IdempotencyKey		"The key."
 //	@Failure		400		{object}	ProblemBadRequest	"`validation_error`: the key is not 1 to 255 printable ASCII characters."
 //	@Failure		401		{object}	ProblemUnauthorized	"common:unauthorized"
-//	@Failure		404		{object}	ProblemKeyNotFound	"`not_found`: no such key in your organisation and scope, or no such scope."
+//	@Failure		404		{object}	ProblemNotFound	"`not_found`: no such key in your organisation and scope, or no such scope."
 //	@Failure		500		{object}	ProblemInternal		"common:internal"
 //	@Failure		503		{object}	ProblemUnavailable	"common:unavailable"
 //	@Header			200		{integer}	Retry-After			"With state in_progress: seconds after which to look again."

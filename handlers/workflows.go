@@ -74,7 +74,7 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@Param			Prefer			header		string					false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		CreateWorkflowRequest	true	"The workflow"
 //	@Success		201				{object}	Workflow				"Created; with `Idempotent-Replayed: true`, the replay of the first answer."
-//	@Failure		400				{object}	ProblemInvalidWorkflow	"The body is not what the route needs: `invalid_workflow` (a schema that is not an object, true or false, or a schema or expression that does not compile), `validation_error` (name missing or too long, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; `invalid_workflow` and `validation_error` with a key are stored and replayed."
+//	@Failure		400				{object}	ProblemBadRequest	"The body is not what the route needs: `invalid_workflow` (a schema that is not an object, true or false, or a schema or expression that does not compile), `validation_error` (name missing or too long, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; `invalid_workflow` and `validation_error` with a key are stored and replayed."
 //	@Failure		401				{object}	ProblemUnauthorized		"common:unauthorized"
 //	@Failure		409				{object}	ProblemInProgress		"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		408				{object}	ProblemBodyTimeout		"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."
@@ -185,7 +185,7 @@ func (h *workflowHandlers) list(c *gin.Context) {
 //	@Param			id	path		string					true	"Workflow id (UUID)"	format(uuid)
 //	@Success		200	{object}	Workflow				"The workflow."
 //	@Failure		401	{object}	ProblemUnauthorized		"common:unauthorized"
-//	@Failure		404	{object}	ProblemWorkflowNotFound	"`not_found`: no such workflow in your organisation (or the id is not a UUID)."
+//	@Failure		404	{object}	ProblemNotFound	"`not_found`: no such workflow in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal			"common:internal"
 //	@Failure		503	{object}	ProblemUnavailable		"common:unavailable"
 //	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
