@@ -150,7 +150,8 @@ swag:
 # internal/apispec/apply then merges into swag's output (swag cannot write
 # response examples). make test fails when an answer has changed since.
 # apply also writes out the common responses an annotation names
-# ("common:unauthorized": apispec.Common, written once), and the rules swag cannot (apispec.Tighten: patterns,
+# ("common:unauthorized": apispec.Common, written once) and every answer's
+# X-Request-Id, and the rules swag cannot (apispec.Tighten: patterns,
 # additionalProperties, security: []; .swaggo maps json.RawMessage to any
 # JSON; --markdownFiles holds the long tag descriptions) and converts the
 # result to OpenAPI 3 (docs/openapi.json, docs/openapi.yaml) with

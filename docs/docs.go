@@ -35,7 +35,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {
@@ -4951,7 +4951,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {
@@ -4983,7 +4983,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {
@@ -5025,7 +5025,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {
@@ -5040,7 +5040,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {

@@ -69,7 +69,6 @@ type IdempotencyKey struct {
 //	@Failure		500		{object}	ProblemInternal		"common:internal"
 //	@Failure		503		{object}	ProblemUnavailable	"common:unavailable"
 //	@Header			200		{integer}	Retry-After			"With state in_progress: seconds after which to look again."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/idempotency-keys/{scope}/{key} [get]
 func (h *keyHandlers) get(c *gin.Context) {
 	scope, raw := c.Param("scope"), c.Param("key")

@@ -152,7 +152,6 @@ func utc(t *time.Time) *time.Time {
 //	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit-Policy	"While the organisation has a start rate: `"org";q=N;w=1`, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
 //	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit	"While the organisation has a start rate: `"org";r=R;t=T`, R starts left now, T seconds until the window is full again (on a 429 `rate_limited`: r=0, t the `Retry-After`)."
 //	@Header			415				{string}	Accept-Encoding			"`gzip`: the one Content-Encoding accepted."
-//	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/start/ [post]
 func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	p, d := h.startParams(req)
@@ -270,7 +269,6 @@ func (h *runHandlers) created(ctx context.Context, p models.StartParams) (idempo
 //	@Failure		500	{object}	ProblemInternal		"common:internal"
 //	@Failure		503	{object}	ProblemUnavailable	"common:unavailable"
 //	@Header			200	{string}	Preference-Applied	"`wait=N` when the request waited (`Prefer: wait=N`), N the seconds applied (after the `RUN_MAX_WAIT` cap). Absent when it did not wait: the run was final already, or the server waits for no request now (`RUN_MAX_WAIT=0`, or `RUN_MAX_WAITERS` wait already)."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/{id}/ [get]
 func (h *runHandlers) get(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -328,7 +326,6 @@ func (h *runHandlers) get(c *gin.Context) {
 //	@Failure		401				{object}	ProblemUnauthorized	"common:unauthorized"
 //	@Failure		500				{object}	ProblemInternal		"common:internal"
 //	@Failure		503				{object}	ProblemUnavailable	"common:unavailable"
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/ [get]
 func (h *runHandlers) list(c *gin.Context) {
 	page, ok := pageOf(c)

@@ -130,7 +130,6 @@ type IndexLinks struct {
 //	@Tags			meta
 //	@Produce		json
 //	@Success		200	{object}	Index
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when sane, a new one otherwise."
 //	@Router			/ [get]
 func index(c *gin.Context) {
 	c.PureJSON(http.StatusOK, Index{

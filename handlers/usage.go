@@ -44,7 +44,6 @@ type Usage struct {
 //	@Failure		401	{object}	ProblemUnauthorized	"common:unauthorized"
 //	@Failure		500	{object}	ProblemInternal		"common:internal"
 //	@Failure		503	{object}	ProblemUnavailable	"common:unavailable"
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/usage [get]
 func (h *usageHandlers) get(c *gin.Context) {
 	u, err := h.usage.Get(c.Request.Context(), principalOf(c).OrgID, h.defaultQuota, time.Now())

@@ -110,7 +110,6 @@ func webhookEndpointOf(e *models.WebhookEndpoint) WebhookEndpoint {
 //	@Header			201,422			{string}	Preference-Applied				"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500		{integer}	Retry-After						"Seconds to wait before retrying."
 //	@Header			415				{string}	Accept-Encoding					"`gzip`: the one Content-Encoding accepted."
-//	@Header			all				{string}	X-Request-Id					"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/ [post]
 func (h *webhookHandlers) create(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	var in CreateWebhookEndpointRequest
@@ -178,7 +177,6 @@ func (h *webhookHandlers) create(tx *models.RequestTx, req idempotency.Request) 
 //	@Failure		401		{object}	ProblemUnauthorized	"common:unauthorized"
 //	@Failure		500		{object}	ProblemInternal		"common:internal"
 //	@Failure		503		{object}	ProblemUnavailable	"common:unavailable"
-//	@Header			all		{string}	X-Request-Id		"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/ [get]
 func (h *webhookHandlers) list(c *gin.Context) {
 	page, ok := pageOf(c)
@@ -212,7 +210,6 @@ func (h *webhookHandlers) list(c *gin.Context) {
 //	@Failure		404	{object}	ProblemNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal			"common:internal"
 //	@Failure		503	{object}	ProblemUnavailable		"common:unavailable"
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/ [get]
 func (h *webhookHandlers) get(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -254,7 +251,6 @@ func answerEndpoint(c *gin.Context, err error, ok func()) {
 //	@Failure		500	{object}	ProblemInternal			"`internal_error`: the deletion failed; retry."
 //	@Failure		503	{object}	ProblemUnavailable		"common:unavailable"
 //	@Header			500	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/ [delete]
 func (h *webhookHandlers) delete(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -291,7 +287,6 @@ func (h *webhookHandlers) delete(c *gin.Context) {
 //	@Header			200,404,422		{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
 //	@Header			200,404,422		{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500		{integer}	Retry-After					"Seconds to wait before retrying."
-//	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/rotate-secret/ [post]
 func (h *webhookHandlers) rotate(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	id, ok := canonicalID(req.Gin.Param("id"))
@@ -360,7 +355,6 @@ type WebhookDeliveryList struct {
 //	@Failure		404		{object}	ProblemNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
 //	@Failure		500		{object}	ProblemInternal			"common:internal"
 //	@Failure		503		{object}	ProblemUnavailable		"common:unavailable"
-//	@Header			all		{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/deliveries/ [get]
 func (h *webhookHandlers) deliveries(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -431,7 +425,6 @@ const maxPendingTests = 5
 //	@Header			202,404,422		{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
 //	@Header			202,404,422		{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500		{integer}	Retry-After					"Seconds to wait before retrying."
-//	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/deliveries/{delivery_id}/redeliver/ [post]
 func (h *webhookHandlers) redeliver(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	ep, ok := canonicalID(req.Gin.Param("id"))
@@ -477,7 +470,6 @@ func (h *webhookHandlers) redeliver(tx *models.RequestTx, req idempotency.Reques
 //	@Header			202,404,422,429	{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
 //	@Header			202,404,422,429	{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500		{integer}	Retry-After					"Seconds to wait before retrying."
-//	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/{id}/test/ [post]
 func (h *webhookHandlers) sendTest(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	ep, ok := canonicalID(req.Gin.Param("id"))

@@ -90,7 +90,6 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
 //	@Header			409,500		{integer}	Retry-After				"Seconds to wait before retrying."
 //	@Header			415				{string}	Accept-Encoding			"`gzip`: the one Content-Encoding accepted."
-//	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/ [post]
 func (h *workflowHandlers) create(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	var in CreateWorkflowRequest
@@ -154,7 +153,6 @@ func (h *workflowHandlers) create(tx *models.RequestTx, req idempotency.Request)
 //	@Failure		401		{object}	ProblemUnauthorized	"common:unauthorized"
 //	@Failure		500		{object}	ProblemInternal		"common:internal"
 //	@Failure		503		{object}	ProblemUnavailable	"common:unavailable"
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/ [get]
 func (h *workflowHandlers) list(c *gin.Context) {
 	page, ok := pageOf(c)
@@ -188,7 +186,6 @@ func (h *workflowHandlers) list(c *gin.Context) {
 //	@Failure		404	{object}	ProblemNotFound	"`not_found`: no such workflow in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal			"common:internal"
 //	@Failure		503	{object}	ProblemUnavailable		"common:unavailable"
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/ [get]
 func (h *workflowHandlers) get(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))

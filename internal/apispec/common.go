@@ -19,8 +19,8 @@ type CommonResponse struct {
 	Schema string
 	// Description says what it means and what to do.
 	Description string
-	// Headers are the headers it carries (besides those every answer
-	// carries, which the annotations give with `@Header all`).
+	// Headers are the headers it carries (besides RequestIDHeader, which
+	// every answer carries).
 	Headers []CommonHeader
 }
 
@@ -65,7 +65,13 @@ var Common = map[string]CommonResponse{
 	},
 }
 
-// ExpandCommon replaces every response of spec (a Swagger 2.0 document as
+// RequestIDHeader is carried by every answer of every operation: the
+// router's first middleware sets it.
+var RequestIDHeader = CommonHeader{"X-Request-Id", "string",
+	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."}
+
+// ExpandCommon gives every response of every operation RequestIDHeader,
+// and replaces every response of spec (a Swagger 2.0 document as
 // swag generated it) whose description is CommonPrefix + a name of Common
 // with that common response: its description, and its headers, but those
 // the operation gives the response itself (its own say more). The status
@@ -74,6 +80,7 @@ func ExpandCommon(spec *Value) error {
 	for _, p := range spec.Get("paths").objectMembers() {
 		for _, m := range p.Value.objectMembers() {
 			for _, r := range m.Value.Get("responses").objectMembers() {
+				addHeader(r.Value, RequestIDHeader)
 				name, ok := strings.CutPrefix(r.Value.Get("description").Str(), CommonPrefix)
 				if !ok {
 					continue

@@ -13,9 +13,9 @@ func commonSpec(t *testing.T, responses string) *Value {
 	return v
 }
 
-// A response the annotations leave to Common gets its description and
-// headers, placed as swag places headers (by name); the operation's own
-// header of the same name stays, and other responses are left alone.
+// Every response gets X-Request-Id; a response the annotations leave to
+// Common gets its description and headers, placed as swag places headers
+// (by name); the operation's own header of the same name stays.
 func TestExpandCommon(t *testing.T) {
 	t.Parallel()
 	s := commonSpec(t, `{
@@ -27,13 +27,14 @@ func TestExpandCommon(t *testing.T) {
 			"headers":{"Retry-After":{"type":"integer","description":"its own"}}}}`)
 	require.NoError(t, ExpandCommon(s))
 	r := s.Get("paths").Get("/x/").Get("get").Get("responses")
-	require.Equal(t, `{"description":"OK."}`, string(r.Get("200").Compact()))
+	rid := `"X-Request-Id":{"type":"string","description":` + string(String(RequestIDHeader.Description).Raw) + `}`
+	require.Equal(t, `{"description":"OK.","headers":{`+rid+`}}`, string(r.Get("200").Compact()), "every answer has X-Request-Id")
 	www := Common["unauthorized"].Headers[0]
 	require.Equal(t, `{"description":`+string(String(Common["unauthorized"].Description).Raw)+
 		`,"schema":{"$ref":"#/definitions/handlers.ProblemUnauthorized"},"headers":{"WWW-Authenticate":{"type":"string","description":`+
 		string(String(www.Description).Raw)+`},"X-Request-Id":{"type":"string","description":"id"}}}`, string(r.Get("401").Compact()))
 	require.Equal(t, Common["internal"].Description, r.Get("500").Get("description").Str())
-	require.Equal(t, `{"Retry-After":{"type":"integer","description":"Seconds to wait before retrying."}}`, string(r.Get("500").Get("headers").Compact()))
+	require.Equal(t, `{"Retry-After":{"type":"integer","description":"Seconds to wait before retrying."},`+rid+`}`, string(r.Get("500").Get("headers").Compact()))
 	require.Equal(t, "its own", r.Get("503").Get("headers").Get("Retry-After").Get("description").Str())
 }
 
