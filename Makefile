@@ -154,7 +154,9 @@ swag:
 # and records the answers in internal/apispec/examples.json, which
 # internal/apispec/apply then merges into swag's output (swag cannot write
 # response examples). make test fails when an answer has changed since.
-# apply also writes the rules swag cannot (apispec.Tighten: patterns,
+# apply also writes out the common responses an annotation names
+# ("common:unauthorized": apispec.Common, written once) and every answer's
+# X-Request-Id, and the rules swag cannot (apispec.Tighten: patterns,
 # additionalProperties, security: []; .swaggo maps json.RawMessage to any
 # JSON; --markdownFiles holds the long tag descriptions) and converts the
 # result to OpenAPI 3 (docs/openapi.json, docs/openapi.yaml) with

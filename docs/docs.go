@@ -35,7 +35,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {
@@ -216,7 +216,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such key in your organisation and scope, or no such scope.\n\nExample: a key never used.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemKeyNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "X-Request-Id": {
@@ -712,7 +712,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such run in your organisation (or the id is not a UUID).\n\nExample: an id no run of the organisation has.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemRunNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "X-Request-Id": {
@@ -1578,7 +1578,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -1706,7 +1706,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID).\n\nExample: an id no endpoint of the organisation has.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "X-Request-Id": {
@@ -1884,7 +1884,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID).\n\nExample: an endpoint already deleted.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "X-Request-Id": {
@@ -2151,7 +2151,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID).\n\nExample: an id no endpoint of the organisation has.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "X-Request-Id": {
@@ -2417,7 +2417,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such delivery of this endpoint in your organisation (or an id is not a UUID); with a key, stored and replayed.\n\nExample: an id no delivery of the endpoint has.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemDeliveryNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "Idempotency-Key-Expires": {
@@ -2575,7 +2575,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -2768,7 +2768,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed.\n\nExample: an id no endpoint of the organisation has.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "Idempotency-Key-Expires": {
@@ -2926,7 +2926,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -3117,7 +3117,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed.\n\nExample: an id no endpoint of the organisation has.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemWebhookNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "Idempotency-Key-Expires": {
@@ -3241,7 +3241,7 @@ const docTemplate = `{
                     "429": {
                         "description": "` + "`" + `test_events_pending` + "`" + `: 5 test events of this endpoint are waiting for their attempt; stored under the key like any answer. Wait until the deliveries list shows them sent, then send a new request with a new key.\n\nExample: a sixth test event while five wait for their attempt, with a new Idempotency-Key (the answer is stored).",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemTestEventsPending"
+                            "$ref": "#/definitions/handlers.ProblemTooManyRequests"
                         },
                         "headers": {
                             "Idempotency-Key-Expires": {
@@ -3323,7 +3323,7 @@ const docTemplate = `{
                         }
                     },
                     "503": {
-                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
+                        "description": "` + "`" + `service_unavailable` + "`" + ` (the database cannot be reached), ` + "`" + `request_timeout` + "`" + ` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or ` + "`" + `overloaded` + "`" + ` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after ` + "`" + `Retry-After` + "`" + ` seconds with the same key: it replays what was done, or does it.\n\nExample: while the database refuses connections.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnavailable"
                         },
@@ -3721,7 +3721,7 @@ const docTemplate = `{
                     "400": {
                         "description": "The body is not what the route needs: ` + "`" + `invalid_workflow` + "`" + ` (a schema that is not an object, true or false, or a schema or expression that does not compile), ` + "`" + `validation_error` + "`" + ` (name missing or too long, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \\u0000), ` + "`" + `invalid_json` + "`" + `, ` + "`" + `invalid_number` + "`" + ` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: ` + "`" + `idempotency_key_invalid` + "`" + `, ` + "`" + `idempotency_key_too_long` + "`" + `, ` + "`" + `idempotency_key_missing` + "`" + ` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; ` + "`" + `invalid_workflow` + "`" + ` and ` + "`" + `validation_error` + "`" + ` with a key are stored and replayed.\n\nExample: an assertion whose expression does not compile (` + "`" + `total` + "`" + ` for ` + "`" + `submission.total` + "`" + `).",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemInvalidWorkflow"
+                            "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
                         "headers": {
                             "Idempotency-Key-Expires": {
@@ -4177,7 +4177,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such workflow in your organisation (or the id is not a UUID).\n\nExample: an id no workflow of the organisation has.",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemWorkflowNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "X-Request-Id": {
@@ -4494,7 +4494,7 @@ const docTemplate = `{
                     "404": {
                         "description": "` + "`" + `not_found` + "`" + `: no such workflow in your organisation (stored and replayed like any answer).\n\nExample: an id no workflow of the organisation has, with a new Idempotency-Key (the answer is stored).",
                         "schema": {
-                            "$ref": "#/definitions/handlers.ProblemWorkflowNotFound"
+                            "$ref": "#/definitions/handlers.ProblemNotFound"
                         },
                         "headers": {
                             "Idempotency-Key-Expires": {
@@ -4951,7 +4951,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {
@@ -4983,7 +4983,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {
@@ -5025,7 +5025,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {
@@ -5040,7 +5040,7 @@ const docTemplate = `{
                         "headers": {
                             "X-Request-Id": {
                                 "type": "string",
-                                "description": "The request's id: the client's X-Request-Id when sane, a new one otherwise."
+                                "description": "The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
                             }
                         },
                         "examples": {
@@ -5523,63 +5523,6 @@ const docTemplate = `{
                 }
             }
         },
-        "handlers.ProblemDeliveryNotFound": {
-            "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
-            "type": "object",
-            "required": [
-                "code",
-                "detail",
-                "instance",
-                "request_id",
-                "status",
-                "title",
-                "type"
-            ],
-            "properties": {
-                "code": {
-                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
-                    "type": "string",
-                    "example": "not_found"
-                },
-                "detail": {
-                    "description": "Detail explains this occurrence, for people.",
-                    "type": "string",
-                    "example": "Webhook delivery not found."
-                },
-                "errors": {
-                    "description": "Errors lists per-field problems of a 400, when there are several.",
-                    "type": "array",
-                    "items": {
-                        "$ref": "#/definitions/problem.FieldError"
-                    }
-                },
-                "instance": {
-                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
-                    "type": "string",
-                    "example": "/api/workflows/7c0e.../start/"
-                },
-                "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
-                    "type": "string",
-                    "example": "4f1c2b9e8a7d6c5b"
-                },
-                "status": {
-                    "description": "Status repeats the HTTP status code.",
-                    "type": "integer",
-                    "example": 404
-                },
-                "title": {
-                    "description": "Title is the HTTP status text.",
-                    "type": "string",
-                    "example": "Not Found"
-                },
-                "type": {
-                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
-                    "type": "string",
-                    "example": "/problems/not_found"
-                }
-            }
-        },
         "handlers.ProblemInProgress": {
             "description": "An RFC 9457 problem document (problem.Details) answered with 409, Content-Type application/problem+json.",
             "type": "object",
@@ -5694,120 +5637,6 @@ const docTemplate = `{
                 }
             }
         },
-        "handlers.ProblemInvalidWorkflow": {
-            "description": "An RFC 9457 problem document (problem.Details) answered with 400, Content-Type application/problem+json.",
-            "type": "object",
-            "required": [
-                "code",
-                "detail",
-                "instance",
-                "request_id",
-                "status",
-                "title",
-                "type"
-            ],
-            "properties": {
-                "code": {
-                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
-                    "type": "string",
-                    "example": "invalid_workflow"
-                },
-                "detail": {
-                    "description": "Detail explains this occurrence, for people.",
-                    "type": "string",
-                    "example": "assertions[0].expr (positive_total) does not compile: undeclared reference to 'x'"
-                },
-                "errors": {
-                    "description": "Errors lists per-field problems of a 400, when there are several.",
-                    "type": "array",
-                    "items": {
-                        "$ref": "#/definitions/problem.FieldError"
-                    }
-                },
-                "instance": {
-                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
-                    "type": "string",
-                    "example": "/api/workflows/7c0e.../start/"
-                },
-                "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
-                    "type": "string",
-                    "example": "4f1c2b9e8a7d6c5b"
-                },
-                "status": {
-                    "description": "Status repeats the HTTP status code.",
-                    "type": "integer",
-                    "example": 400
-                },
-                "title": {
-                    "description": "Title is the HTTP status text.",
-                    "type": "string",
-                    "example": "Bad Request"
-                },
-                "type": {
-                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
-                    "type": "string",
-                    "example": "/problems/invalid_workflow"
-                }
-            }
-        },
-        "handlers.ProblemKeyNotFound": {
-            "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
-            "type": "object",
-            "required": [
-                "code",
-                "detail",
-                "instance",
-                "request_id",
-                "status",
-                "title",
-                "type"
-            ],
-            "properties": {
-                "code": {
-                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
-                    "type": "string",
-                    "example": "not_found"
-                },
-                "detail": {
-                    "description": "Detail explains this occurrence, for people.",
-                    "type": "string",
-                    "example": "Idempotency key not found."
-                },
-                "errors": {
-                    "description": "Errors lists per-field problems of a 400, when there are several.",
-                    "type": "array",
-                    "items": {
-                        "$ref": "#/definitions/problem.FieldError"
-                    }
-                },
-                "instance": {
-                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
-                    "type": "string",
-                    "example": "/api/workflows/7c0e.../start/"
-                },
-                "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
-                    "type": "string",
-                    "example": "4f1c2b9e8a7d6c5b"
-                },
-                "status": {
-                    "description": "Status repeats the HTTP status code.",
-                    "type": "integer",
-                    "example": 404
-                },
-                "title": {
-                    "description": "Title is the HTTP status text.",
-                    "type": "string",
-                    "example": "Not Found"
-                },
-                "type": {
-                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
-                    "type": "string",
-                    "example": "/problems/not_found"
-                }
-            }
-        },
         "handlers.ProblemKeyReused": {
             "description": "An RFC 9457 problem document (problem.Details) answered with 422, Content-Type application/problem+json.",
             "type": "object",
@@ -5865,7 +5694,7 @@ const docTemplate = `{
                 }
             }
         },
-        "handlers.ProblemRunNotFound": {
+        "handlers.ProblemNotFound": {
             "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
             "type": "object",
             "required": [
@@ -5886,7 +5715,7 @@ const docTemplate = `{
                 "detail": {
                     "description": "Detail explains this occurrence, for people.",
                     "type": "string",
-                    "example": "Run not found."
+                    "example": "Workflow not found."
                 },
                 "errors": {
                     "description": "Errors lists per-field problems of a 400, when there are several.",
@@ -5919,63 +5748,6 @@ const docTemplate = `{
                     "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
                     "example": "/problems/not_found"
-                }
-            }
-        },
-        "handlers.ProblemTestEventsPending": {
-            "description": "An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.",
-            "type": "object",
-            "required": [
-                "code",
-                "detail",
-                "instance",
-                "request_id",
-                "status",
-                "title",
-                "type"
-            ],
-            "properties": {
-                "code": {
-                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
-                    "type": "string",
-                    "example": "test_events_pending"
-                },
-                "detail": {
-                    "description": "Detail explains this occurrence, for people.",
-                    "type": "string",
-                    "example": "5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key."
-                },
-                "errors": {
-                    "description": "Errors lists per-field problems of a 400, when there are several.",
-                    "type": "array",
-                    "items": {
-                        "$ref": "#/definitions/problem.FieldError"
-                    }
-                },
-                "instance": {
-                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
-                    "type": "string",
-                    "example": "/api/workflows/7c0e.../start/"
-                },
-                "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
-                    "type": "string",
-                    "example": "4f1c2b9e8a7d6c5b"
-                },
-                "status": {
-                    "description": "Status repeats the HTTP status code.",
-                    "type": "integer",
-                    "example": 429
-                },
-                "title": {
-                    "description": "Title is the HTTP status text.",
-                    "type": "string",
-                    "example": "Too Many Requests"
-                },
-                "type": {
-                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
-                    "type": "string",
-                    "example": "/problems/test_events_pending"
                 }
             }
         },
@@ -6261,120 +6033,6 @@ const docTemplate = `{
                     "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
                     "type": "string",
                     "example": "/problems/unsupported_content_encoding"
-                }
-            }
-        },
-        "handlers.ProblemWebhookNotFound": {
-            "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
-            "type": "object",
-            "required": [
-                "code",
-                "detail",
-                "instance",
-                "request_id",
-                "status",
-                "title",
-                "type"
-            ],
-            "properties": {
-                "code": {
-                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
-                    "type": "string",
-                    "example": "not_found"
-                },
-                "detail": {
-                    "description": "Detail explains this occurrence, for people.",
-                    "type": "string",
-                    "example": "Webhook endpoint not found."
-                },
-                "errors": {
-                    "description": "Errors lists per-field problems of a 400, when there are several.",
-                    "type": "array",
-                    "items": {
-                        "$ref": "#/definitions/problem.FieldError"
-                    }
-                },
-                "instance": {
-                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
-                    "type": "string",
-                    "example": "/api/workflows/7c0e.../start/"
-                },
-                "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
-                    "type": "string",
-                    "example": "4f1c2b9e8a7d6c5b"
-                },
-                "status": {
-                    "description": "Status repeats the HTTP status code.",
-                    "type": "integer",
-                    "example": 404
-                },
-                "title": {
-                    "description": "Title is the HTTP status text.",
-                    "type": "string",
-                    "example": "Not Found"
-                },
-                "type": {
-                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
-                    "type": "string",
-                    "example": "/problems/not_found"
-                }
-            }
-        },
-        "handlers.ProblemWorkflowNotFound": {
-            "description": "An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.",
-            "type": "object",
-            "required": [
-                "code",
-                "detail",
-                "instance",
-                "request_id",
-                "status",
-                "title",
-                "type"
-            ],
-            "properties": {
-                "code": {
-                    "description": "Code is the stable machine-readable code: switch on it, not on detail.",
-                    "type": "string",
-                    "example": "not_found"
-                },
-                "detail": {
-                    "description": "Detail explains this occurrence, for people.",
-                    "type": "string",
-                    "example": "Workflow not found."
-                },
-                "errors": {
-                    "description": "Errors lists per-field problems of a 400, when there are several.",
-                    "type": "array",
-                    "items": {
-                        "$ref": "#/definitions/problem.FieldError"
-                    }
-                },
-                "instance": {
-                    "description": "Instance is the path of the request as the client sent it, trailing\nslash and percent-escapes included, without the query (always present\nin an answer).",
-                    "type": "string",
-                    "example": "/api/workflows/7c0e.../start/"
-                },
-                "request_id": {
-                    "description": "RequestID is the X-Request-Id of the request, for support (always\npresent in an answer; on a replay, the first request's).",
-                    "type": "string",
-                    "example": "4f1c2b9e8a7d6c5b"
-                },
-                "status": {
-                    "description": "Status repeats the HTTP status code.",
-                    "type": "integer",
-                    "example": 404
-                },
-                "title": {
-                    "description": "Title is the HTTP status text.",
-                    "type": "string",
-                    "example": "Not Found"
-                },
-                "type": {
-                    "description": "Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.",
-                    "type": "string",
-                    "example": "/problems/not_found"
                 }
             }
         },

@@ -30,7 +30,6 @@ type Status struct {
 //	@Tags			health
 //	@Produce		json
 //	@Success		200	{object}	Status	"Alive."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/healthz [get]
 func (h *healthHandlers) live(c *gin.Context) { c.PureJSON(http.StatusOK, Status{Status: "ok"}) }
 
@@ -45,7 +44,6 @@ func (h *healthHandlers) live(c *gin.Context) { c.PureJSON(http.StatusOK, Status
 //	@Success		200	{object}	Status			"Ready."
 //	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database does not answer a ping within 2 s; `not_ready`: the process drains at shutdown, or its worker is not ready."
 //	@Header			503	{integer}	Retry-After		"Seconds to wait before asking again."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/readyz [get]
 func (h *healthHandlers) readyz(c *gin.Context) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)

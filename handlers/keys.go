@@ -64,14 +64,11 @@ type IdempotencyKey struct {
 //	@Param			key		path		string				true	"The Idempotency-Key, percent-encoded (such as order-1042): 1 to 255 printable ASCII characters, in the bare form (no quotes, no space first or last)"	minlength(1)	maxlength(255)	extensions(x-pattern=^[!#-~]$|^[!#-~][ -~]*[!-~]$)
 //	@Success		200		{object}	IdempotencyKey		"The key."
 //	@Failure		400		{object}	ProblemBadRequest	"`validation_error`: the key is not 1 to 255 printable ASCII characters."
-//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404		{object}	ProblemKeyNotFound	"`not_found`: no such key in your organisation and scope, or no such scope."
-//	@Failure		500		{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503		{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
+//	@Failure		401		{object}	ProblemUnauthorized	"common:unauthorized"
+//	@Failure		404		{object}	ProblemNotFound	"`not_found`: no such key in your organisation and scope, or no such scope."
+//	@Failure		500		{object}	ProblemInternal		"common:internal"
+//	@Failure		503		{object}	ProblemUnavailable	"common:unavailable"
 //	@Header			200		{integer}	Retry-After			"With state in_progress: seconds after which to look again."
-//	@Header			401		{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/idempotency-keys/{scope}/{key} [get]
 func (h *keyHandlers) get(c *gin.Context) {
 	scope, raw := c.Param("scope"), c.Param("key")

@@ -110,7 +110,6 @@ func (m *metrics) observeIdempotency(scope, outcome string) {
 //	@Tags			health
 //	@Produce		plain
 //	@Success		200	{string}	string	"Metrics in the Prometheus text exposition format (Content-Type text/plain; version=0.0.4)."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when sane, a new one otherwise."
 //	@Router			/metrics [get]
 //
 // promhttpHandler serves the registry's metrics.

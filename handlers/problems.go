@@ -18,7 +18,6 @@ import (
 //	@Produce		html
 //	@Produce		text/markdown
 //	@Success		200	{string}	string	"The list of codes."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when sane, a new one otherwise."
 //	@Router			/problems/ [get]
 func problemIndex(c *gin.Context) {
 	servePage(c, "Problem codes", problem.Index())
@@ -36,7 +35,6 @@ func problemIndex(c *gin.Context) {
 //	@Param			code	path		string	true	"The problem's code, such as idempotency_key_reused."
 //	@Success		200		{string}	string	"The code's page."
 //	@Failure		404		{object}	problem.Details	"`not_found`: no problem has this code."
-//	@Header			all		{string}	X-Request-Id	"The request's id: the client's X-Request-Id when sane, a new one otherwise."
 //	@Router			/problems/{code} [get]
 func problemPage(c *gin.Context) {
 	p, ok := problem.Lookup(c.Param("code"))

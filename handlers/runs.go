@@ -133,8 +133,8 @@ func utc(t *time.Time) *time.Time {
 //	@Param			body			body		StartRunRequest			true	"The submission to validate, and optional metadata"
 //	@Success		201				{object}	Run						"Created: the queued run; with `Idempotent-Replayed: true`, the replay of the first answer."
 //	@Failure		400				{object}	ProblemBadRequest		"The body is not what the route needs: `validation_error` (submission missing, metadata not an object, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; a `validation_error` with a key is stored and replayed."
-//	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404				{object}	ProblemWorkflowNotFound	"`not_found`: no such workflow in your organisation (stored and replayed like any answer)."
+//	@Failure		401				{object}	ProblemUnauthorized		"common:unauthorized"
+//	@Failure		404				{object}	ProblemNotFound	"`not_found`: no such workflow in your organisation (stored and replayed like any answer)."
 //	@Failure		409				{object}	ProblemInProgress		"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		408				{object}	ProblemBodyTimeout		"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."
 //	@Failure		413				{object}	ProblemTooLarge			"`request_body_too_large`: the body exceeds MAX_BODY_BYTES (nothing is stored)."
@@ -142,7 +142,7 @@ func utc(t *time.Time) *time.Time {
 //	@Failure		422				{object}	ProblemKeyReused		"`idempotency_key_reused`: the key was used for a different request (another body or another workflow) within 24 h; use a new key."
 //	@Failure		429				{object}	ProblemTooManyRequests	"`quota_exceeded`: the organisation has used its monthly run quota (stored and replayed like any answer); do not retry. Or `rate_limited`: the organisation started runs faster than its rate; nothing was done or stored: retry after `Retry-After` seconds, with the same key."
 //	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done, billed or stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
+//	@Failure		503				{object}	ProblemUnavailable		"common:unavailable_keyed"
 //	@Header			201				{string}	Location				"The run: /api/runs/{run_id}/"
 //	@Header			201,400,404,429				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
 //	@Header			201,400,404,429				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
@@ -152,8 +152,6 @@ func utc(t *time.Time) *time.Time {
 //	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit-Policy	"While the organisation has a start rate: `"org";q=N;w=1`, N starts per 1-second window (draft-ietf-httpapi-ratelimit-headers)."
 //	@Header			201,400,404,408,409,413,422,429,500,503	{string}	RateLimit	"While the organisation has a start rate: `"org";r=R;t=T`, R starts left now, T seconds until the window is full again (on a 429 `rate_limited`: r=0, t the `Retry-After`)."
 //	@Header			415				{string}	Accept-Encoding			"`gzip`: the one Content-Encoding accepted."
-//	@Header			401				{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/{id}/start/ [post]
 func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request, p models.StartParams) (idempotency.Response, error) {
 	// The run is stamped when it is written, as in the one step: its id
@@ -290,14 +288,11 @@ func (h *runHandlers) created(ctx context.Context, p models.StartParams) (idempo
 //	@Param			id		path		string				true	"Run id (UUID)"	format(uuid)
 //	@Param			Prefer	header		string				false	"`wait=N` (RFC 7240, N whole seconds): while the run is `queued` or `running`, wait up to N seconds (at most `RUN_MAX_WAIT`, 30 s by default) for it to become final, then answer it as it is: still not final when the time ran out is a 200 too. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Success		200	{object}	Run					"The run: final, or as it is when the wait (`Prefer: wait=N`) ran out."
-//	@Failure		401	{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404	{object}	ProblemRunNotFound	"`not_found`: no such run in your organisation (or the id is not a UUID)."
-//	@Failure		500	{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
+//	@Failure		401	{object}	ProblemUnauthorized	"common:unauthorized"
+//	@Failure		404	{object}	ProblemNotFound	"`not_found`: no such run in your organisation (or the id is not a UUID)."
+//	@Failure		500	{object}	ProblemInternal		"common:internal"
+//	@Failure		503	{object}	ProblemUnavailable	"common:unavailable"
 //	@Header			200	{string}	Preference-Applied	"`wait=N` when the request waited (`Prefer: wait=N`), N the seconds applied (after the `RUN_MAX_WAIT` cap). Absent when it did not wait: the run was final already, or the server waits for no request now (`RUN_MAX_WAIT=0`, or `RUN_MAX_WAITERS` wait already)."
-//	@Header			401	{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/runs/{id}/ [get]
 func (h *runHandlers) get(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -352,12 +347,9 @@ func (h *runHandlers) get(c *gin.Context) {
 //	@Param			cursor			query		string				false	"next_cursor of the previous page"
 //	@Success		200				{object}	RunList				"One page of runs."
 //	@Failure		400				{object}	ProblemBadRequest	"`validation_error` naming the parameter (workflow_id not a UUID, status not one of queued, running, passed, failed, error, created_after or created_before not an RFC 3339 time, created_after not before created_before, limit not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
-//	@Failure		401				{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		500				{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503				{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401				{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Failure		401				{object}	ProblemUnauthorized	"common:unauthorized"
+//	@Failure		500				{object}	ProblemInternal		"common:internal"
+//	@Failure		503				{object}	ProblemUnavailable	"common:unavailable"
 //	@Router			/api/runs/ [get]
 func (h *runHandlers) list(c *gin.Context) {
 	page, ok := pageOf(c)

@@ -130,7 +130,6 @@ type IndexLinks struct {
 //	@Tags			meta
 //	@Produce		json
 //	@Success		200	{object}	Index
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when sane, a new one otherwise."
 //	@Router			/ [get]
 func index(c *gin.Context) {
 	c.PureJSON(http.StatusOK, Index{
@@ -150,12 +149,15 @@ func index(c *gin.Context) {
 
 // The types below exist for the OpenAPI spec only: each is the problem
 // document (problem.Details) that a status answers, named for the spec's
-// readers and client generators. The examples a reader sees are answers
+// readers and client generators: one type per status, since the problems of
+// a status differ only in their example. The examples a reader sees are answers
 // the API gave (package internal/apispec); the example tags here only show
 // in the spec's models, and TestSpecProblemExamples checks that each is
 // what problem.New makes of its status, code and detail.
 
-// ProblemBadRequest is a 400 problem: the request is malformed.
+// ProblemBadRequest is a 400 problem: the request is malformed
+// (validation_error, invalid_json...), or a schema or assertion of a
+// workflow does not compile (invalid_workflow).
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 400, Content-Type application/problem+json.
 type ProblemBadRequest struct {
@@ -170,23 +172,6 @@ type ProblemBadRequest struct {
 	Detail string `json:"detail" example:"limit must be a whole number from 1 to 100."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
 	Code string `json:"code" example:"validation_error"`
-}
-
-// ProblemInvalidWorkflow is a 400 problem: a schema or assertion of the workflow does not compile.
-//
-//	@Description	An RFC 9457 problem document (problem.Details) answered with 400, Content-Type application/problem+json.
-type ProblemInvalidWorkflow struct {
-	problem.Details
-	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
-	Type string `json:"type" example:"/problems/invalid_workflow"`
-	// Title is the HTTP status text.
-	Title string `json:"title" example:"Bad Request"`
-	// Status repeats the HTTP status code.
-	Status int `json:"status" example:"400"`
-	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" example:"assertions[0].expr (positive_total) does not compile: undeclared reference to 'x'"`
-	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" example:"invalid_workflow"`
 }
 
 // ProblemUnauthorized is a 401 problem: no usable API token.
@@ -206,10 +191,11 @@ type ProblemUnauthorized struct {
 	Code string `json:"code" example:"invalid_token"`
 }
 
-// ProblemWorkflowNotFound is a 404 problem: no such workflow in the caller's organisation.
+// ProblemNotFound is a 404 problem: no such workflow, run, idempotency key,
+// webhook endpoint or delivery in the caller's organisation.
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
-type ProblemWorkflowNotFound struct {
+type ProblemNotFound struct {
 	problem.Details
 	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
 	Type string `json:"type" example:"/problems/not_found"`
@@ -219,92 +205,6 @@ type ProblemWorkflowNotFound struct {
 	Status int `json:"status" example:"404"`
 	// Detail explains this occurrence, for people.
 	Detail string `json:"detail" example:"Workflow not found."`
-	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" example:"not_found"`
-}
-
-// ProblemWebhookNotFound is a 404 problem: no such webhook endpoint in the caller's organisation.
-//
-//	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
-type ProblemWebhookNotFound struct {
-	problem.Details
-	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
-	Type string `json:"type" example:"/problems/not_found"`
-	// Title is the HTTP status text.
-	Title string `json:"title" example:"Not Found"`
-	// Status repeats the HTTP status code.
-	Status int `json:"status" example:"404"`
-	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" example:"Webhook endpoint not found."`
-	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" example:"not_found"`
-}
-
-// ProblemDeliveryNotFound is a 404 problem: no such webhook delivery of the endpoint in the caller's organisation.
-//
-//	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
-type ProblemDeliveryNotFound struct {
-	problem.Details
-	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
-	Type string `json:"type" example:"/problems/not_found"`
-	// Title is the HTTP status text.
-	Title string `json:"title" example:"Not Found"`
-	// Status repeats the HTTP status code.
-	Status int `json:"status" example:"404"`
-	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" example:"Webhook delivery not found."`
-	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" example:"not_found"`
-}
-
-// ProblemTestEventsPending is a 429 problem of a test event: the endpoint
-// has as many test events waiting for their attempt as it may.
-//
-//	@Description	An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.
-type ProblemTestEventsPending struct {
-	problem.Details
-	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
-	Type string `json:"type" example:"/problems/test_events_pending"`
-	// Title is the HTTP status text.
-	Title string `json:"title" example:"Too Many Requests"`
-	// Status repeats the HTTP status code.
-	Status int `json:"status" example:"429"`
-	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" example:"5 test events of this endpoint are waiting for their attempt; wait for them, then send a new request with a new Idempotency-Key."`
-	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" example:"test_events_pending"`
-}
-
-// ProblemRunNotFound is a 404 problem: no such run in the caller's organisation.
-//
-//	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
-type ProblemRunNotFound struct {
-	problem.Details
-	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
-	Type string `json:"type" example:"/problems/not_found"`
-	// Title is the HTTP status text.
-	Title string `json:"title" example:"Not Found"`
-	// Status repeats the HTTP status code.
-	Status int `json:"status" example:"404"`
-	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" example:"Run not found."`
-	// Code is the stable machine-readable code: switch on it, not on detail.
-	Code string `json:"code" example:"not_found"`
-}
-
-// ProblemKeyNotFound is a 404 problem: no such idempotency key in the caller's organisation and scope.
-//
-//	@Description	An RFC 9457 problem document (problem.Details) answered with 404, Content-Type application/problem+json.
-type ProblemKeyNotFound struct {
-	problem.Details
-	// Type is a URI reference naming the kind of problem: /problems/ followed by the code, the path of its page.
-	Type string `json:"type" example:"/problems/not_found"`
-	// Title is the HTTP status text.
-	Title string `json:"title" example:"Not Found"`
-	// Status repeats the HTTP status code.
-	Status int `json:"status" example:"404"`
-	// Detail explains this occurrence, for people.
-	Detail string `json:"detail" example:"Idempotency key not found."`
 	// Code is the stable machine-readable code: switch on it, not on detail.
 	Code string `json:"code" example:"not_found"`
 }
@@ -394,9 +294,11 @@ type ProblemKeyReused struct {
 	Code string `json:"code" example:"idempotency_key_reused"`
 }
 
-// ProblemTooManyRequests is a 429 problem of a start: quota_exceeded (the
+// ProblemTooManyRequests is a 429 problem. Of a start: quota_exceeded (the
 // organisation's monthly run quota is used up; stored and replayed) or
-// rate_limited (it started runs faster than its rate; nothing stored).
+// rate_limited (it started runs faster than its rate; nothing stored). Of a
+// webhook test event: test_events_pending (the endpoint has as many test
+// events waiting for their attempt as it may).
 //
 //	@Description	An RFC 9457 problem document (problem.Details) answered with 429, Content-Type application/problem+json.
 type ProblemTooManyRequests struct {

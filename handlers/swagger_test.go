@@ -276,9 +276,9 @@ func TestSpecProblemExamples(t *testing.T) {
 	detailsFields := jsonFields(reflect.TypeOf(problem.Details{}))
 	defs := loadSpecFile(t).Spec().Definitions
 	for _, v := range []any{
-		handlers.ProblemBadRequest{}, handlers.ProblemInvalidWorkflow{}, handlers.ProblemUnauthorized{},
-		handlers.ProblemWorkflowNotFound{}, handlers.ProblemRunNotFound{}, handlers.ProblemInProgress{},
-		handlers.ProblemTooLarge{}, handlers.ProblemKeyReused{}, handlers.ProblemTooManyRequests{},
+		handlers.ProblemBadRequest{}, handlers.ProblemUnauthorized{}, handlers.ProblemNotFound{},
+		handlers.ProblemBodyTimeout{}, handlers.ProblemInProgress{}, handlers.ProblemTooLarge{},
+		handlers.ProblemUnsupportedEncoding{}, handlers.ProblemKeyReused{}, handlers.ProblemTooManyRequests{},
 		handlers.ProblemInternal{}, handlers.ProblemUnavailable{},
 	} {
 		typ := reflect.TypeOf(v)

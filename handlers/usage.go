@@ -41,12 +41,9 @@ type Usage struct {
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
 //	@Success		200	{object}	Usage				"This month's usage."
-//	@Failure		401	{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		500	{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503	{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401	{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Failure		401	{object}	ProblemUnauthorized	"common:unauthorized"
+//	@Failure		500	{object}	ProblemInternal		"common:internal"
+//	@Failure		503	{object}	ProblemUnavailable	"common:unavailable"
 //	@Router			/api/usage [get]
 func (h *usageHandlers) get(c *gin.Context) {
 	u, err := h.usage.Get(c.Request.Context(), principalOf(c).OrgID, h.defaultQuota, time.Now())

@@ -95,23 +95,21 @@ func webhookEndpointOf(e *models.WebhookEndpoint) WebhookEndpoint {
 //	@Param			body			body		CreateWebhookEndpointRequest	true	"The endpoint"
 //	@Success		201				{object}	WebhookEndpointWithSecret		"Created, with its secret; with `Idempotent-Replayed: true`, the replay of the first answer."
 //	@Failure		400				{object}	ProblemBadRequest				"`validation_error` (url missing, not http or https, too long, with user information, a port out of 1-65535, an IPv4 address not in dotted-decimal form, or a private target; description over 500 characters; an empty events list or an unknown event type; a field the route does not take; a string or member name that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). `validation_error` with a key is stored and replayed."
-//	@Failure		401				{object}	ProblemUnauthorized				"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
+//	@Failure		401				{object}	ProblemUnauthorized				"common:unauthorized"
 //	@Failure		408				{object}	ProblemBodyTimeout				"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."
 //	@Failure		409				{object}	ProblemInProgress				"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		413				{object}	ProblemTooLarge					"`request_body_too_large`: the body exceeds MAX_BODY_BYTES (nothing is stored)."
 //	@Failure		415				{object}	ProblemUnsupportedEncoding		"`unsupported_content_encoding`: a Content-Encoding other than gzip; nothing is stored."
 //	@Failure		422				{object}	ProblemKeyReused				"`idempotency_key_reused`: the key was used for a different request (another body) within 24 h; use a new key."
 //	@Failure		500				{object}	ProblemInternal					"`internal_error`: nothing was done and nothing stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable				"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
+//	@Failure		503				{object}	ProblemUnavailable				"common:unavailable_keyed"
 //	@Header			201				{string}	Location						"The endpoint: /api/webhook-endpoints/{id}/"
 //	@Header			201,400			{string}	Idempotent-Replayed				"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
 //	@Header			201,400			{string}	Original-Request-Id				"On a replay: the X-Request-Id of the request that did the work."
 //	@Header			201,400,422		{string}	Idempotency-Key-Expires			"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date."
 //	@Header			201,422			{string}	Preference-Applied				"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
-//	@Header			409,500,503		{integer}	Retry-After						"Seconds to wait before retrying."
+//	@Header			409,500		{integer}	Retry-After						"Seconds to wait before retrying."
 //	@Header			415				{string}	Accept-Encoding					"`gzip`: the one Content-Encoding accepted."
-//	@Header			401				{string}	WWW-Authenticate				"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			all				{string}	X-Request-Id					"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/webhook-endpoints/ [post]
 func (h *webhookHandlers) create(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	var in CreateWebhookEndpointRequest
@@ -176,12 +174,9 @@ func (h *webhookHandlers) create(tx *models.RequestTx, req idempotency.Request) 
 //	@Param			cursor	query		string				false	"next_cursor of the previous page"
 //	@Success		200		{object}	WebhookEndpointList	"One page of endpoints."
 //	@Failure		400		{object}	ProblemBadRequest	"`validation_error` (limit is not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
-//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		500		{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503		{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401		{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After			"Seconds to wait before retrying."
-//	@Header			all		{string}	X-Request-Id		"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Failure		401		{object}	ProblemUnauthorized	"common:unauthorized"
+//	@Failure		500		{object}	ProblemInternal		"common:internal"
+//	@Failure		503		{object}	ProblemUnavailable	"common:unavailable"
 //	@Router			/api/webhook-endpoints/ [get]
 func (h *webhookHandlers) list(c *gin.Context) {
 	page, ok := pageOf(c)
@@ -211,13 +206,10 @@ func (h *webhookHandlers) list(c *gin.Context) {
 //	@Security		BearerAuth
 //	@Param			id	path		string					true	"Webhook endpoint id (UUID)"	format(uuid)
 //	@Success		200	{object}	WebhookEndpoint			"The endpoint."
-//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404	{object}	ProblemWebhookNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
-//	@Failure		500	{object}	ProblemInternal			"`internal_error`: a query failed; retry."
-//	@Failure		503	{object}	ProblemUnavailable		"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401	{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Failure		401	{object}	ProblemUnauthorized		"common:unauthorized"
+//	@Failure		404	{object}	ProblemNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
+//	@Failure		500	{object}	ProblemInternal			"common:internal"
+//	@Failure		503	{object}	ProblemUnavailable		"common:unavailable"
 //	@Router			/api/webhook-endpoints/{id}/ [get]
 func (h *webhookHandlers) get(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -254,13 +246,11 @@ func answerEndpoint(c *gin.Context, err error, ok func()) {
 //	@Security		BearerAuth
 //	@Param			id	path		string					true	"Webhook endpoint id (UUID)"	format(uuid)
 //	@Success		204	"Deleted."
-//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404	{object}	ProblemWebhookNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
+//	@Failure		401	{object}	ProblemUnauthorized		"common:unauthorized"
+//	@Failure		404	{object}	ProblemNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal			"`internal_error`: the deletion failed; retry."
-//	@Failure		503	{object}	ProblemUnavailable		"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401	{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Failure		503	{object}	ProblemUnavailable		"common:unavailable"
+//	@Header			500	{integer}	Retry-After	"Seconds to wait before retrying."
 //	@Router			/api/webhook-endpoints/{id}/ [delete]
 func (h *webhookHandlers) delete(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -286,19 +276,17 @@ func (h *webhookHandlers) delete(c *gin.Context) {
 //	@Param			Prefer			header		string						false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Success		200				{object}	WebhookEndpointWithSecret	"The endpoint with its new secret; with `Idempotent-Replayed: true`, the replay of the first answer."
 //	@Failure		400				{object}	ProblemBadRequest			"The Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true)."
-//	@Failure		401				{object}	ProblemUnauthorized			"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404				{object}	ProblemWebhookNotFound		"`not_found`: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed."
+//	@Failure		401				{object}	ProblemUnauthorized			"common:unauthorized"
+//	@Failure		404				{object}	ProblemNotFound		"`not_found`: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed."
 //	@Failure		409				{object}	ProblemInProgress			"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		422				{object}	ProblemKeyReused			"`idempotency_key_reused`: the key was used for a different request (another endpoint) within 24 h; use a new key."
 //	@Failure		500				{object}	ProblemInternal				"`internal_error`: the rotation failed, changed nothing and stored nothing; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable			"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
+//	@Failure		503				{object}	ProblemUnavailable			"common:unavailable_keyed"
 //	@Header			200,404			{string}	Idempotent-Replayed			"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
 //	@Header			200,404			{string}	Original-Request-Id			"On a replay: the X-Request-Id of the request that did the work."
 //	@Header			200,404,422		{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
 //	@Header			200,404,422		{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
-//	@Header			409,500,503		{integer}	Retry-After					"Seconds to wait before retrying."
-//	@Header			401				{string}	WWW-Authenticate			"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Header			409,500		{integer}	Retry-After					"Seconds to wait before retrying."
 //	@Router			/api/webhook-endpoints/{id}/rotate-secret/ [post]
 func (h *webhookHandlers) rotate(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	id, ok := canonicalID(req.Gin.Param("id"))
@@ -363,13 +351,10 @@ type WebhookDeliveryList struct {
 //	@Param			cursor	query		string					false	"next_cursor of the previous page"
 //	@Success		200		{object}	WebhookDeliveryList		"One page of deliveries."
 //	@Failure		400		{object}	ProblemBadRequest		"`validation_error` (limit is not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
-//	@Failure		401		{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404		{object}	ProblemWebhookNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
-//	@Failure		500		{object}	ProblemInternal			"`internal_error`: a query failed; retry."
-//	@Failure		503		{object}	ProblemUnavailable		"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401		{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After				"Seconds to wait before retrying."
-//	@Header			all		{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Failure		401		{object}	ProblemUnauthorized		"common:unauthorized"
+//	@Failure		404		{object}	ProblemNotFound	"`not_found`: no such endpoint in your organisation (or the id is not a UUID)."
+//	@Failure		500		{object}	ProblemInternal			"common:internal"
+//	@Failure		503		{object}	ProblemUnavailable		"common:unavailable"
 //	@Router			/api/webhook-endpoints/{id}/deliveries/ [get]
 func (h *webhookHandlers) deliveries(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -429,19 +414,17 @@ const maxPendingTests = 5
 //	@Param			Prefer			header		string						false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Success		202				{object}	WebhookDelivery				"Accepted: the delivery, due again; with `Idempotent-Replayed: true`, the replay of the first answer."
 //	@Failure		400				{object}	ProblemBadRequest			"The Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true)."
-//	@Failure		401				{object}	ProblemUnauthorized			"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404				{object}	ProblemDeliveryNotFound		"`not_found`: no such delivery of this endpoint in your organisation (or an id is not a UUID); with a key, stored and replayed."
+//	@Failure		401				{object}	ProblemUnauthorized			"common:unauthorized"
+//	@Failure		404				{object}	ProblemNotFound		"`not_found`: no such delivery of this endpoint in your organisation (or an id is not a UUID); with a key, stored and replayed."
 //	@Failure		409				{object}	ProblemInProgress			"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		422				{object}	ProblemKeyReused			"`idempotency_key_reused`: the key was used for a different request (another delivery) within 24 h; use a new key."
 //	@Failure		500				{object}	ProblemInternal				"`internal_error`: nothing was changed or stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable			"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
+//	@Failure		503				{object}	ProblemUnavailable			"common:unavailable_keyed"
 //	@Header			202,404			{string}	Idempotent-Replayed			"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
 //	@Header			202,404			{string}	Original-Request-Id			"On a replay: the X-Request-Id of the request that did the work."
 //	@Header			202,404,422		{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
 //	@Header			202,404,422		{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
-//	@Header			409,500,503		{integer}	Retry-After					"Seconds to wait before retrying."
-//	@Header			401				{string}	WWW-Authenticate			"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Header			409,500		{integer}	Retry-After					"Seconds to wait before retrying."
 //	@Router			/api/webhook-endpoints/{id}/deliveries/{delivery_id}/redeliver/ [post]
 func (h *webhookHandlers) redeliver(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	ep, ok := canonicalID(req.Gin.Param("id"))
@@ -475,20 +458,18 @@ func (h *webhookHandlers) redeliver(tx *models.RequestTx, req idempotency.Reques
 //	@Param			Prefer			header		string						false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Success		202				{object}	WebhookDelivery				"Accepted: the test event's delivery; with `Idempotent-Replayed: true`, the replay of the first answer."
 //	@Failure		400				{object}	ProblemBadRequest			"The Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true)."
-//	@Failure		401				{object}	ProblemUnauthorized			"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404				{object}	ProblemWebhookNotFound		"`not_found`: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed."
+//	@Failure		401				{object}	ProblemUnauthorized			"common:unauthorized"
+//	@Failure		404				{object}	ProblemNotFound		"`not_found`: no such endpoint in your organisation (or the id is not a UUID); with a key, stored and replayed."
 //	@Failure		409				{object}	ProblemInProgress			"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		422				{object}	ProblemKeyReused			"`idempotency_key_reused`: the key was used for a different request (another endpoint) within 24 h; use a new key."
-//	@Failure		429				{object}	ProblemTestEventsPending	"`test_events_pending`: 5 test events of this endpoint are waiting for their attempt; stored under the key like any answer. Wait until the deliveries list shows them sent, then send a new request with a new key."
+//	@Failure		429				{object}	ProblemTooManyRequests	"`test_events_pending`: 5 test events of this endpoint are waiting for their attempt; stored under the key like any answer. Wait until the deliveries list shows them sent, then send a new request with a new key."
 //	@Failure		500				{object}	ProblemInternal				"`internal_error`: nothing was recorded or stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable			"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
+//	@Failure		503				{object}	ProblemUnavailable			"common:unavailable_keyed"
 //	@Header			202,404,429		{string}	Idempotent-Replayed			"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise)."
 //	@Header			202,404,429		{string}	Original-Request-Id			"On a replay: the X-Request-Id of the request that did the work."
 //	@Header			202,404,422,429	{string}	Idempotency-Key-Expires		"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires (RFC 9110 HTTP-date)."
 //	@Header			202,404,422,429	{string}	Preference-Applied			"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
-//	@Header			409,500,503		{integer}	Retry-After					"Seconds to wait before retrying."
-//	@Header			401				{string}	WWW-Authenticate			"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			all				{string}	X-Request-Id				"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Header			409,500		{integer}	Retry-After					"Seconds to wait before retrying."
 //	@Router			/api/webhook-endpoints/{id}/test/ [post]
 func (h *webhookHandlers) sendTest(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	ep, ok := canonicalID(req.Gin.Param("id"))

@@ -74,24 +74,22 @@ func workflowOf(w *models.Workflow) Workflow {
 //	@Param			Prefer			header		string					false	"`wait=N` (RFC 7240): if a request with this Idempotency-Key is still being processed, wait up to N seconds (at most `IDEMPOTENCY_MAX_WAIT`) for its answer instead of a 409. The answer then carries `Preference-Applied: wait=N`. Other preferences are ignored."
 //	@Param			body			body		CreateWorkflowRequest	true	"The workflow"
 //	@Success		201				{object}	Workflow				"Created; with `Idempotent-Replayed: true`, the replay of the first answer."
-//	@Failure		400				{object}	ProblemInvalidWorkflow	"The body is not what the route needs: `invalid_workflow` (a schema that is not an object, true or false, or a schema or expression that does not compile), `validation_error` (name missing or too long, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; `invalid_workflow` and `validation_error` with a key are stored and replayed."
-//	@Failure		401				{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
+//	@Failure		400				{object}	ProblemBadRequest	"The body is not what the route needs: `invalid_workflow` (a schema that is not an object, true or false, or a schema or expression that does not compile), `validation_error` (name missing or too long, a field the route does not take, a string or member name anywhere in the body that holds the NUL character \u0000), `invalid_json`, `invalid_number` (a number of more than 256 digits in decimal); or the Idempotency-Key is malformed: `idempotency_key_invalid`, `idempotency_key_too_long`, `idempotency_key_missing` (IDEMPOTENCY_KEY_REQUIRED=true). Nothing is stored for a bad key, bad JSON or a bad number; `invalid_workflow` and `validation_error` with a key are stored and replayed."
+//	@Failure		401				{object}	ProblemUnauthorized		"common:unauthorized"
 //	@Failure		409				{object}	ProblemInProgress		"`idempotency_key_in_progress`: a request with this key is still being processed; retry after `Retry-After` seconds, or send `Prefer: wait=N`."
 //	@Failure		408				{object}	ProblemBodyTimeout		"`request_body_timeout`: the body arrived slower than the server's read timeout; nothing was done or stored. Send the request again."
 //	@Failure		413				{object}	ProblemTooLarge			"`request_body_too_large`: the body exceeds MAX_BODY_BYTES (nothing is stored)."
 //	@Failure		415				{object}	ProblemUnsupportedEncoding	"`unsupported_content_encoding`: a Content-Encoding other than gzip (a gzip body is decoded, and MAX_BODY_BYTES counts the decoded bytes); nothing is stored."
 //	@Failure		422				{object}	ProblemKeyReused		"`idempotency_key_reused`: the key was used for a different request (another body) within 24 h; use a new key."
 //	@Failure		500				{object}	ProblemInternal			"`internal_error`: nothing was done and nothing stored; retry, with the same key."
-//	@Failure		503				{object}	ProblemUnavailable		"`service_unavailable` (the database cannot be reached), `request_timeout` (the request's transaction ran past IDEMPOTENCY_TX_TIMEOUT and was rolled back) or `overloaded` (this API process serves as many requests or request bodies as it may: MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done, unless the detail says the outcome is unknown (the database stopped answering after the write was sent: it may have been done). Either way, retry after `Retry-After` seconds with the same key: it replays what was done, or does it."
+//	@Failure		503				{object}	ProblemUnavailable		"common:unavailable_keyed"
 //	@Header			201				{string}	Location				"The workflow: /api/workflows/{id}/"
 //	@Header			201,400				{string}	Idempotent-Replayed		"`true` when this answer is the replay of an earlier request with the same Idempotency-Key (absent otherwise): a stored 4xx is replayed like a 201."
 //	@Header			201,400				{string}	Original-Request-Id		"On a replay: the X-Request-Id of the request that did the work."
 //	@Header			201,400,422		{string}	Idempotency-Key-Expires	"With an Idempotency-Key, on an answer stored under it (and its replays) and on a 422: when the key expires, as an HTTP-date. Until then a retry gets this answer; after it, the key creates a new workflow."
 //	@Header			201,422			{string}	Preference-Applied		"`wait=N` when the request waited (`Prefer: wait=N`) for the first request with its key."
-//	@Header			409,500,503		{integer}	Retry-After				"Seconds to wait before retrying."
+//	@Header			409,500		{integer}	Retry-After				"Seconds to wait before retrying."
 //	@Header			415				{string}	Accept-Encoding			"`gzip`: the one Content-Encoding accepted."
-//	@Header			401				{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			all				{string}	X-Request-Id			"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
 //	@Router			/api/workflows/ [post]
 func (h *workflowHandlers) create(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 	var in CreateWorkflowRequest
@@ -152,12 +150,9 @@ func (h *workflowHandlers) create(tx *models.RequestTx, req idempotency.Request)
 //	@Param			cursor	query		string				false	"next_cursor of the previous page"
 //	@Success		200		{object}	WorkflowList		"One page of workflows."
 //	@Failure		400		{object}	ProblemBadRequest	"`validation_error` (limit is not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
-//	@Failure		401		{object}	ProblemUnauthorized	"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		500		{object}	ProblemInternal		"`internal_error`: a query failed; retry."
-//	@Failure		503		{object}	ProblemUnavailable	"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401		{string}	WWW-Authenticate	"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Failure		401		{object}	ProblemUnauthorized	"common:unauthorized"
+//	@Failure		500		{object}	ProblemInternal		"common:internal"
+//	@Failure		503		{object}	ProblemUnavailable	"common:unavailable"
 //	@Router			/api/workflows/ [get]
 func (h *workflowHandlers) list(c *gin.Context) {
 	page, ok := pageOf(c)
@@ -187,13 +182,10 @@ func (h *workflowHandlers) list(c *gin.Context) {
 //	@Security		BearerAuth
 //	@Param			id	path		string					true	"Workflow id (UUID)"	format(uuid)
 //	@Success		200	{object}	Workflow				"The workflow."
-//	@Failure		401	{object}	ProblemUnauthorized		"No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked)."
-//	@Failure		404	{object}	ProblemWorkflowNotFound	"`not_found`: no such workflow in your organisation (or the id is not a UUID)."
-//	@Failure		500	{object}	ProblemInternal			"`internal_error`: a query failed; retry."
-//	@Failure		503	{object}	ProblemUnavailable		"`service_unavailable`: the database cannot be reached (or the token could not be checked); retry after `Retry-After` seconds. Or `overloaded`: this API process serves as many requests or request bodies as it may (MAX_REQUESTS_IN_FLIGHT, MAX_BODY_BYTES_IN_FLIGHT); nothing was done: retry after `Retry-After` seconds."
-//	@Header			401	{string}	WWW-Authenticate		"Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential)."
-//	@Header			500,503	{integer}	Retry-After	"Seconds to wait before retrying."
-//	@Header			all	{string}	X-Request-Id	"The request's id: the client's X-Request-Id when it is 1-128 printable ASCII characters, a new one otherwise."
+//	@Failure		401	{object}	ProblemUnauthorized		"common:unauthorized"
+//	@Failure		404	{object}	ProblemNotFound	"`not_found`: no such workflow in your organisation (or the id is not a UUID)."
+//	@Failure		500	{object}	ProblemInternal			"common:internal"
+//	@Failure		503	{object}	ProblemUnavailable		"common:unavailable"
 //	@Router			/api/workflows/{id}/ [get]
 func (h *workflowHandlers) get(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))

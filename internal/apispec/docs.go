@@ -54,8 +54,12 @@ func ApplyDir(dir string, f *File) error {
 	return applyGoDoc(filepath.Join(dir, "docs.go"), f)
 }
 
-// finish is what make docs adds to swag's spec: the rules, then the examples.
+// finish is what make docs adds to swag's spec: the common responses, the
+// rules, then the examples.
 func finish(spec *Value, f *File) error {
+	if err := ExpandCommon(spec); err != nil {
+		return err
+	}
 	if err := Tighten(spec); err != nil {
 		return err
 	}

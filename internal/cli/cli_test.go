@@ -503,6 +503,33 @@ func TestServeHTTPAddrInUse(t *testing.T) {
 	require.Contains(t, r.stderr, "HTTP_ADDR")
 }
 
+// serve and worker share their start-up (startProcess): each names the
+// setting whose address is taken, its own or PPROF_ADDR.
+func TestStartupAddrInUse(t *testing.T) {
+	migratedDB(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	free := "127.0.0.1:0"
+	for _, tc := range []struct {
+		cmd, busy string
+		env       map[string]string
+	}{
+		{"worker", "WORKER_METRICS_ADDR", map[string]string{"WORKER_METRICS_ADDR": ln.Addr().String()}},
+		{"worker", "PPROF_ADDR", map[string]string{"WORKER_METRICS_ADDR": free, "PPROF_ADDR": ln.Addr().String()}},
+		{"serve", "PPROF_ADDR", map[string]string{"HTTP_ADDR": free, "PPROF_ADDR": ln.Addr().String()}},
+	} {
+		t.Run(tc.cmd+" "+tc.busy, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			r := runCLI(t, tc.cmd)
+			require.Equal(t, 1, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			require.Contains(t, r.stderr, tc.busy)
+		})
+	}
+}
+
 func TestDemoIsRepeatable(t *testing.T) {
 	db := migratedDB(t)
 	tokenFile := filepath.Join(t.TempDir(), "sub", "demo-token")

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/http/pprof"
 	"time"
@@ -26,11 +25,7 @@ func startPprof(a *app) (stop func(), err error) {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("pprof server stopped", "error", err)
-		}
-	}()
+	a.serveInBackground(srv, ln, "pprof")
 	a.log.Info("serving pprof", "addr", "http://"+ln.Addr().String()+"/debug/pprof/")
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/handlers"
 )
 
@@ -23,22 +24,12 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
-	a, err := open(ctx, forWork)
+	p, err := startProcess(ctx, "HTTP_ADDR", func(c config.Config) string { return c.HTTPAddr })
 	if err != nil {
 		return err
 	}
-	defer a.close()
-
-	ln, err := listen("HTTP_ADDR", a.cfg.HTTPAddr)
-	if err != nil {
-		return err
-	}
-	stopPprof, err := startPprof(a)
-	if err != nil {
-		_ = ln.Close()
-		return err
-	}
-	defer stopPprof()
+	defer p.stop()
+	a, ln := p.app, p.ln
 	if !*withWorker {
 		setMemoryLimit(a, os.Getenv("GOMEMLIMIT"))
 	}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -123,43 +122,29 @@ func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
-	a, err := open(ctx, forWork)
+	p, err := startProcess(ctx, "WORKER_METRICS_ADDR", func(c config.Config) string { return c.WorkerMetricsAddr })
 	if err != nil {
 		return err
 	}
-	defer a.close()
-	ln, err := listen("WORKER_METRICS_ADDR", a.cfg.WorkerMetricsAddr)
+	defer p.stop()
+	a, ln := p.app, p.ln
+	worker, err := startWorker(ctx, a)
 	if err != nil {
-		return err
-	}
-	stopPprof, err := startPprof(a)
-	if err != nil {
-		_ = ln.Close()
-		return err
-	}
-	defer stopPprof()
-	p, err := startWorker(ctx, a)
-	if err != nil {
-		_ = ln.Close()
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(worker.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) { workerReadyz(w, r, p.w) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) { workerReadyz(w, r, worker.w) })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("worker metrics server stopped", "error", err)
-		}
-	}()
+	a.serveInBackground(srv, ln, "worker metrics")
 	a.log.InfoContext(ctx, "worker running", "metrics", "http://"+ln.Addr().String()+"/metrics")
 	<-ctx.Done()
 	a.log.Info("shutting down worker", "timeout", a.cfg.ShutdownTimeout)
-	p.stop() // in-flight tasks finish or go back to the queue
+	worker.stop() // in-flight tasks finish or go back to the queue
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return srv.Shutdown(sctx)
