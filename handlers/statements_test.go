@@ -209,13 +209,14 @@ func TestStatementsPerRequest(t *testing.T) {
 		// models.Statement loads them (nil: not checked).
 		statements []string
 	}{
-		// The statement's settings (with a key: and the key's lock,
-		// models.startLocksSQL) and the start (models.startBatchSQL), sent together.
+		// The batch's settings (models.startSettingsSQL), with a key the key's
+		// lock (models.startLocksSQL), and the start (models.startBatchSQL),
+		// sent together.
 		{name: "no-key start", status: 201, maxStmts: 2, maxTrips: 1,
 			statements: []string{"start_settings", "start_batch"},
 			send:       func() apitest.Response { return start(idemBody) }},
-		{name: "new-key start", status: 201, maxStmts: 2, maxTrips: 1,
-			statements: []string{"start_locks", "start_batch"},
+		{name: "new-key start", status: 201, maxStmts: 3, maxTrips: 1,
+			statements: []string{"start_settings", "start_locks", "start_batch"},
 			send:       func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
 		{name: "replay", status: 201, maxStmts: 1, statements: []string{"lookup_key"},
 			send: func() apitest.Response { return start(idemBody, idemKey("measured")...) }},
@@ -230,11 +231,11 @@ func TestStatementsPerRequest(t *testing.T) {
 				return e.Do(http.MethodPost, idemStartPath(wf2), org.Token, idemBody, idemKey("measured")...)
 			}},
 		// Another process, which never answered these keys: the start's
-		// first statement (models.startLocksSQL) finds the key's row, or its
+		// keys' statement (models.startLocksSQL) finds the key's row, or its
 		// lock taken, and the start's own, sent with it, writes nothing.
-		{name: "replay, other process", status: 201, maxStmts: 2, maxTrips: 1,
+		{name: "replay, other process", status: 201, maxStmts: 3, maxTrips: 1,
 			send: func() apitest.Response { return other(idemBody, idemKey("measured")...) }},
-		{name: "409, other process", status: 409, maxStmts: 2, maxTrips: 1,
+		{name: "409, other process", status: 409, maxStmts: 3, maxTrips: 1,
 			send: func() apitest.Response { return other(idemBody, idemKey("busy")...) }},
 	}
 	results := make([]idemStmtCount, len(cases))

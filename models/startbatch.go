@@ -266,12 +266,12 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 		actx, cancel := stallBound(ctx, optionsOf(b.db).AnswerTimeout)
 		defer cancel()
 		q := startPipe(actx, c, !optionsOf(b.db).TransactionPooler)
-		var err error
-		if cols.keyed {
+		err := q.query(startSettingsSQL, settings, func(pgx.Rows) error { return nil }, false)
+		if err == nil && cols.keyed {
 			// The keys' locks first, flushed: a start whose key another
 			// request holds, or whose key's row answers it, is answered
 			// before this batch waits on anything (a lock, a full disk).
-			err = q.query(startLocksSQL, append(settings, cols.orgs, cols.endpoints, cols.keys, cols.locks), func(rows pgx.Rows) error {
+			err = q.query(startLocksSQL, []any{cols.orgs, cols.endpoints, cols.keys, cols.locks}, func(rows pgx.Rows) error {
 				var answered []*startReq
 				for rows.Next() {
 					var (
@@ -307,8 +307,6 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 				b.answer(answered)
 				return nil
 			}, true)
-		} else {
-			err = q.query(startSettingsSQL, settings, func(pgx.Rows) error { return nil }, false)
 		}
 		if err == nil && len(early) < n {
 			err = q.query(startBatchSQL, cols.args(), func(rows pgx.Rows) error {
@@ -391,19 +389,20 @@ var (
 	startBatchSQL = statement("start_batch")
 )
 
-// startSettingsSQL sets a batch of starts without a key: its
-// statement_timeout, its client_connection_check_interval, and a generic
-// plan for startBatchSQL (as startLocksSQL does for keyed starts), all
-// local to the batch's implicit transaction.
+// startSettingsSQL sets a batch of starts: its statement_timeout, its
+// client_connection_check_interval, and a generic plan for startLocksSQL
+// and startBatchSQL, all local to the batch's implicit transaction.
 //
 // The generic plan: PostgreSQL plans a prepared statement afresh at each
 // execution (a custom plan) while it estimates a custom plan cheaper than
-// the generic one, and for startBatchSQL it always does. Planning that
-// statement took 0.56 ms at each execution, longer than executing it for
-// a lone start (0.3 ms); its generic plan is made once per connection and
-// costs 0.06 ms to reuse (EXPLAIN ANALYZE EXECUTE, twelve lone starts).
-// Every plan it can take is index lookups per start, whatever the batch's
-// size (TestStartBatchPlanIsGeneric).
+// the generic one, and for both statements it always does. Planning
+// startBatchSQL took 0.56 ms at each execution, longer than executing it
+// for a lone start (0.3 ms); its generic plan is made once per connection
+// and costs 0.06 ms to reuse (EXPLAIN ANALYZE EXECUTE, twelve lone
+// starts). startLocksSQL was planned afresh too, at every keyed batch,
+// while it set the plan_cache_mode itself (its own plan was made before
+// that). Every plan either can take is index lookups per start, whatever
+// the batch's size (TestStartBatchPlanIsGeneric).
 var startSettingsSQL = statement("start_settings")
 
 // txGrace lets a statement's statement_timeout fire before its context's

@@ -213,12 +213,13 @@ func TestStartExpressLane(t *testing.T) {
 	}
 }
 
-// The start statement runs on a generic plan, made once per connection:
-// PostgreSQL would otherwise plan it afresh at every execution (it always
-// estimates a custom plan cheaper), and planning it costs more than a lone
-// start's execution. Lone starts, keyed and not, and batches of several,
-// on one connection: pg_prepared_statements (that connection's) counts no
-// custom plan of it.
+// The start statement and the keys' statement before it run on generic
+// plans, made once per connection: PostgreSQL would otherwise plan each
+// afresh at every execution (it always estimates a custom plan cheaper),
+// and planning the start statement costs more than a lone start's
+// execution. Lone starts, keyed and not, and batches of several, on one
+// connection: pg_prepared_statements (that connection's) counts no custom
+// plan of either.
 func TestStartBatchPlanIsGeneric(t *testing.T) {
 	t.Parallel()
 	db, _ := testdb.New(t, testdb.Options{MaxOpenConns: 1})
@@ -242,10 +243,18 @@ func TestStartBatchPlanIsGeneric(t *testing.T) {
 			require.True(t, r.Done, "start %d.%d: %+v", i, j, r)
 		}
 	}
-	var plans []struct{ Generic, Custom int64 }
-	require.NoError(t, db.Raw(`SELECT generic_plans AS generic, custom_plans AS custom FROM pg_prepared_statements
-		WHERE statement LIKE '%AS t(id, created_at, org, wf,%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&plans).Error)
-	require.Len(t, plans, 1, "the start statement, prepared on the one connection")
-	require.Zero(t, plans[0].Custom, "custom plans of the start statement")
-	require.EqualValues(t, 12, plans[0].Generic)
+	for _, st := range []struct {
+		name, like string
+		runs       int64
+	}{
+		{"the start statement", "%AS t(id, created_at, org, wf,%", 12},
+		{"the keys' statement", "%pg_try_advisory_xact_lock%", 8}, // the batches with a key
+	} {
+		var plans []struct{ Generic, Custom int64 }
+		require.NoError(t, db.Raw(`SELECT generic_plans AS generic, custom_plans AS custom FROM pg_prepared_statements
+			WHERE statement LIKE ? AND statement NOT LIKE '%pg_prepared_statements%'`, st.like).Scan(&plans).Error)
+		require.Len(t, plans, 1, "%s, prepared on the one connection", st.name)
+		require.Zero(t, plans[0].Custom, "custom plans of %s", st.name)
+		require.EqualValues(t, st.runs, plans[0].Generic, st.name)
+	}
 }

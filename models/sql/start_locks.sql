@@ -1,9 +1,7 @@
 -- start_locks.sql: the keys of a batch of starts (models.startBatcher.exec),
--- the batch's first statement when it has keyed starts: it sets the
--- batch's statement_timeout, client_connection_check_interval and
--- plan_cache_mode (a generic plan for start_batch.sql: startSettingsSQL
--- says why), and takes its keyed starts' locks, as start_batch.sql would
--- otherwise do. A start whose key has a live row is answered by it (that
+-- sent after start_settings.sql when the batch has keyed starts (so it
+-- is planned generically too: startSettingsSQL says why), it takes its
+-- keyed starts' locks, as start_batch.sql would otherwise do. A start whose key has a live row is answered by it (that
 -- row is returned; a replay takes no lock, so replays never contend);
 -- otherwise it tries the key's lock (pg_try_advisory_xact_lock, held to
 -- the implicit transaction's end), and one taken elsewhere is returned as
@@ -17,11 +15,10 @@
 -- duplicate of it learns so at once, never after the first has committed.
 --
 -- Parameters:
---   $1 statement_timeout (ms, text)   $2 client_connection_check_interval (ms, text)
---   $3 org uuid[]   $4 endpoint text[]   $5 key text[]   $6 lock bigint[]
+--   $1 org uuid[]   $2 endpoint text[]   $3 key text[]   $4 lock bigint[]
 --      (one element per start of the batch; key, endpoint and lock null
 --      for a start without a key)
--- Returns one row with i null (the settings), and one per start answered
+-- Returns one row with i null (the setting), and one per start answered
 -- now: the live key row (not expired), or a lock taken elsewhere (locked
 -- false).
 WITH checked AS MATERIALIZED (
@@ -30,16 +27,14 @@ WITH checked AS MATERIALIZED (
 		CASE WHEN t.key IS NULL THEN true
 		     WHEN f.live THEN false
 		     ELSE pg_try_advisory_xact_lock(t.lock) END AS locked
-	FROM unnest(CAST($3 AS uuid[]), CAST($4 AS text[]), CAST($5 AS text[]), CAST($6 AS bigint[]))
+	FROM unnest(CAST($1 AS uuid[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS bigint[]))
 		WITH ORDINALITY AS t(org, endpoint, key, lock, i)
 	LEFT JOIN LATERAL (
 		SELECT k.*, k.expires_at > now() AS live FROM idempotency_keys k
 		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key
 		OFFSET 0) f ON true
 ), settings AS MATERIALIZED (
-	SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true),
-		set_config('plan_cache_mode', 'force_generic_plan', true),
-		set_config('valruns.start_locks', (SELECT string_agg(CASE WHEN locked THEN 't' ELSE 'f' END, '' ORDER BY i) FROM checked), true)
+	SELECT set_config('valruns.start_locks', (SELECT string_agg(CASE WHEN locked THEN 't' ELSE 'f' END, '' ORDER BY i) FROM checked), true)
 )
 SELECT c.key, c.request_hash, c.request_method, c.request_path, c.response_status, c.response_body,
 	c.response_headers, c.validation_run_id, c.request_id, c.created_at, c.expires_at, c.expired, c.i, c.locked

@@ -1,8 +1,8 @@
--- start_settings.sql: the first statement of a batch of starts without a
--- key (startBatcher.exec; start_locks.sql does this for keyed starts): the
--- batch's statement_timeout and client_connection_check_interval, and a
--- generic plan for start_batch.sql, all local to the batch's implicit
--- transaction. Why the generic plan: see startSettingsSQL.
+-- start_settings.sql: the first statement of every batch of starts
+-- (startBatcher.exec): the batch's statement_timeout and
+-- client_connection_check_interval, and a generic plan for the statements
+-- after it (start_locks.sql, start_batch.sql), all local to the batch's
+-- implicit transaction. Why the generic plan: see startSettingsSQL.
 --
 -- Parameters:
 --   $1 statement_timeout (ms, text)   $2 client_connection_check_interval (ms, text)
