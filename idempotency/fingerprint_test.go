@@ -17,18 +17,18 @@ func TestFingerprint(t *testing.T) {
 		require.NoError(t, err)
 		return b
 	}
-	const path = "/api/workflows/8d7e6a64-7c7f-4f8e-9a49-f2f63d1cde8e/start/"
-	body := canon(`{"submission":{"a":1,"b":[1,2]},"metadata":{"source":"ci"}}`)
+	const path = "/api/notes/8d7e6a64-7c7f-4f8e-9a49-f2f63d1cde8e/"
+	body := canon(`{"note":{"a":1,"b":[1,2]},"metadata":{"source":"ci"}}`)
 	base := Fingerprint("POST", path, body)
 
 	require.Equal(t, base, Fingerprint("POST", path, body), "deterministic")
 	require.Equal(t, base, Fingerprint("POST", path,
-		canon(`{ "metadata": {"source": "ci"}, "submission": {"b": [1.0, 2], "a": 1} }`)), "key order, whitespace and number form")
+		canon(`{ "metadata": {"source": "ci"}, "note": {"b": [1.0, 2], "a": 1} }`)), "key order, whitespace and number form")
 
 	require.NotEqual(t, base, Fingerprint("PUT", path, body), "method")
-	require.NotEqual(t, base, Fingerprint("POST", "/api/workflows/00000000-0000-0000-0000-000000000000/start/", body), "path")
+	require.NotEqual(t, base, Fingerprint("POST", "/api/notes/00000000-0000-0000-0000-000000000000/", body), "path")
 	require.NotEqual(t, base, Fingerprint("POST", path,
-		canon(`{"submission":{"a":2,"b":[1,2]},"metadata":{"source":"ci"}}`)), "body")
+		canon(`{"note":{"a":2,"b":[1,2]},"metadata":{"source":"ci"}}`)), "body")
 	require.NotEqual(t, base, Fingerprint("POST", path, nil), "no body")
 
 	// Length prefixes keep the parts apart: moving bytes from one part to
@@ -42,12 +42,12 @@ func TestFingerprint(t *testing.T) {
 }
 
 func BenchmarkFingerprint(b *testing.B) {
-	canonical, err := canonjson.Canonicalize([]byte(`{"submission":{"invoice":{"number":"INV-2024-00042","lines":[{"sku":"SKU-0001","quantity":2,"unit_price":10.5}]}},"metadata":{"source":"ci"}}`))
+	canonical, err := canonjson.Canonicalize([]byte(`{"note":{"invoice":{"number":"INV-2024-00042","lines":[{"sku":"SKU-0001","quantity":2,"unit_price":10.5}]}},"metadata":{"source":"ci"}}`))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		Fingerprint("POST", "/api/workflows/8d7e6a64-7c7f-4f8e-9a49-f2f63d1cde8e/start/", canonical)
+		Fingerprint("POST", "/api/notes/8d7e6a64-7c7f-4f8e-9a49-f2f63d1cde8e/", canonical)
 	}
 }
