@@ -20,20 +20,24 @@ var sqlFiles embed.FS
 // is left unused).
 var usedStatements = map[string]bool{}
 
-// statement is the statement of sql/name.sql, without its leading comment.
-// It panics on a name without a file: the package would not start.
+// statement is the statement of sql/name.sql, without its leading comment,
+// for a package-level variable (it records the file as used). It panics
+// on a name without a file: the package would not start.
 func statement(name string) string {
+	usedStatements[name] = true
+	return Statement(name)
+}
+
+// Statement is the statement named name as the models package sends it,
+// for tests that check which statements a request sends. It only reads:
+// tests may call it at once, and it does not count as a use of the file.
+func Statement(name string) string {
 	file, err := sqlFiles.ReadFile("sql/" + name + ".sql")
 	if err != nil {
 		panic(fmt.Sprintf("models: statement %q: %v", name, err))
 	}
-	usedStatements[name] = true
 	return statementOf(string(file))
 }
-
-// Statement is the statement named name as the models package sends it,
-// for tests that check which statements a request sends.
-func Statement(name string) string { return statement(name) }
 
 // statementOf is the statement of a .sql file: its text after the leading
 // comment lines.
