@@ -131,6 +131,7 @@ type Worker struct {
 	sweeper   *Sweeper
 	queue     queueWriter // the gate's and the run tasks' writer
 	runs      *RunExecutor
+	local     *localLane // runs this process started, executed here at once (RunHere)
 	cleanup   *Cleanup
 	hooks     *webhookSender // nil: this worker sends no webhooks
 	hookSrv   *asynq.Server  // the server of hooks' attempts (nil with it)
@@ -224,6 +225,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 			log.WarnContext(ctx, "could not forget a batch's runs in the batch index", "error", err)
 		}
 	}
+	w.local = newLocalLane(w.runs, 4*cfg.Concurrency, w.requeue, cfg.Registry)
 	w.sweeper = &Sweeper{runs: runs, redis: rc, queue: w.queue, release: w.release,
 		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, lease: cfg.RunLease, taskInfo: w.inspector.GetTaskInfo,
 		batch: 500, log: log, m: m}
@@ -327,6 +329,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	w.running.Store(true)
+	w.local.open()
 	if w.hooks != nil {
 		w.wg.Go(func() { w.hooks.run(ctx) })
 	}
@@ -350,6 +353,7 @@ func (w *Worker) Start(ctx context.Context) error {
 // releases its lease first, so another worker takes it at once.
 func (w *Worker) Shutdown() {
 	w.running.Store(false)
+	w.local.close(w.cfg.ShutdownTimeout)
 	w.cancel()
 	w.wg.Wait()
 	w.server.Stop()
@@ -367,6 +371,22 @@ func (w *Worker) Shutdown() {
 	_ = w.queue.redis.Close()
 	_ = w.redis.Close()
 	w.log.Info("worker stopped")
+}
+
+// RunHere executes r, a run this process has just committed, in this
+// process at once if one of its local slots (4 per WORKER_CONCURRENCY) is
+// free (single-node mode: serve --worker), and reports whether it took r;
+// if not, the caller hands r to the queue. See localLane.
+func (w *Worker) RunHere(r *models.QueuedRun) bool { return w.local.take(r) }
+
+// requeue hands p to the queue through the gate (the local lane's runs
+// it could not decide).
+func (w *Worker) requeue(ctx context.Context, p RunPayload) error {
+	out, share, err := w.queue.admit(ctx, admission{org: p.OrgID, recorded: true, in: []RunPayload{p}})
+	if err == nil && len(out) > 0 {
+		err = w.queue.enqueue(ctx, out, w.queue.gate.batchSize(share))
+	}
+	return err
 }
 
 // release tells the gate that runs of org left the queue, and enqueues the

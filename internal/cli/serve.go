@@ -14,6 +14,7 @@ import (
 
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/models"
 )
 
 func cmdServe(ctx context.Context, args []string, out io.Writer) error {
@@ -64,6 +65,15 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	deps.HandOff = dispatcher.HandOff
+	if worker != nil {
+		// Single-node mode: a run goes straight to this process's worker
+		// when it is idle, else to the queue.
+		deps.HandOff = func(r *models.QueuedRun) {
+			if !worker.w.RunHere(r) {
+				dispatcher.HandOff(r)
+			}
+		}
+	}
 	srv := &http.Server{
 		Handler:           handlers.New(deps),
 		ReadHeaderTimeout: 10 * time.Second,
