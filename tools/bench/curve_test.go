@@ -132,9 +132,12 @@ func TestCurveCountsAddWhatWasMeasured(t *testing.T) {
 	require.Equal(t, []int{1, 2, 4, 8, 16, 32, 64, 128}, r.startCounts())
 }
 
+// e2eAt is a measured loop whose client-felt start to final is p50 and p99
+// and its timestamps' 1 ms less.
 func e2eAt(side string, mode e2eMode, clients, started, finished int, p50, p99 time.Duration) e2eResult {
 	return e2eResult{Side: side, Mode: mode.Name, Clients: clients, Window: 10 * time.Second, Started: started, Finished: finished,
-		FinalP50: p50, FinalP99: p99, RunningP50: p50 / 2, HasRunning: true}
+		Final: started, FinalP50: p50 - time.Millisecond, FinalP99: p99 - time.Millisecond, RunningP50: p50 / 2, HasRunning: true,
+		WaitFinal: started, WaitP50: p50, WaitP99: p99}
 }
 
 func e2eCurveLog() *experimentLog {
@@ -208,15 +211,57 @@ func TestE2ECurveMarkdown(t *testing.T) {
 		"| 1 | " + in + " | 94 | 200 | 0.47x | not measured | - | 0.94 / 1.00 |",
 		"| 32 | " + in + " | 400 | FAILED | - | not measured | - |",
 		"| 128 | " + in + " | not measured | not measured |",
-		"| 8 | " + in + " | 6.0 | 5.0 | 1.20x | 3.0 / 2.5 | 0.0 / 0.0 | <= 1.0x the peer's | MISS |",
-		"| 128 | " + in + " | - | - | - | - / - | - / - | - | not measured |",
-		"| 1 | " + in + " | 20.0 | 10.0 | 2.00x | 0 / 0 | <= 2.0x the peer's | PASS |",
+		"| 8 | " + in + " | 6.0 | 5.0 | 1.20x | 5.0 / 4.0 | 3.0 / 2.5 | 0.0 / 0.0 | <= 1.0x the peer's | MISS |",
+		"| 128 | " + in + " | - | - | - | - / - | - / - | - / - | - | not measured |",
+		"| 1 | " + in + " | 20.0 | 10.0 | 2.00x | 19.0 / 9.0 | 0 / 0 | <= 2.0x the peer's | PASS |",
+		"| 32 | " + in + " | 12.0 | - | - | 11.0 / - | 0 / - | <= 2.0x the peer's | not measured |",
 	} {
 		require.Contains(t, md, want)
 	}
 	require.NotContains(t, md, "1000.0") // the baseline's loop (p50 1 s)
 	require.Empty(t, (&results{Exp: &experimentLog{}}).e2eCurveMarkdown())
 	require.Contains(t, r.markdown(), e2eCurveHeading)
+}
+
+// TestE2ELatencyJudgesTheClientFigure: the start-to-final targets judge
+// the time from the request sent to finished_at, not the runs' own
+// finished_at - created_at (the two sides stamp created_at at different
+// points); a loop without the client figure (an older results.json) is
+// not measured, never a 0 ms PASS.
+func TestE2ELatencyJudgesTheClientFigure(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	pair := e2ePairs[0]
+	check := func(v, peer e2eResult) check {
+		x := &experimentLog{E2E: []e2eResult{v, peer}}
+		return byName(x.curveChecks())["e2e start-to-final p50, "+pair.label()+", 8 clients"]
+	}
+	peer := e2eAt("peer", pair.Peer, 8, 1000, 1000, 10*ms, 20*ms)
+	peer.FinalP50 = 6 * ms // its created_at is late: after its middleware and pool wait
+
+	// The timestamps pass (5 <= 6 ms), the client's wait misses (11 > 10 ms).
+	v := e2eAt("now", pair.Valruns, 8, 1000, 1000, 11*ms, 20*ms)
+	v.FinalP50 = 5 * ms
+	c := check(v, peer)
+	require.Equal(t, "MISS", c.result(), c.Measured)
+	require.Equal(t, "1.10x (11.0 / 10.0 ms)", c.Measured)
+	md := (&results{Exp: &experimentLog{E2E: []e2eResult{v, peer}}}).e2eCurveMarkdown()
+	require.Contains(t, md, "| 8 | "+pair.label()+" | 11.0 | 10.0 | 1.10x | 5.0 / 6.0 | 5.5 / 5.0 | 0.0 / 0.0 | <= 1.0x the peer's | MISS |")
+
+	// The timestamps miss (7 > 6 ms), the client's wait passes (9 <= 10 ms).
+	v = e2eAt("now", pair.Valruns, 8, 1000, 1000, 9*ms, 20*ms)
+	v.FinalP50 = 7 * ms
+	require.Equal(t, "PASS", check(v, peer).result())
+
+	// No client figure on either side: not measured, and "-" in the tables.
+	old := v
+	old.WaitFinal, old.WaitP50, old.WaitP99 = 0, 0, 0
+	require.Equal(t, "not measured", check(old, peer).result())
+	require.Equal(t, "not measured", check(v, func() e2eResult { p := peer; p.WaitFinal = 0; return p }()).result())
+	md = (&results{Exp: &experimentLog{E2E: []e2eResult{old, peer}}}).e2eCurveMarkdown()
+	require.Contains(t, md, "| 8 | "+pair.label()+" | - | 10.0 | - | 7.0 / 6.0 | 4.5 / 5.0 | 0.0 / 0.0 | <= 1.0x the peer's | not measured |")
+	require.Contains(t, md, "| 8 | "+pair.label()+" | - | 20.0 | - | 19.0 / 19.0 | - / 0 | <= 2.0x the peer's | not measured |")
+	require.Contains(t, md, "| - | 10.0 / 20.0 |") // runs finished/s: the client figure, or "-"
 }
 
 // TestSpliceSectionBefore: `make bench-e2e` puts a new end-to-end curve

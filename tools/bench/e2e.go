@@ -4,13 +4,18 @@ package main
 // new-key starts for a while, then the runs' own timestamps in the
 // database say how many runs were started and finished per second and how
 // long a run took from its start (created_at) to its final state
-// (finished_at), and to running (started_at).
+// (finished_at), and to running (started_at). The start to final a waiting
+// client feels runs from when the harness sent the request to the run's
+// finished_at: the two sides stamp created_at at different points.
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -55,6 +60,13 @@ type e2eResult struct {
 	PeakRSSKB            int64         // the largest API process's
 	DBConns              int           // the most connections the database saw
 	Failed               string
+
+	// From the request sent to finished_at, over the runs the window's
+	// 201s named: what a waiting client feels. WaitFinal counts those final
+	// after the drain wait (the percentiles are theirs), WaitUnfinished the
+	// others; both 0: not measured (a loop from before this figure).
+	WaitFinal, WaitUnfinished int
+	WaitP50, WaitP99          time.Duration
 }
 
 func (r e2eResult) StartedPerSec() float64  { return perSec(r.Started, r.Window) }
@@ -96,7 +108,8 @@ func (t e2eTarget) counts() (apis, workers int) {
 }
 
 // measureE2E runs the closed loop of new-key starts against t for dur
-// (after warm), then waits up to drainWait for the window's runs to end.
+// (after warm), then waits up to drainWait for the window's runs to end,
+// and reads their times.
 func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, dur, drainWait time.Duration, extra ...string) (r e2eResult) {
 	r = e2eResult{Mode: t.mode.Name, Clients: clients}
 	r.APIs, r.Workers = t.counts()
@@ -172,7 +185,8 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 	var conns *connsSampler
 	var from, to time.Time
 	var clockErr error
-	res := runLoad(ctx, clients, warm, dur, next, nil, nil, func(open bool) {
+	var sent sentRuns
+	res := runLoadWith(ctx, clients, warm, dur, next, loadOptions{Observe: sent.observe, OnWindow: func(open bool) {
 		if open {
 			from = dbNow(ctx, conn, &clockErr)
 			sm.open()
@@ -184,7 +198,7 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 		sm.close()
 		wm.close()
 		conns.finish()
-	})
+	}})
 	if clockErr != nil {
 		return fail(clockErr)
 	}
@@ -220,7 +234,92 @@ func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, du
 	if err := e2eTimes(ctx, conn, from, to, "", &r); err != nil {
 		return fail(err)
 	}
+	if sent.noID > 0 {
+		return fail(fmt.Errorf("%d of the window's 201s named no run id", sent.noID))
+	}
+	finished, err := finishedAt(ctx, conn, sent.ids())
+	if err != nil {
+		return fail(err)
+	}
+	waitTimes(sent.runs, finished, &r)
 	return r
+}
+
+// sentRun is a run a 201 in the window named, and when its request was sent.
+type sentRun struct {
+	ID   string
+	Sent time.Time
+}
+
+// sentRuns gathers the window's 201s from the load's clients.
+type sentRuns struct {
+	mu   sync.Mutex
+	runs []sentRun
+	noID int // 201s whose body had no "id"
+}
+
+// observe is the load's observer: it keeps a 201's run id and send time.
+func (s *sentRuns) observe(a answer) {
+	if a.Status != http.StatusCreated {
+		return
+	}
+	var run struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(a.Body, &run)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if run.ID == "" {
+		s.noID++
+		return
+	}
+	s.runs = append(s.runs, sentRun{ID: run.ID, Sent: a.Sent})
+}
+
+func (s *sentRuns) ids() []string {
+	ids := make([]string, len(s.runs))
+	for i, r := range s.runs {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+// finishedAt reads the finished_at of those of the runs ids that are
+// final; a run not final (or not found) is absent.
+func finishedAt(ctx context.Context, conn *pgx.Conn, ids []string) (map[string]time.Time, error) {
+	rows, err := conn.Query(ctx, `SELECT id::text, finished_at FROM validation_runs
+		WHERE id = ANY($1::uuid[]) AND finished_at IS NOT NULL`, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]time.Time{}
+	var id string
+	var at time.Time
+	_, err = pgx.ForEachRow(rows, []any{&id, &at}, func() error {
+		out[id] = at
+		return nil
+	})
+	return out, err
+}
+
+// waitTimes sets r's client-felt start to final, from each run's request
+// sent to its finished_at, over the runs final; the others are counted in
+// WaitUnfinished. The harness, the servers and PostgreSQL share the
+// machine's wall clock, so wall times are compared.
+func waitTimes(runs []sentRun, finished map[string]time.Time, r *e2eResult) {
+	var waits []time.Duration
+	unfinished := 0
+	for _, s := range runs {
+		at, ok := finished[s.ID]
+		if !ok {
+			unfinished++
+			continue
+		}
+		waits = append(waits, at.Round(0).Sub(s.Sent.Round(0)))
+	}
+	slices.Sort(waits)
+	r.WaitFinal, r.WaitUnfinished = len(waits), unfinished
+	r.WaitP50, r.WaitP99 = percentile(waits, .5), percentile(waits, .99)
 }
 
 // dbNow is the database's clock (the runs' timestamps are read from it);

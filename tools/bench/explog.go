@@ -267,13 +267,14 @@ func (x *experimentLog) writeE2E(b *strings.Builder) {
 	fmt.Fprintf(b, "\n### End to end\n\n")
 	fmt.Fprintf(b, "A closed loop of new-key starts at %s clients (the baseline at %d only), %s warm-up then %s measured, each on a fresh database; then the harness waits for the window's runs to end. "+
 		"From the runs' own timestamps: started/s counts runs created in the window, finished/s runs whose finished_at is in it (any run); start-to-final is finished_at - created_at, start-to-running started_at - created_at, over the runs created in the window. "+
+		"sent-to-final is from the harness sending the request to the run's finished_at, over the runs the window's 201s named: what a waiting client feels, and what the curve's targets judge (the two sides stamp created_at at different points). "+
 		"\"unfinished\" counts the window's runs still not final when the harness stopped waiting (then the p99 is a floor); \"drained\" is the last of them finishing, after the load stopped. CPU is per run started. The peer's start enqueues a BullMQ job after its INSERT; its worker (ajv, no CEL) writes status, times and findings in one statement.\n\n",
 		levelsText(x.Levels, x.Clients), x.Clients, x.Warm, x.Dur)
-	b.WriteString("| side | mode | clients | started/s | finished/s | finished / started | start-to-final p50 ms | p99 ms | start-to-running p50 ms | unfinished | drained after s | start answer p50 / p99 ms | server CPU ms/run | worker CPU ms/run | server peak RSS MB | errors |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| side | mode | clients | started/s | finished/s | finished / started | start-to-final p50 ms | p99 ms | sent-to-final p50 / p99 ms | start-to-running p50 ms | unfinished | drained after s | start answer p50 / p99 ms | server CPU ms/run | worker CPU ms/run | server peak RSS MB | errors |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range x.E2E {
 		if r.Failed != "" {
-			fmt.Fprintf(b, "| %s | %s | %d | FAILED: %s |||||||||||||\n", r.Side, r.Mode, r.Clients, cell(short(r.Failed, 300)))
+			fmt.Fprintf(b, "| %s | %s | %d | FAILED: %s ||||||||||||||\n", r.Side, r.Mode, r.Clients, cell(short(r.Failed, 300)))
 			continue
 		}
 		running := "-"
@@ -284,8 +285,8 @@ func (x *experimentLog) writeE2E(b *strings.Builder) {
 		if r.WorkerCPU > 0 {
 			wcpu = ms3(r.WorkerCPU)
 		}
-		fmt.Fprintf(b, "| %s | %s | %d | %.0f | %.0f | %.2f | %s | %s | %s | %d | %.1f | %s / %s | %s | %s | %s | %d |\n",
-			r.Side, r.Mode, r.Clients, r.StartedPerSec(), r.FinishedPerSec(), r.Ratio(), ms(r.FinalP50), ms(r.FinalP99), running,
+		fmt.Fprintf(b, "| %s | %s | %d | %.0f | %.0f | %.2f | %s | %s | %s | %s | %d | %.1f | %s / %s | %s | %s | %s | %d |\n",
+			r.Side, r.Mode, r.Clients, r.StartedPerSec(), r.FinishedPerSec(), r.Ratio(), ms(r.FinalP50), ms(r.FinalP99), waitCell(&r), running,
 			r.Unfinished, r.DrainedAfter.Seconds(), ms(r.StartP50), ms(r.StartP99), ms3(r.ServerCPU), wcpu, mb(r.PeakRSSKB), r.Errors)
 	}
 	var ratios []string
@@ -451,8 +452,8 @@ func runExperiments(ctx context.Context, e *env, p plan, baseline, root, scratch
 					r := e.measureE2E(ctx, t, n, p.E2E.Warm, p.E2E.Dur, drainWait)
 					x.E2E = append(x.E2E, r)
 					if r.Failed == "" {
-						say("e2e %-8s %-18s c=%-3d %5.0f started/s %5.0f finished/s (%.2f)  start-to-final p50 %s p99 %s ms, %d unfinished",
-							r.Side, r.Mode, r.Clients, r.StartedPerSec(), r.FinishedPerSec(), r.Ratio(), ms(r.FinalP50), ms(r.FinalP99), r.Unfinished)
+						say("e2e %-8s %-18s c=%-3d %5.0f started/s %5.0f finished/s (%.2f)  start-to-final p50 %s p99 %s ms, sent-to-final %s ms, %d unfinished",
+							r.Side, r.Mode, r.Clients, r.StartedPerSec(), r.FinishedPerSec(), r.Ratio(), ms(r.FinalP50), ms(r.FinalP99), waitCell(&r), r.Unfinished)
 					}
 				}
 			}

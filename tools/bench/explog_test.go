@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -163,7 +164,8 @@ func TestExperimentMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"### PostgreSQL work per run", "| WAL bytes (this database) | 1000 | 1000 | 2000 | 3000 | 2000 | 5000 | 0.40x |",
 		"| statements | 2.00 | 1.00 | 3.00 | 5.00 | 4.00 | 9.00 | 0.33x |",
-		"### End to end", "| now | serve --worker | 32 | 1000 | 960 | 0.96 |",
+		"### End to end", "| now | serve --worker | 32 | 1000 | 960 | 0.96 | 0.0 | 0.0 | - | 20.0 |", // no client figure: "-"
+		"| start-to-final p50 ms | p99 ms | sent-to-final p50 / p99 ms |",
 		"| serve --worker | 2.00x | 3.20x |", // now vs baseline, started/s and finished/s
 		"### Backlog drain (now)", "| 10 | 1000 | 2.0 | 500 |", "| 50 | FAILED: boom |",
 		"0b107b520922",
@@ -238,6 +240,61 @@ func TestE2ETimesFromTimestamps(t *testing.T) {
 	require.Equal(t, 100, mine.Final)
 	require.Equal(t, 990*time.Millisecond, mine.FinalP99.Round(time.Millisecond))
 	require.NoError(t, waitWindowFinal(ctx, conn, from, to, other, time.Minute), "the other's one run is final: no wait")
+
+	// The finished_at of the runs the 201s named: the final ones only.
+	var final, queued string
+	require.NoError(t, db.Raw(`INSERT INTO validation_runs (org_id, workflow_id, submission, status, finished_at)
+		VALUES (?, ?, '{}', 'passed', ?) RETURNING id`, org, wf, from).Scan(&final).Error)
+	require.NoError(t, db.Raw(`INSERT INTO validation_runs (org_id, workflow_id, submission) VALUES (?, ?, '{}') RETURNING id`, org, wf).Scan(&queued).Error)
+	got, err := finishedAt(ctx, conn, []string{final, queued, "00000000-0000-0000-0000-000000000000"})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.True(t, from.Equal(got[final]), got[final])
+}
+
+// TestWaitTimes: the client-felt start to final is each run's finished_at
+// minus its request's send time, over the runs final; a run not final is
+// counted, never dropped silently.
+func TestWaitTimes(t *testing.T) {
+	t.Parallel()
+	sent := time.Now() // with a monotonic reading, as the load generator's
+	var runs []sentRun
+	finished := map[string]time.Time{}
+	for i := range 100 { // waits of 10, 20, ..., 1000 ms
+		id := strconv.Itoa(i)
+		runs = append(runs, sentRun{ID: id, Sent: sent.Add(time.Duration(i) * time.Second)})
+		finished[id] = sent.Round(0).Add(time.Duration(i)*time.Second + time.Duration(i+1)*10*time.Millisecond)
+	}
+	runs = append(runs, sentRun{ID: "not final", Sent: sent})
+	var r e2eResult
+	waitTimes(runs, finished, &r)
+	require.Equal(t, 100, r.WaitFinal)
+	require.Equal(t, 1, r.WaitUnfinished)
+	require.Equal(t, 500*time.Millisecond, r.WaitP50)
+	require.Equal(t, 990*time.Millisecond, r.WaitP99)
+	require.Equal(t, "500.0 / 990.0", waitCell(&r))
+
+	// None final: counted, and no figure ("-" in the tables).
+	var none e2eResult
+	waitTimes(runs[100:], finished, &none)
+	require.Equal(t, e2eResult{WaitUnfinished: 1}, none)
+	require.Equal(t, "-", waitCell(&none))
+	require.Equal(t, "1", waitUnfinishedCell(&none))
+	require.Equal(t, "-", waitUnfinishedCell(&e2eResult{}))
+}
+
+// TestSentRunsObserve: a 201's run id and send time are kept; other answers
+// are not, and a 201 naming no run is counted.
+func TestSentRunsObserve(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	var s sentRuns
+	s.observe(answer{Status: http.StatusCreated, Sent: at, Body: []byte(`{"id":"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a","status":"queued"}`)})
+	s.observe(answer{Status: http.StatusOK, Sent: at, Body: []byte(`{"id":"a replay"}`)})
+	s.observe(answer{Status: http.StatusCreated, Sent: at, Body: []byte(`{}`)})
+	require.Equal(t, []sentRun{{ID: "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a", Sent: at}}, s.runs)
+	require.Equal(t, 1, s.noID)
+	require.Equal(t, []string{"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"}, s.ids())
 }
 
 // TestWalOfCountsThisDatabase: the WAL attributed to a database is its own

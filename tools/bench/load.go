@@ -80,10 +80,36 @@ func newHTTPClient(clients int) *http.Client {
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 
+// answer is a 2xx answer counted in the measured window, as an observer
+// sees it.
+type answer struct {
+	Status int
+	Sent   time.Time // when the request was sent, wall clock only
+	Body   []byte    // valid only during the observer's call
+}
+
+// loadOptions are runLoad's optional parts; the zero value has none.
+type loadOptions struct {
+	Check checkFunc
+	// Stop ends the window early when it is closed first.
+	Stop <-chan struct{}
+	// OnWindow is called when the measured window opens and when it closes.
+	OnWindow func(open bool)
+	// Observe is handed each 2xx answer counted in the window, from the
+	// clients' goroutines at once. Only with it are bodies read into
+	// memory; without it they are discarded.
+	Observe func(answer)
+}
+
 // runLoad warms up for warm, then measures for dur (or until stop is
 // closed, when stop is not nil and closes first). onWindow, when set, is
 // called when the measured window opens and when it closes.
 func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next requestFunc, check checkFunc, stop <-chan struct{}, onWindow func(open bool)) loadResult {
+	return runLoadWith(ctx, clients, warm, dur, next, loadOptions{Check: check, Stop: stop, OnWindow: onWindow})
+}
+
+// runLoadWith is runLoad with its options in a struct, and an observer.
+func runLoadWith(ctx context.Context, clients int, warm, dur time.Duration, next requestFunc, o loadOptions) loadResult {
 	hc := newHTTPClient(clients)
 	defer hc.CloseIdleConnections()
 
@@ -100,6 +126,7 @@ func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next req
 		go func() {
 			defer wg.Done()
 			lat := make([]time.Duration, 0, 4096)
+			var body bytes.Buffer
 			for i := 0; !done.Load(); i++ {
 				rq := next(c, i)
 				hr, err := http.NewRequestWithContext(ctx, rq.Method, rq.URL, bytes.NewReader(rq.Body))
@@ -112,11 +139,16 @@ func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next req
 				var status int
 				var verdict string
 				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
+					if o.Observe != nil {
+						body.Reset()
+						_, err = body.ReadFrom(resp.Body)
+					} else {
+						_, err = io.Copy(io.Discard, resp.Body)
+					}
 					_ = resp.Body.Close()
 					status = resp.StatusCode
-					if status/100 == 2 && check != nil {
-						verdict = check(resp)
+					if status/100 == 2 && o.Check != nil {
+						verdict = o.Check(resp)
 					}
 				}
 				d := time.Since(t0)
@@ -150,6 +182,9 @@ func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next req
 					continue
 				}
 				lat = append(lat, d)
+				if o.Observe != nil {
+					o.Observe(answer{Status: status, Sent: t0.Round(0), Body: body.Bytes()})
+				}
 			}
 			perClient[c] = lat
 		}()
@@ -160,21 +195,21 @@ func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next req
 		defer t.Stop()
 		select {
 		case <-t.C:
-		case <-stop:
+		case <-o.Stop:
 		case <-ctx.Done():
 		}
 	}
 	wait(warm)
 	measuring.Store(true)
-	if onWindow != nil {
-		onWindow(true)
+	if o.OnWindow != nil {
+		o.OnWindow(true)
 	}
 	start := time.Now()
 	wait(dur)
 	done.Store(true)
 	res.Duration = time.Since(start)
-	if onWindow != nil {
-		onWindow(false)
+	if o.OnWindow != nil {
+		o.OnWindow(false)
 	}
 	wg.Wait()
 	for _, l := range perClient {

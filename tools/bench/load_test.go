@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,6 +74,44 @@ func TestRunLoadIsClosedLoop(t *testing.T) {
 	require.True(t, slices.IsSorted(res.Latencies))
 	require.GreaterOrEqual(t, res.Duration, 300*time.Millisecond)
 	require.Positive(t, res.RPS())
+}
+
+// TestRunLoadObserves: with an observer, each 2xx answer counted in the
+// window is handed over with its body and the time its request was sent;
+// other answers are not.
+func TestRunLoadObserves(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		i := n.Add(1)
+		if i%4 == 0 {
+			w.WriteHeader(http.StatusConflict)
+		} else {
+			w.WriteHeader(http.StatusCreated)
+		}
+		_, _ = w.Write([]byte("answer " + strconv.FormatInt(i, 10)))
+	}))
+	defer srv.Close()
+	var mu sync.Mutex
+	var seen []answer
+	w := newWindowed(2)
+	before := time.Now()
+	res := runLoadWith(context.Background(), 2, 0, time.Minute, w.next(func(c, i int) request {
+		return request{Method: http.MethodPost, URL: srv.URL, Header: http.Header{}}
+	}), loadOptions{Stop: w.stop, OnWindow: w.onWindow, Observe: func(a answer) {
+		a.Body = slices.Clone(a.Body) // valid only during the call
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, a)
+	}})
+	require.Positive(t, res.Requests)
+	require.Len(t, seen, res.Requests)
+	for _, a := range seen {
+		require.Equal(t, http.StatusCreated, a.Status)
+		require.True(t, strings.HasPrefix(string(a.Body), "answer "), string(a.Body))
+		require.False(t, a.Sent.Before(before.Round(0)))
+		require.Equal(t, a.Sent, a.Sent.Round(0), "wall clock only")
+	}
 }
 
 // windowed ends a window once one of its requests has been counted, however
