@@ -210,7 +210,11 @@ func redisRestart(t *testing.T, s *suite, res *result) {
 	slow, cheap := slowWorkflow(), orderWorkflow()
 	slowID := createWorkflow(t, cl, o, slow)
 	cheapID := createWorkflow(t, cl, o, cheap)
-	slowOps := makeOps("redis-slow", 24, o, slowID, slow)
+	// More slow starts at once than the workers' slots take, and enough of
+	// them, so that some wait in Redis even when starts are slow (a loaded
+	// machine under -race answered 24 starts from 4 clients no faster than
+	// the workers executed them, and none ever waited).
+	slowOps := makeOps("redis-slow", 48, o, slowID, slow)
 	cheapOps := makeOps("redis", 120, o, cheapID, cheap)
 	ctx := context.Background()
 
@@ -218,7 +222,7 @@ func redisRestart(t *testing.T, s *suite, res *result) {
 	rc := s.redis.client()
 	defer rc.Close()
 	pending := func() int { return runsWaitingInRedis(ctx, ins, rc) }
-	ls := startLoad(ctx, cl, slowOps, 4)
+	ls := startLoad(ctx, cl, slowOps, 8)
 	if !waitUntil(time.Minute, func() bool { return pending() >= 4 }) {
 		_ = ins.Close()
 		t.Fatalf("no run ever waited in Redis, in the queue or at the gate (%d)", pending())
