@@ -58,6 +58,14 @@ type Deps struct {
 	// run as it is at once, rather than holding up a graceful shutdown for
 	// up to RUN_MAX_WAIT, and the long-poll's poller ends. Nil: never.
 	Stop <-chan struct{}
+	// RunsEnded, when set, signals that runs may have ended (a worker of
+	// this process, or any worker through Redis: tasks.WatchRunsEnded):
+	// the long-poll asks at once which of its runs are final, rather than at
+	// its next tick. Nil: the tick alone (RunPollEvery).
+	RunsEnded <-chan struct{}
+	// RunPollEvery is the long-poll's tick while requests wait; 0 means
+	// 100 ms.
+	RunPollEvery time.Duration
 	// Tracing, when set, gives each request a span named by its route
 	// (honouring the client's traceparent); nil: tracing is off, and no
 	// request pays for it.
@@ -117,6 +125,10 @@ func NewRouter(d Deps) *gin.Engine {
 	}
 	runs := &runHandlers{runs: runStore, defaultQuota: d.Config.DefaultMonthlyRunQuota, handOff: d.HandOff,
 		maxWait: d.Config.RunMaxWait, waits: newRunWaits(finished, d.Config.RunMaxWaiters, d.Stop, d.Log, d.Registry)}
+	runs.waits.ended = d.RunsEnded
+	if d.RunPollEvery > 0 {
+		runs.waits.every = d.RunPollEvery
+	}
 	if d.HandOff != nil {
 		runs.doubts = newDoubtfulStarts(runStore, d.HandOff, d.Config.IdempotencyTxTimeout, d.Log)
 	}

@@ -18,15 +18,22 @@ const (
 )
 
 // runPollEvery is how often the poller asks PostgreSQL which waited runs
-// are final: a run that ends is answered within about this long.
+// are final when nothing signals an end (Deps.RunsEnded): a run that ends
+// is answered within about this long.
 const runPollEvery = 100 * time.Millisecond
+
+// runPollGap is the least time between two of the poller's statements: a
+// stream of ending runs costs at most one statement per gap per process.
+const runPollGap = 2 * time.Millisecond
 
 // runWaits is the long-poll's hub (GET /api/runs/{id}/ with
 // `Prefer: wait=N`): requests waiting for their run to become final, and
-// one poller that, every runPollEvery while any request waits, asks
-// PostgreSQL in one statement which of all the runs waited on are final,
-// then wakes their waiters. The cost to the database is one statement per
-// tick per process however many wait, and nothing when none does; no
+// one poller that, while any request waits, asks PostgreSQL in one
+// statement which of all the runs waited on are final, then wakes their
+// waiters: as soon as a worker says runs ended (ended: the workers' Redis
+// channel, at most every runPollGap) and every runPollEvery in case such a
+// message was lost. The cost to the database is one statement per tick or
+// message per process however many wait, and nothing when none does; no
 // waiter holds a database connection, nor a request slot of the overload
 // guard (the handler gives its slot back before it waits). No NOTIFY: the
 // run's final transaction stays as it is.
@@ -37,7 +44,10 @@ type runWaits struct {
 	every    time.Duration
 	max      int             // waiters at once (RUN_MAX_WAITERS)
 	stop     <-chan struct{} // closed when the process stops: every waiter answers now
-	log      *slog.Logger
+	// ended signals that runs may have ended: the poller looks at once
+	// (nil: at its tick only).
+	ended <-chan struct{}
+	log   *slog.Logger
 
 	mu      sync.Mutex
 	byRun   map[string]map[*runWaiter]struct{} // run id -> its waiters
@@ -148,12 +158,14 @@ func (h *runWaits) leave(w *runWaiter) {
 	}
 }
 
-// poll asks, every h.every, which of the runs waited on are final, and
-// wakes their waiters; it returns once no request waits (or the process
-// stops), so an idle process sends nothing.
+// poll asks, every h.every and whenever runs end (h.ended, at most every
+// runPollGap), which of the runs waited on are final, and wakes their
+// waiters; it returns once no request waits (or the process stops), so an
+// idle process sends nothing.
 func (h *runWaits) poll() {
 	t := time.NewTicker(h.every)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-h.stop:
@@ -162,7 +174,10 @@ func (h *runWaits) poll() {
 			h.mu.Unlock()
 			return
 		case <-t.C:
+		case <-h.ended:
+			time.Sleep(time.Until(last.Add(runPollGap)))
 		}
+		last = time.Now()
 		ids := h.runs()
 		if ids == nil {
 			return

@@ -163,6 +163,24 @@ func TestRunLongPoll(t *testing.T) {
 	})
 }
 
+// TestRunLongPollWokenWhenRunsEnd: a signal that runs ended
+// (Deps.RunsEnded, which serve feeds from the workers' Redis channel) makes
+// the poller look at once. Its tick here is an hour: without the signal the
+// waiter would run out its 25 s and be answered "queued".
+func TestRunLongPollWokenWhenRunsEnd(t *testing.T) {
+	t.Parallel()
+	ended := make(chan struct{}, 1)
+	f := newLPFixture(t, apitest.Options{RunsEnded: ended, RunPollEvery: time.Hour})
+	id := f.queued(t)
+	ch := waitFor(func() apitest.Response { return f.read(id, "Prefer", "wait=25") })
+	waitGauge(t, f.e.Registry, lpWaiters, 1)
+	lpFinish(t, f.e, id, models.RunPassed)
+	ended <- struct{}{}
+	r := answer(t, ch)
+	require.Equal(t, "passed", lpRun(t, r).Status, "answered when told runs ended, not when its 25 s ran out")
+	require.EqualValues(t, 1, counterValue(t, f.e.Registry, "valruns_run_waits_total", "outcome", "final"))
+}
+
 // TestRunLongPollCap: the wait applied is at most RUN_MAX_WAIT, however
 // large N is; a run still queued when it runs out is answered as it is,
 // 200 and not an error; RUN_MAX_WAIT=0 answers at once.

@@ -40,7 +40,8 @@ type RunExecutor struct {
 	// just before the run is validated: it stands in for a long validation.
 	beforeRun func(ctx context.Context, runID string)
 	// ended, when set, is told that this worker ended a run (the webhook
-	// sender looks for the run's event at once).
+	// sender looks for the run's event at once, the API's long-polls for
+	// its state).
 	ended func()
 	// dequeued, when set (tests), is told the runs of each task as soon as
 	// its handler begins, in the order asynq hands tasks out.

@@ -134,6 +134,7 @@ type Worker struct {
 	local     *localLane // runs this process started, executed here at once (RunHere)
 	cleanup   *Cleanup
 	hooks     *webhookSender // nil: this worker sends no webhooks
+	notice    *endedNotice   // tells the API processes' long-polls that runs ended
 	hookSrv   *asynq.Server  // the server of hooks' attempts (nil with it)
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -258,7 +259,6 @@ func NewWorker(cfg Config) (*Worker, error) {
 			interval: cfg.WebhookPollInterval, limit: cfg.WebhookConcurrency, base: cfg.WebhookRetryBase,
 			horizon: cfg.WebhookRetryHorizon, lease: cfg.WebhookClaimLease, log: log, m: newWebhookMetrics(cfg.Registry), poke: make(chan struct{}, 1),
 			tracer: tracer}
-		w.runs.ended = w.hooks.wake
 		w.hookSrv = asynq.NewServer(cfg.Redis, asynq.Config{
 			Concurrency:     cfg.WebhookConcurrency,
 			Queues:          map[string]int{webhookQueue: 1},
@@ -272,6 +272,14 @@ func NewWorker(cfg Config) (*Worker, error) {
 				log.WarnContext(ctx, "webhook attempt failed to run; its delivery is due again once its claim runs out", "error", err)
 			}),
 		})
+	}
+	w.notice = newEndedNotice(rc)
+	w.runs.ended = w.notice.ended
+	if hooks := w.hooks; hooks != nil {
+		w.runs.ended = func() {
+			hooks.wake()
+			w.notice.ended()
+		}
 	}
 	return w, nil
 }
@@ -334,6 +342,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.wg.Go(func() { w.hooks.run(ctx) })
 	}
 	w.wg.Go(func() { w.watchBacklog(ctx, w.cfg.BacklogInterval) })
+	w.wg.Go(func() { w.notice.run(ctx) })
 	w.wg.Add(2)
 	go func() {
 		defer w.wg.Done()

@@ -82,6 +82,10 @@ type Options struct {
 	// Ready is the process's own readiness, checked by /readyz besides
 	// the database (handlers.Deps.Ready); nil: always ready.
 	Ready func(context.Context) error
+	// RunsEnded and RunPollEvery: handlers.Deps' (the long-poll's signal
+	// that runs ended, and its tick).
+	RunsEnded    <-chan struct{}
+	RunPollEvery time.Duration
 }
 
 // New builds the API on a fresh database.
@@ -110,11 +114,12 @@ func New(t testing.TB, opts ...Options) *Env {
 	}
 	e := &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, redis: o.Redis, rateLimitTimeout: rlt}
 	e.SetHandOff(o.HandOff)
-	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, Redis: o.Redis, RateLimitTimeout: rlt, Ready: o.Ready, HandOff: func(q *models.QueuedRun) {
-		if f := e.handOff.Load(); f != nil {
-			(*f)(q)
-		}
-	}})
+	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, Redis: o.Redis, RateLimitTimeout: rlt, Ready: o.Ready,
+		RunsEnded: o.RunsEnded, RunPollEvery: o.RunPollEvery, HandOff: func(q *models.QueuedRun) {
+			if f := e.handOff.Load(); f != nil {
+				(*f)(q)
+			}
+		}})
 	return e
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/handlers"
 	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/tasks"
 )
 
 func cmdServe(ctx context.Context, args []string, out io.Writer) error {
@@ -60,6 +61,15 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer deps.Redis.Close()
+	// The long-poll looks as soon as a worker says runs ended.
+	ended := make(chan struct{}, 1)
+	go tasks.WatchRunsEnded(ctx, deps.Redis, func() {
+		select {
+		case ended <- struct{}{}:
+		default:
+		}
+	})
+	deps.RunsEnded = ended
 	dispatcher, err := startDispatcher(a, deps.Registry)
 	if err != nil {
 		return err
