@@ -369,12 +369,25 @@ func TestNotSentOnlyWhenNothingLeft(t *testing.T) {
 			_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(runJSON), runJSON)
 		}
 	}()
-	c := client.New("http://"+ln.Addr().String(), "t", client.WithMaxAttempts(1))
+	// One connection at most: the start waits for the GET's connection to
+	// be idle again rather than dial a second one the server never reads
+	// (a race that once left this test waiting for the start forever).
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxConnsPerHost: 1}}
+	c := client.New("http://"+ln.Addr().String(), "t", client.WithMaxAttempts(1), client.WithHTTPClient(hc))
 	_, err = c.GetRun(t.Context(), "r") // leaves a kept-alive connection
 	noError(t, err)
 	_, err = c.StartRun(t.Context(), "wf", 1)
 	var re *client.RetryError
 	errorAs(t, err, &re)
-	equal(t, "GET /api/runs/r/ then POST /api/workflows/wf/start/", <-got+" then "+<-got)
+	received := func() string {
+		select {
+		case r := <-got:
+			return r
+		case <-time.After(time.Minute):
+			t.Fatalf("the server did not read the start on the GET's connection: %v", err)
+			return ""
+		}
+	}
+	equal(t, "GET /api/runs/r/ then POST /api/workflows/wf/start/", received()+" then "+received())
 	isFalse(t, re.NotSent, "the start reached the server: %v", err)
 }
