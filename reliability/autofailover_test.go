@@ -519,9 +519,25 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	if !waitUntil(2*time.Minute, func() bool { return sl.done.Load() >= 30 }) {
 		t.Fatalf("the load did not get going: %d operations done", sl.done.Load())
 	}
-	before := f.primary()
-	switchAt := time.Now()
-	if err := f.switchover(); err != nil {
+	// The switchover is the fault this part injects. On a starved machine
+	// the monitor may have no primary for a moment after the failover
+	// (it refuses: "couldn't find the primary node"); then the injection is
+	// tried again once the formation is whole, at most twice more, and
+	// each refusal is logged. A switchover that never happens fails.
+	var before *pgNode
+	var switchAt time.Time
+	var err error
+	for try := 1; try <= 3; try++ {
+		if try > 1 && !waitUntil(2*time.Minute, func() bool { return whole() && f.primary() != nil }) {
+			break
+		}
+		before, switchAt = f.primary(), time.Now()
+		if err = f.switchover(); err == nil {
+			break
+		}
+		t.Logf("switchover, try %d of 3, refused: %v (states: %s)", try, err, f.states())
+	}
+	if err != nil {
 		res.fail(t, "%v", err)
 	}
 	switchCmd := time.Since(switchAt)
