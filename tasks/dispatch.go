@@ -229,6 +229,16 @@ func (w queueWriter) admit(ctx context.Context, a admission) ([]RunPayload, int,
 	return w.gate.pass(ctx, a)
 }
 
+// send admits a through the gate and enqueues what it lets in (the
+// organisation's batch size per task).
+func (w queueWriter) send(ctx context.Context, a admission) error {
+	out, share, err := w.admit(ctx, a)
+	if err != nil {
+		return err
+	}
+	return w.enqueue(ctx, out, w.gate.batchSize(share))
+}
+
 // enqueue enqueues runs, up to size per task; a redelivery always alone,
 // under its own TaskID. What Redis already has (a TaskID conflict: an
 // earlier try got through) counts as enqueued.

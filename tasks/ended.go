@@ -31,9 +31,13 @@ func newEndedNotice(rc redis.UniversalClient) *endedNotice {
 }
 
 // ended marks that a run ended; it never blocks.
-func (n *endedNotice) ended() {
+func (n *endedNotice) ended() { signal(n.due) }
+
+// signal puts a mark in ch (a buffer of one) unless one is there already:
+// many signals before the reader looks are one.
+func signal(ch chan<- struct{}) {
 	select {
-	case n.due <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -57,22 +61,28 @@ func (n *endedNotice) run(ctx context.Context) {
 	}
 }
 
-// WatchRunsEnded calls f for each message on RunsEndedChannel until ctx
-// ends (the API's long-poll: handlers.Deps.RunsEnded). While Redis is
-// unreachable it calls nothing, and the long-polls answer at their tick.
-func WatchRunsEnded(ctx context.Context, rc redis.UniversalClient, f func()) {
+// WatchRunsEnded subscribes to RunsEndedChannel until ctx ends, and
+// marks the channel it returns at each message, messages not read yet
+// counting as one (the API's long-poll: handlers.Deps.RunsEnded). While
+// Redis is unreachable it marks nothing, and the long-polls answer at
+// their tick.
+func WatchRunsEnded(ctx context.Context, rc redis.UniversalClient) <-chan struct{} {
+	ended := make(chan struct{}, 1)
 	sub := rc.Subscribe(ctx, RunsEndedChannel)
-	defer sub.Close()
-	ch := sub.Channel()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-ch:
-			if !ok {
+	go func() {
+		defer sub.Close()
+		msgs := sub.Channel()
+		for {
+			select {
+			case <-ctx.Done():
 				return
+			case _, ok := <-msgs:
+				if !ok {
+					return
+				}
+				signal(ended)
 			}
-			f()
 		}
-	}
+	}()
+	return ended
 }

@@ -374,11 +374,8 @@ func waiting(c *redis.StringCmd, active bool) (bool, error) {
 // never waits on a run its own redelivery is writing.
 func (s *Sweeper) redeliver(ctx context.Context, r models.StrandedRun, reason string) (bool, error) {
 	p := RunPayload{RunID: r.ID, OrgID: r.OrgID, Redelivery: true, Redeliveries: r.Redeliveries + 1, CreatedAt: r.CreatedAt}
-	out, share, err := s.queue.admit(ctx, admission{org: r.OrgID, recorded: true, in: []RunPayload{p}})
-	if err == nil {
-		err = s.queue.enqueue(ctx, out, s.queue.gate.batchSize(share)) // a conflict: another sweeper sent it
-	}
-	if err != nil {
+	// A conflict at the enqueue counts as sent: another sweeper sent it.
+	if err := s.queue.send(ctx, admission{org: r.OrgID, recorded: true, in: []RunPayload{p}}); err != nil {
 		return false, fmt.Errorf("redeliver run %s: %w", r.ID, err)
 	}
 	// Its batch, if it had one, is gone: forget it (the redelivery is a task of its own).

@@ -114,12 +114,7 @@ func newWebhookMetrics(reg prometheus.Registerer) *webhookMetrics {
 }
 
 // wake makes the poller look for due deliveries now; it never blocks.
-func (s *webhookSender) wake() {
-	select {
-	case s.poke <- struct{}{}:
-	default:
-	}
-}
+func (s *webhookSender) wake() { signal(s.poke) }
 
 // run polls until ctx is done: every interval, and when woken (a run
 // ended here), at most every interval/10: a stream of ending runs costs at

@@ -391,11 +391,7 @@ func (w *Worker) RunHere(r *models.QueuedRun) bool { return w.local.take(r) }
 // requeue hands p to the queue through the gate (the local lane's runs
 // it could not decide).
 func (w *Worker) requeue(ctx context.Context, p RunPayload) error {
-	out, share, err := w.queue.admit(ctx, admission{org: p.OrgID, recorded: true, in: []RunPayload{p}})
-	if err == nil && len(out) > 0 {
-		err = w.queue.enqueue(ctx, out, w.queue.gate.batchSize(share))
-	}
-	return err
+	return w.queue.send(ctx, admission{org: p.OrgID, recorded: true, in: []RunPayload{p}})
 }
 
 // release tells the gate that runs of org left the queue, and enqueues the
@@ -405,11 +401,7 @@ func (w *Worker) requeue(ctx context.Context, p RunPayload) error {
 func (w *Worker) release(ctx context.Context, org string, ids []string, cost time.Duration) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	out, share, err := w.queue.gate.pass(ctx, admission{org: org, recorded: true, released: ids, cost: cost})
-	if err == nil && len(out) > 0 {
-		err = w.queue.enqueue(ctx, out, w.queue.gate.batchSize(share))
-	}
-	if err != nil {
+	if err := w.queue.send(ctx, admission{org: org, recorded: true, released: ids, cost: cost}); err != nil {
 		w.log.WarnContext(ctx, "could not let an organisation's waiting runs into the queue; a sweep will", "org_id", org, "error", err)
 	}
 }

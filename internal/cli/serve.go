@@ -62,14 +62,7 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer deps.Redis.Close()
 	// The long-poll looks as soon as a worker says runs ended.
-	ended := make(chan struct{}, 1)
-	go tasks.WatchRunsEnded(ctx, deps.Redis, func() {
-		select {
-		case ended <- struct{}{}:
-		default:
-		}
-	})
-	deps.RunsEnded = ended
+	deps.RunsEnded = tasks.WatchRunsEnded(ctx, deps.Redis)
 	dispatcher, err := startDispatcher(a, deps.Registry)
 	if err != nil {
 		return err
