@@ -204,6 +204,8 @@ type queueWriter struct {
 	redis  redis.UniversalClient // the batch index (batchIndexKey), the gate
 	opts   []asynq.Option
 	gate   *gate
+	// direct is what the writer knows of the direct hand-off (pushDirect).
+	direct *directState
 	// tracer traces each enqueue; nil: tracing is off.
 	tracer trace.Tracer
 }
@@ -216,6 +218,7 @@ func newQueueWriter(r asynq.RedisConnOpt, maxRetry int, timeout time.Duration, s
 		redis:  rc,
 		opts:   runTaskOptions(maxRetry, timeout),
 		gate:   &gate{redis: rc, share: share, stale: max(timeout, time.Minute), servers: inspector.Servers},
+		direct: &directState{},
 		tracer: tracer,
 	}
 }
@@ -239,12 +242,28 @@ func (w queueWriter) send(ctx context.Context, a admission) error {
 	return w.enqueue(ctx, out, w.gate.batchSize(share))
 }
 
-// enqueue enqueues runs, up to size per task; a redelivery always alone,
-// under its own TaskID. What Redis already has (a TaskID conflict: an
-// earlier try got through) counts as enqueued.
+// enqueue hands new runs to a waiting worker, as far as one waits
+// (pushDirect), and enqueues the rest, up to size per task; a redelivery
+// always alone, under its own TaskID. What Redis already has (a TaskID
+// conflict: an earlier try got through) counts as enqueued.
 func (w queueWriter) enqueue(ctx context.Context, runs []RunPayload, size int) error {
-	var batch []RunPayload
+	var fresh, rest []RunPayload
 	for _, p := range runs {
+		if p.Redelivery {
+			rest = append(rest, p)
+		} else {
+			fresh = append(fresh, p)
+		}
+	}
+	n, err := w.pushDirect(ctx, fresh)
+	if err != nil {
+		return err
+	}
+	if n == len(runs) {
+		return nil
+	}
+	var batch []RunPayload
+	for _, p := range append(fresh[n:], rest...) {
 		if p.Redelivery || size <= 1 {
 			if err := w.enqueueOne(ctx, p); err != nil {
 				return err

@@ -3,7 +3,9 @@ package tasks
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -15,6 +17,11 @@ import (
 // just before it validates a run: it stands in for a validation that takes
 // long (and stops when its context ends).
 func SetBeforeRun(w *Worker, f func(ctx context.Context, runID string)) { w.runs.beforeRun = f }
+
+// NoDirect makes w, before its Start, take no runs from the direct
+// hand-off: the API processes hand them to asynq's queue (while no other
+// worker takes).
+func NoDirect(w *Worker) { w.noDirect = true }
 
 // SetDequeued makes w's run executor tell f the runs of each task as soon
 // as its handler begins.
@@ -165,3 +172,57 @@ func GateAdmitted(t testing.TB, opt asynq.RedisClientOpt, org string) ([]string,
 
 // LeaseKey is asynq's lease set of the default queue.
 func LeaseKey() string { return leaseKey() }
+
+// DirectRuns lists the runs waiting in the direct hand-off's list, in order.
+func DirectRuns(t testing.TB, opt asynq.RedisClientOpt) []string {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	defer rc.Close()
+	raw, err := rc.LRange(context.Background(), directRuns, 0, -1).Result()
+	if err != nil {
+		t.Fatalf("direct hand-off: %v", err)
+	}
+	return directIDs(t, raw)
+}
+
+// TakeDirect empties the direct hand-off's list, as a worker that pops
+// every run and dies, and returns the runs it took.
+func TakeDirect(t testing.TB, opt asynq.RedisClientOpt) []string {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	defer rc.Close()
+	var raw []string
+	for {
+		s, err := rc.LPop(context.Background(), directRuns).Result()
+		if errors.Is(err, redis.Nil) {
+			return directIDs(t, raw)
+		}
+		if err != nil {
+			t.Fatalf("direct hand-off: %v", err)
+		}
+		raw = append(raw, s)
+	}
+}
+
+func directIDs(t testing.TB, raw []string) []string {
+	ids := make([]string, len(raw))
+	for i, s := range raw {
+		var it directItem
+		if err := json.Unmarshal([]byte(s), &it); err != nil {
+			t.Fatalf("direct item %q: %v", s, err)
+		}
+		ids[i] = it.Run.RunID
+	}
+	return ids
+}
+
+// JoinDirect counts a worker id as taking from the direct hand-off for
+// ttl, without anything popping: runs pushed stay in the list.
+func JoinDirect(t testing.TB, opt asynq.RedisClientOpt, id string, ttl time.Duration) {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	defer rc.Close()
+	if err := directTakeScript.Run(context.Background(), rc, []string{directTakers}, id, ttl.Milliseconds()).Err(); err != nil {
+		t.Fatalf("join the direct hand-off: %v", err)
+	}
+}

@@ -136,6 +136,8 @@ func TestAnOrganisationAloneUsesEveryWorkerSlot(t *testing.T) {
 		c.SweepInterval, c.RedeliverAfter = time.Second, time.Minute
 	})
 	tasks.SetBeforeRun(w.Worker, x.beforeRun)
+	// The task server's slots: the direct hand-off's are more, on top.
+	tasks.NoDirect(w.Worker)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
 	handOff(t, env, redis)

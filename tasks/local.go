@@ -22,12 +22,19 @@ import (
 // RUN_FAST_PATH, a write that failed) goes to the queue as a redelivery,
 // executed under a claim like any other; if even that fails, it is still
 // queued in PostgreSQL, where the sweeper finds it. Nothing is lost.
+//
+// The same slots execute the runs the lane pops from the direct hand-off's
+// list (fetch, direct.go): runs another API process (or this one, its
+// slots full) committed and the gate let in.
 type localLane struct {
 	runs *RunExecutor
 	// queue takes the runs the lane hands over.
 	queue func(ctx context.Context, p RunPayload) error
 	slots chan struct{}
 	done  *prometheus.CounterVec
+	// direct counts the runs popped from the direct hand-off's list, as
+	// done counts the lane's own.
+	direct *prometheus.CounterVec
 
 	mu     sync.Mutex
 	closed bool
@@ -40,11 +47,16 @@ func newLocalLane(runs *RunExecutor, slots int, queue func(context.Context, RunP
 			Name: "valruns_runs_local_total",
 			Help: "Runs a single-node process (serve --worker) executed at once, in the process that started them, without the queue, by result (finished; queued: the fast path could not decide the run, which went to the queue).",
 		}, []string{"result"}),
+		direct: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "valruns_runs_direct_total",
+			Help: "Runs this worker took from the direct hand-off (a Redis list its idle slots wait on, filled by the API processes as the gate lets runs in) and executed at once, by result (finished; queued: the fast path could not decide the run, which went to the queue).",
+		}, []string{"result"}),
 		closed: true}
 	for _, r := range []string{"finished", "queued"} {
 		l.done.WithLabelValues(r)
+		l.direct.WithLabelValues(r)
 	}
-	reg.MustRegister(l.done)
+	reg.MustRegister(l.done, l.direct)
 	return l
 }
 
@@ -69,29 +81,44 @@ func (l *localLane) take(r *models.QueuedRun) bool {
 	go func() {
 		defer l.wg.Done()
 		defer func() { <-l.slots }()
-		l.execute(payloadOf(r))
+		l.execute(directItem{Run: payloadOf(r)}, false)
 	}()
 	return true
 }
 
-// execute runs the fast path for p, or hands p to the queue.
-func (l *localLane) execute(p RunPayload) {
+// execute runs the fast path for it, or hands it to the queue. A run from
+// the direct hand-off (direct), which the gate let in, is released from
+// the gate once final.
+func (l *localLane) execute(it directItem, direct bool) {
+	count := l.done
+	if direct {
+		count = l.direct
+	}
+	p := it.Run
 	ctx := telemetry.WithRequestID(context.Background(), p.RequestID)
 	var err error
-	if e := l.runs; e.tracer != nil {
+	e := l.runs
+	if e.tracer != nil {
 		var end func(error)
-		ctx, end = e.traceExecution(ctx, nil, p)
+		ctx, end = e.traceExecution(ctx, it.Headers, p)
 		defer func() { end(err) }()
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.runs.timeout)
+	if e.dequeued != nil {
+		e.dequeued([]string{p.RunID})
+	}
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
-	l.runs.m.picked(p)
-	done, err := l.runs.fast(ctx, p)
+	e.m.picked(p)
+	done, err := e.fast(ctx, p)
 	if done && err == nil {
-		l.done.WithLabelValues("finished").Inc()
+		count.WithLabelValues("finished").Inc()
+		if direct {
+			e.settle(ctx, p.OrgID, []string{p.RunID}, time.Since(began))
+		}
 		return
 	}
-	l.done.WithLabelValues("queued").Inc()
+	count.WithLabelValues("queued").Inc()
 	p.Redelivery = true
 	qctx, qcancel := detached(ctx)
 	defer qcancel()

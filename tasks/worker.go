@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -131,7 +132,9 @@ type Worker struct {
 	sweeper   *Sweeper
 	queue     queueWriter // the gate's and the run tasks' writer
 	runs      *RunExecutor
-	local     *localLane // runs this process started, executed here at once (RunHere)
+	local     *localLane   // runs this process started, executed here at once (RunHere)
+	direct    *directTaker // pops runs of the direct hand-off into local's slots
+	noDirect  bool         // tests: this worker does not take from the direct hand-off
 	cleanup   *Cleanup
 	hooks     *webhookSender // nil: this worker sends no webhooks
 	notice    *endedNotice   // tells the API processes' long-polls that runs ended
@@ -227,6 +230,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 		}
 	}
 	w.local = newLocalLane(w.runs, 4*cfg.Concurrency, w.requeue, cfg.Registry)
+	pop, _ := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
+	w.direct = &directTaker{lane: w.local, redis: rc, pop: pop, id: uuid.NewString(), handBack: w.queue.enqueueOne, log: log}
 	w.sweeper = &Sweeper{runs: runs, redis: rc, queue: w.queue, release: w.release,
 		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, lease: cfg.RunLease, taskInfo: w.inspector.GetTaskInfo,
 		batch: 500, log: log, m: m}
@@ -338,6 +343,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	w.running.Store(true)
 	w.local.open()
+	if w.runs.fastBudget > 0 && !w.noDirect {
+		w.direct.start()
+	}
 	if w.hooks != nil {
 		w.wg.Go(func() { w.hooks.run(ctx) })
 	}
@@ -362,6 +370,7 @@ func (w *Worker) Start(ctx context.Context) error {
 // releases its lease first, so another worker takes it at once.
 func (w *Worker) Shutdown() {
 	w.running.Store(false)
+	w.direct.stop()
 	w.local.close(w.cfg.ShutdownTimeout)
 	w.cancel()
 	w.wg.Wait()

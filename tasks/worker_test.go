@@ -18,16 +18,32 @@ import (
 	"github.com/valruns/valruns/tasks"
 )
 
-// A run started through the API is handed to asynq after its commit,
-// executed by the asynq server, and ends passed or failed with exactly the
+// A run started through the API is handed off after its commit, to a
+// worker waiting on the direct hand-off or, when none waits, to asynq's
+// queue and its task server, and ends passed or failed with exactly the
 // engine's findings, written once, in one write (the fast path).
 func TestRunsExecuteThroughHandOffAndServer(t *testing.T) {
 	t.Parallel()
+	for _, direct := range []bool{true, false} {
+		t.Run(map[bool]string{true: "direct hand-off", false: "asynq queue"}[direct], func(t *testing.T) {
+			t.Parallel()
+			runsExecuteThroughHandOff(t, direct)
+		})
+	}
+}
+
+func runsExecuteThroughHandOff(t *testing.T, direct bool) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
 	// A sweep only after a minute: runs are prompt because the API hands them off.
-	w := startWorker(t, env, newRedis(t), func(c *tasks.Config) { c.SweepInterval, c.RedeliverAfter = time.Minute, time.Minute })
+	w := newWorker(t, env, newRedis(t), func(c *tasks.Config) { c.SweepInterval, c.RedeliverAfter = time.Minute, time.Minute })
+	if !direct {
+		tasks.NoDirect(w.Worker)
+	}
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(w.Stop)
+	handOff(t, env, w.Redis)
 
 	tests := []struct {
 		name    string
@@ -65,7 +81,13 @@ func TestRunsExecuteThroughHandOffAndServer(t *testing.T) {
 	require.Equal(t, ids[tests[0].name], r.Map(t)["id"])
 	require.EqualValues(t, len(tests), env.Count("validation_runs", ""))
 	require.EqualValues(t, 2+2+1, countFindings(t, env), "each run's findings once")
-	eventuallyMetric(t, w.Registry, float64(len(tests)), "valruns_tasks_processed_total", "type", tasks.TypeRunExecute)
+	// Which path executed them: the direct hand-off's slots, or the task server.
+	viaQueue, viaDirect := float64(len(tests)), 0.0
+	if direct {
+		viaQueue, viaDirect = 0, float64(len(tests))
+	}
+	eventuallyMetric(t, w.Registry, viaDirect, "valruns_runs_direct_total", "result", "finished")
+	eventuallyMetric(t, w.Registry, viaQueue, "valruns_tasks_processed_total", "type", tasks.TypeRunExecute)
 }
 
 // The same run delivered twice (two asynq tasks with different TaskIDs) is
@@ -188,7 +210,12 @@ func TestWorkerMetrics(t *testing.T) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	w := startWorker(t, env, newRedis(t), nil)
+	// The task server's metrics: runs go through asynq's queue.
+	w := newWorker(t, env, newRedis(t), nil)
+	tasks.NoDirect(w.Worker)
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(w.Stop)
+	handOff(t, env, w.Redis)
 
 	ids := []string{
 		startRun(t, env, org, wf, validOrder),

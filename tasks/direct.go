@@ -1,0 +1,296 @@
+package tasks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The direct hand-off. A new run the gate lets into the queue is pushed
+// onto a Redis list that the workers' lanes wait on (BLPOP), when some
+// worker waits there and the list is short (directMax): the worker whose
+// pop returns executes it at once, by the fast path, in one of its lane's
+// slots (localLane), and releases it from the gate when it is final. No
+// enqueue script, no poll and no dequeue script stand between a committed
+// start and an idle worker: one push, and a pop that was already waiting.
+//
+// asynq carries everything else, as before: redeliveries, the runs a fast
+// path could not decide (they go back through the gate as redeliveries,
+// executed under a claim), the runs let in from the gate's waiting list as
+// others finish, and any new run while no worker waits or the list is full.
+//
+// Nothing is lost. A run in the list, or popped by a worker that dies
+// before its final write, is still queued in PostgreSQL and has no task in
+// asynq, so the sweeper enqueues it after RUN_REDELIVER_AFTER; a worker
+// that stops hands what the list holds to asynq when no other worker takes
+// from it. Nothing executes twice: a pop is atomic, and every final write
+// is fenced (a run swept meanwhile is written once).
+//
+// A queue paused (asynq's PauseQueue, as asynqmon does) pauses the direct
+// hand-off too: new runs then wait in asynq's queue.
+//
+// The keys share the hash tag of asynq's queue: one slot of a Redis
+// Cluster with its paused flag.
+const (
+	// directRuns is the list of runs handed off directly (directItem, JSON).
+	directRuns = "valruns:{" + queue + "}:direct"
+	// directTakers holds the workers taking from directRuns: worker id ->
+	// the time (Redis's, ms) until which it is counted, renewed every
+	// directBeat.
+	directTakers = "valruns:{" + queue + "}:direct_takers"
+	// queuePaused is asynq's flag of a paused queue.
+	queuePaused = "asynq:{" + queue + "}:paused"
+)
+
+const (
+	// directMax is the most runs the list holds: past it, new runs go to
+	// asynq, whose task server executes them in its own slots.
+	directMax = 128
+	// directBeat is how often a worker renews its place in directTakers;
+	// it is counted for three beats.
+	directBeat = time.Second
+	// directBlock bounds one wait on the list (Redis's least is a second;
+	// a stopping worker closes its connection instead of waiting it out).
+	directBlock = time.Second
+)
+
+// directItem is one run in directRuns: its task payload, and the trace
+// context of its hand-off (nil when not traced).
+type directItem struct {
+	Run     RunPayload        `json:"run"`
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// directPushScript pushes the items in ARGV onto KEYS[1] when a worker is
+// counted in KEYS[2] and the queue is not paused (KEYS[3]), up to ARGV[1]
+// items in the list; it returns how many it pushed (the first ones), -1
+// when no worker is counted or the queue is paused.
+var directPushScript = redis.NewScript(`
+local t = redis.call('TIME')
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t[1] * 1000 + math.floor(t[2] / 1000))
+if redis.call('ZCARD', KEYS[2]) == 0 or redis.call('EXISTS', KEYS[3]) == 1 then
+  return -1
+end
+local n = math.min(tonumber(ARGV[1]) - redis.call('LLEN', KEYS[1]), #ARGV - 1)
+if n <= 0 then
+  return 0
+end
+redis.call('RPUSH', KEYS[1], unpack(ARGV, 2, n + 1))
+return n
+`)
+
+// directTakeScript counts worker ARGV[1] in KEYS[1] for ARGV[2] ms more,
+// by Redis's clock (the pushers' too).
+var directTakeScript = redis.NewScript(`
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[1], t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2]), ARGV[1])
+return 1
+`)
+
+// pushDirect hands runs (new ones: none is a redelivery) to a waiting
+// worker, as far as one waits and the list has room, and returns how many
+// of them, from the first, it handed.
+func (w queueWriter) pushDirect(ctx context.Context, runs []RunPayload) (int, error) {
+	if len(runs) == 0 || !w.direct.worth() {
+		return 0, nil
+	}
+	args := make([]any, 0, 1+len(runs))
+	args = append(args, directMax)
+	var ends []func(error)
+	for _, p := range runs {
+		it := directItem{Run: p}
+		if w.tracer != nil {
+			var end func(error)
+			_, it.Headers, end = w.traceEnqueueOne(ctx, p, "direct:"+p.RunID)
+			ends = append(ends, end)
+		}
+		b, err := json.Marshal(it)
+		if err != nil {
+			return 0, fmt.Errorf("run payload: %w", err)
+		}
+		args = append(args, b)
+	}
+	n, err := directPushScript.Run(ctx, w.redis, []string{directRuns, directTakers, queuePaused}, args...).Int()
+	for _, end := range ends {
+		end(err) // a run not pushed has a span of its own for its enqueue to asynq
+	}
+	if err != nil {
+		return 0, fmt.Errorf("hand runs to a waiting worker: %w", err)
+	}
+	if n < 0 {
+		w.direct.noTakerSince(time.Now())
+		return 0, nil
+	}
+	return n, nil
+}
+
+// directState is what a queueWriter knows of the direct hand-off: when it
+// last found no worker taking, so that it does not ask again for a while.
+type directState struct {
+	none atomic.Int64 // unix ns; 0: a worker was taking when last asked
+}
+
+// directNoneFor is how long a writer that found no worker taking hands its
+// runs straight to asynq before it asks again.
+const directNoneFor = time.Second
+
+func (d *directState) noTakerSince(t time.Time) { d.none.Store(t.UnixNano()) }
+
+// worth reports whether a push may find a worker taking.
+func (d *directState) worth() bool {
+	t := d.none.Load()
+	return t == 0 || time.Since(time.Unix(0, t)) > directNoneFor
+}
+
+// directDrainScript, when no worker is counted in KEYS[2], takes up to
+// ARGV[1] items from KEYS[1] and returns them; else it returns none.
+var directDrainScript = redis.NewScript(`
+local t = redis.call('TIME')
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t[1] * 1000 + math.floor(t[2] / 1000))
+if redis.call('ZCARD', KEYS[2]) > 0 then
+  return {}
+end
+local n = tonumber(ARGV[1])
+local items = redis.call('LRANGE', KEYS[1], 0, n - 1)
+redis.call('LTRIM', KEYS[1], n, -1)
+return items
+`)
+
+// directTaker is a worker's side of the direct hand-off: it pops runs into
+// its lane's free slots, one wait at a time, while counted as taking.
+type directTaker struct {
+	lane  *localLane
+	redis redis.UniversalClient
+	// pop is a client of its own, for the blocking pops: closed to stop
+	// one at once.
+	pop redis.UniversalClient
+	id  string
+	// handBack enqueues to asynq a run popped when the lane had closed,
+	// or left in the list by the last worker stopping.
+	handBack func(ctx context.Context, p RunPayload) error
+	log      *slog.Logger
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// start counts the worker as taking and begins popping.
+func (d *directTaker) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	d.beat(ctx)
+	d.wg.Go(func() {
+		t := time.NewTicker(directBeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				d.beat(ctx)
+			}
+		}
+	})
+	d.wg.Go(func() { d.fetch(ctx) })
+}
+
+// beat counts the worker as taking for three beats more.
+func (d *directTaker) beat(ctx context.Context) {
+	bctx, cancel := context.WithTimeout(ctx, directBeat)
+	defer cancel()
+	if err := directTakeScript.Run(bctx, d.redis, []string{directTakers}, d.id, (3 * directBeat).Milliseconds()).Err(); err != nil && ctx.Err() == nil {
+		d.log.Debug("could not renew the worker's place in the direct hand-off", "error", err)
+	}
+}
+
+// fetch pops a run whenever a slot is free, until ctx ends.
+func (d *directTaker) fetch(ctx context.Context) {
+	l := d.lane
+	for {
+		select {
+		case l.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		res, err := d.pop.BLPop(ctx, directBlock, directRuns).Result()
+		if err != nil {
+			<-l.slots
+			if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
+				d.log.Debug("could not wait on the direct hand-off", "error", err)
+				select {
+				case <-time.After(100 * time.Millisecond):
+				case <-ctx.Done():
+				}
+			}
+			continue
+		}
+		var it directItem
+		if len(res) < 2 || json.Unmarshal([]byte(res[1]), &it) != nil || it.Run.RunID == "" {
+			<-l.slots
+			d.log.Warn("dropped a malformed item of the direct hand-off", "item", res)
+			continue
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			<-l.slots
+			d.giveBack(it.Run)
+			continue
+		}
+		l.wg.Add(1)
+		l.mu.Unlock()
+		go func() {
+			defer l.wg.Done()
+			defer func() { <-l.slots }()
+			l.execute(it, true)
+		}()
+	}
+}
+
+// giveBack enqueues p to asynq; failing, the sweeper will.
+func (d *directTaker) giveBack(p RunPayload) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.handBack(ctx, p); err != nil {
+		d.log.Warn("could not hand a run of the direct hand-off to the queue; the sweeper will", "run_id", p.RunID, "error", err)
+	}
+}
+
+// stop stops popping, and no longer counts the worker as taking; if no
+// other worker takes, the runs the list holds go to asynq.
+func (d *directTaker) stop() {
+	_ = d.pop.Close()
+	if d.cancel == nil {
+		return
+	}
+	d.cancel()
+	d.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.redis.ZRem(ctx, directTakers, d.id).Err(); err != nil {
+		d.log.Warn("could not leave the direct hand-off; pushes find the worker gone in a few seconds", "error", err)
+	}
+	for {
+		items, err := directDrainScript.Run(ctx, d.redis, []string{directRuns, directTakers}, 64).StringSlice()
+		if err != nil {
+			d.log.Warn("could not hand the direct hand-off's runs to the queue; the sweeper will", "error", err)
+			return
+		}
+		if len(items) == 0 {
+			return
+		}
+		for _, raw := range items {
+			var it directItem
+			if json.Unmarshal([]byte(raw), &it) == nil && it.Run.RunID != "" {
+				d.giveBack(it.Run)
+			}
+		}
+	}
+}

@@ -1,0 +1,174 @@
+package tasks_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/models"
+	"github.com/valruns/valruns/tasks"
+)
+
+// Runs the gate lets in one by one (a share of 2) reach an idle worker by
+// the direct hand-off, and each, once final, is released from the gate,
+// which lets the organisation's next runs in: every run ends once, none is
+// left admitted or waiting, and none went through asynq's queue. No sweep
+// within the test: a run the gate kept would stay queued.
+func TestDirectHandOffReleasesTheGate(t *testing.T) {
+	t.Parallel()
+	const n = 12
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	require.NoError(t, models.NewOrgStore(env.DB).SetRunShare(context.Background(), org.ID, new(2)))
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	w := startWorker(t, env, rdb, noSweep)
+
+	ids, want := startBodies(t, env, org, wf, "direct", n)
+	for _, id := range ids {
+		waitRun(t, env, org, id, 30*time.Second)
+	}
+	requireFinishedOnce(t, env, org, want)
+	eventuallyMetric(t, w.Registry, n, "valruns_runs_direct_total", "result", "finished")
+	require.Zero(t, metricValue(t, w.Registry, "valruns_tasks_processed_total", "type", tasks.TypeRunExecute))
+	apitest.Eventually(t, 10*time.Second, func() bool {
+		admitted, err := tasks.GateAdmitted(t, rdb, org.ID)
+		return err == nil && len(admitted) == 0
+	}, "every run released from the gate")
+	require.Zero(t, tasks.GateWaiting(t, rdb))
+}
+
+// A run is pushed to the direct hand-off only while a worker waits there
+// and the queue is not paused; else it goes to asynq's queue, where a
+// worker started later (or the queue resumed) finds it.
+func TestDirectHandOffNeedsATakerAndAQueueNotPaused(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	insp := asynq.NewInspector(rdb)
+	t.Cleanup(func() { _ = insp.Close() })
+	// Each case its own dispatcher: a writer that found no taker skips the
+	// direct hand-off for a second.
+	place := func(name string) (queued, direct bool) {
+		handOff(t, env, rdb)
+		id := startRun(t, env, org, wf, validOrder)
+		var in map[string]bool
+		apitest.Eventually(t, 10*time.Second, func() bool {
+			in, _ = tasks.RunsInRedis(t, rdb)
+			return in[id] || len(tasks.DirectRuns(t, rdb)) > 0
+		}, name+": the run is handed off")
+		return in[id], len(tasks.DirectRuns(t, rdb)) > 0
+	}
+
+	queued, direct := place("no worker waits")
+	require.True(t, queued)
+	require.False(t, direct)
+
+	tasks.JoinDirect(t, rdb, "a-worker", time.Minute)
+	require.NoError(t, insp.PauseQueue("default"))
+	queued, direct = place("the queue is paused")
+	require.True(t, queued)
+	require.False(t, direct)
+
+	require.NoError(t, insp.UnpauseQueue("default"))
+	queued, direct = place("a worker waits")
+	require.False(t, queued)
+	require.True(t, direct)
+}
+
+// A worker that pops runs from the direct hand-off and dies before their
+// final write loses nothing: the runs are still queued in PostgreSQL with
+// no task in Redis, and the sweeper enqueues them; each ends once.
+func TestRunsAWorkerPoppedAndDiedWithAreSwept(t *testing.T) {
+	t.Parallel()
+	const n = 6
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	handOff(t, env, rdb)
+	tasks.JoinDirect(t, rdb, "dies-after-its-pop", time.Minute)
+	ids, want := startBodies(t, env, org, wf, "popped", n)
+	apitest.Eventually(t, 10*time.Second, func() bool { return len(tasks.DirectRuns(t, rdb)) == n },
+		"every run is handed off directly")
+	require.ElementsMatch(t, ids, tasks.TakeDirect(t, rdb), "the dead worker popped them all")
+
+	w := newWorker(t, env, rdb, fastSweep)
+	tasks.NoDirect(w.Worker) // nothing more comes by the direct hand-off: only the sweeper finds them
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(w.Stop)
+	for _, id := range ids {
+		waitRun(t, env, org, id, time.Minute)
+	}
+	requireFinishedOnce(t, env, org, want)
+}
+
+// The last worker taking from the direct hand-off hands what the list
+// still holds to asynq's queue when it stops: here its four lane slots are
+// busy (Concurrency 1), so three more runs wait in the list, and must be in
+// the queue once it stops, not left for the sweeper. Each run ends once.
+func TestLastWorkerStoppingHandsTheListToTheQueue(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	w := newWorker(t, env, rdb, func(c *tasks.Config) {
+		noSweep(c)
+		c.Concurrency = 1
+		c.FastBudget = time.Minute // bounded by the heartbeat: 5s
+	})
+	held, release := make(chan struct{}, 8), make(chan struct{})
+	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, runID string) {
+		held <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	})
+	require.NoError(t, w.Start(context.Background()))
+	handOff(t, env, rdb)
+
+	busy, want := startBodies(t, env, org, wf, "busy", 4)
+	for range busy {
+		<-held // every lane slot holds a run
+	}
+	waiting, want2 := startBodies(t, env, org, wf, "waiting", 3)
+	for id, st := range want2 {
+		want[id] = st
+	}
+	apitest.Eventually(t, 10*time.Second, func() bool { return len(tasks.DirectRuns(t, rdb)) == len(waiting) },
+		"the runs past the lane's slots wait in the list")
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.Stop()
+	}()
+	// Each has its task in asynq: pending, or active if the stopping
+	// worker's task server took it meanwhile.
+	rc := redisClient(rdb)
+	t.Cleanup(func() { _ = rc.Close() })
+	apitest.Eventually(t, 10*time.Second, func() bool {
+		for _, id := range waiting {
+			if n, err := rc.Exists(context.Background(), tasks.TaskKey(tasks.RunTaskID(id, 0))).Result(); err != nil || n == 0 {
+				return false
+			}
+		}
+		return len(tasks.DirectRuns(t, rdb)) == 0
+	}, "the stopping worker hands the list's runs to the queue")
+	close(release)
+	<-stopped
+
+	startWorker(t, env, rdb, noSweep)
+	for _, id := range append(busy, waiting...) {
+		waitRun(t, env, org, id, 30*time.Second)
+	}
+	requireFinishedOnce(t, env, org, want)
+}
