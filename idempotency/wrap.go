@@ -278,9 +278,10 @@ type Wrapper struct {
 	db      *gorm.DB
 	keys    *models.KeyStore
 	cfg     Config
-	waiters *waitSlots  // the requests waiting on a key in flight, per tenant
-	flights sync.Map    // lock id -> *flight, for keyed requests executing in this process
-	recent  *recentKeys // keys this process answered lately: their retries look first (stageLook)
+	waiters *waitSlots   // the requests waiting on a key in flight, per tenant
+	flights sync.Map     // lock id -> *flight, for keyed requests executing in this process
+	recent  *recentKeys  // keys this process answered lately: their retries look first (stageLook)
+	answers *answerCache // finished keys' answers this process saved or read: replays without a read (stageCached)
 }
 
 // recentKeysSize bounds recentKeys: up to twice this many keys (16 bytes each).
@@ -305,7 +306,8 @@ func New(db *gorm.DB, keys *models.KeyStore, cfg Config) *Wrapper {
 	if cfg.Tenant == nil {
 		panic("idempotency: Config.Tenant is required")
 	}
-	return &Wrapper{db: db, keys: keys, cfg: cfg, waiters: newWaitSlots(cfg.MaxWaiters, cfg.MaxWaitersPerTenant), recent: newRecentKeys(recentKeysSize)}
+	return &Wrapper{db: db, keys: keys, cfg: cfg, waiters: newWaitSlots(cfg.MaxWaiters, cfg.MaxWaitersPerTenant), recent: newRecentKeys(recentKeysSize),
+		answers: newAnswerCache()}
 }
 
 // Waiting is how many requests wait at once on a key in flight
@@ -431,6 +433,8 @@ type stage struct {
 	kind stageKind
 	// stored is the key's live row that answers the request (stageReplay).
 	stored *models.StoredKey
+	// answer is the key's answer in this process's cache (stageCached).
+	answer *storedAnswer
 	// handle is the prepared request's transactional work (stageTransact).
 	handle Handler
 }
@@ -444,15 +448,17 @@ const (
 	stagePrepare                   // read the body; do the request in one step if it can be
 	stageTransact                  // do the request in its transaction
 	stageReplay                    // answer with the key's stored answer
+	stageCached                    // answer with the key's stored answer, from this process's cache
 	stageInFlight                  // another request holds the key: wait, or answer 409
 )
 
 // serve answers the request: it reads the key and the body, then goes from
 // stage to stage, each function doing one and naming the next, until one
-// has answered. A keyed request's path is look (for a key this process
-// answered lately), claim, prepare, then transact when the one step cannot
-// decide it; any of them may find the key answered (replay) or held
-// (inFlight, which waits and looks again, or answers 409).
+// has answered. A keyed request's path is cached (a key whose answer this
+// process holds), or look (for a key this process answered lately), claim,
+// prepare, then transact when the one step cannot decide it; any of them
+// may find the key answered (replay) or held (inFlight, which waits and
+// looks again, or answers 409).
 func (k *call) serve(prep Preparer) {
 	if !k.readKey() || !k.readBody() {
 		return
@@ -477,6 +483,9 @@ func (k *call) serve(prep Preparer) {
 		case stageReplay:
 			k.replay(s.stored)
 			s = stage{kind: stageAnswered}
+		case stageCached:
+			k.replayAnswer(s.answer)
+			s = stage{kind: stageAnswered}
 		case stageInFlight:
 			s = k.await()
 		}
@@ -484,26 +493,41 @@ func (k *call) serve(prep Preparer) {
 }
 
 // first is a request's first stage. A request without a key has nothing to
-// look up or claim. A key this process answered lately probably comes
-// back as a retry: it is looked up first, with one read and no
-// transaction (a replay, a 422, or a 409 while in flight, seen in pg_locks
-// by the same statement). A first attempt goes straight to its work, which
-// takes the key's lock (or finds its row) before anything else.
+// look up or claim. A key whose answer this process holds (answerCache) is
+// replayed from it, with no database read. Another key this process
+// answered lately probably comes back as a retry: it is looked up first,
+// with one read and no transaction (a replay, a 422, or a 409 while in
+// flight, seen in pg_locks by the same statement). A first attempt goes
+// straight to its work, which takes the key's lock (or finds its row)
+// before anything else.
 func (k *call) first() stage {
 	if k.key == "" {
 		k.outcome = OutcomeNoKey
 		return stage{kind: stagePrepare}
 	}
 	k.lockID = models.LockID(k.tenant, k.scope, k.key)
+	if ans := k.cached(); ans != nil {
+		return stage{kind: stageCached, answer: ans}
+	}
 	if k.w.recent.has(k.lockID) {
 		return stage{kind: stageLook}
 	}
 	return stage{kind: stageClaim}
 }
 
+// cached is the key's answer in this process's cache, or nil.
+func (k *call) cached() *storedAnswer {
+	return k.w.answers.get(k.lockID, k.tenant, k.scope, k.key)
+}
+
 // look reads the key's row, without a transaction: it answers the request,
-// or says whether the key is held or free to claim.
+// or says whether the key is held or free to claim. After a wait, the
+// answer may be in this process's cache already (its first request ran
+// here), and then nothing is read.
 func (k *call) look(ctx context.Context) stage {
+	if ans := k.cached(); ans != nil {
+		return stage{kind: stageCached, answer: ans}
+	}
 	stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
 	switch {
 	case err != nil:
@@ -813,6 +837,7 @@ func (k *call) answerCommitted(resp Response, expires time.Time, replaced bool) 
 			k.outcome = OutcomeExpiredReused
 		}
 		k.w.recent.add(k.lockID)
+		k.w.answers.put(k.savedAnswer(resp, expires))
 		if resp.Header == nil {
 			resp.Header = http.Header{}
 		}
@@ -928,13 +953,7 @@ func (k *call) handle(tx *models.RequestTx, h Handler) (resp Response, err error
 const txGrace = 2 * time.Second
 
 func (k *call) keyRow(resp Response) *models.IdempotencyKey {
-	headers := map[string]string{}
-	for _, name := range storedHeaders {
-		if v := resp.Header.Get(name); v != "" {
-			headers[name] = v
-		}
-	}
-	hb, _ := json.Marshal(headers) // map[string]string cannot fail
+	hb, _ := json.Marshal(storedHeaderMap(resp.Header)) // map[string]string cannot fail
 	row := &models.IdempotencyKey{
 		OrgID: k.tenant, Endpoint: k.scope, Key: k.key, RequestHash: k.hash[:],
 		RequestMethod: k.c.Request.Method, RequestPath: k.c.Request.URL.Path,
@@ -959,30 +978,60 @@ func (k *call) sameRequest(stored []byte) bool {
 	return bytes.Equal(stored, legacy[:])
 }
 
-// replay answers with a finished key: the stored answer when the request is
-// the same, 422 when the key was used for another request.
+// storedHeaderMap is what of h is stored with an answer (storedHeaders).
+func storedHeaderMap(h http.Header) map[string]string {
+	headers := map[string]string{}
+	for _, name := range storedHeaders {
+		if v := h.Get(name); v != "" {
+			headers[name] = v
+		}
+	}
+	return headers
+}
+
+// savedAnswer is the answer resp as this request stored it with its key,
+// which expires at expires: what a replay of it reads from the database.
+func (k *call) savedAnswer(resp Response, expires time.Time) *storedAnswer {
+	return &storedAnswer{lockID: k.lockID, tenant: k.tenant, scope: k.scope, key: k.key,
+		requestHash: k.hash[:], status: resp.Status, header: replayHeader(storedHeaderMap(resp.Header)),
+		body: resp.Body, requestID: k.requestID, expiresAt: expires}
+}
+
+// replay answers with a finished key's row, read from the database, and
+// caches a live one's answer for the retries to come.
 func (k *call) replay(stored *models.StoredKey) {
+	var headers map[string]string
+	if err := json.Unmarshal(stored.ResponseHeaders, &headers); err != nil {
+		k.w.recent.add(k.lockID)
+		k.fail(fmt.Errorf("stored headers: %w", err))
+		return
+	}
+	ans := &storedAnswer{lockID: k.lockID, tenant: k.tenant, scope: k.scope, key: k.key,
+		requestHash: stored.RequestHash, status: stored.ResponseStatus, header: replayHeader(headers),
+		body: stored.ResponseBody, requestID: stored.RequestID, expiresAt: stored.ExpiresAt}
+	if stored.Found() && !stored.Expired {
+		k.w.answers.put(ans)
+	}
+	k.replayAnswer(ans)
+}
+
+// replayAnswer answers with a finished key's answer, from the database or
+// the cache alike: the stored answer when the request is the same, 422 when
+// the key was used for another request.
+func (k *call) replayAnswer(ans *storedAnswer) {
 	k.w.recent.add(k.lockID)
-	k.c.Header(HeaderKeyExpires, stored.ExpiresAt.UTC().Format(http.TimeFormat))
-	if !k.sameRequest(stored.RequestHash) {
+	k.c.Header(HeaderKeyExpires, ans.expiresAt.UTC().Format(http.TimeFormat))
+	if !k.sameRequest(ans.requestHash) {
 		k.outcome = OutcomeMismatch
 		k.problem(http.StatusUnprocessableEntity, problem.IdempotencyKeyReused,
 			"Idempotency key has already been used with a different request body.")
 		return
 	}
 	k.outcome = OutcomeReplayed
-	var headers map[string]string
-	if err := json.Unmarshal(stored.ResponseHeaders, &headers); err != nil {
-		k.fail(fmt.Errorf("stored headers: %w", err))
-		return
-	}
-	h := http.Header{}
-	for name, v := range headers {
-		h.Set(name, v)
-	}
-	h.Set(HeaderReplayed, "true")
-	h.Set(HeaderOriginalRequest, stored.RequestID)
-	k.write(stored.ResponseStatus, h, stored.ResponseBody)
+	h := k.c.Writer.Header()
+	h.Add(HeaderReplayed, "true")
+	h.Add(HeaderOriginalRequest, ans.requestID)
+	k.write(ans.status, ans.header, ans.body)
 }
 
 func (k *call) write(status int, h http.Header, body []byte) {
