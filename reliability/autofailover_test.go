@@ -553,6 +553,16 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	t.Logf("switchover from %s: the command took %s; serving again after %s; %d starts in all", before.nameOr("none"),
 		switchCmd.Round(time.Millisecond), sw.took().Round(time.Millisecond), len(swOps))
 
+	// The node loss below is of a primary with a synchronous secondary:
+	// until the demoted node is back as the secondary (pg_rewind, catching
+	// up), the new primary is wait_primary and commits without a copy, and
+	// losing it then loses what it acknowledged, as pg_auto_failover says.
+	// (A run once killed it 20 s after a switchover that took 30 s on a
+	// starved machine: 27 accepted starts were gone.)
+	if !waitUntil(3*time.Minute, whole) {
+		res.fail(t, "the old primary did not come back as the secondary after the switchover: %s", f.states())
+	}
+
 	// The whole primary node lost: kill -9 of its pg_autoctl (supervisor
 	// and keeper, the process group) and of its postmaster at once, so
 	// that nothing restarts PostgreSQL and nobody reports to the monitor.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/valruns/valruns/internal/workload"
 )
@@ -73,8 +74,10 @@ func workerPauseFast(t *testing.T, s *suite, res *result) {
 	l := startLoad(context.Background(), cl, ops, 16)
 	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.addr()})
 	defer ins.Close()
+	rc := s.redis.client()
+	defer rc.Close()
 	a := c.workers[0]
-	held, faultAt := heldUnclaimed(t, c, ins, a)
+	held, faultAt := heldUnclaimed(t, c, ins, rc, a)
 	t.Logf("worker A stopped holding %d runs it had not claimed", len(held))
 	if len(held) == 0 {
 		res.fail(t, "worker A held no unclaimed run at the stop: the scenario proved nothing")
@@ -99,7 +102,7 @@ func workerPauseFast(t *testing.T, s *suite, res *result) {
 // the worker that took it, and a live worker claims or ends a run it took
 // within RUN_FAST_PATH. If a holds none, it goes on and is caught again,
 // up to 20 times; a is left stopped.
-func heldUnclaimed(t *testing.T, c *cluster, ins *asynq.Inspector, a *vproc) (held []string, stoppedAt time.Time) {
+func heldUnclaimed(t *testing.T, c *cluster, ins *asynq.Inspector, rc *redis.Client, a *vproc) (held []string, stoppedAt time.Time) {
 	t.Helper()
 	var seen string // what the last listing read, for the failure message
 	listing := func() map[string][]string {
@@ -123,25 +126,34 @@ func heldUnclaimed(t *testing.T, c *cluster, ins *asynq.Inspector, a *vproc) (he
 		}
 		return out
 	}
+	queued := func(run string) bool {
+		n, err := c.count(`SELECT count(*) FROM validation_runs WHERE id = $1 AND status = 'queued'`, run)
+		return err == nil && n == 1
+	}
 	var last, listed map[string][]string
 	stoppedAt, _ = stopHolding(t, a, func() bool {
+		if len(directTakenBy(t, rc, a.pid(), func(string) bool { return true })) > 0 {
+			return true // it holds runs it took from the direct hand-off
+		}
 		now := listing()
 		changed := last != nil && len(now) > 0 && !sameKeys(now, last)
 		last = now
 		listed = now
 		return changed
 	}, func(try int) string {
-		return fmt.Sprintf("worker A (pid %d) never listed a new task in a heartbeat (try %d; the last read: %s)", a.pid(), try, seen)
+		return fmt.Sprintf("worker A (pid %d) never listed a new task in a heartbeat nor took a run from the direct hand-off (try %d; the last read: %s)", a.pid(), try, seen)
 	}, func() bool {
 		last = nil // the next try waits for a listing newer than this stop
 		time.Sleep(time.Second)
-		held = nil
+		// The runs A took from the direct hand-off and has not ended
+		// (its list cannot change while it is stopped), then its tasks'.
+		held = directTakenBy(t, rc, a.pid(), queued)
 		for id, runs := range listed {
 			if ti, err := ins.GetTaskInfo("default", id); err != nil || ti.State != asynq.TaskStateActive {
 				continue
 			}
 			for _, run := range runs {
-				if n, err := c.count(`SELECT count(*) FROM validation_runs WHERE id = $1 AND status = 'queued'`, run); err == nil && n == 1 {
+				if queued(run) {
 					held = append(held, run)
 				}
 			}

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,12 +28,16 @@ import (
 // executed under a claim), the runs let in from the gate's waiting list as
 // others finish, and any new run while no worker waits or the list is full.
 //
-// Nothing is lost. A run in the list, or popped by a worker that dies
-// before its final write, is still queued in PostgreSQL and has no task in
-// asynq, so the sweeper enqueues it after RUN_REDELIVER_AFTER; a worker
-// that stops hands what the list holds to asynq when no other worker takes
-// from it. Nothing executes twice: a pop is atomic, and every final write
-// is fenced (a run swept meanwhile is written once).
+// Nothing is lost. A worker pops a run by moving it, atomically, into a
+// list of its own (directTaking), and removes it from there once the run
+// is final or handed on. A worker that dies or stops stops renewing its
+// place in directTakers; once it has not for RUN_LEASE, a sweep redelivers
+// the queued runs its list holds, as it does a stopped worker's asynq
+// tasks. A run still queued in PostgreSQL with no task in asynq, and in no
+// list, is enqueued by the sweeper after RUN_REDELIVER_AFTER, as ever; a
+// worker that stops hands what the shared list holds to asynq when no other
+// worker takes from it. Nothing executes twice: a move is atomic, and
+// every final write is fenced (a run redelivered meanwhile is written once).
 //
 // A queue paused (asynq's PauseQueue, as asynqmon does) pauses the direct
 // hand-off too: new runs then wait in asynq's queue.
@@ -42,9 +48,14 @@ const (
 	// directRuns is the list of runs handed off directly (directItem, JSON).
 	directRuns = "valruns:{" + queue + "}:direct"
 	// directTakers holds the workers taking from directRuns: worker id ->
-	// the time (Redis's, ms) until which it is counted, renewed every
-	// directBeat.
+	// its last beat (every directBeat), Redis's clock in ms. A worker whose
+	// last beat is older than directFresh is not pushed to; one whose last
+	// beat is older than RUN_LEASE has stopped, and a sweep redelivers its
+	// runs.
 	directTakers = "valruns:{" + queue + "}:direct_takers"
+	// directTaking + worker id: the runs that worker popped and has not
+	// finished or handed on (directItem, JSON).
+	directTaking = "valruns:{" + queue + "}:direct_taking:"
 	// queuePaused is asynq's flag of a paused queue.
 	queuePaused = "asynq:{" + queue + "}:paused"
 )
@@ -54,8 +65,9 @@ const (
 	// asynq, whose task server executes them in its own slots.
 	directMax = 128
 	// directBeat is how often a worker renews its place in directTakers;
-	// it is counted for three beats.
-	directBeat = time.Second
+	// runs are pushed while some worker renewed it within directFresh.
+	directBeat  = time.Second
+	directFresh = 3 * time.Second
 	// directBlock bounds one wait on the list (Redis's least is a second;
 	// a stopping worker closes its connection instead of waiting it out).
 	directBlock = time.Second
@@ -68,29 +80,29 @@ type directItem struct {
 	Headers map[string]string `json:"headers,omitempty"`
 }
 
-// directPushScript pushes the items in ARGV onto KEYS[1] when a worker is
-// counted in KEYS[2] and the queue is not paused (KEYS[3]), up to ARGV[1]
-// items in the list; it returns how many it pushed (the first ones), -1
-// when no worker is counted or the queue is paused.
+// directPushScript pushes the items in ARGV onto KEYS[1] when a worker
+// beat in KEYS[2] within the last ARGV[2] ms and the queue is not paused
+// (KEYS[3]), up to ARGV[1] items in the list; it returns how many it
+// pushed (the first ones), -1 when no worker takes or the queue is paused.
 var directPushScript = redis.NewScript(`
 local t = redis.call('TIME')
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t[1] * 1000 + math.floor(t[2] / 1000))
-if redis.call('ZCARD', KEYS[2]) == 0 or redis.call('EXISTS', KEYS[3]) == 1 then
+local fresh = t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(ARGV[2])
+if redis.call('ZCOUNT', KEYS[2], fresh, '+inf') == 0 or redis.call('EXISTS', KEYS[3]) == 1 then
   return -1
 end
-local n = math.min(tonumber(ARGV[1]) - redis.call('LLEN', KEYS[1]), #ARGV - 1)
+local n = math.min(tonumber(ARGV[1]) - redis.call('LLEN', KEYS[1]), #ARGV - 2)
 if n <= 0 then
   return 0
 end
-redis.call('RPUSH', KEYS[1], unpack(ARGV, 2, n + 1))
+redis.call('RPUSH', KEYS[1], unpack(ARGV, 3, n + 2))
 return n
 `)
 
-// directTakeScript counts worker ARGV[1] in KEYS[1] for ARGV[2] ms more,
-// by Redis's clock (the pushers' too).
+// directTakeScript records worker ARGV[1]'s beat in KEYS[1], ARGV[2] ms
+// ago (0: now), by Redis's clock (the pushers' and the sweepers' too).
 var directTakeScript = redis.NewScript(`
 local t = redis.call('TIME')
-redis.call('ZADD', KEYS[1], t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZADD', KEYS[1], t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(ARGV[2]), ARGV[1])
 return 1
 `)
 
@@ -101,8 +113,8 @@ func (w queueWriter) pushDirect(ctx context.Context, runs []RunPayload) (int, er
 	if len(runs) == 0 || !w.direct.worth() {
 		return 0, nil
 	}
-	args := make([]any, 0, 1+len(runs))
-	args = append(args, directMax)
+	args := make([]any, 0, 2+len(runs))
+	args = append(args, directMax, directFresh.Milliseconds())
 	var ends []func(error)
 	for _, p := range runs {
 		it := directItem{Run: p}
@@ -149,12 +161,13 @@ func (d *directState) worth() bool {
 	return t == 0 || time.Since(time.Unix(0, t)) > directNoneFor
 }
 
-// directDrainScript, when no worker is counted in KEYS[2], takes up to
-// ARGV[1] items from KEYS[1] and returns them; else it returns none.
+// directDrainScript, when no worker beat in KEYS[2] lately (as
+// directPushScript, ARGV[2]), takes up to ARGV[1] items from KEYS[1] and
+// returns them; else it returns none.
 var directDrainScript = redis.NewScript(`
 local t = redis.call('TIME')
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t[1] * 1000 + math.floor(t[2] / 1000))
-if redis.call('ZCARD', KEYS[2]) > 0 then
+local fresh = t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(ARGV[2])
+if redis.call('ZCOUNT', KEYS[2], fresh, '+inf') > 0 then
   return {}
 end
 local n = tonumber(ARGV[1])
@@ -163,15 +176,78 @@ redis.call('LTRIM', KEYS[1], n, -1)
 return items
 `)
 
+// directLeaveScript removes worker ARGV[1] from KEYS[1] and deletes its
+// list of runs taken, KEYS[2], returning what that list held.
+var directLeaveScript = redis.NewScript(`
+redis.call('ZREM', KEYS[1], ARGV[1])
+local items = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('DEL', KEYS[2])
+return items
+`)
+
+// directExpiredScript removes from KEYS[1] the workers that did not beat
+// for ARGV[2] ms (RUN_LEASE: they stopped), deletes their lists of runs
+// taken (ARGV[1] + id) and returns what those held.
+var directExpiredScript = redis.NewScript(`
+local t = redis.call('TIME')
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(ARGV[2])))
+local out = {}
+for _, id in ipairs(ids) do
+  local key = ARGV[1] .. id
+  for _, item in ipairs(redis.call('LRANGE', key, 0, -1)) do
+    out[#out + 1] = item
+  end
+  redis.call('DEL', key)
+  redis.call('ZREM', KEYS[1], id)
+end
+return out
+`)
+
+// directListedScript returns the items of KEYS[2] (the shared list) and
+// of the lists of runs taken (ARGV[1] + id) of the workers in KEYS[1]
+// that beat within ARGV[2] ms (RUN_LEASE).
+var directListedScript = redis.NewScript(`
+local t = redis.call('TIME')
+local out = redis.call('LRANGE', KEYS[2], 0, -1)
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(ARGV[2]), '+inf')) do
+  for _, item in ipairs(redis.call('LRANGE', ARGV[1] .. id, 0, -1)) do
+    out[#out + 1] = item
+  end
+end
+return out
+`)
+
+// directRunIDs are the runs of raw items of the direct hand-off (those
+// that decode).
+func directRunIDs(raw []string) []string {
+	var ids []string
+	for _, s := range raw {
+		var it directItem
+		if json.Unmarshal([]byte(s), &it) == nil && it.Run.RunID != "" {
+			ids = append(ids, it.Run.RunID)
+		}
+	}
+	return ids
+}
+
 // directTaker is a worker's side of the direct hand-off: it pops runs into
 // its lane's free slots, one wait at a time, while counted as taking.
+
+// newDirectID names a worker in directTakers: host:pid:random.
+func newDirectID() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), uuid.NewString()[:8])
+}
+
 type directTaker struct {
 	lane  *localLane
 	redis redis.UniversalClient
 	// pop is a client of its own, for the blocking pops: closed to stop
 	// one at once.
 	pop redis.UniversalClient
-	id  string
+	// id names the worker in directTakers: host:pid:random, so that an
+	// operator, or a test, can tell whose runs a list holds.
+	id string
 	// handBack enqueues to asynq a run popped when the lane had closed,
 	// or left in the list by the last worker stopping.
 	handBack func(ctx context.Context, p RunPayload) error
@@ -198,6 +274,7 @@ func (d *directTaker) start() {
 			}
 		}
 	})
+	d.lane.slots <- struct{}{} // the slot the first pop waits with, taken before RunHere may take any
 	d.wg.Go(func() { d.fetch(ctx) })
 }
 
@@ -205,36 +282,34 @@ func (d *directTaker) start() {
 func (d *directTaker) beat(ctx context.Context) {
 	bctx, cancel := context.WithTimeout(ctx, directBeat)
 	defer cancel()
-	if err := directTakeScript.Run(bctx, d.redis, []string{directTakers}, d.id, (3 * directBeat).Milliseconds()).Err(); err != nil && ctx.Err() == nil {
+	if err := directTakeScript.Run(bctx, d.redis, []string{directTakers}, d.id, 0).Err(); err != nil && ctx.Err() == nil {
 		d.log.Debug("could not renew the worker's place in the direct hand-off", "error", err)
 	}
 }
 
-// fetch pops a run whenever a slot is free, until ctx ends.
+// fetch pops a run whenever a slot is free, until ctx ends. It holds the
+// slot it waits with (the lane's one more than RunHere takes), so that a
+// pop always has somewhere to execute.
 func (d *directTaker) fetch(ctx context.Context) {
 	l := d.lane
-	for {
-		select {
-		case l.slots <- struct{}{}:
-		case <-ctx.Done():
+	for first := true; ; first = false {
+		if !first { // start took the first
+			select {
+			case l.slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
+		raw, ok := d.popOne(ctx)
+		if !ok {
+			<-l.slots
 			return
 		}
-		res, err := d.pop.BLPop(ctx, directBlock, directRuns).Result()
-		if err != nil {
-			<-l.slots
-			if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
-				d.log.Debug("could not wait on the direct hand-off", "error", err)
-				select {
-				case <-time.After(100 * time.Millisecond):
-				case <-ctx.Done():
-				}
-			}
-			continue
-		}
 		var it directItem
-		if len(res) < 2 || json.Unmarshal([]byte(res[1]), &it) != nil || it.Run.RunID == "" {
+		if json.Unmarshal([]byte(raw), &it) != nil || it.Run.RunID == "" {
 			<-l.slots
-			d.log.Warn("dropped a malformed item of the direct hand-off", "item", res)
+			d.log.Warn("dropped a malformed item of the direct hand-off", "item", raw)
+			d.done(raw)
 			continue
 		}
 		l.mu.Lock()
@@ -242,6 +317,7 @@ func (d *directTaker) fetch(ctx context.Context) {
 			l.mu.Unlock()
 			<-l.slots
 			d.giveBack(it.Run)
+			d.done(raw)
 			continue
 		}
 		l.wg.Add(1)
@@ -250,7 +326,39 @@ func (d *directTaker) fetch(ctx context.Context) {
 			defer l.wg.Done()
 			defer func() { <-l.slots }()
 			l.execute(it, true)
+			d.done(raw)
 		}()
+	}
+}
+
+// popOne waits for a run and moves it into the worker's list of runs
+// taken; false once ctx ends.
+func (d *directTaker) popOne(ctx context.Context) (string, bool) {
+	for {
+		raw, err := d.pop.BLMove(ctx, directRuns, directTaking+d.id, "LEFT", "RIGHT", directBlock).Result()
+		switch {
+		case err == nil:
+			return raw, true
+		case ctx.Err() != nil:
+			return "", false
+		case !errors.Is(err, redis.Nil):
+			d.log.Debug("could not wait on the direct hand-off", "error", err)
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+				return "", false
+			}
+		}
+	}
+}
+
+// done removes raw from the worker's list of runs taken: its run is final,
+// or handed on.
+func (d *directTaker) done(raw string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.redis.LRem(ctx, directTaking+d.id, 1, raw).Err(); err != nil {
+		d.log.Debug("could not forget a run of the direct hand-off; a sweep may deliver it again (fenced)", "error", err)
 	}
 }
 
@@ -263,8 +371,9 @@ func (d *directTaker) giveBack(p RunPayload) {
 	}
 }
 
-// stop stops popping, and no longer counts the worker as taking; if no
-// other worker takes, the runs the list holds go to asynq.
+// stop stops popping: runs popped already execute in the lane, which the
+// worker closes next (leave). If no other worker takes, the runs the
+// shared list holds go to asynq.
 func (d *directTaker) stop() {
 	_ = d.pop.Close()
 	if d.cancel == nil {
@@ -274,11 +383,14 @@ func (d *directTaker) stop() {
 	d.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := d.redis.ZRem(ctx, directTakers, d.id).Err(); err != nil {
+	// No longer pushed to (its beat set back past directFresh), its runs
+	// still its own until leave.
+	if err := directTakeScript.Run(ctx, d.redis, []string{directTakers}, d.id, (directFresh + time.Second).Milliseconds()).Err(); err != nil {
 		d.log.Warn("could not leave the direct hand-off; pushes find the worker gone in a few seconds", "error", err)
 	}
 	for {
-		items, err := directDrainScript.Run(ctx, d.redis, []string{directRuns, directTakers}, 64).StringSlice()
+		items, err := directDrainScript.Run(ctx, d.redis, []string{directRuns, directTakers}, 64,
+			directFresh.Milliseconds()).StringSlice()
 		if err != nil {
 			d.log.Warn("could not hand the direct hand-off's runs to the queue; the sweeper will", "error", err)
 			return
@@ -286,11 +398,32 @@ func (d *directTaker) stop() {
 		if len(items) == 0 {
 			return
 		}
-		for _, raw := range items {
-			var it directItem
-			if json.Unmarshal([]byte(raw), &it) == nil && it.Run.RunID != "" {
-				d.giveBack(it.Run)
-			}
+		d.giveBackAll(items)
+	}
+}
+
+// leave, once the lane is closed, removes the worker from directTakers
+// and hands to asynq the runs it took and did not finish (the lane's
+// executions that outlasted the shutdown's wait).
+func (d *directTaker) leave() {
+	if d.cancel == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	items, err := directLeaveScript.Run(ctx, d.redis, []string{directTakers, directTaking + d.id}, d.id).StringSlice()
+	if err != nil {
+		d.log.Warn("could not leave the direct hand-off; a sweep will, after RUN_LEASE", "error", err)
+		return
+	}
+	d.giveBackAll(items)
+}
+
+func (d *directTaker) giveBackAll(items []string) {
+	for _, raw := range items {
+		var it directItem
+		if json.Unmarshal([]byte(raw), &it) == nil && it.Run.RunID != "" {
+			d.giveBack(it.Run)
 		}
 	}
 }

@@ -70,7 +70,7 @@ func TestDirectHandOffNeedsATakerAndAQueueNotPaused(t *testing.T) {
 	require.True(t, queued)
 	require.False(t, direct)
 
-	tasks.JoinDirect(t, rdb, "a-worker", time.Minute)
+	tasks.JoinDirect(t, rdb, "a-worker", 0)
 	require.NoError(t, insp.PauseQueue("default"))
 	queued, direct = place("the queue is paused")
 	require.True(t, queued)
@@ -82,37 +82,69 @@ func TestDirectHandOffNeedsATakerAndAQueueNotPaused(t *testing.T) {
 	require.True(t, direct)
 }
 
-// A worker that pops runs from the direct hand-off and dies before their
-// final write loses nothing: the runs are still queued in PostgreSQL with
-// no task in Redis, and the sweeper enqueues them; each ends once.
-func TestRunsAWorkerPoppedAndDiedWithAreSwept(t *testing.T) {
+// A worker that took runs from the direct hand-off and stopped (died, or
+// was paused) before their final write loses nothing: once it has not
+// beaten for RUN_LEASE, a sweep redelivers the queued runs its list of runs
+// taken holds, long before RUN_REDELIVER_AFTER (a minute here, so that only
+// this can take them over); each ends once.
+func TestRunsAStoppedWorkerTookAreTakenOverWithinTheLease(t *testing.T) {
 	t.Parallel()
-	const n = 6
+	env, org, rdb, ids, want := runsTakenBy(t, "stopped:1:dead", time.Minute)
+	w := newWorker(t, env, rdb, takeoverSweep)
+	tasks.NoDirect(w.Worker) // it takes nothing more from the direct hand-off: only its sweeper finds them
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(w.Stop)
+	for _, id := range ids {
+		waitRun(t, env, org, id, 30*time.Second)
+	}
+	requireFinishedOnce(t, env, org, want)
+}
+
+// The runs a worker alive took (its last beat within RUN_LEASE) are its
+// own: a sweep does not deliver them again, however old they are
+// (RUN_REDELIVER_AFTER is half a second here).
+func TestSweeperLeavesTheRunsALiveWorkerTook(t *testing.T) {
+	t.Parallel()
+	env, _, rdb, ids, _ := runsTakenBy(t, "alive:1:busy", 0)
+	w := newWorker(t, env, rdb, fastSweep)
+	tasks.NoDirect(w.Worker)
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(w.Stop)
+	time.Sleep(3 * time.Second) // six times RUN_REDELIVER_AFTER, thirty sweeps
+	for _, id := range ids {
+		require.Equal(t, "queued", readRun(t, env, id).Status, "run %s is left to the worker that took it", id)
+	}
+}
+
+// runsTakenBy starts six runs that worker taker took from the direct
+// hand-off, its last beat ago.
+func runsTakenBy(t *testing.T, taker string, ago time.Duration) (*apitest.Env, apitest.Org, asynq.RedisClientOpt, []string, map[string]string) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
 	rdb := newRedis(t)
 	handOff(t, env, rdb)
-	tasks.JoinDirect(t, rdb, "dies-after-its-pop", time.Minute)
-	ids, want := startBodies(t, env, org, wf, "popped", n)
-	apitest.Eventually(t, 10*time.Second, func() bool { return len(tasks.DirectRuns(t, rdb)) == n },
+	tasks.JoinDirect(t, rdb, taker, 0)
+	ids, want := startBodies(t, env, org, wf, "taken", 6)
+	apitest.Eventually(t, 10*time.Second, func() bool { return len(tasks.DirectRuns(t, rdb)) == len(ids) },
 		"every run is handed off directly")
-	require.ElementsMatch(t, ids, tasks.TakeDirect(t, rdb), "the dead worker popped them all")
+	require.ElementsMatch(t, ids, tasks.TakeDirectAs(t, rdb, taker))
+	tasks.JoinDirect(t, rdb, taker, ago)
+	return env, org, rdb, ids, want
+}
 
-	w := newWorker(t, env, rdb, fastSweep)
-	tasks.NoDirect(w.Worker) // nothing more comes by the direct hand-off: only the sweeper finds them
-	require.NoError(t, w.Start(context.Background()))
-	t.Cleanup(w.Stop)
-	for _, id := range ids {
-		waitRun(t, env, org, id, time.Minute)
-	}
-	requireFinishedOnce(t, env, org, want)
+// takeoverSweep: a sweep every 100 ms, RUN_LEASE 2 s, and the queued runs'
+// pass only after a minute.
+func takeoverSweep(c *tasks.Config) {
+	c.RunLease, c.RunHeartbeat = 2*time.Second, 500*time.Millisecond
+	c.SweepInterval, c.RedeliverAfter = 100*time.Millisecond, time.Minute
 }
 
 // The last worker taking from the direct hand-off hands what the list
-// still holds to asynq's queue when it stops: here its four lane slots are
-// busy (Concurrency 1), so three more runs wait in the list, and must be in
-// the queue once it stops, not left for the sweeper. Each run ends once.
+// still holds to asynq's queue when it stops: here its five lane slots are
+// busy (4 per WORKER_CONCURRENCY of 1, and the one its pop waits with), so
+// three more runs wait in the list, and must be in the queue once it
+// stops, not left for the sweeper. Each run ends once.
 func TestLastWorkerStoppingHandsTheListToTheQueue(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
@@ -124,7 +156,7 @@ func TestLastWorkerStoppingHandsTheListToTheQueue(t *testing.T) {
 		c.Concurrency = 1
 		c.FastBudget = time.Minute // bounded by the heartbeat: 5s
 	})
-	held, release := make(chan struct{}, 8), make(chan struct{})
+	held, release := make(chan struct{}, 16), make(chan struct{})
 	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, runID string) {
 		held <- struct{}{}
 		select {
@@ -133,9 +165,10 @@ func TestLastWorkerStoppingHandsTheListToTheQueue(t *testing.T) {
 		}
 	})
 	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(w.Stop)
 	handOff(t, env, rdb)
 
-	busy, want := startBodies(t, env, org, wf, "busy", 4)
+	busy, want := startBodies(t, env, org, wf, "busy", 5)
 	for range busy {
 		<-held // every lane slot holds a run
 	}

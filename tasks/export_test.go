@@ -185,15 +185,16 @@ func DirectRuns(t testing.TB, opt asynq.RedisClientOpt) []string {
 	return directIDs(t, raw)
 }
 
-// TakeDirect empties the direct hand-off's list, as a worker that pops
-// every run and dies, and returns the runs it took.
-func TakeDirect(t testing.TB, opt asynq.RedisClientOpt) []string {
+// TakeDirectAs moves every run of the direct hand-off's list into the
+// list of runs taken of worker id, as that worker's pops do, and returns
+// them.
+func TakeDirectAs(t testing.TB, opt asynq.RedisClientOpt, id string) []string {
 	t.Helper()
 	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
 	defer rc.Close()
 	var raw []string
 	for {
-		s, err := rc.LPop(context.Background(), directRuns).Result()
+		s, err := rc.LMove(context.Background(), directRuns, directTaking+id, "LEFT", "RIGHT").Result()
 		if errors.Is(err, redis.Nil) {
 			return directIDs(t, raw)
 		}
@@ -216,13 +217,14 @@ func directIDs(t testing.TB, raw []string) []string {
 	return ids
 }
 
-// JoinDirect counts a worker id as taking from the direct hand-off for
-// ttl, without anything popping: runs pushed stay in the list.
-func JoinDirect(t testing.TB, opt asynq.RedisClientOpt, id string, ttl time.Duration) {
+// JoinDirect records a beat of worker id in the direct hand-off's
+// takers, ago ago (0: now), without anything popping: runs pushed stay in
+// the list.
+func JoinDirect(t testing.TB, opt asynq.RedisClientOpt, id string, ago time.Duration) {
 	t.Helper()
 	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
 	defer rc.Close()
-	if err := directTakeScript.Run(context.Background(), rc, []string{directTakers}, id, ttl.Milliseconds()).Err(); err != nil {
+	if err := directTakeScript.Run(context.Background(), rc, []string{directTakers}, id, ago.Milliseconds()).Err(); err != nil {
 		t.Fatalf("join the direct hand-off: %v", err)
 	}
 }

@@ -69,6 +69,10 @@ type Sweeper struct {
 	cursor     *models.RunCursor
 	passBegan  time.Time
 	passActive bool
+	// directListed holds, for the sweep under way, the runs the direct
+	// hand-off's lists hold: the shared one, and those of the workers
+	// alive (listedDirect). Such a run is on its way, not lost.
+	directListed map[string]bool
 	// activeSince is when a sweep first saw a queued run's task active: a
 	// task still active after longer than after is one whose worker died
 	// with it (asynq gives it back only when its own lease of it runs out,
@@ -120,6 +124,14 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	}
 	stopped, held, err := s.stoppedHolders(ctx)
 	if err != nil {
+		return n, err
+	}
+	taken, err := s.stoppedTakers(ctx)
+	if err != nil {
+		return n, err
+	}
+	held = append(held, taken...)
+	if s.directListed, err = s.listedDirect(ctx); err != nil {
 		return n, err
 	}
 	// Not again while another task of the run waits in the queue, or is
@@ -275,6 +287,43 @@ func (s *Sweeper) stoppedHolders(ctx context.Context) (stopped map[string]bool, 
 	return stopped, held, err
 }
 
+// stoppedTakers finds the runs that a worker which stopped took from the
+// direct hand-off (its list of runs taken) and had not finished: the
+// workers that did not beat for lease leave directTakers, their lists are
+// deleted, and of the runs those held the ones still queued are returned.
+// A live worker beats every second and finishes or hands on a run it took
+// within RUN_FAST_PATH, so a queued run it held that long is one it died or
+// stopped with. One script per sweep; a statement only when a worker
+// stopped.
+func (s *Sweeper) stoppedTakers(ctx context.Context) ([]models.StrandedRun, error) {
+	if s.lease <= 0 {
+		return nil, nil
+	}
+	items, err := directExpiredScript.Run(ctx, s.redis, []string{directTakers}, directTaking, s.lease.Milliseconds()).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("read the direct hand-off's stopped workers: %w", err)
+	}
+	ids := directRunIDs(items)
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	return s.runs.QueuedOf(ctx, ids)
+}
+
+// listedDirect is the set of runs the direct hand-off's lists hold: the
+// shared one, and those of the workers that beat within lease.
+func (s *Sweeper) listedDirect(ctx context.Context) (map[string]bool, error) {
+	items, err := directListedScript.Run(ctx, s.redis, []string{directTakers, directRuns}, directTaking, s.lease.Milliseconds()).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("read the direct hand-off's lists: %w", err)
+	}
+	set := map[string]bool{}
+	for _, id := range directRunIDs(items) {
+		set[id] = true
+	}
+	return set, nil
+}
+
 // lost returns the runs of rs none of whose tasks Redis holds as pending,
 // scheduled, retrying or (with active) active: its latest single task, and
 // the batch task that carries it (batchIndexKey), if any; and that do not
@@ -325,6 +374,9 @@ func (s *Sweeper) lost(ctx context.Context, rs []models.StrandedRun, active bool
 		}
 		if !alive && waits[i].Val() {
 			alive = true // its organisation's turn will come
+		}
+		if !alive && s.directListed[rs[i].ID] {
+			alive = true // in the direct hand-off: waiting, or taken by a worker alive
 		}
 		// Active in a worker that still renews its hold (not in stopped):
 		// alive, unless it has been for longer than after.

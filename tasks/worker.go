@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -229,9 +228,11 @@ func NewWorker(cfg Config) (*Worker, error) {
 			log.WarnContext(ctx, "could not forget a batch's runs in the batch index", "error", err)
 		}
 	}
-	w.local = newLocalLane(w.runs, 4*cfg.Concurrency, w.requeue, cfg.Registry)
+	// One slot more than RunHere may take: the direct hand-off's pop waits
+	// holding it.
+	w.local = newLocalLane(w.runs, 4*cfg.Concurrency+1, w.requeue, cfg.Registry)
 	pop, _ := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
-	w.direct = &directTaker{lane: w.local, redis: rc, pop: pop, id: uuid.NewString(), handBack: w.queue.enqueueOne, log: log}
+	w.direct = &directTaker{lane: w.local, redis: rc, pop: pop, id: newDirectID(), handBack: w.queue.enqueueOne, log: log}
 	w.sweeper = &Sweeper{runs: runs, redis: rc, queue: w.queue, release: w.release,
 		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, lease: cfg.RunLease, taskInfo: w.inspector.GetTaskInfo,
 		batch: 500, log: log, m: m}
@@ -372,6 +373,7 @@ func (w *Worker) Shutdown() {
 	w.running.Store(false)
 	w.direct.stop()
 	w.local.close(w.cfg.ShutdownTimeout)
+	w.direct.leave()
 	w.cancel()
 	w.wg.Wait()
 	w.server.Stop()
