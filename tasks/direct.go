@@ -43,8 +43,10 @@ import (
 // A queue paused (asynq's PauseQueue, as asynqmon does) pauses the direct
 // hand-off too: new runs then wait in asynq's queue.
 //
-// The keys share the hash tag of asynq's queue: one slot of a Redis
-// Cluster with its paused flag.
+// The keys share the hash tag of asynq's queue, as its paused flag. The
+// gate's script pushes onto the list too (its keys tagged {fair}): one call
+// for both takes a Redis that holds every key, a single node or Sentinel's
+// primary, which is what valruns connects to (REDIS_URL), not a Cluster.
 const (
 	// directRuns is the list of runs handed off directly (directItem, JSON).
 	directRuns = "valruns:{" + queue + "}:direct"
@@ -85,24 +87,34 @@ type directItem struct {
 	Headers map[string]string `json:"headers,omitempty"`
 }
 
-// directPushScript pushes the items in ARGV onto KEYS[1] when a worker
-// beat in KEYS[2] within the last ARGV[2] ms and the queue is not paused
-// (KEYS[3]), up to ARGV[1] items in the list per such worker; it returns
-// how many it pushed (the first ones), -1 when no worker takes or the queue
-// is paused.
-var directPushScript = redis.NewScript(`
-local t = redis.call('TIME')
-local fresh = t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(ARGV[2])
-local takers = redis.call('ZCOUNT', KEYS[2], fresh, '+inf')
-if takers == 0 or redis.call('EXISTS', KEYS[3]) == 1 then
-  return -1
+// directPushLua defines direct_push, which pushes ARGV[first..last] onto
+// the list when a worker beat in takers within the last fresh ms and the
+// queue is not paused, up to per items in the list per such worker; it
+// returns how many it pushed (the first ones), -1 when no worker takes or
+// the queue is paused. The gate's script pushes new runs with it in the
+// call that admits them; directPushScript, the runs let in otherwise.
+const directPushLua = `
+local function direct_push(list, takers, paused, per, fresh, first, last)
+  local t = redis.call('TIME')
+  local since = t[1] * 1000 + math.floor(t[2] / 1000) - fresh
+  local waiting = redis.call('ZCOUNT', takers, since, '+inf')
+  if waiting == 0 or redis.call('EXISTS', paused) == 1 then
+    return -1
+  end
+  local n = math.min(per * waiting - redis.call('LLEN', list), last - first + 1)
+  if n <= 0 then
+    return 0
+  end
+  redis.call('RPUSH', list, unpack(ARGV, first, first + n - 1))
+  return n
 end
-local n = math.min(tonumber(ARGV[1]) * takers - redis.call('LLEN', KEYS[1]), #ARGV - 2)
-if n <= 0 then
-  return 0
-end
-redis.call('RPUSH', KEYS[1], unpack(ARGV, 3, n + 2))
-return n
+`
+
+// directPushScript is direct_push of the items in ARGV[3..] onto KEYS[1],
+// with KEYS[2] its workers taking, KEYS[3] the paused flag, ARGV[1] the
+// items per worker and ARGV[2] how recent a beat must be (ms).
+var directPushScript = redis.NewScript(directPushLua + `
+return direct_push(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), tonumber(ARGV[2]), 3, #ARGV)
 `)
 
 // directTakeScript records worker ARGV[1]'s beat in KEYS[1], ARGV[2] ms
@@ -120,34 +132,53 @@ func (w queueWriter) pushDirect(ctx context.Context, runs []RunPayload) (int, er
 	if len(runs) == 0 || !w.direct.worth() {
 		return 0, nil
 	}
-	args := make([]any, 0, 2+len(runs))
+	items, ends, err := w.directItems(ctx, runs)
+	if err != nil {
+		return 0, err
+	}
+	args := make([]any, 0, 2+len(items))
 	args = append(args, directPerTaker, directFresh.Milliseconds())
-	var ends []func(error)
-	for _, p := range runs {
-		it := directItem{Run: p}
-		if w.tracer != nil {
-			var end func(error)
-			_, it.Headers, end = w.traceEnqueueOne(ctx, p, "direct:"+p.RunID)
-			ends = append(ends, end)
-		}
-		b, err := json.Marshal(it)
-		if err != nil {
-			return 0, fmt.Errorf("run payload: %w", err)
-		}
-		args = append(args, b)
+	for _, it := range items {
+		args = append(args, it)
 	}
 	n, err := directPushScript.Run(ctx, w.redis, []string{directRuns, directTakers, queuePaused}, args...).Int()
-	for _, end := range ends {
-		end(err) // a run not pushed has a span of its own for its enqueue to asynq
-	}
+	ends(err)
 	if err != nil {
 		return 0, fmt.Errorf("hand runs to a waiting worker: %w", err)
 	}
-	if n < 0 {
+	if n == notTaken {
 		w.direct.noTakerSince(time.Now())
 		return 0, nil
 	}
 	return n, nil
+}
+
+// directItems are the direct hand-off's items of runs, each with the trace
+// context of its hand-off when tracing is on; end ends those spans with
+// the push's error (a run not pushed has a span of its own for its
+// enqueue to asynq).
+func (w queueWriter) directItems(ctx context.Context, runs []RunPayload) (items [][]byte, end func(error), err error) {
+	var ends []func(error)
+	end = func(err error) {
+		for _, e := range ends {
+			e(err)
+		}
+	}
+	for _, p := range runs {
+		it := directItem{Run: p}
+		if w.tracer != nil {
+			var e func(error)
+			_, it.Headers, e = w.traceEnqueueOne(ctx, p, "direct:"+p.RunID)
+			ends = append(ends, e)
+		}
+		b, err := json.Marshal(it)
+		if err != nil {
+			end(err)
+			return nil, nil, fmt.Errorf("run payload: %w", err)
+		}
+		items = append(items, b)
+	}
+	return items, end, nil
 }
 
 // directState is what a queueWriter knows of the direct hand-off: when it

@@ -82,6 +82,47 @@ func TestDirectHandOffNeedsATakerAndAQueueNotPaused(t *testing.T) {
 	require.True(t, direct)
 }
 
+// The list holds at most tasks.DirectPerTaker runs per worker taking from
+// it: past that, new runs go to asynq's queue, and a second worker taking
+// makes room for as many more. Runs are started one by one, so that each
+// is its own call of the gate's script, which pushes it in the same call.
+func TestDirectHandOffListHoldsAFewRunsPerWorker(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	handOff(t, env, rdb)
+	// Taking, but never popping: what is pushed stays in the list. Each
+	// start renews their beats, however slow the machine.
+	takers := []string{"worker-a"}
+	queuedNow := func() int {
+		in, _ := tasks.RunsInRedis(t, rdb)
+		return len(in)
+	}
+	start := func(n int) {
+		for range n {
+			for _, id := range takers {
+				tasks.JoinDirect(t, rdb, id, 0)
+			}
+			before := len(tasks.DirectRuns(t, rdb)) + queuedNow()
+			startRun(t, env, org, wf, validOrder)
+			apitest.Eventually(t, 10*time.Second, func() bool {
+				return len(tasks.DirectRuns(t, rdb))+queuedNow() == before+1
+			}, "the run is handed off")
+		}
+	}
+
+	start(tasks.DirectPerTaker + 2)
+	require.Len(t, tasks.DirectRuns(t, rdb), tasks.DirectPerTaker)
+	require.Equal(t, 2, queuedNow())
+
+	takers = append(takers, "worker-b")
+	start(tasks.DirectPerTaker + 1)
+	require.Len(t, tasks.DirectRuns(t, rdb), 2*tasks.DirectPerTaker)
+	require.Equal(t, 3, queuedNow())
+}
+
 // A worker that took runs from the direct hand-off and stopped (died, or
 // was paused) before their final write loses nothing: once it has not
 // beaten for RUN_LEASE, a sweep redelivers the queued runs its list of runs

@@ -158,23 +158,22 @@ func (d *Dispatcher) deliver(org string, runs []*models.QueuedRun) {
 	for i, r := range runs {
 		in[i] = payloadOf(r)
 	}
-	var out []RunPayload
-	share := 0
+	var let passed
 	admitted := false
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
 		var err error
 		if !admitted {
-			out, share, err = d.w.admit(ctx, admission{org: org, own: runs[0].RunShare, in: in})
+			let, err = d.w.admit(ctx, admission{org: org, own: runs[0].RunShare, in: in}, true)
 			admitted = err == nil
 		}
 		if err == nil {
-			err = d.w.enqueue(ctx, out, d.w.gate.batchSize(share))
+			err = d.w.enqueueLet(ctx, let)
 		}
 		cancel()
 		if err == nil {
 			waiting := len(in)
-			for _, p := range out {
+			for _, p := range let.out {
 				if i := slices.IndexFunc(runs, func(r *models.QueuedRun) bool { return r.ID == p.RunID }); i >= 0 {
 					waiting--
 					d.queuedAfter.Observe(time.Since(runs[i].CreatedAt).Seconds())
@@ -224,28 +223,50 @@ func newQueueWriter(r asynq.RedisConnOpt, maxRetry int, timeout time.Duration, s
 }
 
 // admit passes a through the gate; runs without an organisation (tasks
-// enqueued before fair admission existed) are let in as they are.
-func (w queueWriter) admit(ctx context.Context, a admission) ([]RunPayload, int, error) {
+// enqueued before fair admission existed) are let in as they are. With
+// push (new runs: none is a redelivery), the gate's call also hands those
+// it lets in at once to a waiting worker, as far as one waits.
+func (w queueWriter) admit(ctx context.Context, a admission, push bool) (passed, error) {
 	if a.org == "" {
-		return a.in, 0, nil
+		return passed{out: a.in, pushed: notPushed}, nil
 	}
-	return w.gate.pass(ctx, a)
+	if !push || len(a.in) == 0 || !w.direct.worth() {
+		return w.gate.pass(ctx, a)
+	}
+	items, end, err := w.directItems(ctx, a.in)
+	if err != nil {
+		return passed{}, err
+	}
+	a.push = items
+	let, err := w.gate.pass(ctx, a)
+	end(err)
+	if err == nil && let.pushed == notTaken {
+		w.direct.noTakerSince(time.Now())
+	}
+	return let, err
 }
 
-// send admits a through the gate and enqueues what it lets in (the
-// organisation's batch size per task).
+// send admits a through the gate and enqueues what it lets in.
 func (w queueWriter) send(ctx context.Context, a admission) error {
-	out, share, err := w.admit(ctx, a)
+	let, err := w.admit(ctx, a, false)
 	if err != nil {
 		return err
 	}
-	return w.enqueue(ctx, out, w.gate.batchSize(share))
+	return w.enqueueLet(ctx, let)
+}
+
+// enqueueLet enqueues the runs the gate let in (the organisation's batch
+// size per task), bar those its call pushed to a waiting worker already.
+func (w queueWriter) enqueueLet(ctx context.Context, let passed) error {
+	size := w.gate.batchSize(let.share)
+	if let.pushed == notPushed {
+		return w.enqueue(ctx, let.out, size)
+	}
+	return w.enqueueTasks(ctx, let.out[max(let.pushed, 0):], size)
 }
 
 // enqueue hands new runs to a waiting worker, as far as one waits
-// (pushDirect), and enqueues the rest, up to size per task; a redelivery
-// always alone, under its own TaskID. What Redis already has (a TaskID
-// conflict: an earlier try got through) counts as enqueued.
+// (pushDirect), and enqueues the rest (enqueueTasks).
 func (w queueWriter) enqueue(ctx context.Context, runs []RunPayload, size int) error {
 	var fresh, rest []RunPayload
 	for _, p := range runs {
@@ -259,11 +280,15 @@ func (w queueWriter) enqueue(ctx context.Context, runs []RunPayload, size int) e
 	if err != nil {
 		return err
 	}
-	if n == len(runs) {
-		return nil
-	}
+	return w.enqueueTasks(ctx, append(fresh[n:], rest...), size)
+}
+
+// enqueueTasks enqueues runs to asynq, up to size per task; a redelivery
+// always alone, under its own TaskID. What Redis already has (a TaskID
+// conflict: an earlier try got through) counts as enqueued.
+func (w queueWriter) enqueueTasks(ctx context.Context, runs []RunPayload, size int) error {
 	var batch []RunPayload
-	for _, p := range append(fresh[n:], rest...) {
+	for _, p := range runs {
 		if p.Redelivery || size <= 1 {
 			if err := w.enqueueOne(ctx, p); err != nil {
 				return err

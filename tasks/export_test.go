@@ -228,3 +228,7 @@ func JoinDirect(t testing.TB, opt asynq.RedisClientOpt, id string, ago time.Dura
 		t.Fatalf("join the direct hand-off: %v", err)
 	}
 }
+
+// DirectPerTaker is the most runs the direct hand-off's list holds per
+// worker taking from it.
+const DirectPerTaker = directPerTaker

@@ -47,7 +47,8 @@ type gate struct {
 	slotsAt time.Time
 }
 
-// The gate's keys share one hash tag: one slot of a Redis Cluster.
+// The gate's keys share one hash tag; its script also pushes onto the
+// direct hand-off's list (direct.go: one Redis holds every key).
 const (
 	fairAdmitted = "valruns:{fair}:admitted:" // + org id: sorted set of run ids
 	fairWaiting  = "valruns:{fair}:waiting:"  // + org id: sorted set of run ids
@@ -76,8 +77,17 @@ const defaultSlots = 10
 //  5. now, 6. stale (ms)
 //  7. how long the released runs took each, on average (ms; -1: none)
 //  8. the adaptive share's target wait (ms)
-//  9. n, the runs handed in; then n triples (id, score, payload); then the
-//     released ids
+//  9. n, the runs handed in
+//  10. the direct hand-off's runs per worker taking (directPerTaker; 0:
+//     push none), 11. how recent a worker's beat must be (ms, directFresh)
+//  12. n triples (id, score, payload); then, when ARGV[10] > 0, n items
+//     for the direct hand-off's list, one per run; then the released ids
+//
+// KEYS 7 to 9 are the direct hand-off's list, its workers taking and
+// asynq's paused flag: when every run handed in is admitted at once, the
+// same call pushes their items onto the list as far as a worker waits
+// (direct_push), so that a new run reaches an idle worker in one round
+// trip from the API.
 //
 // The adaptive default share is what one slot's worth of the organisation's
 // runs, at their recent average duration (an EWMA kept per organisation),
@@ -86,15 +96,21 @@ const defaultSlots = 10
 // spread over many runs), slow ones a small one (another organisation's run
 // waits about the target behind them).
 //
-// Returns {1, share} when every run handed in was admitted at once (nothing
-// was waiting), else {0, share, id, payload, ...}: the runs handed in that
+// Returns {1, share, pushed} when every run handed in was admitted at once
+// (nothing was waiting): pushed is how many of them, from the first, went
+// onto the direct hand-off's list (-1: no worker takes, or the queue is
+// paused); else {0, share, id, payload, ...}: the runs handed in that
 // were admitted already (redeliveries), and those admitted from the
 // waiting list, which the caller enqueues.
-var gateScript = redis.NewScript(`
+var gateScript = redis.NewScript(directPushLua + `
 local adm, wait, pay, shares, orgs, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local org, own = ARGV[1], tonumber(ARGV[2])
 local fixed, slots, now, stale = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local sample, target, n = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local per, fresh = tonumber(ARGV[10]), tonumber(ARGV[11])
+local items = 12 + 3 * n
+local released = items
+if per > 0 then released = items + n end
 if own == -2 then
   own = tonumber(redis.call('HGET', shares, org) or '-1')
 else
@@ -116,27 +132,31 @@ if share < 0 then
   end
 end
 redis.call('ZREMRANGEBYSCORE', adm, '-inf', now - stale)
-for i = 10 + 3 * n, #ARGV do
+for i = released, #ARGV do
   redis.call('ZREM', adm, ARGV[i])
 end
 if n > 0 and redis.call('ZCARD', wait) == 0 and (share == 0 or share - redis.call('ZCARD', adm) >= n) then
   for i = 0, n - 1 do
-    redis.call('ZADD', adm, now, ARGV[10 + 3 * i])
+    redis.call('ZADD', adm, now, ARGV[12 + 3 * i])
   end
-  return {1, share}
+  local pushed = 0
+  if per > 0 then
+    pushed = direct_push(KEYS[7], KEYS[8], KEYS[9], per, fresh, items, items + n - 1)
+  end
+  return {1, share, pushed}
 end
 local out = {0, share}
 for i = 0, n - 1 do
-  local id = ARGV[10 + 3 * i]
+  local id = ARGV[12 + 3 * i]
   if redis.call('ZSCORE', adm, id) then
     -- Admitted before (a redelivery: its task was lost): it keeps its
     -- place, and its new task goes to the queue now.
     redis.call('ZADD', adm, now, id)
     out[#out + 1] = id
-    out[#out + 1] = ARGV[12 + 3 * i]
+    out[#out + 1] = ARGV[14 + 3 * i]
   else
-    redis.call('ZADD', wait, ARGV[11 + 3 * i], id)
-    redis.call('HSET', pay, id, ARGV[12 + 3 * i])
+    redis.call('ZADD', wait, ARGV[13 + 3 * i], id)
+    redis.call('HSET', pay, id, ARGV[14 + 3 * i])
   end
 end
 local free = redis.call('ZCARD', wait)
@@ -174,12 +194,32 @@ type admission struct {
 	// each on average (cost; 0: unknown).
 	released []string
 	cost     time.Duration
+	// push, when set, holds one item of the direct hand-off per run of
+	// in: pushed onto its list in the same call when all of in are let in
+	// at once and a worker waits (gateScript).
+	push [][]byte
 }
 
-// pass runs a, and returns the runs to enqueue now: a.in when all were
-// admitted at once, else those admitted from the waiting list (which may
-// include some of a.in); and the organisation's share.
-func (g *gate) pass(ctx context.Context, a admission) ([]RunPayload, int, error) {
+// passed is what the gate did with an admission.
+type passed struct {
+	// out is the runs to enqueue now: the admission's in when all were let
+	// in at once, else those let in from the waiting list (which may
+	// include some of in).
+	out   []RunPayload
+	share int
+	// pushed is how many of out, from the first, are on the direct
+	// hand-off's list; notTaken: the admission pushed none because no
+	// worker takes or the queue is paused; notPushed: it did not ask.
+	pushed int
+}
+
+const (
+	notTaken  = -1
+	notPushed = -2
+)
+
+// pass runs a through the gate.
+func (g *gate) pass(ctx context.Context, a admission) (passed, error) {
 	own := -1
 	switch {
 	case a.recorded:
@@ -191,30 +231,42 @@ func (g *gate) pass(ctx context.Context, a admission) ([]RunPayload, int, error)
 	if a.cost > 0 {
 		sample = float64(a.cost) / float64(time.Millisecond)
 	}
-	args := make([]any, 0, 9+3*len(a.in)+len(a.released))
+	per := 0
+	if a.push != nil {
+		per = directPerTaker
+	}
+	args := make([]any, 0, 11+3*len(a.in)+len(a.push)+len(a.released))
 	args = append(args, a.org, own, g.share, g.slotsAlive(), time.Now().UnixMilli(), g.stale.Milliseconds(),
-		sample, shareTargetWait.Milliseconds(), len(a.in))
+		sample, shareTargetWait.Milliseconds(), len(a.in), per, directFresh.Milliseconds())
 	for _, p := range a.in {
 		b, err := json.Marshal(p)
 		if err != nil {
-			return nil, 0, fmt.Errorf("run payload: %w", err)
+			return passed{}, fmt.Errorf("run payload: %w", err)
 		}
 		args = append(args, p.RunID, p.CreatedAt.UnixMicro(), b)
+	}
+	for _, it := range a.push {
+		args = append(args, it)
 	}
 	for _, id := range a.released {
 		args = append(args, id)
 	}
-	keys := []string{fairAdmitted + a.org, fairWaiting + a.org, fairPayloads, fairShares, fairOrgs, fairCosts}
+	keys := []string{fairAdmitted + a.org, fairWaiting + a.org, fairPayloads, fairShares, fairOrgs, fairCosts,
+		directRuns, directTakers, queuePaused}
 	res, err := gateScript.Run(ctx, g.redis, keys, args...).Slice()
 	if err != nil {
-		return nil, 0, fmt.Errorf("admit runs: %w", err)
+		return passed{}, fmt.Errorf("admit runs: %w", err)
 	}
 	if len(res) < 2 {
-		return nil, 0, fmt.Errorf("admit runs: unexpected answer %v", res)
+		return passed{}, fmt.Errorf("admit runs: unexpected answer %v", res)
 	}
 	share, _ := res[1].(int64)
 	if res[0] == int64(1) {
-		return a.in, int(share), nil
+		pushed := int64(notPushed)
+		if per > 0 && len(res) > 2 {
+			pushed, _ = res[2].(int64)
+		}
+		return passed{out: a.in, share: int(share), pushed: int(pushed)}, nil
 	}
 	var out []RunPayload
 	for i := 2; i+1 < len(res); i += 2 {
@@ -226,7 +278,7 @@ func (g *gate) pass(ctx context.Context, a admission) ([]RunPayload, int, error)
 		}
 		out = append(out, p)
 	}
-	return out, int(share), nil
+	return passed{out: out, share: int(share), pushed: notPushed}, nil
 }
 
 // waitingOrgs lists the organisations with runs waiting.
