@@ -82,6 +82,24 @@ func TestDirectHandOffNeedsATakerAndAQueueNotPaused(t *testing.T) {
 	require.True(t, direct)
 }
 
+// A worker inside an API process (serve --worker: SingleNode) takes no
+// runs from the direct hand-off: its lane is for the process's own runs,
+// and the runs other processes hand off reach it through asynq's queue.
+func TestASingleNodeWorkerTakesNothingFromTheDirectHandOff(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	w := startWorker(t, env, rdb, func(c *tasks.Config) { c.SingleNode = true })
+	for range 3 {
+		waitRun(t, env, org, startRun(t, env, org, wf, validOrder), 30*time.Second)
+	}
+	require.Empty(t, tasks.DirectRuns(t, rdb))
+	require.Zero(t, metricValue(t, w.Registry, "valruns_runs_direct_total", "result", "finished"))
+	eventuallyMetric(t, w.Registry, 3, "valruns_tasks_processed_total", "type", tasks.TypeRunExecute)
+}
+
 // The list holds at most tasks.DirectPerTaker runs per worker taking from
 // it: past that, new runs go to asynq's queue, and a second worker taking
 // makes room for as many more. Runs are started one by one, so that each

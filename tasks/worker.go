@@ -94,6 +94,14 @@ type Config struct {
 	// WebhookRetention is how long the cleanup keeps a delivery delivered
 	// or failed; 0 means 30 days, negative: for ever.
 	WebhookRetention time.Duration
+	// SingleNode: the worker runs inside an API process (serve --worker),
+	// whose new runs its local lane executes at once (RunHere) while a slot
+	// is free. It then takes no runs from the direct hand-off: under load
+	// its lane's slots, full of its own runs, made that list a second queue
+	// beside asynq's batches, which drain a backlog at less cost per run
+	// (measured at 128 clients: 0.81 of the runs started finished within
+	// the loop, 0.96 without).
+	SingleNode bool
 	// WebhookClaimLease is how long a claim holds a delivery for one
 	// attempt; an attempt that has not recorded its outcome by then lets
 	// the delivery be claimed and attempted again. 0 means 2 min.
@@ -133,7 +141,7 @@ type Worker struct {
 	runs      *RunExecutor
 	local     *localLane   // runs this process started, executed here at once (RunHere)
 	direct    *directTaker // pops runs of the direct hand-off into local's slots
-	noDirect  bool         // tests: this worker does not take from the direct hand-off
+	noDirect  bool         // this worker does not take from the direct hand-off (SingleNode; tests)
 	cleanup   *Cleanup
 	hooks     *webhookSender // nil: this worker sends no webhooks
 	notice    *endedNotice   // tells the API processes' long-polls that runs ended
@@ -190,7 +198,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	m := newMetrics(cfg.Registry)
-	w := &Worker{cfg: cfg, log: log, m: m}
+	w := &Worker{cfg: cfg, log: log, m: m, noDirect: cfg.SingleNode}
 	cfg.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "valruns_worker_running",
 		Help: "1 while this worker's task server runs (from its start until its shutdown begins), else 0.",

@@ -37,7 +37,7 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	}
 	var worker *workerProcess
 	if *withWorker {
-		if worker, err = startWorker(ctx, a); err != nil {
+		if worker, err = startWorker(ctx, a, true); err != nil {
 			return err
 		}
 	}
