@@ -82,6 +82,32 @@ func TestDirectHandOffNeedsATakerAndAQueueNotPaused(t *testing.T) {
 	require.True(t, direct)
 }
 
+// A run started just after a worker joined the direct hand-off reaches
+// it, even though the same dispatcher found no worker taking a moment
+// before: a backlog in asynq's queue (the runs started while no worker
+// ran) is no reason to send the new run behind it.
+func TestDirectHandOffFindsAWorkerThatHasJustJoined(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	handOff(t, env, rdb)
+	first := startRun(t, env, org, wf, validOrder)
+	apitest.Eventually(t, 10*time.Second, func() bool {
+		in, _ := tasks.RunsInRedis(t, rdb)
+		return in[first]
+	}, "with no worker taking, the run is in asynq's queue")
+
+	tasks.JoinDirect(t, rdb, "worker-a", 0)
+	next := startRun(t, env, org, wf, validOrder)
+	apitest.Eventually(t, 10*time.Second, func() bool {
+		in, _ := tasks.RunsInRedis(t, rdb)
+		return in[next] || len(tasks.DirectRuns(t, rdb)) > 0
+	}, "the next run is handed off")
+	require.Equal(t, []string{next}, tasks.DirectRuns(t, rdb))
+}
+
 // A worker inside an API process (serve --worker: SingleNode) takes no
 // runs from the direct hand-off: its lane is for the process's own runs,
 // and the runs other processes hand off reach it through asynq's queue.

@@ -225,12 +225,16 @@ func newQueueWriter(r asynq.RedisConnOpt, maxRetry int, timeout time.Duration, s
 // admit passes a through the gate; runs without an organisation (tasks
 // enqueued before fair admission existed) are let in as they are. With
 // push (new runs: none is a redelivery), the gate's call also hands those
-// it lets in at once to a waiting worker, as far as one waits.
+// it lets in at once to a waiting worker, as far as one waits. It always
+// asks, costing no round trip of its own: a writer that found no worker
+// taking a moment ago (which pushDirect remembers for directNoneFor) would
+// otherwise send a worker that has just started to the back of asynq's
+// queue, behind a backlog its idle slots are not needed for.
 func (w queueWriter) admit(ctx context.Context, a admission, push bool) (passed, error) {
 	if a.org == "" {
 		return passed{out: a.in, pushed: notPushed}, nil
 	}
-	if !push || len(a.in) == 0 || !w.direct.worth() {
+	if !push || len(a.in) == 0 {
 		return w.gate.pass(ctx, a)
 	}
 	items, end, err := w.directItems(ctx, a.in)
