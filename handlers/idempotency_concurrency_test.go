@@ -372,13 +372,18 @@ func idemScenarioClientHangUp(t *testing.T) {
 	require.Equal(t, http.StatusCreated, f.start(idemBody).Status, "a prior run creates the usage slots")
 	release := idemLockUsage(t, f.e, f.org.ID)
 
-	// The server tells when the request's context is cancelled.
-	cancelled := make(chan struct{})
+	// The server tells when the request's context is cancelled, and when
+	// its handler has returned.
+	cancelled, served := make(chan struct{}), make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(idempotency.HeaderKey) == "hangup-1" && r.Header.Get("X-Watch") == "1" {
+		watched := r.Header.Get(idempotency.HeaderKey) == "hangup-1" && r.Header.Get("X-Watch") == "1"
+		if watched {
 			go func() { <-r.Context().Done(); close(cancelled) }()
 		}
 		f.e.Handler.ServeHTTP(w, r)
+		if watched {
+			close(served)
+		}
 	}))
 	t.Cleanup(srv.Close)
 
@@ -411,6 +416,15 @@ func idemScenarioClientHangUp(t *testing.T) {
 	apitest.Eventually(t, 10*time.Second, func() bool {
 		return idemCount(t, f.e, `SELECT count(*) FROM idempotency_keys WHERE key = 'hangup-1'`) == 1
 	}, "the hung-up request's answer is stored")
+	// Its row committed, the first request is still in flight until its
+	// handler returns (it caches and writes its answer, then lets go of the
+	// key): a retry meanwhile gets 409, as the contract says. Under load
+	// that moment lasted long enough for the retry to see it.
+	select {
+	case <-served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hung-up request's handler never returned")
+	}
 
 	r := f.start(idemBody, idemKey("hangup-1")...)
 	require.Equal(t, http.StatusCreated, r.Status, "body %s", r.Body)
