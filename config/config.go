@@ -96,6 +96,11 @@ type Config struct {
 	// across all API processes, unless it has its own rate; 0 means
 	// unlimited (ORG_START_RATE).
 	OrgStartRate int
+	// RateLimitHold is how long a start refused by the rate limit is held
+	// before its 429 is sent, so that a client retrying at once, whatever
+	// Retry-After says, cannot take the CPU the other organisations need;
+	// 0 answers at once (RATE_LIMIT_HOLD).
+	RateLimitHold time.Duration
 	// OrgRunShare is how many of an organisation's runs may wait in the
 	// queue at once, unless it has its own share; the rest wait their turn
 	// in order. 0 means adaptive: what its recent runs take about 0.5 s to
@@ -208,6 +213,7 @@ var Vars = []Var{
 	{"IDEMPOTENCY_MAX_WAITERS", "64", "requests that may wait at once per API process (`Prefer: wait`), shared among organisations: one holds at most a quarter, and one with none waiting always gets one; past it, 409 at once"},
 	{"DEFAULT_MONTHLY_RUN_QUOTA", "0", "runs per organisation per calendar month (UTC); 0 = unlimited; an org's own quota wins"},
 	{"ORG_START_RATE", "100", "starts per second per organisation, shared by all API processes (a token bucket in Redis, burst: one second's worth); past it, 429 `rate_limited` with `Retry-After`, not stored against the key; 0 = unlimited; an org's own rate (`valruns org rate`) wins"},
+	{"RATE_LIMIT_HOLD", "250ms", "how long a start refused by `ORG_START_RATE` is held before its 429 is sent (its `Retry-After` counts from the answer), so that a client that retries at once, ignoring `Retry-After`, sends at most a few starts a second per connection and a flood of refused starts leaves the CPU to the other organisations. At most 1,024 refusals are held at once per API process (the rest are answered at once), and a held one does not count against `MAX_REQUESTS_IN_FLIGHT`; 0 = answer at once"},
 	{"ORG_RUN_SHARE", "0", "runs of one organisation that may be in the queue at once, so another organisation's run waits behind at most this many of its runs; the rest wait their turn, in order; 0 = adaptive: what the organisation's recent runs take about 0.5 s to execute on the worker slots alive, between 2 and 16 runs per slot; an org's own share (`valruns org share`) wins"},
 	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
@@ -297,6 +303,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		IdempotencyMaxWaiters:      int(p.int("IDEMPOTENCY_MAX_WAITERS", 1)),
 		DefaultMonthlyRunQuota:     p.int("DEFAULT_MONTHLY_RUN_QUOTA", 0),
 		OrgStartRate:               int(p.int("ORG_START_RATE", 0)),
+		RateLimitHold:              p.duration("RATE_LIMIT_HOLD", 0),
 		OrgRunShare:                int(p.int("ORG_RUN_SHARE", 0)),
 		CleanupSchedule:            p.schedule("CLEANUP_SCHEDULE"),
 		CleanupBatchSize:           int(p.int("CLEANUP_BATCH_SIZE", 1)),

@@ -38,6 +38,7 @@ var documented = config.Config{
 	IdempotencyMaxWaiters:    64,
 	DefaultMonthlyRunQuota:   0,
 	OrgStartRate:             100,
+	RateLimitHold:            250 * time.Millisecond,
 	OrgRunShare:              0,
 	CleanupSchedule:          "@hourly",
 	CleanupBatchSize:         1000,

@@ -45,6 +45,12 @@ const (
 // RateLimit: the organisation's starts per second.
 const rateLimitPolicy = `"org"`
 
+// rateLimitHoldMax is how many refused starts one process holds at once
+// (RATE_LIMIT_HOLD) unless Deps.RateLimitHoldMax says otherwise; past it a
+// refusal is answered at once. A held one keeps its connection and a
+// goroutine, its body already read and dropped.
+const rateLimitHoldMax = 1024
+
 // rateLimiter admits an organisation's starts at its rate: a GCRA token
 // bucket per organisation in Redis (go-redis/redis_rate), so every API
 // process shares it. The burst is one second's worth: an idle organisation
@@ -55,36 +61,57 @@ type rateLimiter struct {
 	timeout     time.Duration
 	log         *slog.Logger
 
-	// denied remembers, per organisation, until when Redis said no start
-	// may pass (orgID -> denial): tokens only come back with time, so until
-	// then every start is refused here, without asking Redis again. A flood
-	// costs Redis one call per organisation per Retry-After.
+	// denied remembers, per organisation, until when no start may pass
+	// (orgID -> *denial): tokens only come back with time, so until then
+	// every start is refused here, without asking Redis. After it, one
+	// start asks Redis while the others of the organisation are refused: a
+	// flood costs Redis one call per organisation per token, not one per
+	// start that arrives as the denial ends.
 	denied sync.Map
+
+	// hold is how long a refusal is held before its answer (RATE_LIMIT_HOLD);
+	// holding has room for the refusals one process may hold at once.
+	hold    time.Duration
+	holding chan struct{}
 
 	pausedUntil atomic.Int64 // unix nanoseconds: the limit is skipped until then
 	loggedAt    atomic.Int64 // unix nanoseconds of the last log line
 
 	decisions *prometheus.CounterVec
+	held      prometheus.Gauge
 }
 
-// denial is a refusal of Redis: no start of the organisation at this rate
-// passes before until.
+// denial is what a process knows of an organisation's bucket at a rate:
+// no start passes before until (unix nanoseconds), and whether one of its
+// starts is asking Redis now.
 type denial struct {
-	rate  int
-	until time.Time
+	rate   int
+	until  atomic.Int64
+	asking atomic.Bool
 }
 
-func newRateLimiter(rdb redis.UniversalClient, defaultRate int, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *rateLimiter {
+func newDenial(rate int, until time.Time) *denial {
+	d := &denial{rate: rate}
+	d.until.Store(until.UnixNano())
+	return d
+}
+
+func newRateLimiter(rdb redis.UniversalClient, defaultRate int, timeout, hold time.Duration, holdMax int, log *slog.Logger, reg prometheus.Registerer) *rateLimiter {
 	l := &rateLimiter{defaultRate: defaultRate, timeout: cmp.Or(timeout, RateLimitTimeout), log: log,
+		hold: hold, holding: make(chan struct{}, cmp.Or(holdMax, rateLimitHoldMax)),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_rate_limit_decisions_total",
 			Help: "Starts checked against their organisation's rate, by outcome: allowed, limited, or failed_open (Redis failed or was slow, or was skipped after it did; the start went ahead unlimited).",
 		}, []string{"outcome"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "valruns_rate_limit_held",
+			Help: "Starts refused by the rate limit that this process is holding before their 429 (RATE_LIMIT_HOLD; at most 1,024).",
+		}),
 	}
 	if rdb != nil {
 		l.limiter = redis_rate.NewLimiter(rdb)
 	}
-	reg.MustRegister(l.decisions)
+	reg.MustRegister(l.decisions, l.held)
 	return l
 }
 
@@ -104,21 +131,33 @@ func (l *rateLimiter) middleware() gin.HandlerFunc {
 			return
 		}
 		now := time.Now()
+		var known *denial // the organisation's denial at this rate, ended
 		if v, ok := l.denied.Load(p.OrgID); ok {
-			if d := v.(denial); d.rate == rate && now.Before(d.until) {
-				l.limited(c, rate, d.until.Sub(now))
+			d := v.(*denial)
+			if until := d.until.Load(); d.rate == rate && now.UnixNano() < until {
+				l.limited(c, rate, time.Unix(0, until))
 				return
+			} else if d.rate == rate {
+				known = d
+			} else {
+				l.denied.CompareAndDelete(p.OrgID, d)
 			}
-			l.denied.Delete(p.OrgID)
 		}
 		if now.UnixNano() < l.pausedUntil.Load() {
 			l.decisions.WithLabelValues("failed_open").Inc()
 			c.Next()
 			return
 		}
+		if known != nil && !known.asking.CompareAndSwap(false, true) {
+			// Another start of the organisation is asking Redis whether a
+			// token is back; at most one is.
+			l.limited(c, rate, now)
+			return
+		}
 		ctx, cancel := context.WithTimeout(c.Request.Context(), l.timeout)
 		res, err := l.limiter.Allow(ctx, "valruns:start:"+p.OrgID, redis_rate.PerSecond(rate))
 		cancel()
+		l.remember(p.OrgID, rate, known, res, err, now)
 		if err != nil {
 			if c.Request.Context().Err() == nil { // not the client's hang-up
 				l.failed(c.Request.Context(), err)
@@ -128,8 +167,7 @@ func (l *rateLimiter) middleware() gin.HandlerFunc {
 			return
 		}
 		if res.Allowed == 0 {
-			l.denied.Store(p.OrgID, denial{rate: rate, until: now.Add(res.RetryAfter)})
-			l.limited(c, rate, res.RetryAfter)
+			l.limited(c, rate, now.Add(res.RetryAfter))
 			return
 		}
 		l.decisions.WithLabelValues("allowed").Inc()
@@ -139,16 +177,74 @@ func (l *rateLimiter) middleware() gin.HandlerFunc {
 	}
 }
 
-// limited answers 429 rate_limited: no start passes for wait.
-func (l *rateLimiter) limited(c *gin.Context, rate int, wait time.Duration) {
+// remember records what Redis answered for an organisation's start at
+// rate, asked at now: until when none passes (after a refusal, or after
+// the last token went, for the token's interval at least), or nothing
+// (a token is left, or Redis failed). known is the denial the start asked
+// for, if any: it is updated, or dropped, and no longer asking.
+func (l *rateLimiter) remember(org string, rate int, known *denial, res *redis_rate.Result, err error, now time.Time) {
+	var until time.Time
+	switch {
+	case err != nil:
+	case res.Allowed == 0:
+		until = now.Add(res.RetryAfter)
+	case res.Remaining == 0:
+		until = now.Add(time.Second / time.Duration(rate))
+	}
+	switch {
+	case until.IsZero() && known != nil:
+		l.denied.CompareAndDelete(org, known)
+	case until.IsZero():
+	case known != nil:
+		known.until.Store(until.UnixNano())
+	default:
+		l.denied.Store(org, newDenial(rate, until))
+	}
+	if known != nil {
+		known.asking.Store(false)
+	}
+}
+
+// limited answers 429 rate_limited: no start passes before until. The
+// answer is held first (holdBack); Retry-After counts from the answer.
+func (l *rateLimiter) limited(c *gin.Context, rate int, until time.Time) {
 	l.decisions.WithLabelValues("limited").Inc()
-	secs := ceilSeconds(wait)
+	discardBody(c)
+	l.holdBack(c)
+	secs := ceilSeconds(time.Until(until))
 	c.Header(HeaderRateLimitPolicy, policyOf(rate))
 	c.Header(HeaderRateLimit, fmt.Sprintf("%s;r=0;t=%d", rateLimitPolicy, secs))
 	c.Header("Retry-After", strconv.Itoa(secs))
-	discardBody(c)
 	problem.Abort(c, http.StatusTooManyRequests, problem.RateLimited, fmt.Sprintf(
 		"The organisation may start %d runs per second; nothing was done or stored. Retry after Retry-After seconds, with the same Idempotency-Key.", rate))
+}
+
+// holdBack holds a refused start for l.hold, or until its client hangs
+// up, when the process has room to hold one more: a client that retries a
+// refusal at once, whatever Retry-After says, waits all the same, so a
+// flood of refused starts sends a few per connection per second rather
+// than as many as the CPU can answer. The request gives its room under
+// MAX_REQUESTS_IN_FLIGHT back first: a flood held here keeps no other
+// request out.
+func (l *rateLimiter) holdBack(c *gin.Context) {
+	if l.hold <= 0 {
+		return
+	}
+	select {
+	case l.holding <- struct{}{}:
+	default:
+		return // as many held as the process may hold: answered at once
+	}
+	defer func() { <-l.holding }()
+	leaveAdmission(c)
+	l.held.Inc()
+	defer l.held.Dec()
+	t := time.NewTimer(l.hold)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-c.Request.Context().Done():
+	}
 }
 
 // policyOf is the RateLimit-Policy of a rate: rate starts per 1-second window.

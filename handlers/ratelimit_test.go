@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -389,4 +391,156 @@ func TestStartRateLimitHungRedisIsBoundedThenLeftAlone(t *testing.T) {
 		time.Sleep(handlers.RateLimitPause) // surely over: the last start failed (if it asked Redis) before it returned
 	}
 	require.EqualValues(t, i, f.e.Count("validation_runs", "org_id = ?", o.ID), "every start created its run")
+}
+
+// evalCounter counts the Lua calls (the rate limit's) a Redis client
+// sends, each delayed by delay, as a slow Redis would answer.
+type evalCounter struct {
+	delay time.Duration
+	n     atomic.Int64
+}
+
+func (h *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			h.n.Add(1)
+			time.Sleep(h.delay)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A flood over the rate costs Redis about one call per token, not one per
+// start: once a start is refused, or has taken the last token, the others
+// of its organisation are refused in the process until a token can be
+// back, and then one start asks Redis while the rest are refused. Redis
+// answers each call 50 ms late here, so that without that one asker every
+// start arriving while the first asks would ask too: 16 clients in a
+// closed loop would send about 16 calls per token.
+func TestStartRateLimitAsksRedisOncePerToken(t *testing.T) {
+	t.Parallel()
+	rdb := apitest.Redis(t)
+	calls := &evalCounter{delay: 50 * time.Millisecond}
+	rdb.AddHook(calls)
+	const rate, clients = 4, 16
+	e := apitest.New(t, apitest.Options{Redis: rdb, Config: func(c *config.Config) {
+		c.OrgStartRate = rate
+		c.RateLimitHold = 0 // refused at once: the loop sends as fast as it can
+	}})
+	f := &rateFixture{e: e, rdb: rdb}
+	o, wf := f.org(t, "flooder", nil)
+
+	var created, limited atomic.Int64
+	t0 := time.Now()
+	stop := t0.Add(2 * time.Second)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				r := f.start(o, wf, fmt.Sprintf("c%d-%d", c, i), i)
+				switch r.Status {
+				case http.StatusCreated:
+					created.Add(1)
+				case http.StatusTooManyRequests:
+					limited.Add(1)
+				default:
+					t.Errorf("%d %s", r.Status, r.Body)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(t0)
+	tokens := float64(rate) * (elapsed.Seconds() + 1) // the burst, then the rate
+	require.Positive(t, limited.Load(), "a flood over the rate is limited")
+	require.LessOrEqual(t, float64(created.Load()), tokens, "no more starts than the tokens")
+	// Before the first refusal is known every client may ask (clients);
+	// then one call per token, and one refused ask as each denial ends.
+	bound := clients + int64(3*tokens)
+	require.LessOrEqual(t, calls.n.Load(), bound,
+		"%d Redis calls for %d starts (%d created) in %s: more than one per token", calls.n.Load(), created.Load()+limited.Load(), created.Load(), elapsed)
+	t.Logf("%d Redis calls for %d starts (%d created) in %s", calls.n.Load(), created.Load()+limited.Load(), created.Load(), elapsed)
+}
+
+// A refused start is held RATE_LIMIT_HOLD before its 429, and its
+// Retry-After counts from the answer (at least 1).
+func TestStartRateLimitHoldsARefusal(t *testing.T) {
+	t.Parallel()
+	const hold = 500 * time.Millisecond
+	f := newRateFixture(t, 1, nil)
+	f.e = f.e.WithConfig(func(c *config.Config) { c.RateLimitHold = hold })
+	a, wf := f.org(t, "flooder", nil)
+	require.Equal(t, http.StatusCreated, f.start(a, wf, "a-0", 0).Status, "the burst")
+	t0 := time.Now()
+	r := f.start(a, wf, "a-1", 1)
+	took := time.Since(t0)
+	requireProblem(t, r, http.StatusTooManyRequests, problem.RateLimited.String())
+	require.GreaterOrEqual(t, took, hold, "the refusal was held")
+	require.Regexp(t, rateLimitedRetry, r.Header.Get("Retry-After"))
+	requireRateHeaders(t, r, 1)
+	f.requireNothingStored(t, a, "a-1")
+}
+
+// At most RateLimitHoldMax refusals are held at once (the rest are
+// answered at once), a held one gives its room under
+// MAX_REQUESTS_IN_FLIGHT back (another organisation's start gets through
+// a bound of 1 while two are held), and a client that hangs up is let go.
+func TestStartRateLimitHoldIsBounded(t *testing.T) {
+	t.Parallel()
+	rdb := apitest.Redis(t)
+	e := apitest.New(t, apitest.Options{Redis: rdb, RateLimitHoldMax: 2, Config: func(c *config.Config) {
+		c.OrgStartRate = 1
+		c.RateLimitHold = time.Hour // held until the client hangs up
+		c.MaxRequestsInFlight = 1
+		c.OverloadWait = 30 * time.Second // the three arrive at once: they take turns at the one slot
+	}})
+	f := &rateFixture{e: e, rdb: rdb}
+	a, wfA := f.org(t, "flooder", nil)
+	b, wfB := f.org(t, "neighbour", nil)
+	require.Equal(t, http.StatusCreated, f.start(a, wfA, "a-0", 0).Status, "the burst")
+
+	srv := e.Server()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	answers := make(chan int, 3)
+	for i := range 3 {
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/api/workflows/"+wfA+"/start/",
+				strings.NewReader(`{"submission": {}}`))
+			req.Header.Set("Authorization", "Bearer "+a.Token)
+			req.Header.Set(idempotency.HeaderKey, fmt.Sprintf("a-held-%d", i))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				answers <- -1 // hung up
+				return
+			}
+			resp.Body.Close()
+			answers <- resp.StatusCode
+		}()
+	}
+	// Two are held for an hour; the third is answered.
+	select {
+	case status := <-answers:
+		require.Equal(t, http.StatusTooManyRequests, status)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no refusal answered: more than RateLimitHoldMax held")
+	}
+	require.Eventually(t, func() bool { return gaugeValue(t, e.Registry, "valruns_rate_limit_held") == 2 },
+		30*time.Second, 5*time.Millisecond)
+	r := f.start(b, wfB, "b-0", 0)
+	require.Equal(t, http.StatusCreated, r.Status, "B's start while two of A's refusals are held: %s", r.Body)
+	require.Zero(t, counterValue(t, e.Registry, "valruns_http_overloaded_total", "bound", "requests"),
+		"no request waited out OVERLOAD_WAIT for the slot")
+
+	cancel() // the held clients hang up: the process lets them go
+	for range 2 {
+		require.Equal(t, -1, <-answers)
+	}
+	require.Eventually(t, func() bool { return gaugeValue(t, e.Registry, "valruns_rate_limit_held") == 0 },
+		30*time.Second, 5*time.Millisecond)
 }

@@ -47,6 +47,9 @@ type Deps struct {
 	// RateLimitTimeout bounds each call of the rate limit to Redis; 0 means
 	// RateLimitTimeout (tests on a loaded machine give a generous one).
 	RateLimitTimeout time.Duration
+	// RateLimitHoldMax is how many refused starts the process holds at once
+	// (RATE_LIMIT_HOLD); 0 means 1,024.
+	RateLimitHoldMax int
 	// Ready, when set, is checked by /readyz besides the database.
 	Ready func(context.Context) error
 	// HandOff, when set, gives each run a start committed to the queue
@@ -165,7 +168,8 @@ func NewRouter(d Deps) *gin.Engine {
 	// done for them; /healthz, /metrics and the docs stay outside the bounds.
 	admit := newAdmission(d.Config.MaxRequestsInFlight, d.Config.MaxBodyBytesInFlight, d.Config.MaxBodyBytes,
 		d.Config.OverloadWait, d.Registry)
-	startRate := newRateLimiter(d.Redis, d.Config.OrgStartRate, d.RateLimitTimeout, d.Log, d.Registry)
+	startRate := newRateLimiter(d.Redis, d.Config.OrgStartRate, d.RateLimitTimeout, d.Config.RateLimitHold, d.RateLimitHoldMax,
+		d.Log, d.Registry)
 
 	api := r.Group("/api", admit.middleware(), firstAnswer(d.DB), authenticate(orgs, d.Config.AuthCacheTTL))
 	api.POST("/workflows", idem.Wrap(ScopeWorkflowCreate, wf.create))

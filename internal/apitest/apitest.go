@@ -71,6 +71,9 @@ type Options struct {
 	// so that a slow answer on a loaded machine never fails a test's limit
 	// open (a test of failing open sets handlers.RateLimitTimeout).
 	RateLimitTimeout time.Duration
+	// RateLimitHoldMax is how many refused starts the API holds at once
+	// (RATE_LIMIT_HOLD); 0 means the service's 1,024.
+	RateLimitHoldMax int
 	// Tracer sees every statement of the database pool.
 	Tracer pgx.QueryTracer
 	// MaxOpenConns of the pool; 0 means models.Open's default.
@@ -114,7 +117,8 @@ func New(t testing.TB, opts ...Options) *Env {
 	}
 	e := &Env{T: t, DB: db, DBURL: u, Config: cfg, Registry: reg, redis: o.Redis, rateLimitTimeout: rlt}
 	e.SetHandOff(o.HandOff)
-	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, Redis: o.Redis, RateLimitTimeout: rlt, Ready: o.Ready,
+	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, Redis: o.Redis, RateLimitTimeout: rlt,
+		RateLimitHoldMax: o.RateLimitHoldMax, Ready: o.Ready,
 		RunsEnded: o.RunsEnded, RunPollEvery: o.RunPollEvery, HandOff: func(q *models.QueuedRun) {
 			if f := e.handOff.Load(); f != nil {
 				(*f)(q)
