@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // ClaimedRun is a run a worker now owns, with what executing it needs.
@@ -167,14 +168,14 @@ type Outcome struct {
 // finished) is left alone: the returned set holds the runs this call ended.
 func (s *RunStore) FinishUnclaimed(ctx context.Context, outs []Outcome) (map[string]bool, error) {
 	n := len(outs)
-	ids, statuses, fss, errs := make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
+	ids, statuses, fss, errs := make([]pgtype.UUID, n), make([]string, n), make([]string, n), make([]*string, n)
 	started := make([]time.Time, n)
 	for i, o := range outs {
 		fs, err := findingsJSON(o.Findings)
 		if err != nil {
 			return nil, fmt.Errorf("finish runs: %w", err)
 		}
-		ids[i], statuses[i], fss[i], started[i] = o.RunID, o.Status, fs, o.StartedAt
+		ids[i], statuses[i], fss[i], started[i] = uuidArg(o.RunID), o.Status, fs, o.StartedAt
 		if o.Status == RunError {
 			e := truncate(o.Error, 2000)
 			errs[i] = &e

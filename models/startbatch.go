@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"gorm.io/gorm"
 )
 
@@ -423,12 +424,13 @@ func (s *RunStore) StartOne(ctx context.Context, p StartParams, k *KeyWrite) (On
 // array per column ($1 to $24), one element per start, in the batch's
 // order.
 type startColumns struct {
-	ids, orgs, wfs, subs, metas, reqIDs      []string
+	ids, orgs, wfs, tokens                   []pgtype.UUID // a null token: none
+	subs, metas, reqIDs                      []string
 	created, periods                         []time.Time
 	quotas, ttls                             []int64
 	locks                                    []*int64
 	offs, statuses                           []int32
-	tokens, keys, endpoints                  []*string
+	keys, endpoints                          []*string
 	methods, paths, headers, krids, ips, uas []string
 	hashes, bodies                           [][]byte
 	// keyed: a start of the batch has a key.
@@ -437,11 +439,12 @@ type startColumns struct {
 
 func newStartColumns(n int) *startColumns {
 	return &startColumns{
-		ids: make([]string, 0, n), orgs: make([]string, 0, n), wfs: make([]string, 0, n), subs: make([]string, 0, n),
+		ids: make([]pgtype.UUID, 0, n), orgs: make([]pgtype.UUID, 0, n), wfs: make([]pgtype.UUID, 0, n),
+		tokens: make([]pgtype.UUID, 0, n), subs: make([]string, 0, n),
 		metas: make([]string, 0, n), reqIDs: make([]string, 0, n), created: make([]time.Time, 0, n),
 		periods: make([]time.Time, 0, n), quotas: make([]int64, 0, n), ttls: make([]int64, 0, n),
 		locks: make([]*int64, 0, n), offs: make([]int32, 0, n), statuses: make([]int32, 0, n),
-		tokens: make([]*string, 0, n), keys: make([]*string, 0, n), endpoints: make([]*string, 0, n),
+		keys: make([]*string, 0, n), endpoints: make([]*string, 0, n),
 		methods: make([]string, 0, n), paths: make([]string, 0, n), headers: make([]string, 0, n),
 		krids: make([]string, 0, n), ips: make([]string, 0, n), uas: make([]string, 0, n),
 		hashes: make([][]byte, 0, n), bodies: make([][]byte, 0, n),
@@ -454,10 +457,10 @@ func (c *startColumns) add(p StartParams, k *KeyWrite) {
 	if len(p.Metadata) > 0 {
 		meta = string(p.Metadata)
 	}
-	c.ids, c.orgs, c.wfs = append(c.ids, p.ID), append(c.orgs, p.OrgID), append(c.wfs, p.WorkflowID)
+	c.ids, c.orgs, c.wfs = append(c.ids, uuidArg(p.ID)), append(c.orgs, uuidArg(p.OrgID)), append(c.wfs, uuidArg(p.WorkflowID))
 	c.subs, c.metas, c.reqIDs = append(c.subs, string(p.Submission)), append(c.metas, meta), append(c.reqIDs, truncate(p.RequestID, 200))
 	c.created, c.periods = append(c.created, p.CreatedAt), append(c.periods, UsagePeriod(p.CreatedAt))
-	c.quotas, c.offs, c.tokens = append(c.quotas, p.Quota), append(c.offs, int32(slotOffset())), append(c.tokens, nullable(p.TokenID))
+	c.quotas, c.offs, c.tokens = append(c.quotas, p.Quota), append(c.offs, int32(slotOffset())), append(c.tokens, uuidArg(p.TokenID))
 	if k == nil {
 		c.keys, c.endpoints, c.locks = append(c.keys, nil), append(c.endpoints, nil), append(c.locks, nil)
 		c.hashes, c.methods, c.paths, c.statuses = append(c.hashes, []byte{}), append(c.methods, "-"), append(c.paths, "-"), append(c.statuses, 0)
