@@ -132,7 +132,11 @@ func (w queueWriter) pushDirect(ctx context.Context, runs []RunPayload) (int, er
 	if len(runs) == 0 || !w.direct.worth() {
 		return 0, nil
 	}
-	items, ends, err := w.directItems(ctx, runs)
+	raw, err := payloadsJSON(runs)
+	if err != nil {
+		return 0, err
+	}
+	items, ends, err := w.directItems(ctx, runs, raw)
 	if err != nil {
 		return 0, err
 	}
@@ -153,25 +157,25 @@ func (w queueWriter) pushDirect(ctx context.Context, runs []RunPayload) (int, er
 	return n, nil
 }
 
-// directItems are the direct hand-off's items of runs, each with the trace
-// context of its hand-off when tracing is on; end ends those spans with
-// the push's error (a run not pushed has a span of its own for its
-// enqueue to asynq).
-func (w queueWriter) directItems(ctx context.Context, runs []RunPayload) (items [][]byte, end func(error), err error) {
+// directItems are the direct hand-off's items of runs (raw: their
+// payloads as JSON, one per run), each with the trace context of its
+// hand-off when tracing is on; end ends those spans with the push's error
+// (a run not pushed has a span of its own for its enqueue to asynq).
+func (w queueWriter) directItems(ctx context.Context, runs []RunPayload, raw [][]byte) (items [][]byte, end func(error), err error) {
 	var ends []func(error)
 	end = func(err error) {
 		for _, e := range ends {
 			e(err)
 		}
 	}
-	for _, p := range runs {
-		it := directItem{Run: p}
+	for i, p := range runs {
+		var headers map[string]string
 		if w.tracer != nil {
 			var e func(error)
-			_, it.Headers, e = w.traceEnqueueOne(ctx, p, "direct:"+p.RunID)
+			_, headers, e = w.traceEnqueueOne(ctx, p, "direct:"+p.RunID)
 			ends = append(ends, e)
 		}
-		b, err := json.Marshal(it)
+		b, err := directItemJSON(raw[i], headers)
 		if err != nil {
 			end(err)
 			return nil, nil, fmt.Errorf("run payload: %w", err)
@@ -179,6 +183,36 @@ func (w queueWriter) directItems(ctx context.Context, runs []RunPayload) (items 
 		items = append(items, b)
 	}
 	return items, end, nil
+}
+
+// payloadsJSON is each run's payload as JSON.
+func payloadsJSON(runs []RunPayload) ([][]byte, error) {
+	raw := make([][]byte, len(runs))
+	for i, p := range runs {
+		b, err := json.Marshal(p)
+		if err != nil {
+			return nil, fmt.Errorf("run payload: %w", err)
+		}
+		raw[i] = b
+	}
+	return raw, nil
+}
+
+// directItemJSON is a directItem's JSON from its run's payload as JSON
+// (json.Marshal's of a RunPayload): the payload is not marshalled again.
+func directItemJSON(run []byte, headers map[string]string) ([]byte, error) {
+	b := make([]byte, 0, len(run)+16)
+	b = append(b, `{"run":`...)
+	b = append(b, run...)
+	if len(headers) > 0 {
+		h, err := json.Marshal(headers)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, `,"headers":`...)
+		b = append(b, h...)
+	}
+	return append(b, '}'), nil
 }
 
 // directState is what a queueWriter knows of the direct hand-off: when it

@@ -2,6 +2,7 @@ package tasks_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -289,4 +290,24 @@ func TestLastWorkerStoppingHandsTheListToTheQueue(t *testing.T) {
 		waitRun(t, env, org, id, 30*time.Second)
 	}
 	requireFinishedOnce(t, env, org, want)
+}
+
+// A direct item built from the payload's JSON (marshalled once, for the
+// gate's call too) reads back as the payload and its trace headers, with
+// headers and without.
+func TestDirectItemFromThePayloadsJSON(t *testing.T) {
+	t.Parallel()
+	p := tasks.RunPayload{RunID: "0b9d5c49-6a43-4bd4-9a56-6c2b3f1e0a11", OrgID: "org", RequestID: "req",
+		CreatedAt: time.Date(2026, 11, 27, 21, 0, 0, 0, time.UTC)}
+	raw, err := json.Marshal(p)
+	require.NoError(t, err)
+	for _, headers := range []map[string]string{nil, {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}} {
+		b, err := tasks.DirectItemJSON(raw, headers)
+		require.NoError(t, err)
+		require.True(t, json.Valid(b), "%s", b)
+		got, h, err := tasks.DecodeDirectItem(b)
+		require.NoError(t, err)
+		require.Equal(t, p, got)
+		require.Equal(t, headers, h)
+	}
 }

@@ -237,11 +237,15 @@ func (w queueWriter) admit(ctx context.Context, a admission, push bool) (passed,
 	if !push || len(a.in) == 0 {
 		return w.gate.pass(ctx, a)
 	}
-	items, end, err := w.directItems(ctx, a.in)
+	raw, err := payloadsJSON(a.in)
 	if err != nil {
 		return passed{}, err
 	}
-	a.push = items
+	items, end, err := w.directItems(ctx, a.in, raw)
+	if err != nil {
+		return passed{}, err
+	}
+	a.push, a.raw = items, raw
 	let, err := w.gate.pass(ctx, a)
 	end(err)
 	if err == nil && let.pushed == notTaken {
@@ -262,11 +266,18 @@ func (w queueWriter) send(ctx context.Context, a admission) error {
 // enqueueLet enqueues the runs the gate let in (the organisation's batch
 // size per task), bar those its call pushed to a waiting worker already.
 func (w queueWriter) enqueueLet(ctx context.Context, let passed) error {
+	rest := let.out
+	if let.pushed != notPushed {
+		rest = let.out[max(let.pushed, 0):]
+	}
+	if len(rest) == 0 {
+		return nil // all pushed: no batch size to work out
+	}
 	size := w.gate.batchSize(let.share)
 	if let.pushed == notPushed {
-		return w.enqueue(ctx, let.out, size)
+		return w.enqueue(ctx, rest, size)
 	}
-	return w.enqueueTasks(ctx, let.out[max(let.pushed, 0):], size)
+	return w.enqueueTasks(ctx, rest, size)
 }
 
 // enqueue hands new runs to a waiting worker, as far as one waits

@@ -232,3 +232,13 @@ func JoinDirect(t testing.TB, opt asynq.RedisClientOpt, id string, ago time.Dura
 // DirectPerTaker is the most runs the direct hand-off's list holds per
 // worker taking from it.
 const DirectPerTaker = directPerTaker
+
+// DirectItemJSON builds a direct hand-off item from a payload's JSON;
+// DecodeDirectItem reads one as a worker does.
+var DirectItemJSON = directItemJSON
+
+func DecodeDirectItem(b []byte) (RunPayload, map[string]string, error) {
+	var it directItem
+	err := json.Unmarshal(b, &it)
+	return it.Run, it.Headers, err
+}

@@ -198,6 +198,9 @@ type admission struct {
 	// in: pushed onto its list in the same call when all of in are let in
 	// at once and a worker waits (gateScript).
 	push [][]byte
+	// raw, when set, is in's payloads as JSON, one per run (admit marshals
+	// them once for the gate's triples and the direct items).
+	raw [][]byte
 }
 
 // passed is what the gate did with an admission.
@@ -238,10 +241,15 @@ func (g *gate) pass(ctx context.Context, a admission) (passed, error) {
 	args := make([]any, 0, 11+3*len(a.in)+len(a.push)+len(a.released))
 	args = append(args, a.org, own, g.share, g.slotsAlive(), time.Now().UnixMilli(), g.stale.Milliseconds(),
 		sample, shareTargetWait.Milliseconds(), len(a.in), per, directFresh.Milliseconds())
-	for _, p := range a.in {
-		b, err := json.Marshal(p)
-		if err != nil {
-			return passed{}, fmt.Errorf("run payload: %w", err)
+	for i, p := range a.in {
+		var b []byte
+		if len(a.raw) == len(a.in) {
+			b = a.raw[i]
+		} else {
+			var err error
+			if b, err = json.Marshal(p); err != nil {
+				return passed{}, fmt.Errorf("run payload: %w", err)
+			}
 		}
 		args = append(args, p.RunID, p.CreatedAt.UnixMicro(), b)
 	}

@@ -237,7 +237,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 		}
 	}
 	// One slot more than RunHere may take: the direct hand-off's pop waits
-	// holding it.
+	// holding it. With SingleNode (serve --worker) no pop takes it, so
+	// RunHere may take that one too.
 	w.local = newLocalLane(w.runs, 4*cfg.Concurrency+1, w.requeue, cfg.Registry)
 	pop, _ := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	w.direct = &directTaker{lane: w.local, redis: rc, pop: pop, id: newDirectID(), handBack: w.queue.enqueueOne, log: log}
