@@ -134,13 +134,14 @@ func (l *rateLimiter) middleware() gin.HandlerFunc {
 		var known *denial // the organisation's denial at this rate, ended
 		if v, ok := l.denied.Load(p.OrgID); ok {
 			d := v.(*denial)
-			if until := d.until.Load(); d.rate == rate && now.UnixNano() < until {
+			switch until := d.until.Load(); {
+			case d.rate != rate: // the organisation's rate changed: forget it
+				l.denied.CompareAndDelete(p.OrgID, d)
+			case now.UnixNano() < until:
 				l.limited(c, rate, time.Unix(0, until))
 				return
-			} else if d.rate == rate {
+			default:
 				known = d
-			} else {
-				l.denied.CompareAndDelete(p.OrgID, d)
 			}
 		}
 		if now.UnixNano() < l.pausedUntil.Load() {

@@ -241,17 +241,15 @@ func (g *gate) pass(ctx context.Context, a admission) (passed, error) {
 	args := make([]any, 0, 11+3*len(a.in)+len(a.push)+len(a.released))
 	args = append(args, a.org, own, g.share, g.slotsAlive(), time.Now().UnixMilli(), g.stale.Milliseconds(),
 		sample, shareTargetWait.Milliseconds(), len(a.in), per, directFresh.Milliseconds())
-	for i, p := range a.in {
-		var b []byte
-		if len(a.raw) == len(a.in) {
-			b = a.raw[i]
-		} else {
-			var err error
-			if b, err = json.Marshal(p); err != nil {
-				return passed{}, fmt.Errorf("run payload: %w", err)
-			}
+	raw := a.raw
+	if len(raw) != len(a.in) {
+		var err error
+		if raw, err = payloadsJSON(a.in); err != nil {
+			return passed{}, err
 		}
-		args = append(args, p.RunID, p.CreatedAt.UnixMicro(), b)
+	}
+	for i, p := range a.in {
+		args = append(args, p.RunID, p.CreatedAt.UnixMicro(), raw[i])
 	}
 	for _, it := range a.push {
 		args = append(args, it)
