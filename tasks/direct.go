@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,8 +31,10 @@ import (
 // others finish, and any new run while no worker waits or the list is full.
 //
 // Nothing is lost. A worker pops a run by moving it, atomically, into a
-// list of its own (directTaking), and removes it from there once the run
-// is final or handed on. A worker that dies or stops stops renewing its
+// list of its own (directTaking), with as many more as the list holds and
+// its slots are free for, in the same round trip; it removes a run from
+// there once the run is final or handed on, in the round trip of its next
+// pop. A worker that dies or stops stops renewing its
 // place in directTakers; once it has not for RUN_LEASE, a sweep redelivers
 // the queued runs its list holds, as it does a stopped worker's asynq
 // tasks. A run still queued in PostgreSQL with no task in asynq, and in no
@@ -66,15 +69,18 @@ const (
 const (
 	// directPerTaker is the most runs the list holds per worker taking
 	// from it: past it, new runs go to asynq, in batch tasks, whose task
-	// server executes them in its own slots. A worker pops one run at a
-	// time, so a list longer than a few runs is a backlog, which asynq's
-	// batches drain at less cost per run (measured: a list of up to 128
-	// halved what a loaded machine finished at 128 clients).
+	// server executes them in its own slots. A list longer than a few runs
+	// is a backlog, which asynq's batches drain at less cost per run
+	// (measured when a worker popped one run per round trip: a list of up
+	// to 128 halved what a loaded machine finished at 128 clients).
 	directPerTaker = 4
 	// directBeat is how often a worker renews its place in directTakers;
 	// runs are pushed while some worker renewed it within directFresh.
 	directBeat  = time.Second
 	directFresh = 3 * time.Second
+	// directTakeMore is the most runs a worker takes from the list, with
+	// free slots, besides the one it waited for, in the same round trip.
+	directTakeMore = 2 * directPerTaker
 	// directBlock bounds one wait on the list (Redis's least is a second;
 	// a stopping worker closes its connection instead of waiting it out).
 	directBlock = time.Second
@@ -116,6 +122,19 @@ end
 var directPushScript = redis.NewScript(directPushLua + `
 return direct_push(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), tonumber(ARGV[2]), 3, #ARGV)
 `)
+
+// directTakeMoreLua moves up to ARGV[1] items from KEYS[1] (the list) to
+// KEYS[2] (a worker's list of runs taken) and returns them, without
+// waiting: the runs a worker takes besides the one its wait returned.
+const directTakeMoreLua = `
+local out = {}
+for i = 1, tonumber(ARGV[1]) do
+  local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+  if not v then break end
+  out[#out + 1] = v
+end
+return out
+`
 
 // directTakeScript records worker ARGV[1]'s beat in KEYS[1], ARGV[2] ms
 // ago (0: now), by Redis's clock (the pushers' and the sweepers' too).
@@ -311,6 +330,12 @@ func newDirectID() string {
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), uuid.NewString()[:8])
 }
 
+// newDirectTaker is the direct hand-off's taker of a worker whose lane is
+// lane.
+func newDirectTaker(lane *localLane, rc, pop redis.UniversalClient, handBack func(context.Context, RunPayload) error, log *slog.Logger) *directTaker {
+	return &directTaker{lane: lane, redis: rc, pop: pop, id: newDirectID(), handBack: handBack, log: log, block: directBlock}
+}
+
 type directTaker struct {
 	lane  *localLane
 	redis redis.UniversalClient
@@ -324,6 +349,15 @@ type directTaker struct {
 	// or left in the list by the last worker stopping.
 	handBack func(ctx context.Context, p RunPayload) error
 	log      *slog.Logger
+	// forgotten are the runs done (final, or handed on) since the last
+	// pop, which removes them from the worker's list of runs taken in its
+	// round trip.
+	mu        sync.Mutex
+	forgotten []string
+	// block bounds one wait on the list (directBlock; tests set longer).
+	block time.Duration
+	// popped, when set (tests), is told how many runs each pop took.
+	popped func(n int)
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -359,9 +393,10 @@ func (d *directTaker) beat(ctx context.Context) {
 	}
 }
 
-// fetch pops a run whenever a slot is free, until ctx ends. It holds the
+// fetch pops runs whenever a slot is free, until ctx ends. It holds the
 // slot it waits with (the lane's one more than RunHere takes), so that a
-// pop always has somewhere to execute.
+// pop always has somewhere to execute, and takes without waiting the free
+// slots of the runs the same round trip may take besides (popSome).
 func (d *directTaker) fetch(ctx context.Context) {
 	l := d.lane
 	for first := true; ; first = false {
@@ -372,66 +407,126 @@ func (d *directTaker) fetch(ctx context.Context) {
 				return
 			}
 		}
-		raw, ok := d.popOne(ctx)
-		if !ok {
+		more := 0
+	reserve:
+		for more < directTakeMore {
+			select {
+			case l.slots <- struct{}{}:
+				more++
+			default:
+				break reserve
+			}
+		}
+		raws, ok := d.popSome(ctx, more)
+		if d.popped != nil && len(raws) > 0 {
+			d.popped(len(raws))
+		}
+		for range 1 + more - len(raws) {
 			<-l.slots
+		}
+		for _, raw := range raws {
+			d.take(raw)
+		}
+		if !ok {
 			return
 		}
-		var it directItem
-		if json.Unmarshal([]byte(raw), &it) != nil || it.Run.RunID == "" {
-			<-l.slots
-			d.log.Warn("dropped a malformed item of the direct hand-off", "item", raw)
-			d.done(raw)
-			continue
-		}
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
-			<-l.slots
-			d.giveBack(it.Run)
-			d.done(raw)
-			continue
-		}
-		l.wg.Add(1)
-		l.mu.Unlock()
-		go func() {
-			defer l.wg.Done()
-			defer func() { <-l.slots }()
-			l.execute(it, true)
-			d.done(raw)
-		}()
 	}
 }
 
-// popOne waits for a run and moves it into the worker's list of runs
-// taken; false once ctx ends.
-func (d *directTaker) popOne(ctx context.Context) (string, bool) {
+// take executes the run of raw, an item popped holding a slot of the lane,
+// and then forgets it (done).
+func (d *directTaker) take(raw string) {
+	l := d.lane
+	var it directItem
+	if json.Unmarshal([]byte(raw), &it) != nil || it.Run.RunID == "" {
+		<-l.slots
+		d.log.Warn("dropped a malformed item of the direct hand-off", "item", raw)
+		d.done(raw)
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		<-l.slots
+		d.giveBack(it.Run)
+		d.done(raw)
+		return
+	}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		l.execute(it, true)
+		<-l.slots
+		d.done(raw)
+	}()
+}
+
+// popSome waits for a run and moves it into the worker's list of runs
+// taken, and in the same round trip up to more runs besides that the list
+// holds then (a pipeline: the script runs once the wait is over). The
+// round trip first removes the runs done since the last from the list of
+// runs taken (done). It returns what it moved; false once ctx ends (with
+// what a last round trip moved, which the caller still executes).
+func (d *directTaker) popSome(ctx context.Context, more int) ([]string, bool) {
 	for {
-		raw, err := d.pop.BLMove(ctx, directRuns, directTaking+d.id, "LEFT", "RIGHT", directBlock).Result()
+		d.mu.Lock()
+		forget := d.forgotten
+		d.forgotten = nil
+		d.mu.Unlock()
+		var first *redis.StringCmd
+		var rest *redis.Cmd
+		removed := make([]*redis.IntCmd, len(forget))
+		_, _ = d.pop.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, raw := range forget {
+				removed[i] = p.LRem(ctx, directTaking+d.id, 1, raw)
+			}
+			first = p.BLMove(ctx, directRuns, directTaking+d.id, "LEFT", "RIGHT", d.block)
+			if more > 0 {
+				rest = p.Eval(ctx, directTakeMoreLua, []string{directRuns, directTaking + d.id}, more)
+			}
+			return nil
+		})
+		for i, c := range removed {
+			if c.Err() != nil && ctx.Err() == nil {
+				d.done(forget[i]) // the next round trip tries again
+			}
+		}
+		var raws []string
+		raw, err := first.Result()
+		if err == nil {
+			raws = append(raws, raw)
+		}
+		if rest != nil {
+			if vs, rerr := rest.StringSlice(); rerr == nil {
+				raws = append(raws, vs...)
+			}
+		}
 		switch {
-		case err == nil:
-			return raw, true
+		case len(raws) > 0:
+			return raws, ctx.Err() == nil
 		case ctx.Err() != nil:
-			return "", false
+			return nil, false
 		case !errors.Is(err, redis.Nil):
 			d.log.Debug("could not wait on the direct hand-off", "error", err)
 			select {
 			case <-time.After(100 * time.Millisecond):
 			case <-ctx.Done():
-				return "", false
+				return nil, false
 			}
 		}
 	}
 }
 
-// done removes raw from the worker's list of runs taken: its run is final,
-// or handed on.
+// done marks raw's run done (final, or handed on): the next pop removes it
+// from the worker's list of runs taken, in its round trip. Until then, or
+// if the worker stops first, the list still holds it, which is harmless:
+// what a sweep or the worker's leaving finds there is redelivered only
+// while still queued, and every final write is fenced.
 func (d *directTaker) done(raw string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := d.redis.LRem(ctx, directTaking+d.id, 1, raw).Err(); err != nil {
-		d.log.Debug("could not forget a run of the direct hand-off; a sweep may deliver it again (fenced)", "error", err)
-	}
+	d.mu.Lock()
+	d.forgotten = append(d.forgotten, raw)
+	d.mu.Unlock()
 }
 
 // giveBack enqueues p to asynq; failing, the sweeper will.
@@ -488,6 +583,15 @@ func (d *directTaker) leave() {
 		d.log.Warn("could not leave the direct hand-off; a sweep will, after RUN_LEASE", "error", err)
 		return
 	}
+	// The runs done since the last pop are still listed: not given back.
+	d.mu.Lock()
+	done := map[string]bool{}
+	for _, raw := range d.forgotten {
+		done[raw] = true
+	}
+	d.forgotten = nil
+	d.mu.Unlock()
+	items = slices.DeleteFunc(items, func(raw string) bool { return done[raw] })
 	d.giveBackAll(items)
 }
 

@@ -3,6 +3,7 @@ package tasks_test
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,6 +167,64 @@ func TestDirectHandOffListHoldsAFewRunsPerWorker(t *testing.T) {
 	start(tasks.DirectPerTaker + 1)
 	require.Len(t, tasks.DirectRuns(t, rdb), 2*tasks.DirectPerTaker)
 	require.Equal(t, 3, queuedNow())
+}
+
+// A worker takes what the direct hand-off's list holds, up to its free
+// slots, in the round trip its wait returns in: the four runs waiting when
+// it starts are taken by one pop, not one pop each. Once final, a run is
+// removed from the worker's list of runs taken by its next pop, not by a
+// round trip of its own: here that pop waits a minute, so the four are
+// still listed when the worker stops, and its leaving does not hand them
+// to the queue again. Each run ends once.
+func TestAWorkerTakesTheListInOneRoundTripAndForgetsItsRunsWithTheNext(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	handOff(t, env, rdb)
+	tasks.JoinDirect(t, rdb, "worker-a", 0) // taking, never popping: the runs wait in the list
+	ids, want := startBodies(t, env, org, wf, "listed", tasks.DirectPerTaker)
+	apitest.Eventually(t, 10*time.Second, func() bool { return len(tasks.DirectRuns(t, rdb)) == len(ids) },
+		"the runs wait in the list")
+
+	w := newWorker(t, env, rdb, noSweep)
+	var mu sync.Mutex
+	var pops []int
+	popped := make(chan struct{})
+	tasks.SetDirectPops(w.Worker, time.Minute, func(n int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if pops = append(pops, n); len(pops) == 1 {
+			close(popped)
+		}
+	})
+	// The runs execute once the worker waits on the list again.
+	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, runID string) {
+		<-popped
+		time.Sleep(200 * time.Millisecond)
+	})
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(w.Stop)
+	for _, id := range ids {
+		waitRun(t, env, org, id, 30*time.Second)
+	}
+	requireFinishedOnce(t, env, org, want)
+	mu.Lock()
+	require.Equal(t, []int{len(ids)}, pops, "one pop took every run the list held")
+	mu.Unlock()
+	require.ElementsMatch(t, ids, tasks.DirectTaken(t, rdb, w.Worker),
+		"the final runs stay listed until the worker's next pop")
+
+	w.Stop()
+	rc := redisClient(rdb)
+	t.Cleanup(func() { _ = rc.Close() })
+	for _, id := range ids {
+		n, err := rc.Exists(context.Background(), tasks.TaskKey(tasks.RunTaskID(id, 0))).Result()
+		require.NoError(t, err)
+		require.Zero(t, n, "run %s, final, is not handed to the queue when its worker leaves", id)
+	}
+	requireFinishedOnce(t, env, org, want)
 }
 
 // A worker that took runs from the direct hand-off and stopped (died, or

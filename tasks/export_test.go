@@ -217,6 +217,25 @@ func directIDs(t testing.TB, raw []string) []string {
 	return ids
 }
 
+// SetDirectPops makes w's direct hand-off tell f how many runs each of its
+// pops took, and wait up to block on the list at each.
+func SetDirectPops(w *Worker, block time.Duration, f func(n int)) {
+	w.direct.popped, w.direct.block = f, block
+}
+
+// DirectTaken lists the runs w's list of runs taken from the direct
+// hand-off holds, in order.
+func DirectTaken(t testing.TB, opt asynq.RedisClientOpt, w *Worker) []string {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	defer rc.Close()
+	raw, err := rc.LRange(context.Background(), directTaking+w.direct.id, 0, -1).Result()
+	if err != nil {
+		t.Fatalf("direct hand-off: %v", err)
+	}
+	return directIDs(t, raw)
+}
+
 // JoinDirect records a beat of worker id in the direct hand-off's
 // takers, ago ago (0: now), without anything popping: runs pushed stay in
 // the list.

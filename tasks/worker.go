@@ -241,7 +241,14 @@ func NewWorker(cfg Config) (*Worker, error) {
 	// RunHere may take that one too.
 	w.local = newLocalLane(w.runs, 4*cfg.Concurrency+1, w.requeue, cfg.Registry)
 	pop, _ := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
-	w.direct = &directTaker{lane: w.local, redis: rc, pop: pop, id: newDirectID(), handBack: w.queue.enqueueOne, log: log}
+	if c, ok := pop.(*redis.Client); ok {
+		// A pop's pipeline is read within the client's timeouts, not a
+		// blocking command's own (its wait and ten seconds, as go-redis
+		// gives a BLMOVE sent alone): a reply cut off there would leave
+		// the runs it moved in the worker's list of runs taken.
+		pop = c.WithTimeout(directBlock + 10*time.Second)
+	}
+	w.direct = newDirectTaker(w.local, rc, pop, w.queue.enqueueOne, log)
 	w.sweeper = &Sweeper{runs: runs, redis: rc, queue: w.queue, release: w.release,
 		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, lease: cfg.RunLease, taskInfo: w.inspector.GetTaskInfo,
 		batch: 500, log: log, m: m}
