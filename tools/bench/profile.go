@@ -152,6 +152,9 @@ func (e *env) measureProfile(ctx context.Context, now *side, clients int, warm, 
 		errs = append(errs, err)
 		workerAfter, err := scrape(workerMetrics)
 		errs = append(errs, err)
+		for name, m := range map[string]metricsText{"api-before": apiBefore, "api-after": apiAfter, "worker-before": workerBefore, "worker-after": workerAfter} {
+			_ = os.WriteFile(filepath.Join(scratch, "profile-metrics-"+name+".txt"), []byte(strings.Join(m, "\n")+"\n"), 0o644)
+		}
 		r.HTTP = apiAfter.hist(apiBefore, "valruns_http_request_duration_seconds", `route="/api/workflows/:id/start"`)
 		r.Waiting = apiAfter.hist(apiBefore, "valruns_start_phase_seconds", `phase="waiting_writer"`)
 		r.Statement = apiAfter.hist(apiBefore, "valruns_start_phase_seconds", `phase="statement"`)
