@@ -178,16 +178,7 @@ func TestDirectHandOffListHoldsAFewRunsPerWorker(t *testing.T) {
 // to the queue again. Each run ends once.
 func TestAWorkerTakesTheListInOneRoundTripAndForgetsItsRunsWithTheNext(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t)
-	org := env.NewOrg("acme")
-	wf := env.NewWorkflow(org, orderWorkflow)
-	rdb := newRedis(t)
-	handOff(t, env, rdb)
-	tasks.JoinDirect(t, rdb, "worker-a", 0) // taking, never popping: the runs wait in the list
-	ids, want := startBodies(t, env, org, wf, "listed", tasks.DirectPerTaker)
-	apitest.Eventually(t, 10*time.Second, func() bool { return len(tasks.DirectRuns(t, rdb)) == len(ids) },
-		"the runs wait in the list")
-
+	env, org, rdb, ids, want := runsListedFor(t, "worker-a")
 	w := newWorker(t, env, rdb, noSweep)
 	var mu sync.Mutex
 	var pops []int
@@ -264,17 +255,25 @@ func TestSweeperLeavesTheRunsALiveWorkerTook(t *testing.T) {
 // runsTakenBy starts four runs that worker taker took from the direct
 // hand-off, its last beat ago.
 func runsTakenBy(t *testing.T, taker string, ago time.Duration) (*apitest.Env, apitest.Org, asynq.RedisClientOpt, []string, map[string]string) {
+	env, org, rdb, ids, want := runsListedFor(t, taker)
+	require.ElementsMatch(t, ids, tasks.TakeDirectAs(t, rdb, taker))
+	tasks.JoinDirect(t, rdb, taker, ago)
+	return env, org, rdb, ids, want
+}
+
+// runsListedFor starts four runs (the list's most for one worker) that
+// wait in the direct hand-off's list for worker taker, which beats but
+// never pops.
+func runsListedFor(t *testing.T, taker string) (*apitest.Env, apitest.Org, asynq.RedisClientOpt, []string, map[string]string) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
 	rdb := newRedis(t)
 	handOff(t, env, rdb)
 	tasks.JoinDirect(t, rdb, taker, 0)
-	ids, want := startBodies(t, env, org, wf, "taken", 4) // the list's most for one worker
+	ids, want := startBodies(t, env, org, wf, "listed", tasks.DirectPerTaker)
 	apitest.Eventually(t, 10*time.Second, func() bool { return len(tasks.DirectRuns(t, rdb)) == len(ids) },
 		"every run is handed off directly")
-	require.ElementsMatch(t, ids, tasks.TakeDirectAs(t, rdb, taker))
-	tasks.JoinDirect(t, rdb, taker, ago)
 	return env, org, rdb, ids, want
 }
 
