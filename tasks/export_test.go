@@ -176,9 +176,16 @@ func LeaseKey() string { return leaseKey() }
 // DirectRuns lists the runs waiting in the direct hand-off's list, in order.
 func DirectRuns(t testing.TB, opt asynq.RedisClientOpt) []string {
 	t.Helper()
+	return listedIDs(t, opt, directRuns)
+}
+
+// listedIDs lists the runs of the direct hand-off's items in list key, in
+// order.
+func listedIDs(t testing.TB, opt asynq.RedisClientOpt, key string) []string {
+	t.Helper()
 	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
 	defer rc.Close()
-	raw, err := rc.LRange(context.Background(), directRuns, 0, -1).Result()
+	raw, err := rc.LRange(context.Background(), key, 0, -1).Result()
 	if err != nil {
 		t.Fatalf("direct hand-off: %v", err)
 	}
@@ -227,13 +234,7 @@ func SetDirectPops(w *Worker, block time.Duration, f func(n int)) {
 // hand-off holds, in order.
 func DirectTaken(t testing.TB, opt asynq.RedisClientOpt, w *Worker) []string {
 	t.Helper()
-	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
-	defer rc.Close()
-	raw, err := rc.LRange(context.Background(), directTaking+w.direct.id, 0, -1).Result()
-	if err != nil {
-		t.Fatalf("direct hand-off: %v", err)
-	}
-	return directIDs(t, raw)
+	return listedIDs(t, opt, directTaking+w.direct.id)
 }
 
 // JoinDirect records a beat of worker id in the direct hand-off's
