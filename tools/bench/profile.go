@@ -441,8 +441,8 @@ func (x *experimentLog) writeProfile(b *strings.Builder) {
 		fmt.Fprintf(b, "| the rest of the request | %s | middleware, authentication, reading and decoding the body, the key's hash, rendering and writing the answer (the mean of the request less the two above) |\n", ms(rest))
 	}
 	b.WriteString("\n**A run** (ms, from its start: `created_at`)\n\n| until | mean (median) | what happened on the way |\n|---|---|---|\n")
-	fmt.Fprintf(b, "| its task is in the queue | %s | the commit, the API's dispatch buffer, the fair-share gate (a Redis script), the enqueue |\n", d(p.Queued))
-	fmt.Fprintf(b, "| a worker begins it | %s | the queue: an idle worker's poll (`RUN_POLL_INTERVAL`), or the tasks ahead of it |\n", d(p.Picked))
+	fmt.Fprintf(b, "| it is in the queue | %s | the commit, the API's dispatch buffer, the fair-share gate (a Redis script), the push: onto the direct hand-off's list when a worker waits there, else into asynq's queue |\n", d(p.Queued))
+	fmt.Fprintf(b, "| a worker begins it | %s | from the list, a worker's pop that was already waiting; from asynq's queue, an idle worker's poll (`RUN_POLL_INTERVAL`) or the tasks ahead of it |\n", d(p.Picked))
 	fmt.Fprintf(b, "| it is final | %s | validating it, then the batched final write (the worker's finisher) |\n", d(p.Final))
 	fmt.Fprintf(b, "\n**CPU per start**: API %s ms, worker %s ms, PostgreSQL backends %s ms.\n", ms(p.APICPU), ms(p.WorkerCPU), ms(p.PGCPU))
 	fmt.Fprintf(b, "\n**PostgreSQL's backends** of the database, sampled every 10 ms (`pg_stat_activity`, %d samples): the share of backend samples in each state.\n\n| state | share |\n|---|---|\n", p.Samples)
