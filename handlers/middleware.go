@@ -136,6 +136,14 @@ func limitBody(n int64) gin.HandlerFunc {
 			r.ContentLength = -1
 		}
 		c.Next()
+		// An answer given before the body was read (a 401, a 503 from
+		// authentication, any 4xx before the handler reads) is still in
+		// the server's buffer here: what is left of the body is read and
+		// dropped before it goes out (discardBody). A client waiting for
+		// 100 Continue is not invited now: net/http closes its connection.
+		if !strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+			discardBody(c)
+		}
 	}
 }
 

@@ -170,9 +170,12 @@ func (a *admission) refuse(c *gin.Context, bound string) {
 }
 
 // discardBody reads and drops what is left of the request's body before an
-// answer that did not need it (503 overloaded, 429 rate_limited): a client
-// still sending would otherwise meet a closed connection, a reset, before
-// it reads the answer. The body limit (limitBody) bounds the read at
+// answer that did not need it: net/http closes a connection that leaves
+// more than 256 KB of a body unread, and a client still sending would meet
+// a reset, often before it reads the answer. limitBody calls it after
+// every request; 503 overloaded and 429 rate_limited call it before they
+// answer (a held 429 sees its client hang up only once its body is read).
+// The body limit (limitBody) bounds the read at
 // MAX_BODY_BYTES, and nothing is kept in memory. A client that waits for
 // `100 Continue` is not invited to send: the answer goes at once, and the
 // connection closes after it.
