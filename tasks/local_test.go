@@ -23,6 +23,11 @@ func singleNode(env *apitest.Env, w *testWorker, d *tasks.Dispatcher) {
 	})
 }
 
+// The tests of RunHere run their worker as serve --worker does
+// (SingleNode), the only worker RunHere is called on in valruns: one that
+// pops from the direct hand-off holds its lane's free slots while its pop
+// waits (fetch), and RunHere would race it.
+
 // No sweep within a test: a run the lane lost would stay queued.
 func noSweep(c *tasks.Config) { c.SweepInterval, c.RedeliverAfter = time.Minute, time.Minute }
 
@@ -35,7 +40,7 @@ func TestRunHereExecutesWithoutTheQueue(t *testing.T) {
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
 	rdb := newRedis(t)
-	w := startWorker(t, env, rdb, noSweep)
+	w := startWorker(t, env, rdb, func(c *tasks.Config) { noSweep(c); c.SingleNode = true })
 	var queued atomic.Int32
 	d := handOff(t, env, rdb)
 	env.SetHandOff(func(r *models.QueuedRun) {
@@ -72,6 +77,7 @@ func TestRunHereHandsAnUndecidedRunToTheQueue(t *testing.T) {
 	w := startWorker(t, env, rdb, func(c *tasks.Config) {
 		noSweep(c)
 		c.FastBudget = 100 * time.Millisecond
+		c.SingleNode = true
 	})
 	var calls atomic.Int32
 	tasks.SetBeforeRun(w.Worker, func(ctx context.Context, _ string) {
@@ -92,8 +98,9 @@ func TestRunHereHandsAnUndecidedRunToTheQueue(t *testing.T) {
 }
 
 // The lane takes a run only while the worker runs and one of its slots (4
-// per WORKER_CONCURRENCY) is free; a run it refuses is untouched (the
-// caller queues it).
+// per WORKER_CONCURRENCY, and one more: serve --worker's worker, the only
+// one RunHere is called on, pops nothing from the direct hand-off) is free;
+// a run it refuses is untouched (the caller queues it).
 func TestRunHereNeedsARunningWorkerAndAFreeSlot(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
@@ -103,6 +110,7 @@ func TestRunHereNeedsARunningWorkerAndAFreeSlot(t *testing.T) {
 	w := newWorker(t, env, rdb, func(c *tasks.Config) {
 		noSweep(c)
 		c.Concurrency = 1
+		c.SingleNode = true
 	})
 	queued := func() *models.QueuedRun {
 		id := startRun(t, env, org, wf, validOrder)
@@ -111,7 +119,7 @@ func TestRunHereNeedsARunningWorkerAndAFreeSlot(t *testing.T) {
 		q.OrgID = org.ID
 		return q
 	}
-	held := []*models.QueuedRun{queued(), queued(), queued(), queued()}
+	held := []*models.QueuedRun{queued(), queued(), queued(), queued(), queued()}
 	extra := queued()
 	require.False(t, w.RunHere(held[0]), "not started")
 
@@ -126,7 +134,7 @@ func TestRunHereNeedsARunningWorkerAndAFreeSlot(t *testing.T) {
 	for _, q := range held {
 		require.True(t, w.RunHere(q))
 	}
-	require.False(t, w.RunHere(extra), "its 4 slots are taken")
+	require.False(t, w.RunHere(extra), "its 5 slots are taken")
 	require.Equal(t, "queued", readRun(t, env, extra.ID).Status)
 	close(hold)
 	for _, q := range held {

@@ -236,9 +236,11 @@ func NewWorker(cfg Config) (*Worker, error) {
 			log.WarnContext(ctx, "could not forget a batch's runs in the batch index", "error", err)
 		}
 	}
-	// One slot more than RunHere may take: the direct hand-off's pop waits
-	// holding it. With SingleNode (serve --worker) no pop takes it, so
-	// RunHere may take that one too.
+	// One slot more than the 4 per WORKER_CONCURRENCY: the direct
+	// hand-off's pop waits holding it (and the other free slots, for the
+	// runs its round trip may take besides: fetch). RunHere is called only
+	// with SingleNode (serve --worker), where no pop runs, and may take
+	// them all.
 	w.local = newLocalLane(w.runs, 4*cfg.Concurrency+1, w.requeue, cfg.Registry)
 	pop, _ := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	if c, ok := pop.(*redis.Client); ok {
