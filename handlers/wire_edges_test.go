@@ -30,6 +30,15 @@ func wireServer(t *testing.T, e *apitest.Env, readTimeout time.Duration) string 
 	return srv.Listener.Addr().String()
 }
 
+// wireWorkflow is a server on a real listener (wireServer) with an
+// organisation and a workflow of its to start.
+func wireWorkflow(t *testing.T, readTimeout time.Duration, opts ...apitest.Options) (*apitest.Env, apitest.Org, string, string) {
+	e := apitest.New(t, opts...)
+	org := e.NewOrg("acme")
+	wf := e.NewWorkflow(org, idemWorkflowBody)
+	return e, org, wf, wireServer(t, e, readTimeout)
+}
+
 // rawRequest writes head (the request line and headers, CRLF-separated,
 // without the blank line) and then body on a new connection, and returns
 // the connection and a reader of its answers.
@@ -59,10 +68,7 @@ func readAnswer(t *testing.T, br *bufio.Reader) apitest.Response {
 // wrong; nothing is stored, and the same key then executes.
 func TestSlowBodyIs408(t *testing.T) {
 	t.Parallel()
-	e := apitest.New(t)
-	org := e.NewOrg("acme")
-	wf := e.NewWorkflow(org, idemWorkflowBody)
-	addr := wireServer(t, e, time.Second)
+	e, org, wf, addr := wireWorkflow(t, time.Second)
 	body := `{"submission":1}`
 	for _, key := range []string{"", "slow-1"} {
 		head := fmt.Sprintf("POST /api/workflows/%s/start/ HTTP/1.1\nHost: x\nAuthorization: Bearer %s\nContent-Type: application/json\nContent-Length: %d", wf, org.Token, len(body))
@@ -95,10 +101,7 @@ func gzipped(t *testing.T, s string) []byte {
 // never decoded as if it were plain.
 func TestContentEncoding(t *testing.T) {
 	t.Parallel()
-	e := apitest.New(t, apitest.Options{Config: func(c *config.Config) { c.MaxBodyBytes = 4096 }})
-	org := e.NewOrg("acme")
-	wf := e.NewWorkflow(org, idemWorkflowBody)
-	addr := wireServer(t, e, time.Minute)
+	e, org, wf, addr := wireWorkflow(t, time.Minute, apitest.Options{Config: func(c *config.Config) { c.MaxBodyBytes = 4096 }})
 	send := func(enc string, body []byte, key string) apitest.Response {
 		head := fmt.Sprintf("POST /api/workflows/%s/start/ HTTP/1.1\nHost: x\nAuthorization: Bearer %s\nContent-Type: application/json\nContent-Length: %d\nIdempotency-Key: %s",
 			wf, org.Token, len(body), key)
@@ -137,10 +140,7 @@ func TestContentEncoding(t *testing.T) {
 // never sends the body.
 func TestExpectContinueOverTheLimitIs413(t *testing.T) {
 	t.Parallel()
-	e := apitest.New(t, apitest.Options{Config: func(c *config.Config) { c.MaxBodyBytes = 1024 }})
-	org := e.NewOrg("acme")
-	wf := e.NewWorkflow(org, idemWorkflowBody)
-	addr := wireServer(t, e, time.Minute)
+	e, org, wf, addr := wireWorkflow(t, time.Minute, apitest.Options{Config: func(c *config.Config) { c.MaxBodyBytes = 1024 }})
 	for _, tt := range []struct{ path, key string }{
 		{"/api/workflows/", ""}, {"/api/workflows/", "big-1"}, {"/api/workflows/" + wf + "/start/", "big-2"},
 	} {
@@ -163,10 +163,7 @@ func TestExpectContinueOverTheLimitIs413(t *testing.T) {
 // The connection stays open for the client's next request.
 func TestAnEarlyAnswerReadsTheBodyFirst(t *testing.T) {
 	t.Parallel()
-	e := apitest.New(t)
-	org := e.NewOrg("acme")
-	wf := e.NewWorkflow(org, idemWorkflowBody)
-	addr := wireServer(t, e, time.Minute)
+	e, _, wf, addr := wireWorkflow(t, time.Minute)
 	body := `{"submission":"` + strings.Repeat("x", 1_000_000) + `"}`
 	head := fmt.Sprintf("POST /api/workflows/%s/start/ HTTP/1.1\nHost: x\nAuthorization: Bearer not-a-token\nContent-Type: application/json\nContent-Length: %d\nIdempotency-Key: early-1", wf, len(body))
 	conn, err := net.Dial("tcp", addr)
