@@ -634,6 +634,17 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	all := slices.Concat(killOps, swOps, lossOps)
 	c.reconnect()
 	verify(t, c, res, all, expectations{faultAt: killAt})
+	if res.Losses > 0 {
+		// What the monitor decided, for a run whose process logs are gone
+		// (RELIABILITY_LOG_DIR keeps them all).
+		events, err := f.monitorQuery(`SELECT string_agg(to_char(eventtime, 'HH24:MI:SS.MS') || ' ' || nodename || ' ' ||
+			reportedstate || '/' || goalstate || ' ' || reportedlsn || ': ' || coalesce(description, ''), E'\n' ORDER BY eventid)
+			FROM pgautofailover.event WHERE eventtime >= $1`, killAt.Add(-time.Minute))
+		if err != nil {
+			events = err.Error()
+		}
+		t.Logf("the monitor's events since a minute before the first kill:\n%s", events)
+	}
 	if dir := os.Getenv("RELIABILITY_LOG_DIR"); dir != "" {
 		f.writeLogs(dir, c, all)
 	}
