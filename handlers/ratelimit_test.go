@@ -461,7 +461,11 @@ func TestStartRateLimitAsksRedisOncePerToken(t *testing.T) {
 	require.LessOrEqual(t, float64(created.Load()), tokens, "no more starts than the tokens")
 	// Before the first refusal is known every client may ask (clients);
 	// then one call per token, and one refused ask as each denial ends.
-	bound := clients + int64(3*tokens)
+	// A stall of the process (a loaded machine, -race) lets more than one
+	// token come back at once: the grant that leaves some ends the
+	// denial, and every client may ask again (clients more, for one such
+	// stall in the flood).
+	bound := 2*clients + int64(3*tokens)
 	require.LessOrEqual(t, calls.n.Load(), bound,
 		"%d Redis calls for %d starts (%d created) in %s: more than one per token", calls.n.Load(), created.Load()+limited.Load(), created.Load(), elapsed)
 	t.Logf("%d Redis calls for %d starts (%d created) in %s", calls.n.Load(), created.Load()+limited.Load(), created.Load(), elapsed)
