@@ -23,8 +23,12 @@ import (
 const maxRangeSize = 10_000
 
 // celEnv is built once: it is immutable after construction and safe for concurrent use.
-var celEnv = sync.OnceValues(func() (*cel.Env, error) {
-	return cel.NewEnv(
+var celEnv = sync.OnceValues(newCELEnv)
+
+// newCELEnv builds the environment every expression is compiled in, and
+// readies it for concurrent use (warmCELEnv).
+func newCELEnv() (*cel.Env, error) {
+	env, err := cel.NewEnv(
 		cel.Variable("submission", cel.DynType),
 		cel.Variable("metadata", cel.MapType(cel.StringType, cel.DynType)),
 		// JSON has one number type; `submission.price > 0.5` must work whatever the literal.
@@ -40,7 +44,24 @@ var celEnv = sync.OnceValues(func() (*cel.Env, error) {
 		cel.ParserExpressionSizeLimit(MaxExprLength),
 		cel.ParserRecursionLimit(MaxExprDepth),
 	)
-})
+	if err != nil {
+		return nil, err
+	}
+	warmCELEnv(env)
+	return env, nil
+}
+
+// warmCELEnv compiles, once, an expression that names an undeclared
+// identifier. cel-go (0.33.2) builds its type checker's environment at the
+// first compile, and that environment's symbol catalog at the first
+// undeclared identifier, under a sync.Once; but a comprehension's check
+// copies the catalog field without the Once. Two expressions compiled at
+// once, one naming an unknown identifier and one with a comprehension
+// (`all`, `exists`, `map`), raced on it: go test -race saw it in CI. After
+// this, the field is written before the environment is shared.
+func warmCELEnv(env *cel.Env) {
+	_, _ = env.Compile("valruns_undeclared_warm_up")
+}
 
 // compiledAssertion is an assertion as Compile checked it. Its cel.Program lives in each
 // runner, planned with that runner's budget.

@@ -14,3 +14,6 @@ func SetStallTimeout(p *Program, d time.Duration) { p.stallTimeout = d }
 // SetLostTime makes p call f at each look at the clocks during Run: f stands in for the
 // worker being stopped (sleeping loses wall time and uses no CPU time).
 func SetLostTime(p *Program, f func()) { p.lostTime = f }
+
+// NewCELEnv builds a fresh CEL environment as Compile's is built.
+var NewCELEnv = newCELEnv

@@ -554,3 +554,21 @@ func BenchmarkRun(b *testing.B) {
 		}
 	}
 }
+
+// A fresh environment compiles expressions at once from the first: one
+// naming an unknown identifier and one with a comprehension, which in
+// cel-go 0.33.2 race on the checker's symbol catalog unless the
+// environment was readied (go test -race reports it).
+func TestCompileConcurrentlyFromTheFirstExpression(t *testing.T) {
+	for range 20 {
+		env, err := validate.NewCELEnv()
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		var known, unknown error
+		wg.Go(func() { _, iss := env.Compile("[1, 2].all(x, x > 0)"); known = iss.Err() })
+		wg.Go(func() { _, iss := env.Compile("undeclared_name > 1"); unknown = iss.Err() })
+		wg.Wait()
+		require.NoError(t, known)
+		require.ErrorContains(t, unknown, "undeclared_name")
+	}
+}
