@@ -166,21 +166,13 @@ func TestAnEarlyAnswerReadsTheBodyFirst(t *testing.T) {
 	e, _, wf, addr := wireWorkflow(t, time.Minute)
 	body := `{"submission":"` + strings.Repeat("x", 1_000_000) + `"}`
 	head := fmt.Sprintf("POST /api/workflows/%s/start/ HTTP/1.1\nHost: x\nAuthorization: Bearer not-a-token\nContent-Type: application/json\nContent-Length: %d\nIdempotency-Key: early-1", wf, len(body))
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	require.NoError(t, conn.SetDeadline(time.Now().Add(60*time.Second))) // a bound on a loaded machine, not what is checked
-	sent := make(chan error, 1)
-	go func() { // the server answers before it reads: the write must not hold up the read
-		_, err := conn.Write([]byte(strings.ReplaceAll(head, "\n", "\r\n") + "\r\n\r\n" + body))
-		sent <- err
-	}()
-	br := bufio.NewReader(conn)
+	// The whole body is written before the answer is read: the server
+	// must read it (rawRequest fails on a write the server cut off).
+	conn, br := rawRequest(t, addr, head, []byte(body))
 	r := readAnswer(t, br)
 	require.Equal(t, http.StatusUnauthorized, r.Status, "%s", r.Body)
 	require.NotEqual(t, "close", r.Header.Get("Connection"), "the server closes the connection, with the body unread")
-	require.NoError(t, <-sent, "the body was not read")
-	_, err = conn.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+	_, err := conn.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, readAnswer(t, br).Status, "the next request on the connection")
 	require.Zero(t, e.Count("idempotency_keys", ""))

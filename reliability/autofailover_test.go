@@ -323,8 +323,7 @@ func (f *formation) whole() bool {
 	if p == nil {
 		return false
 	}
-	n, err := queryOnce(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.port),
-		`SELECT count(*)::text FROM pg_stat_replication WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')`)
+	n, err := queryOnce(p.url("postgres"), `SELECT count(*)::text FROM pg_stat_replication WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')`)
 	return err == nil && n != "0"
 }
 
@@ -345,7 +344,12 @@ func (f *formation) primary() *pgNode {
 
 // exec runs a statement on one data node's database db.
 func (f *formation) exec(n *pgNode, db, stmt string) error {
-	return execOnce(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", n.port, db), stmt, 30*time.Second)
+	return execOnce(n.url(db), stmt, 30*time.Second)
+}
+
+// url is the URL of the node's database db, as the superuser.
+func (n *pgNode) url(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", n.port, db)
 }
 
 // postmaster is the node's postmaster pid (postmaster.pid), 0 when it has none.
