@@ -19,3 +19,11 @@ func (s *RunStore) StartBatch(ps []StartParams, ks []*KeyWrite) ([]OneResult, er
 // StartWritersForTest is how many statements of starts the batcher runs at
 // once before a light organisation's start goes by an express writer.
 const StartWritersForTest = startWriters
+
+// QueuedStartsForTest is how many starts wait in the batcher's queue for a
+// writer (not those being written, nor those gone by an express writer).
+func (s *RunStore) QueuedStartsForTest() int {
+	s.batcher.mu.Lock()
+	defer s.batcher.mu.Unlock()
+	return len(s.batcher.queue)
+}

@@ -74,10 +74,18 @@ const (
 	startWriters = 4
 	// expressWriters is how many more statements may be under way for the
 	// starts of organisations that have none queued or being written,
-	// while every writer is busy: each goes alone, at once, instead of
-	// waiting behind a busy organisation's batches (issue 16: one
-	// tenant's flood must not set another's start latency).
+	// while every writer is busy with a crowding organisation's starts:
+	// each goes alone, at once, instead of waiting behind that
+	// organisation's batches (issue 16: one tenant's flood must not set
+	// another's start latency).
 	expressWriters = 2
+	// crowdingStarts is how many starts an organisation has queued or
+	// being written when it crowds the batcher: as many as there are
+	// writers. While none does, every start waits its turn in the queue,
+	// however many organisations share it: when many organisations each
+	// send a few starts, express statements of one start each would only
+	// add statements, and PostgreSQL's work, where one batch serves all.
+	crowdingStarts = startWriters
 )
 
 type startReq struct {
@@ -94,7 +102,8 @@ type startReq struct {
 // there is work: a start that finds fewer than startWriters at work starts
 // one, and a writer that finds nothing waiting ends. A start of an
 // organisation with nothing in the batcher that finds every writer busy
-// goes alone, by an express writer, when fewer than expressWriters are.
+// while another organisation crowds it (crowdingStarts) goes alone, by an
+// express writer, when fewer than expressWriters are.
 //
 // It is not the worker's generic batcher (tasks/batcher.go), and could not
 // be without that one growing the start path's rules into its API (models
@@ -112,7 +121,8 @@ type startReq struct {
 //     start is retried, and answered, alone;
 //   - admission depends on what is in it: orgs counts each organisation's
 //     starts until they are answered, and a light organisation's start
-//     skips the queue by an express writer when every writer is busy.
+//     skips the queue by an express writer when every writer is busy and
+//     another organisation crowds the batcher.
 //
 // The one shape the two share, writers that exist only while work waits, is
 // a dozen lines.
@@ -123,8 +133,10 @@ type startBatcher struct {
 	queue   []*startReq
 	active  int
 	express int
-	// orgs counts each organisation's starts queued or being written.
-	orgs map[string]int
+	// orgs counts each organisation's starts queued or being written;
+	// crowding is how many organisations have crowdingStarts or more.
+	orgs     map[string]int
+	crowding int
 	// observe, when set, is told about each statement (SetStartObserver).
 	observe func(waited []time.Duration, statement time.Duration)
 }
@@ -132,8 +144,10 @@ type startBatcher struct {
 func (b *startBatcher) submit(r *startReq) {
 	b.mu.Lock()
 	light := b.orgs[r.p.OrgID] == 0
-	b.orgs[r.p.OrgID]++
-	if light && b.active >= startWriters && b.express < expressWriters {
+	if b.orgs[r.p.OrgID]++; b.orgs[r.p.OrgID] == crowdingStarts {
+		b.crowding++
+	}
+	if light && b.crowding > 0 && b.active >= startWriters && b.express < expressWriters {
 		b.express++
 		b.mu.Unlock()
 		go func() {
@@ -233,6 +247,9 @@ func (b *startBatcher) answer(batch []*startReq) {
 	}
 	b.mu.Lock()
 	for _, r := range batch {
+		if b.orgs[r.p.OrgID] == crowdingStarts {
+			b.crowding--
+		}
 		if b.orgs[r.p.OrgID]--; b.orgs[r.p.OrgID] <= 0 {
 			delete(b.orgs, r.p.OrgID)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/internal/testdb"
 	"github.com/valruns/valruns/models"
@@ -137,6 +138,79 @@ func TestStartBatchConcurrentKeyOneRun(t *testing.T) {
 	require.Equal(t, n, f.usage(t, f.now), "every run billed once, nothing else billed")
 }
 
+// newOrg adds an organisation with a workflow, and its period's usage
+// slots (one committed start).
+func (f *usageFixture) newOrg(t *testing.T, name string) (org, wf string) {
+	t.Helper()
+	require.NoError(t, f.db.Raw(`INSERT INTO organizations (name, slug) VALUES (?, ?) RETURNING id`, name, name).Scan(&org).Error)
+	require.NoError(t, f.db.Raw(`INSERT INTO workflows (org_id, name) VALUES (?, 'wf') RETURNING id`, org).Scan(&wf).Error)
+	tx := f.begin(t)
+	require.NoError(t, f.runs.Start(tx, models.StartParams{ID: models.NewRunID(), CreatedAt: f.now, OrgID: org, WorkflowID: wf,
+		Submission: []byte(`{}`)}))
+	require.NoError(t, tx.Commit(context.Background()))
+	return org, wf
+}
+
+// holdKey inserts a live key row of org in holder, a transaction left
+// open: a start of that key waits on its index entry until holder ends.
+func holdKey(t *testing.T, holder *gorm.DB, org, key string) {
+	t.Helper()
+	require.NoError(t, holder.Exec(`INSERT INTO idempotency_keys (org_id, endpoint, key, request_hash, request_method,
+		request_path, response_status, response_body, request_id, expires_at)
+		VALUES (?, 'workflow_start', ?, sha256('x'::bytea), 'POST', '/p', 201, '\x7b7d', 'held', now() + interval '1 hour')`,
+		org, key).Error)
+}
+
+// lockWaits is how many backends of the database wait on a lock.
+func (f *usageFixture) lockWaits(t *testing.T) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n).Error)
+	return n
+}
+
+type startOutcome struct {
+	res models.OneResult
+	err error
+}
+
+// startAsync sends a start to the batcher; its outcome comes on the channel.
+func (f *usageFixture) startAsync(p models.StartParams, k *models.KeyWrite) chan startOutcome {
+	ch := make(chan startOutcome, 1)
+	go func() {
+		res, err := f.runs.StartOne(context.Background(), p, k)
+		ch <- startOutcome{res, err}
+	}()
+	return ch
+}
+
+// busyWriters sends starts (org i's key held-i) one at a time, so that each
+// takes a writer of its own and waits there on its key, which holder holds.
+func (f *usageFixture) busyWriters(t *testing.T, holder *gorm.DB, orgs, wfs []string) []chan startOutcome {
+	t.Helper()
+	var held []chan startOutcome
+	for i := range orgs {
+		holdKey(t, holder, orgs[i], fmt.Sprintf("held-%d", i))
+	}
+	for i := range orgs {
+		held = append(held, f.startAsync(f.params(orgs[i], wfs[i], 0), keyWrite(orgs[i], fmt.Sprintf("held-%d", i))))
+		require.Eventually(t, func() bool { return f.lockWaits(t) == int64(i+1) }, 30*time.Second, 10*time.Millisecond,
+			"start %d does not wait on its held key", i)
+	}
+	return held
+}
+
+// requireDone waits for each start's outcome: committed.
+func requireDone(t *testing.T, chs []chan startOutcome) {
+	t.Helper()
+	for i, ch := range chs {
+		o := <-ch
+		require.NoError(t, o.err, "start %d", i)
+		require.True(t, o.res.Done, "start %d: %+v", i, o.res)
+	}
+}
+
 // TestStartExpressLane: while every writer of the batcher is busy with one
 // organisation's starts (each statement waits on a key row another
 // transaction inserted and holds), a start of an organisation with nothing
@@ -145,54 +219,18 @@ func TestStartBatchConcurrentKeyOneRun(t *testing.T) {
 func TestStartExpressLane(t *testing.T) {
 	t.Parallel()
 	f := newUsageFixture(t)
-	ctx := context.Background()
 	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots, for A
-	var b, bwf string
-	require.NoError(t, f.db.Raw(`INSERT INTO organizations (name, slug) VALUES ('Light', 'light') RETURNING id`).Scan(&b).Error)
-	require.NoError(t, f.db.Raw(`INSERT INTO workflows (org_id, name) VALUES (?, 'wf') RETURNING id`, b).Scan(&bwf).Error)
-	tx := f.begin(t)
-	require.NoError(t, f.runs.Start(tx, models.StartParams{ID: models.NewRunID(), CreatedAt: f.now, OrgID: b, WorkflowID: bwf,
-		Submission: []byte(`{}`)}))
-	require.NoError(t, tx.Commit(ctx)) // B's slots
+	b, bwf := f.newOrg(t, "light")
 
-	// Another transaction inserts A's keys held-0..3 and keeps them
-	// uncommitted: a start of one of them waits on its index entry.
 	holder := f.db.Begin()
 	defer holder.Rollback()
-	for i := range models.StartWritersForTest {
-		require.NoError(t, holder.Exec(`INSERT INTO idempotency_keys (org_id, endpoint, key, request_hash, request_method,
-			request_path, response_status, response_body, request_id, expires_at)
-			VALUES (?, 'workflow_start', ?, sha256('x'::bytea), 'POST', '/p', 201, '\x7b7d', 'held', now() + interval '1 hour')`,
-			f.org, fmt.Sprintf("held-%d", i)).Error)
+	orgs, wfs := make([]string, models.StartWritersForTest), make([]string, models.StartWritersForTest)
+	for i := range orgs {
+		orgs[i], wfs[i] = f.org, f.wf
 	}
-	waiting := func() int64 {
-		var n int64
-		require.NoError(t, f.db.Raw(`SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n).Error)
-		return n
-	}
-	type outcome struct {
-		res models.OneResult
-		err error
-	}
-	start := func(p models.StartParams, k *models.KeyWrite) chan outcome {
-		ch := make(chan outcome, 1)
-		go func() {
-			res, err := f.runs.StartOne(ctx, p, k)
-			ch <- outcome{res, err}
-		}()
-		return ch
-	}
-	// One at a time, so that each takes a writer of its own.
-	var held []chan outcome
-	for i := range models.StartWritersForTest {
-		held = append(held, start(f.params(f.org, f.wf, 0), keyWrite(f.org, fmt.Sprintf("held-%d", i))))
-		require.Eventually(t, func() bool { return waiting() == int64(i+1) }, 30*time.Second, 10*time.Millisecond,
-			"start %d of A does not wait on the held key", i)
-	}
-	queued := start(f.params(f.org, f.wf, 0), keyWrite(f.org, "queued"))
-	light := start(models.StartParams{ID: models.NewRunID(), CreatedAt: f.now, OrgID: b, WorkflowID: bwf,
-		Submission: []byte(`{}`), RequestID: "req"}, keyWrite(b, "light"))
+	held := f.busyWriters(t, holder, orgs, wfs)
+	queued := f.startAsync(f.params(f.org, f.wf, 0), keyWrite(f.org, "queued"))
+	light := f.startAsync(f.params(b, bwf, 0), keyWrite(b, "light"))
 	select {
 	case o := <-light:
 		require.NoError(t, o.err)
@@ -206,11 +244,35 @@ func TestStartExpressLane(t *testing.T) {
 	default:
 	}
 	require.NoError(t, holder.Rollback().Error)
-	for i, ch := range append(held, queued) {
-		o := <-ch
-		require.NoError(t, o.err, "A's start %d", i)
-		require.True(t, o.res.Done, "A's start %d: %+v", i, o.res)
+	requireDone(t, append(held, queued))
+}
+
+// TestStartNoExpressAmongEquals: while every writer is busy with starts of
+// as many organisations, one each (none crowds the batcher), a start of
+// another organisation waits in the queue like any other, for the next
+// batch: an express statement would only add one. Ordering only.
+func TestStartNoExpressAmongEquals(t *testing.T) {
+	t.Parallel()
+	f := newUsageFixture(t)
+	orgs, wfs := make([]string, models.StartWritersForTest), make([]string, models.StartWritersForTest)
+	for i := range orgs {
+		orgs[i], wfs[i] = f.newOrg(t, fmt.Sprintf("org-%d", i))
 	}
+	other, owf := f.newOrg(t, "other")
+
+	holder := f.db.Begin()
+	defer holder.Rollback()
+	held := f.busyWriters(t, holder, orgs, wfs)
+	queued := f.startAsync(f.params(other, owf, 0), keyWrite(other, "queued"))
+	require.Eventually(t, func() bool { return f.runs.QueuedStartsForTest() == 1 }, 30*time.Second, 10*time.Millisecond,
+		"the other organisation's start is not queued")
+	select {
+	case o := <-queued:
+		t.Fatalf("the start went by an express writer: %+v %v", o.res, o.err)
+	default:
+	}
+	require.NoError(t, holder.Rollback().Error)
+	requireDone(t, append(held, queued))
 }
 
 // The start statement and the keys' statement before it run on generic
