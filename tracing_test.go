@@ -146,6 +146,7 @@ func traceOneStart(t *testing.T, f *procFixture, rcv *otlptest.Receiver, api *pr
 	require.Equal(t, "SPAN_KIND_SERVER", httpSpan.Kind)
 	require.Equal(t, "new", httpSpan.Attrs["idempotency.decision"])
 	require.Equal(t, "201", httpSpan.Attrs["http.response.status_code"])
+	require.NotContains(t, pgSpan.Attrs, "db.query.text", "a statement's span is named by it, without its text")
 	if execSpan.TraceID == traceID {
 		require.Equal(t, run.ID, execSpan.Attrs["valruns.run_id"])
 	}

@@ -17,16 +17,26 @@ var sqlFiles embed.FS
 
 // usedStatements records which files statement loaded: every one is, by a
 // package-level variable, when the package starts (a test checks that none
-// is left unused).
-var usedStatements = map[string]bool{}
+// is left unused). statementNames maps each one's text back to its name.
+var (
+	usedStatements = map[string]bool{}
+	statementNames = map[string]string{}
+)
 
 // statement is the statement of sql/name.sql, without its leading comment,
 // for a package-level variable (it records the file as used). It panics
 // on a name without a file: the package would not start.
 func statement(name string) string {
 	usedStatements[name] = true
-	return Statement(name)
+	text := Statement(name)
+	statementNames[text] = name
+	return text
 }
+
+// StatementName is the name of the file (sql/NAME.sql) whose statement sql
+// is, as the models package sends it; "" for any other SQL. Tracing names
+// a statement's span by it, rather than sending its text with every span.
+func StatementName(sql string) string { return statementNames[sql] }
 
 // Statement is the statement named name as the models package sends it,
 // for tests that check which statements a request sends. It only reads:

@@ -16,6 +16,13 @@ var (
 	namedParam  = regexp.MustCompile(`@([a-z_][a-z0-9_]*)`)
 )
 
+// SQL that is no file's statement has no name.
+func TestStatementNameOfOtherSQL(t *testing.T) {
+	t.Parallel()
+	require.Empty(t, StatementName("SELECT 1"))
+	require.Empty(t, StatementName(Statement("start_batch")+" "), "the text as sent, exactly")
+}
+
 // Every file under sql/ is a statement the package sends, and its leading
 // comment documents each of its parameters, no more and no fewer: $1..$n
 // for pgx's, ?1..?n for GORM's ? placeholders in order, @name for GORM's
@@ -30,6 +37,7 @@ func TestSQLFilesAreUsedAndDocumented(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			require.True(t, usedStatements[name], "sql/%s.sql is loaded by no statement(%q)", name, name)
+			require.Equal(t, name, StatementName(Statement(name)), "its text names it (tracing's span name)")
 			file, err := fs.ReadFile(sqlFiles, path)
 			require.NoError(t, err)
 			body := statementOf(string(file))

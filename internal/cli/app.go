@@ -77,7 +77,7 @@ func open(ctx context.Context, p purpose) (*app, error) {
 	if p == forWork {
 		opt.StatementTimeout = cfg.IdempotencyTxTimeout
 		opt.TransactionPooler = cfg.DatabasePooler == "transaction"
-		opt.Tracer = telemetry.PgxTracer(tp, opt.Tracer)
+		opt.Tracer = telemetry.PgxTracer(tp, opt.Tracer, models.StatementName)
 	} else if cfg.DatabaseDirectURL != cfg.DatabaseURL {
 		name, url = "DATABASE_DIRECT_URL", cfg.DatabaseDirectURL
 	}

@@ -45,7 +45,7 @@ func TestSetupOff(t *testing.T) {
 			require.NoError(t, shutdown(context.Background()))
 			require.Nil(t, telemetry.Tracer(tp))
 			// The pgx tracer is the caller's own, untouched.
-			require.Nil(t, telemetry.PgxTracer(tp, nil))
+			require.Nil(t, telemetry.PgxTracer(tp, nil, nil))
 		})
 	}
 }
@@ -184,7 +184,13 @@ func TestPgxTracerChainsAndTracesBatches(t *testing.T) {
 	tp, shutdown, err := telemetry.Setup(context.Background(), telemetry.Config{})
 	require.NoError(t, err)
 	own := &countingTracer{}
-	tr := telemetry.PgxTracer(tp, own)
+	named := func(sql string) string {
+		if sql == "INSERT INTO t VALUES (1)" {
+			return "insert_t"
+		}
+		return ""
+	}
+	tr := telemetry.PgxTracer(tp, own, named)
 	// The start's pipeline (models/pipeline.go) shows its statements to the
 	// pool's tracer as a batch: the chain must be a BatchTracer.
 	bt, ok := tr.(pgx.BatchTracer)
@@ -204,10 +210,33 @@ func TestPgxTracerChainsAndTracesBatches(t *testing.T) {
 	names := map[string]string{}
 	for _, s := range r.Spans() {
 		names[s.Name] = s.TraceID
+		require.NotContains(t, s.Attrs, "db.query.text", "span %q carries its statement's text", s.Name)
 	}
 	trace := span.SpanContext().TraceID().String()
 	require.Len(t, names, 4, "%v", names) // request, the query, the batch and its statement
+	require.Contains(t, names, "SELECT 1", "a statement without a name is named by its first line")
+	require.Contains(t, names, "insert_t", "a named statement's span is named by it")
 	for name, tid := range names {
 		require.Equal(t, trace, tid, name)
 	}
+}
+
+func TestStatementSpanName(t *testing.T) {
+	named := func(sql string) string {
+		if strings.HasPrefix(sql, "WITH input") {
+			return "start_batch"
+		}
+		return ""
+	}
+	long := "SELECT " + strings.Repeat("é", 60) // 127 bytes: é is two
+	for _, c := range []struct{ sql, want string }{
+		{"WITH input AS (\n\tSELECT 1\n) SELECT * FROM input", "start_batch"},
+		{"  SELECT id FROM runs WHERE id = $1  ", "SELECT id FROM runs WHERE id = $1"},
+		{"UPDATE runs SET status = $1\nWHERE id = $2", "UPDATE runs SET status = $1"},
+		{long, long[:99] + "..."}, // 100 would cut an é in two
+		{"", ""},
+	} {
+		require.Equal(t, c.want, telemetry.StatementSpanName(c.sql, named), "%q", c.sql)
+	}
+	require.Equal(t, "SELECT 1", telemetry.StatementSpanName("SELECT 1", nil), "named may be nil")
 }
