@@ -97,7 +97,7 @@ type Config struct {
 	// unlimited (ORG_START_RATE).
 	OrgStartRate int
 	// RateLimitHold is how long a start refused by the rate limit is held
-	// before its 429 is sent, so that a client retrying at once, whatever
+	// at least (up to twice it, at random) before its 429 is sent, so that a client retrying at once, whatever
 	// Retry-After says, cannot take the CPU the other organisations need;
 	// 0 answers at once (RATE_LIMIT_HOLD).
 	RateLimitHold time.Duration
@@ -213,7 +213,7 @@ var Vars = []Var{
 	{"IDEMPOTENCY_MAX_WAITERS", "64", "requests that may wait at once per API process (`Prefer: wait`), shared among organisations: one holds at most a quarter, and one with none waiting always gets one; past it, 409 at once"},
 	{"DEFAULT_MONTHLY_RUN_QUOTA", "0", "runs per organisation per calendar month (UTC); 0 = unlimited; an org's own quota wins"},
 	{"ORG_START_RATE", "100", "starts per second per organisation, shared by all API processes (a token bucket in Redis, burst: one second's worth); past it, 429 `rate_limited` with `Retry-After`, not stored against the key; 0 = unlimited; an org's own rate (`valruns org rate`) wins"},
-	{"RATE_LIMIT_HOLD", "250ms", "how long a start refused by `ORG_START_RATE` is held before its 429 is sent (its `Retry-After` counts from the answer), so that a client that retries at once, ignoring `Retry-After`, sends at most a few starts a second per connection and a flood of refused starts leaves the CPU to the other organisations. At most 1,024 refusals are held at once per API process (the rest are answered at once), and a held one does not count against `MAX_REQUESTS_IN_FLIGHT`; 0 = answer at once"},
+	{"RATE_LIMIT_HOLD", "250ms", "how long a start refused by `ORG_START_RATE` is held at least before its 429 is sent: each refusal is held between this and twice it, at random, so that clients refused together do not come back together (its `Retry-After` counts from the answer); so that a client that retries at once, ignoring `Retry-After`, sends at most a few starts a second per connection and a flood of refused starts leaves the CPU to the other organisations. At most 1,024 refusals are held at once per API process (the rest are answered at once), and a held one does not count against `MAX_REQUESTS_IN_FLIGHT`; 0 = answer at once"},
 	{"ORG_RUN_SHARE", "0", "runs of one organisation that may be in the queue at once, so another organisation's run waits behind at most this many of its runs; the rest wait their turn, in order; 0 = adaptive: what the organisation's recent runs take about 0.5 s to execute on the worker slots alive, between 2 and 16 runs per slot; an org's own share (`valruns org share`) wins"},
 	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},

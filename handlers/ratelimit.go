@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"sync"
@@ -69,8 +70,9 @@ type rateLimiter struct {
 	// start that arrives as the denial ends.
 	denied sync.Map
 
-	// hold is how long a refusal is held before its answer (RATE_LIMIT_HOLD);
-	// holding has room for the refusals one process may hold at once.
+	// hold is how long a refusal is held at least before its answer
+	// (RATE_LIMIT_HOLD; holdFor draws each one's); holding has room for
+	// the refusals one process may hold at once.
 	hold    time.Duration
 	holding chan struct{}
 
@@ -220,7 +222,7 @@ func (l *rateLimiter) limited(c *gin.Context, rate int, until time.Time) {
 		"The organisation may start %d runs per second; nothing was done or stored. Retry after Retry-After seconds, with the same Idempotency-Key.", rate))
 }
 
-// holdBack holds a refused start for l.hold, or until its client hangs
+// holdBack holds a refused start for holdFor, or until its client hangs
 // up, when the process has room to hold one more: a client that retries a
 // refusal at once, whatever Retry-After says, waits all the same, so a
 // flood of refused starts sends a few per connection per second rather
@@ -240,12 +242,25 @@ func (l *rateLimiter) holdBack(c *gin.Context) {
 	leaveAdmission(c)
 	l.held.Inc()
 	defer l.held.Dec()
-	t := time.NewTimer(l.hold)
+	t := time.NewTimer(l.holdFor())
 	defer t.Stop()
 	select {
 	case <-t.C:
 	case <-c.Request.Context().Done():
 	}
+}
+
+// holdFor is how long one refusal is held: between RATE_LIMIT_HOLD and
+// twice it, at random. With one fixed hold, the clients of a flood that
+// were refused together all came back together, the next tokens went to a
+// burst of them at once (about rate x hold starts: 25 at the defaults,
+// four times a second), and another organisation's start that arrived with
+// a burst waited behind it. Spread, they come back one by one, and so do
+// the starts that pass. Still at least RATE_LIMIT_HOLD: a client that
+// retries at once sends at most 1/RATE_LIMIT_HOLD starts a second per
+// connection.
+func (l *rateLimiter) holdFor() time.Duration {
+	return l.hold + rand.N(l.hold)
 }
 
 // policyOf is the RateLimit-Policy of a rate: rate starts per 1-second window.

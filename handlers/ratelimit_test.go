@@ -490,6 +490,25 @@ func TestStartRateLimitHoldsARefusal(t *testing.T) {
 	f.requireNothingStored(t, a, "a-1")
 }
 
+// Each refusal is held between RATE_LIMIT_HOLD and twice it, at random:
+// with one fixed hold, the clients of a flood refused together came back
+// together, and the tokens went to bursts of them at once, which another
+// organisation's starts waited behind (the bench's noisy neighbour).
+func TestStartRateLimitHoldsAreSpread(t *testing.T) {
+	t.Parallel()
+	const hold = 250 * time.Millisecond
+	low, high := 2*hold, time.Duration(0)
+	for range 1000 {
+		d := handlers.RateLimitHoldFor(hold)
+		require.GreaterOrEqual(t, d, hold, "held at least RATE_LIMIT_HOLD")
+		require.Less(t, d, 2*hold, "held less than twice RATE_LIMIT_HOLD")
+		low, high = min(low, d), max(high, d)
+	}
+	// 1,000 uniform draws all in one half of the range: odds of 2^-999.
+	require.Less(t, low, hold+hold/2, "no hold in the range's lower half: the holds are not spread")
+	require.GreaterOrEqual(t, high, hold+hold/2, "no hold in the range's upper half: the holds are not spread")
+}
+
 // At most RateLimitHoldMax refusals are held at once (the rest are
 // answered at once), a held one gives its room under
 // MAX_REQUESTS_IN_FLIGHT back (another organisation's start gets through
