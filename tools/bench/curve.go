@@ -57,7 +57,9 @@ type startStep struct {
 }
 
 // startSteps are the runs at one client count, in the order they run: each
-// scenario on valruns then on the peer; after the new-key starts, the
+// scenario on valruns then on the peer, p.Rounds times for a scenario of
+// the curve (valruns, peer, valruns, peer: runSteps merges each side's
+// rounds into its row); after the new-key starts, the
 // pgbench limit (the peer's INSERT) and valruns' own SQL; the scenarios
 // outside the curve only where p.extra(clients). Nothing runs until a
 // step's run is called (the plan's estimate counts them with no env).
@@ -74,11 +76,17 @@ func startSteps(ctx context.Context, e *env, p plan, clients int, own, peerSQL s
 		if !vs.curve() && !extra {
 			continue
 		}
-		if p.want("valruns") {
-			http(vs)
+		rounds := 1
+		if vs.curve() {
+			rounds = max(p.Rounds, 1)
 		}
-		if i < len(peerScenarios) && p.want("peer") {
-			http(peerScenarios[i])
+		for range rounds {
+			if p.want("valruns") {
+				http(vs)
+			}
+			if i < len(peerScenarios) && p.want("peer") {
+				http(peerScenarios[i])
+			}
 		}
 		if vs.Kind != newKey || vs.Worker || !p.want("pgbench") {
 			continue

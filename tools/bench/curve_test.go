@@ -278,8 +278,8 @@ func TestSpliceSectionBefore(t *testing.T) {
 
 // TestPlanCurve: the full plan measures the whole curve, quick mode 1, 8
 // and 32; at each count valruns and the peer run back to back, scenario by
-// scenario, with the limit after the new-key starts; the other scenarios
-// only at their counts.
+// scenario (in full mode twice each, in turn), with the limit after the
+// new-key starts; the other scenarios only at their counts, once.
 func TestPlanCurve(t *testing.T) {
 	t.Parallel()
 	full, quick := makePlan(false), makePlan(true)
@@ -299,36 +299,45 @@ func TestPlanCurve(t *testing.T) {
 		}
 		return out
 	}
+	require.Equal(t, 2, full.Rounds)
+	require.Equal(t, 1, quick.Rounds)
 	curve := []string{
 		"valruns: start, no key", "peer: start, no key",
 		"valruns: start, new key", "peer: start, new key",
 		"pgbench: " + pgbenchPeerScenario, "pgbench: " + pgbenchScenario(1),
 		"valruns: replay", "peer: replay",
 	}
-	require.Equal(t, curve, names(full, 4))
-	require.Equal(t, curve, names(full, 64))
+	rounds := []string{
+		"valruns: start, no key", "peer: start, no key", "valruns: start, no key", "peer: start, no key",
+		"valruns: start, new key", "peer: start, new key", "valruns: start, new key", "peer: start, new key",
+		"pgbench: " + pgbenchPeerScenario, "pgbench: " + pgbenchScenario(1),
+		"valruns: replay", "peer: replay", "valruns: replay", "peer: replay",
+	}
+	require.Equal(t, rounds, names(full, 4))
+	require.Equal(t, rounds, names(full, 64))
 	require.Equal(t, curve, names(quick, 8))
 	all := names(full, 8)
-	require.Equal(t, append(curve[:6:6], "pgbench: "+pgbenchScenario(100), "valruns: replay", "peer: replay",
+	require.Equal(t, append(rounds[:10:10], "pgbench: "+pgbenchScenario(100), "valruns: replay", "peer: replay",
+		"valruns: replay", "peer: replay",
 		"valruns: hot key", "peer: hot key", "valruns: new key, 100 orgs", "valruns: new key, org with quota",
 		"valruns: new key, serve + worker"), all)
-	require.Len(t, names(quick, 32), len(all))
+	require.Len(t, names(quick, 32), len(all)-6)
 
 	only := full
 	only.Only = map[string]bool{"valruns": true, "pgbench": true}
-	require.Equal(t, []string{"valruns: start, no key", "valruns: start, new key", "pgbench: " + pgbenchPeerScenario,
-		"pgbench: " + pgbenchScenario(1), "valruns: replay"}, names(only, 16))
+	require.Equal(t, []string{"valruns: start, no key", "valruns: start, no key", "valruns: start, new key", "valruns: start, new key",
+		"pgbench: " + pgbenchPeerScenario, "pgbench: " + pgbenchScenario(1), "valruns: replay", "valruns: replay"}, names(only, 16))
 
-	// 3 curve scenarios x 2 sides x 7 counts + 5 more at 4 counts; 2
-	// pgbench a count, 1 more at 4.
+	// 3 curve scenarios x 2 sides x 2 rounds x 7 counts + 5 more at 4
+	// counts; 2 pgbench a count, 1 more at 4.
 	http, pgbench := full.startRuns()
-	require.Equal(t, 42+20, http)
+	require.Equal(t, 84+20, http)
 	require.Equal(t, 14+4, pgbench)
 	require.Equal(t, 18, full.e2eLoops(true))
 	// The full plan stays within the hour the issue allows.
 	require.Less(t, full.estimate(true), time.Hour)
 	require.Less(t, quick.estimate(true), full.estimate(true))
-	require.Contains(t, full.describe(true), "starts at clients 1, 4, 8, 16, 32, 64 and 128: 62 HTTP runs of 2s + 6s, 18 pgbench runs")
+	require.Contains(t, full.describe(true), "starts at clients 1, 4, 8, 16, 32, 64 and 128: 104 HTTP runs of 2s + 6s, 18 pgbench runs")
 	require.Contains(t, full.describe(true), "end to end at clients 1, 8, 32 and 128: 18 loops of 2s + 15s")
 }
 
@@ -339,4 +348,36 @@ func TestCurveNotRun(t *testing.T) {
 	r := &results{Rows: []row{at("valruns", tracingOffName, 32, 1000, time.Millisecond)}}
 	require.Equal(t, curveHeading+"\n\nNot run.\n", r.curveMarkdown())
 	require.Empty(t, r.curveRan())
+}
+
+// TestMergeRounds: a scenario's rounds make one row of their means (RSS
+// and connections: the largest; errors: the sum) that lists each round's
+// rps; one failed round fails the row.
+func TestMergeRounds(t *testing.T) {
+	t.Parallel()
+	a := row{Section: "valruns", Scenario: "start, new key", Clients: 8, RPS: 1000, P50: 4 * time.Millisecond, P99: 10 * time.Millisecond,
+		P999: 20 * time.Millisecond, Errors: 1, CPUPerReq: 400 * time.Microsecond, PeakRSSKB: 90_000, DBConns: 8, DBBusy: 4, Notes: []string{"load generator 0.1 ms CPU/req"}}
+	b := a
+	b.RPS, b.P50, b.P99, b.P999, b.Errors, b.CPUPerReq, b.PeakRSSKB, b.DBConns, b.DBBusy = 1400, 6*time.Millisecond, 14*time.Millisecond, 30*time.Millisecond, 2, 200*time.Microsecond, 95_000, 6, 5
+	b.Notes = []string{"load generator 0.3 ms CPU/req"}
+	require.Equal(t, a, mergeRounds([]row{a}))
+
+	m := mergeRounds([]row{a, b})
+	require.Empty(t, m.Failed)
+	require.Equal(t, "start, new key", m.Scenario)
+	require.InDelta(t, 1200, m.RPS, 1e-9)
+	require.Equal(t, 5*time.Millisecond, m.P50)
+	require.Equal(t, 12*time.Millisecond, m.P99)
+	require.Equal(t, 25*time.Millisecond, m.P999)
+	require.Equal(t, 300*time.Microsecond, m.CPUPerReq)
+	require.Equal(t, 3, m.Errors)
+	require.Equal(t, int64(95_000), m.PeakRSSKB)
+	require.Equal(t, 8, m.DBConns)
+	require.Equal(t, 5, m.DBBusy)
+	require.Equal(t, []string{"mean of 2 rounds: 1000, 1400 rps (the notes after this: round 1)", "load generator 0.1 ms CPU/req"}, m.Notes)
+	require.Equal(t, a.Notes, []string{"load generator 0.1 ms CPU/req"}, "the first round's notes are not changed")
+
+	b.Failed = "server did not start"
+	m = mergeRounds([]row{a, b})
+	require.Equal(t, "round 2 of 2: server did not start", m.Failed)
 }

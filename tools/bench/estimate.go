@@ -61,7 +61,7 @@ func (p plan) estimate(baseline bool) time.Duration {
 		d += 2 * captureTime
 	}
 	if p.want("tracing") {
-		d += 2 * httpRun
+		d += time.Duration(2*max(p.Rounds, 1)) * httpRun
 	}
 	if p.want("cleanup") {
 		d += 2*httpRun + 2*rateTime(p.CleanupKeys, cleanupRate)

@@ -41,6 +41,12 @@ type plan struct {
 	// the quota organisation, serve + worker) run at those of Levels that
 	// are in this list.
 	ExtraLevels []int
+	// Rounds: how many times each start scenario of the curve runs at a
+	// count, on valruns and on the peer in turn (valruns, peer, valruns,
+	// peer), and the tracing rows off and on in turn; their row is the
+	// rounds' means (mergeRounds). One 6-second run per side moved a ratio
+	// at 8 clients by more than its target's margin from run to run.
+	Rounds      int
 	HTTP, PG    timing
 	CleanupKeys int
 	Samples     int // start-to-running
@@ -85,14 +91,14 @@ func mainLevel(levels []int) int {
 
 func makePlan(quick bool) plan {
 	if quick {
-		return plan{Quick: true, Levels: curveQuickLevels, ExtraLevels: []int{ratioClients},
+		return plan{Quick: true, Levels: curveQuickLevels, ExtraLevels: []int{ratioClients}, Rounds: 1,
 			HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second},
 			PG:   timing{Warm: time.Second, Dur: 2 * time.Second}, CleanupKeys: 100_000, Samples: 20, Orgs: 100,
 			E2E: timing{Warm: time.Second, Dur: 5 * time.Second}, E2ELevels: curveQuickLevels, PgWorkRuns: 300, DrainRuns: 3_000, DrainConc: []int{10, 50},
 			Noisy: timing{Warm: time.Second, Dur: 10 * time.Second}, NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv,
 			Scale: scaleQuick, ScaleDur: 5 * time.Second}
 	}
-	return plan{Levels: curveLevels, ExtraLevels: extraLevels, HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second},
+	return plan{Levels: curveLevels, ExtraLevels: extraLevels, Rounds: 2, HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second},
 		PG: timing{Warm: time.Second, Dur: 5 * time.Second}, CleanupKeys: 1_000_000, Samples: 100, Orgs: 100,
 		E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, E2ELevels: e2eLevels, PgWorkRuns: 2_000, DrainRuns: 100_000, DrainConc: []int{10, 20, 50, 100},
 		Noisy: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv,
@@ -163,6 +169,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, options, error) {
 	scratch := fs.String("scratch", "tools/bench/results", "logs, the pgbench script and results.json")
 	var levels, e2eClients, drainConc intsFlag
 	fs.Var(&levels, "clients", "comma-separated client counts of the start curve (default: 1,4,8,16,32,64,128; quick: 1,8,32); the other start scenarios run at those of 1,8,32,128 (quick: 32)")
+	rounds := fs.Int("rounds", 0, "rounds of each curve scenario and of the tracing rows, valruns and the peer (or off and on) in turn (default 2; quick 1)")
 	dur := fs.Duration("duration", 0, "measured time of each HTTP run (default 6s; quick 2s)")
 	only := fs.String("only", "", "comma-separated parts to run: capture,valruns,peer,pgbench,tracing,cleanup,latency,pgwork,e2e,profile,drain,scale,noisy (default all; e2e includes the peer's)")
 	baseline := fs.String("baseline", cmpOr(os.Getenv("BENCH_BASELINE"), defaultBaseline), "git ref the experiment log builds and measures beside this binary (also BENCH_BASELINE; \"none\": no baseline)")
@@ -184,6 +191,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, options, error) {
 
 	p := makePlan(*quick)
 	override(&p.HTTP.Dur, *dur)
+	override(&p.Rounds, *rounds)
 	override(&p.E2E.Dur, *e2eDur)
 	override(&p.Noisy.Dur, *noisyDur)
 	override(&p.PgWorkRuns, *pgworkRuns)
@@ -323,12 +331,32 @@ func (h *harness) captureStarts(ctx context.Context) (start, peerSQL sqlScript) 
 // on a machine whose load drifts.
 func (h *harness) runCurve(ctx context.Context, start, peerSQL sqlScript) error {
 	for _, c := range h.p.Levels {
-		for _, step := range startSteps(ctx, h.e, h.p, c, start, peerSQL) {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			h.addRow(step.run())
+		if err := h.runSteps(ctx, startSteps(ctx, h.e, h.p, c, start, peerSQL)); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// runSteps runs steps in order and records one row per scenario: a
+// scenario that ran in rounds (several steps) is their merge.
+func (h *harness) runSteps(ctx context.Context, steps []startStep) error {
+	var order []string
+	rounds := map[string][]row{}
+	for _, step := range steps {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r := step.run()
+		progress(r)
+		k := step.Section + "\x00" + step.Scenario
+		if rounds[k] == nil {
+			order = append(order, k)
+		}
+		rounds[k] = append(rounds[k], r)
+	}
+	for _, k := range order {
+		h.res.Rows = append(h.res.Rows, mergeRounds(rounds[k]))
 	}
 	return nil
 }
@@ -339,19 +367,7 @@ func (h *harness) runTracing(ctx context.Context) error {
 	if !h.p.want("tracing") {
 		return nil
 	}
-	for _, sc := range tracingScenarios {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		h.addRow(h.e.runHTTP(ctx, sc, tracingClients, h.p.HTTP))
-	}
-	return nil
-}
-
-// addRow records a run of the curve or of tracing and says how it went.
-func (h *harness) addRow(r row) {
-	h.res.Rows = append(h.res.Rows, r)
-	progress(r)
+	return h.runSteps(ctx, tracingSteps(ctx, h.e, h.p))
 }
 
 // runExperimentLog measures the experiment log's parts: PostgreSQL's work

@@ -277,7 +277,9 @@ func (r *results) markdown() string {
 		"rps counts expected answers inside the measured window. CPU ms/req is the server process's user+system time in the window " +
 		"(/proc/PID/stat) over its requests; peak RSS is VmHWM. DB conns: the most connections the database saw, and of them busy at once. " +
 		"errors: transport errors; unexpected: a 2xx that was not what the scenario expects (a replay that executed, a new key answered as a replay). " +
-		"pgbench rows: tps, and the latency of its transactions.\n\n")
+		"pgbench rows: tps, and the latency of its transactions. " +
+		"A start scenario of the curve, and each tracing row, ran in rounds, valruns and the peer (tracing off and on) in turn, each round on a fresh database and fresh processes: " +
+		"its row is the rounds' means (rps, latencies, CPU; peak RSS and connections: the largest; errors: the sum), its notes give each round's rps (one round: no such note).\n\n")
 	b.WriteString("| target | scenario | clients | rps | p50 ms | p99 ms | p99.9 ms | errors | non-2xx | unexpected | CPU ms/req | peak RSS MB | DB conns (busy) | notes |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.sortedRows() {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,6 +88,53 @@ type row struct {
 	// (max_connections, or the usage slots of the captured fast path).
 	CappedAt int
 	Failed   string // the run could not be made
+}
+
+// mergeRounds is one row for a scenario's rounds at one count (one run
+// each, fresh database and processes): rps, latencies and CPU are their
+// means, peak RSS and connections the largest, errors their sums, and the
+// notes the first round's, after each round's rps. A round that failed
+// fails the row: a mean never hides a failed run.
+func mergeRounds(rs []row) row {
+	if len(rs) == 1 {
+		return rs[0]
+	}
+	m := rs[0]
+	rps := make([]string, len(rs))
+	for i, r := range rs {
+		rps[i] = fmt.Sprintf("%.0f", r.RPS)
+		if r.Failed != "" {
+			m.Failed = fmt.Sprintf("round %d of %d: %s", i+1, len(rs), r.Failed)
+			return m
+		}
+	}
+	mean := func(f func(row) time.Duration) time.Duration {
+		var sum time.Duration
+		for _, r := range rs {
+			sum += f(r)
+		}
+		return sum / time.Duration(len(rs))
+	}
+	m.RPS = 0
+	for i, r := range rs {
+		m.RPS += r.RPS / float64(len(rs))
+		if i == 0 {
+			continue
+		}
+		m.Errors += r.Errors
+		m.Non2xx += r.Non2xx
+		m.Unexpect += r.Unexpect
+		m.PeakRSSKB = max(m.PeakRSSKB, r.PeakRSSKB)
+		m.DBConns = max(m.DBConns, r.DBConns)
+		m.DBBusy = max(m.DBBusy, r.DBBusy)
+	}
+	m.P50 = mean(func(r row) time.Duration { return r.P50 })
+	m.P99 = mean(func(r row) time.Duration { return r.P99 })
+	m.P999 = mean(func(r row) time.Duration { return r.P999 })
+	m.CPUPerReq = mean(func(r row) time.Duration { return r.CPUPerReq })
+	m.WorkerCPUPerReq = mean(func(r row) time.Duration { return r.WorkerCPUPerReq })
+	m.Notes = append([]string{fmt.Sprintf("mean of %d rounds: %s rps (the notes after this: round 1)", len(rs), strings.Join(rps, ", "))}, rs[0].Notes...)
+	return m
 }
 
 // timing is how long to warm up and measure.

@@ -6,6 +6,7 @@ package main
 // harness's own process, which decodes and counts the spans).
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/valruns/valruns/internal/otlptest"
@@ -34,6 +35,17 @@ const (
 var tracingScenarios = []scenario{
 	{Name: tracingOffName, Kind: newKey, Worker: true, Tracing: tracingOff},
 	{Name: tracingOnName, Kind: newKey, Worker: true, Tracing: tracingOn},
+}
+
+// tracingSteps are the tracing rows' runs: off then on, p.Rounds times.
+func tracingSteps(ctx context.Context, e *env, p plan) []startStep {
+	var steps []startStep
+	for range max(p.Rounds, 1) {
+		for _, sc := range tracingScenarios {
+			steps = append(steps, startStep{sc.target(), sc.Name, func() row { return e.runHTTP(ctx, sc, tracingClients, p.HTTP) }})
+		}
+	}
+	return steps
 }
 
 // tracingEnv is the settings of a scenario's serve and worker, and the
