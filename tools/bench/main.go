@@ -361,8 +361,8 @@ func (h *harness) runSteps(ctx context.Context, steps []startStep) error {
 	return nil
 }
 
-// runTracing measures the cost of tracing: off and on, back to back, at
-// 32 clients.
+// runTracing measures the cost of tracing at 32 clients: off and on in
+// turn, p.Rounds times (tracingSteps), a row each for off and for on.
 func (h *harness) runTracing(ctx context.Context) error {
 	if !h.p.want("tracing") {
 		return nil
