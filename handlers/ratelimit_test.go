@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -286,8 +287,14 @@ func TestStartRateLimitFailsOpen(t *testing.T) {
 type hungRedis struct {
 	addr string
 
-	mu       sync.Mutex
-	accepted []time.Time // when each connection was accepted
+	mu sync.Mutex
+	// reads: when each connection's reads returned, by connection (in
+	// the order accepted). A connection is counted when it sends, not
+	// when it is dialled: go-redis (v9.23) dials in a goroutine of its
+	// own that outlives the command that asked, and puts a connection
+	// that arrives after its command gave up into the pool, where the
+	// next command takes it without a dial of its own.
+	reads [][]time.Time
 }
 
 func newHungRedis(t *testing.T) *hungRedis {
@@ -305,7 +312,8 @@ func newHungRedis(t *testing.T) *hungRedis {
 				return
 			}
 			h.mu.Lock()
-			h.accepted = append(h.accepted, time.Now())
+			id := len(h.reads)
+			h.reads = append(h.reads, nil)
 			h.mu.Unlock()
 			conns.Go(func() { // reads, never answers, until the end of the test
 				buf := make([]byte, 512)
@@ -313,6 +321,9 @@ func newHungRedis(t *testing.T) *hungRedis {
 					if _, err := c.Read(buf); err != nil {
 						return
 					}
+					h.mu.Lock()
+					h.reads[id] = append(h.reads[id], time.Now())
+					h.mu.Unlock()
 				}
 			})
 			t.Cleanup(func() { _ = c.Close() })
@@ -321,15 +332,17 @@ func newHungRedis(t *testing.T) *hungRedis {
 	return h
 }
 
-// connections counts the connections accepted from since (inclusive) to
-// until (exclusive). A connection's time is taken once it is accepted: it
-// came at that time or earlier.
+// connections counts the connections that sent something from since
+// (inclusive) to until (exclusive): the asks that reached Redis, each on a
+// connection of its own (an ask that gets no answer makes its connection
+// unusable). A read's time is taken once it returned: what it read was
+// sent at that time or earlier.
 func (h *hungRedis) connections(since, until time.Time) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := 0
-	for _, at := range h.accepted {
-		if !at.Before(since) && at.Before(until) {
+	for _, reads := range h.reads {
+		if slices.ContainsFunc(reads, func(at time.Time) bool { return !at.Before(since) && at.Before(until) }) {
 			n++
 		}
 	}
@@ -344,7 +357,7 @@ func (h *hungRedis) connections(since, until time.Time) int {
 // test waits half a minute). A start that failed open failed at
 // t0+RateLimitTimeout at the earliest (t0: before it was sent), so Redis is
 // left alone until t0+RateLimitTimeout+RateLimitPause at least: no other
-// connection reaches the hung server before then, however many starts come
+// connection sends to the hung server before then, however many starts come
 // meanwhile. Once the pause is surely over (RateLimitPause after the last
 // start returned), the next start asks Redis again, and fails open again.
 // Two rounds at least, until at least 5 starts were answered inside a pause.
