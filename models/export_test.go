@@ -1,5 +1,7 @@
 package models
 
+import "time"
+
 // StartBatch sends the starts ps (with their key rows ks, nil for none) as
 // one statement of the start's fast path, as a batcher's writer would, and
 // returns each start's result: for tests of startBatchSQL.
@@ -19,6 +21,13 @@ func (s *RunStore) StartBatch(ps []StartParams, ks []*KeyWrite) ([]OneResult, er
 // StartWritersForTest is how many statements of starts the batcher runs at
 // once before a light organisation's start goes by an express writer.
 const StartWritersForTest = startWriters
+
+// StartBatchMaxForTest is the most starts one statement carries.
+const StartBatchMaxForTest = startBatchMax
+
+// SetStartStallForTest sets how long a statement of starts runs before its
+// writer counts as stalled (startStall).
+func (s *RunStore) SetStartStallForTest(d time.Duration) { s.batcher.stallAfter = d }
 
 // QueuedStartsForTest is how many starts wait in the batcher's queue for a
 // writer (not those being written, nor those gone by an express writer).

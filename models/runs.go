@@ -25,7 +25,7 @@ type RunStore struct {
 
 // NewRunStore returns a RunStore on db.
 func NewRunStore(db *gorm.DB) *RunStore {
-	return &RunStore{db: db, batcher: &startBatcher{db: db, timeout: 30 * time.Second, orgs: map[string]int{}}}
+	return &RunStore{db: db, batcher: &startBatcher{db: db, timeout: 30 * time.Second, stallAfter: startStall, orgs: map[string]int{}}}
 }
 
 // SetStartTimeout bounds each statement of the start's fast path (the

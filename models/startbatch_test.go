@@ -275,6 +275,64 @@ func TestStartNoExpressAmongEquals(t *testing.T) {
 	requireDone(t, append(held, queued))
 }
 
+// TestStartsWaitForTheWriterAtWork: while a writer's statement runs (here
+// it waits on a key row another transaction holds), further starts wait in
+// the queue for its next statement, not for writers of their own, until
+// they make a full batch: the start that completes one gets a writer, and
+// its statement carries them all. Ordering only: the stall (startStall) is
+// made longer than the test, so that no writer counts as stalled.
+func TestStartsWaitForTheWriterAtWork(t *testing.T) {
+	t.Parallel()
+	f := newUsageFixture(t)
+	f.runs.SetStartStallForTest(time.Hour)
+	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	f.runs.SetStartObserver(func(waited []time.Duration, _ time.Duration) {
+		mu.Lock()
+		sizes = append(sizes, len(waited))
+		mu.Unlock()
+	})
+
+	holder := f.db.Begin()
+	defer holder.Rollback()
+	held := f.busyWriters(t, holder, []string{f.org}, []string{f.wf})
+	var starts []chan startOutcome
+	for range 10 {
+		starts = append(starts, f.startAsync(f.params(f.org, f.wf, 0), nil))
+	}
+	require.Eventually(t, func() bool { return f.runs.QueuedStartsForTest() == 10 }, 10*time.Second, 10*time.Millisecond,
+		"the starts did not wait in the queue for the writer at work")
+	for _, ch := range starts {
+		select {
+		case o := <-ch:
+			t.Fatalf("a start went by a writer of its own: %+v %v", o.res, o.err)
+		default:
+		}
+	}
+
+	for range models.StartBatchMaxForTest - 10 {
+		starts = append(starts, f.startAsync(f.params(f.org, f.wf, 0), nil))
+	}
+	for i, ch := range starts {
+		select {
+		case o := <-ch:
+			require.NoError(t, o.err, "start %d", i)
+			require.True(t, o.res.Done, "start %d: %+v", i, o.res)
+		case <-time.After(20 * time.Second): // less than the statement's timeout (30 s)
+			t.Fatalf("start %d of a full batch waited behind the writer at work", i)
+		}
+	}
+	require.EqualValues(t, 1, f.lockWaits(t), "the first writer's statement still waits on its key")
+	require.NoError(t, holder.Rollback().Error)
+	requireDone(t, held)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{models.StartBatchMaxForTest, 1}, sizes, "statements, in the order they ended")
+}
+
 // The start statement and the keys' statement before it run on generic
 // plans, made once per connection: PostgreSQL would otherwise plan each
 // afresh at every execution (it always estimates a custom plan cheaper),
