@@ -47,7 +47,15 @@ func newHookReceiver(t *testing.T, answer func(n int) int) *hookReceiver {
 	return rc
 }
 
+// serve records each webhook delivery (a POST) and answers it. Anything
+// else is not ours: a parallel test that took a free port (proctest.FreePort)
+// for a process that has not bound it yet polls it (GET /readyz), and may
+// reach a receiver that bound that port meanwhile.
 func (rc *hookReceiver) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.WriteHeader(http.StatusMethodNotAllowed)
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	rc.mu.Lock()
 	rc.attempts = append(rc.attempts, hookAttempt{ID: r.Header.Get("webhook-id"), Timestamp: r.Header.Get("webhook-timestamp"),
