@@ -5,11 +5,14 @@ GO ?= go
 
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/valruns?sslmode=disable
 export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/valruns_test?sslmode=disable
-# make run uses REDIS_URL's database (0); the tests use TEST_REDIS_URL's (9,
-# never flushed) and 10 to 15 of its server, which they flush. Neither starts
-# when REDIS_URL names one of the tests' databases (scripts/redis-dbs.sh).
+# make run uses REDIS_URL's database (0). The tests use a private Redis that
+# scripts/dev-services.sh starts under .dev/ (port 16379): TEST_REDIS_URL's
+# database (9, never flushed) and 10 to 15, which they flush; they stop,
+# deleting nothing, when one of those holds keys they did not write
+# (internal/testredis). Neither starts when REDIS_URL names one of the
+# tests' databases (scripts/redis-dbs.sh).
 export REDIS_URL ?= redis://127.0.0.1:6379/0
-export TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
+export TEST_REDIS_URL ?= redis://127.0.0.1:16379/9
 # Another port: make run HTTP_ADDR=127.0.0.1:8090 (it prints B for the Quickstart).
 export HTTP_ADDR ?= 127.0.0.1:8080
 

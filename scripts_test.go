@@ -89,11 +89,12 @@ func TestRedisDBsScript(t *testing.T) {
 		redis, test string
 		ok          bool
 	}{
-		{"", "", true}, // the defaults: 0 and 9 on 127.0.0.1:6379
+		{"", "", true}, // the defaults: 0 on 127.0.0.1:6379, 9 on 127.0.0.1:16379
 		{"redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/9", true},
 		{"redis://127.0.0.1:6379/8", "redis://127.0.0.1:6379/9", true},
 		{"redis://127.0.0.1:6379/9", "redis://127.0.0.1:6379/9", false},
-		{"redis://localhost/12", "", false},
+		{"redis://localhost/12", "", true}, // the tests' default server is 127.0.0.1:16379
+		{"redis://localhost:16379/12", "", false},
 		{"redis://:secret@127.0.0.1:6379/15", "redis://127.0.0.1:6379/9", false},
 		{"redis://127.0.0.1:6380/12", "redis://127.0.0.1:6379/9", true}, // another server
 		{"redis://127.0.0.1:6379/3", "redis://127.0.0.1:6379/3", false},

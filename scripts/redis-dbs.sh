@@ -3,15 +3,15 @@
 # never flush (or drain the queue of) a Redis database that make run uses.
 #
 #   make run   uses REDIS_URL's database (default redis://127.0.0.1:6379/0: database 0);
-#   make test  uses TEST_REDIS_URL's database (default 9: queues the tests share, never
-#              flushed) and databases 10 to 15 of the same server (each flushed by the
-#              test that takes it).
+#   make test  uses TEST_REDIS_URL's database (default redis://127.0.0.1:16379/9, a private
+#              Redis under .dev/: queues the tests share, never flushed) and databases
+#              10 to 15 of the same server (each flushed by the test that takes it).
 #
 # It exits 1, saying why, when REDIS_URL names one of the tests' databases on the
 # server of TEST_REDIS_URL; make run and make test run it first.
 set -euo pipefail
 REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
-TEST_REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379/9}"
+TEST_REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:16379/9}"
 
 # server_db URL -> "HOST:PORT DB" (localhost spelled 127.0.0.1, the port 6379 by default)
 server_db() {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/internal/proctest"
+	"github.com/valruns/valruns/internal/testredis"
 	"github.com/valruns/valruns/tasks"
 )
 
@@ -34,15 +35,11 @@ func TestMain(m *testing.M) { os.Exit(proctest.Run(m)) }
 
 // ---- Redis ---------------------------------------------------------------
 
-// redisBase is TEST_REDIS_URL (default DB 9): its address and credentials;
-// the DB numbers tests use are 10 to 15.
+// redisBase is TEST_REDIS_URL (internal/testredis): its address and
+// credentials; the DB numbers tests use are 10 to 15.
 func redisBase(t testing.TB) asynq.RedisClientOpt {
 	t.Helper()
-	u := os.Getenv("TEST_REDIS_URL")
-	if u == "" {
-		u = "redis://127.0.0.1:6379/9"
-	}
-	opt, err := asynq.ParseRedisURI(u)
+	opt, err := asynq.ParseRedisURI(testredis.URL(t))
 	require.NoError(t, err, "TEST_REDIS_URL")
 	o, ok := opt.(asynq.RedisClientOpt)
 	require.True(t, ok, "TEST_REDIS_URL must name a single Redis server")
@@ -111,15 +108,15 @@ func redisClient(opt asynq.RedisClientOpt) *redis.Client {
 	})
 }
 
-// flushRedis empties one of the test DB numbers (never DB 0: the system's).
+// flushRedis empties one of the test DB numbers, which testredis.URL
+// checked were the tests' own.
 func flushRedis(t testing.TB, opt asynq.RedisClientOpt) {
 	t.Helper()
-	require.GreaterOrEqual(t, opt.DB, 10, "tests only flush their own Redis DB numbers")
 	c := redisClient(opt)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(t, c.FlushDB(ctx).Err(), "FLUSHDB %d", opt.DB)
+	require.NoError(t, testredis.Flush(ctx, c), "FLUSHDB %d", opt.DB)
 }
 
 // refuseForeignWorker fails the test, flushing nothing, when an asynq

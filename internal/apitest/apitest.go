@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +27,7 @@ import (
 	"github.com/valruns/valruns/handlers"
 	"github.com/valruns/valruns/internal/apispec/conform"
 	"github.com/valruns/valruns/internal/testdb"
+	"github.com/valruns/valruns/internal/testredis"
 	"github.com/valruns/valruns/models"
 )
 
@@ -310,17 +310,13 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg strin
 	}
 }
 
-// Redis is a client of TEST_REDIS_URL (default redis://127.0.0.1:6379/9)
-// for Options.Redis, closed at the end of the test. The start rate buckets
+// Redis is a client of TEST_REDIS_URL (internal/testredis) for Options.Redis, closed at the end of the test. The start rate buckets
 // are keyed by organisation, and every test has organisations of its own,
 // so tests share the database without flushing it (other packages' tests
 // use it at the same time).
 func Redis(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	u := os.Getenv("TEST_REDIS_URL")
-	if u == "" {
-		u = "redis://127.0.0.1:6379/9"
-	}
+	u := testredis.URL(t)
 	opt, err := redis.ParseURL(u)
 	if err != nil {
 		t.Fatalf("TEST_REDIS_URL: %v", err)

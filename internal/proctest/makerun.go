@@ -16,6 +16,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/internal/testdb"
+	"github.com/valruns/valruns/internal/testredis"
 )
 
 // Result is what one run of the binary produced.
@@ -123,10 +124,5 @@ func MakeRun(t *testing.T, bin, dir string) (db *gorm.DB, addr, token, wf string
 	return db, addr, token, wf
 }
 
-// RedisURL is TEST_REDIS_URL (default redis://127.0.0.1:6379/9).
-func RedisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379/9"
-}
+// RedisURL is TEST_REDIS_URL (internal/testredis.MustURL).
+func RedisURL() string { return testredis.MustURL() }
