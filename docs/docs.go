@@ -1301,14 +1301,14 @@ const docTemplate = `{
                                 "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
-                                "detail": "url: private address: 127.0.0.1 is not a public address.",
+                                "detail": "url: address not allowed: 127.0.0.1 is a loopback address.",
                                 "code": "validation_error",
                                 "instance": "/api/webhook-endpoints/",
                                 "request_id": "e919d5445ea462a2c01bbc09",
                                 "errors": [
                                     {
                                         "field": "url",
-                                        "message": "private address: 127.0.0.1 is not a public address"
+                                        "message": "address not allowed: 127.0.0.1 is a loopback address"
                                     }
                                 ]
                             },
@@ -1316,14 +1316,14 @@ const docTemplate = `{
                                 "type": "/problems/validation_error",
                                 "title": "Bad Request",
                                 "status": 400,
-                                "detail": "url: private address: 127.0.0.1 is not a public address.",
+                                "detail": "url: address not allowed: 127.0.0.1 is a loopback address.",
                                 "code": "validation_error",
                                 "instance": "/api/webhook-endpoints/",
                                 "request_id": "e919d5445ea462a2c01bbc09",
                                 "errors": [
                                     {
                                         "field": "url",
-                                        "message": "private address: 127.0.0.1 is not a public address"
+                                        "message": "address not allowed: 127.0.0.1 is a loopback address"
                                     }
                                 ]
                             }

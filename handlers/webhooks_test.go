@@ -181,6 +181,12 @@ func TestWebhookEndpointValidation(t *testing.T) {
 		{"teredo", `{"url":"http://[2001:0:7f00:1::]:18998/h"}`, "url"},
 		{"local-use nat64", `{"url":"http://[64:ff9b:1::7f00:1]:18998/h"}`, "url"},
 		{"6to4 relay", `{"url":"http://192.88.99.1/h"}`, "url"},
+		{"full-width loopback", `{"url":"http://１２７.０.０.１:18998/h"}`, "url"},
+		{"ideographic full stops", `{"url":"http://127。0。0。1:18998/h"}`, "url"},
+		{"documentation range", `{"url":"http://203.0.113.9/h"}`, "url"},
+		{"ipv6 documentation range", `{"url":"http://[2001:db8::1]/h"}`, "url"},
+		{"site-local", `{"url":"http://[fec0::1]/h"}`, "url"},
+		{"two final dots", `{"url":"http://example.com../h"}`, "url"},
 		{"long description", `{"url":"https://example.com/","description":"` + strings.Repeat("é", 501) + `"}`, "description"},
 		{"unknown event", `{"url":"https://example.com/","events":["validation_run.started"]}`, "events[0]"},
 		{"no events", `{"url":"https://example.com/","events":[]}`, "events"},
@@ -196,16 +202,21 @@ func TestWebhookEndpointValidation(t *testing.T) {
 	}
 	require.EqualValues(t, 0, e.Count("webhook_endpoints", "org_id = ?", org.ID))
 
+	// The refusal names the host as it would be dialled, and why.
+	r := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"http://１２７.０.０.１:18998/h"}`)
+	require.Equal(t, "url: address not allowed: 127.0.0.1 (written １２７.０.０.１) is a loopback address.", r.Map(t)["detail"])
+
 	// With WEBHOOK_ALLOW_PRIVATE_TARGETS=true (local development), private targets are taken.
 	dev := e.WithConfig(func(c *config.Config) { c.WebhookAllowPrivateTargets = true })
-	r := dev.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"http://127.0.0.1:18500/hooks"}`)
+	r = dev.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"http://127.0.0.1:18500/hooks"}`)
 	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 
 	// A URL that can never be valid is refused even then: an IPv4 address
 	// not in dotted-decimal form (resolvers read these as addresses), a
 	// port out of range.
 	for _, url := range []string{"http://0x7f000001:18998/h", "http://2130706433:18998/h", "http://0177.0.0.1:18998/h",
-		"http://127.1:18998/h", "http://0:18998/h", "http://127.0.0.1:0/h", "http://127.0.0.1:99999/h", "http://example.com:0/h"} {
+		"http://127.1:18998/h", "http://0:18998/h", "http://127.0.0.1:0/h", "http://127.0.0.1:99999/h", "http://example.com:0/h",
+		"http://１２７.１:18998/h", "http://127.0.0.1..:18998/h"} {
 		for _, env := range []*apitest.Env{e, dev} {
 			r := env.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, map[string]any{"url": url})
 			require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", url, r.Body)

@@ -90,7 +90,10 @@ func (s *RunStore) Finish(ctx context.Context, runID string, attempt int, status
 // validation_run.finished event is recorded for each endpoint of its
 // organisation that subscribes to it (the outbox; ON CONFLICT keeps an
 // event once; for an organisation without endpoints it costs one index
-// probe). Each returns what endedRun reads of the runs it ended.
+// probe). The endpoints are read FOR KEY SHARE (the lock the foreign key's
+// check takes anyway), so an endpoint deleted at that moment is left out
+// instead of failing the run's final write. Each returns what endedRun
+// reads of the runs it ended.
 var (
 	claimRunSQL        = statement("claim_run")
 	claimStateSQL      = statement("claim_state")

@@ -2,6 +2,10 @@ package models_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,6 +115,151 @@ func TestFinalWritesRecordTheEventOnce(t *testing.T) {
 	var otherN int64
 	require.NoError(t, db.Session(&gorm.Session{}).Raw(`SELECT count(*) FROM webhook_deliveries WHERE org_id = ?`, other).Scan(&otherN).Error)
 	require.Zero(t, otherN)
+}
+
+// A run's final write never fails because an endpoint of its organisation
+// is deleted at the same moment: every statement that ends runs (the fast
+// path's batch, Finish, FailAttempt, Fail) ends each run on its first try
+// while other connections delete endpoints (each delete held open a
+// moment, as a slow one is), and records the event for the endpoints that
+// still exist: every endpoint never deleted gets every run's event, and no
+// delivery names an endpoint that is gone.
+func TestRunEndsWhileEndpointsAreDeleted(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t, testdb.Options{MaxOpenConns: 16})
+	ctx := context.Background()
+	runs := models.NewRunStore(db)
+	hooks := models.NewWebhookStore(db)
+	org, wf := acmeWorkflow(t, db)
+	endpoint := func() string {
+		e := &models.WebhookEndpoint{OrgID: org, URL: "https://example.com/hooks", Events: models.JSON(`["validation_run.finished"]`), Secret: "whsec_AAAA"}
+		require.NoError(t, hooks.Create(db, e))
+		return e.ID
+	}
+	kept := []string{endpoint(), endpoint()}
+	const enders, perEnder, batch = 8, 32, 4
+	ids := make([][]string, enders)
+	for i := range ids {
+		require.NoError(t, db.Raw(`INSERT INTO validation_runs (org_id, workflow_id, status, submission, metadata)
+			SELECT ?, ?, 'queued', '{}', '{}' FROM generate_series(1, ?) RETURNING id`, org, wf, perEnder).Scan(&ids[i]).Error)
+	}
+
+	// Deleters: make an endpoint, then delete it in a transaction held
+	// open a moment, until every run has ended.
+	stop := make(chan struct{})
+	var deleters sync.WaitGroup
+	var deleted atomic.Int64
+	deleteErrs := make(chan error, 3)
+	for range 3 {
+		deleters.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				e := &models.WebhookEndpoint{OrgID: org, URL: "https://example.com/gone", Events: models.JSON(`["validation_run.finished"]`), Secret: "whsec_AAAA"}
+				err := hooks.Create(db, e)
+				if err == nil {
+					err = db.Transaction(func(tx *gorm.DB) error {
+						if err := tx.Exec(`DELETE FROM webhook_endpoints WHERE id = ?`, e.ID).Error; err != nil {
+							return err
+						}
+						time.Sleep(5 * time.Millisecond)
+						return nil
+					})
+				}
+				if err != nil {
+					deleteErrs <- err
+					return
+				}
+				deleted.Add(1)
+			}
+		})
+	}
+
+	// Enders: each ends its runs, a quarter by each statement; the first
+	// try must end the run.
+	var wg sync.WaitGroup
+	errs := make(chan error, enders*perEnder)
+	for i := range enders {
+		wg.Go(func() {
+			mine := ids[i]
+			for j := 0; j < len(mine); {
+				switch (j / batch) % 4 {
+				case 0:
+					outs := make([]models.Outcome, 0, batch)
+					for _, id := range mine[j : j+batch] {
+						outs = append(outs, models.Outcome{RunID: id, Status: models.RunPassed, StartedAt: time.Now()})
+					}
+					ended, err := runs.FinishUnclaimed(ctx, outs)
+					if err == nil && len(ended) != batch {
+						err = fmt.Errorf("a batch of %d ended %d runs", batch, len(ended))
+					}
+					if err != nil {
+						errs <- err
+					}
+					j += batch
+					continue
+				case 1, 2:
+					id := mine[j]
+					c, err := runs.Claim(ctx, id, time.Minute, 5)
+					if err != nil {
+						errs <- err
+						break
+					}
+					var ok bool
+					if (j/batch)%4 == 1 {
+						ok, err = runs.Finish(ctx, id, c.Attempts, models.RunFailed, nil)
+					} else {
+						ok, err = runs.FailAttempt(ctx, id, c.Attempts, "too long")
+					}
+					if err == nil && !ok {
+						err = fmt.Errorf("run %s did not end on its first save", id)
+					}
+					if err != nil {
+						errs <- err
+					}
+				case 3:
+					ok, err := runs.Fail(ctx, mine[j], "gave up")
+					if err == nil && !ok {
+						err = fmt.Errorf("run %s did not end on its first save", mine[j])
+					}
+					if err != nil {
+						errs <- err
+					}
+				}
+				j++
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	deleters.Wait()
+	close(errs)
+	var failures []string
+	for err := range errs {
+		failures = append(failures, err.Error())
+	}
+	if len(failures) > 0 {
+		t.Fatalf("%d final saves of %d runs failed; the first: %s", len(failures), enders*perEnder, failures[0])
+	}
+	close(deleteErrs)
+	for err := range deleteErrs {
+		require.NoError(t, err)
+	}
+	require.Positive(t, deleted.Load())
+
+	var notFinal, missing, orphans int64
+	require.NoError(t, db.Raw(`SELECT count(*) FROM validation_runs WHERE org_id = ? AND finished_at IS NULL`, org).Scan(&notFinal).Error)
+	require.Zero(t, notFinal)
+	require.NoError(t, db.Raw(`SELECT count(*) FROM validation_runs r CROSS JOIN unnest(CAST(? AS uuid[])) AS k(id)
+		WHERE r.org_id = ? AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.run_id = r.id AND d.endpoint_id = k.id)`,
+		"{"+strings.Join(kept, ",")+"}", org).Scan(&missing).Error)
+	require.Zero(t, missing, "an endpoint never deleted missed a run's event")
+	require.NoError(t, db.Raw(`SELECT count(*) FROM webhook_deliveries d
+		WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = d.endpoint_id)`).Scan(&orphans).Error)
+	require.Zero(t, orphans)
 }
 
 // A claim of a delivery is fenced: once it ran out and the delivery was

@@ -26,9 +26,11 @@ const (
 
 // Sender POSTs signed events to endpoints, one attempt per Send. It never
 // follows a redirect (a 3xx is a failed attempt), never goes through a
-// proxy from the environment, and, unless private targets are allowed,
-// refuses to connect to an address PublicAddr rejects: the check runs on
-// the address being dialled, after the name was resolved, so a public
+// proxy from the environment, and sends only to a URL of a form CheckURL
+// takes (one stored before a rule was added is refused). Unless private
+// targets are allowed, it refuses to connect to an address PublicAddr
+// rejects: the check runs on the address being dialled, after net/http
+// mapped the host as CheckURL does and the name was resolved, so a public
 // name that resolves to 127.0.0.1 is refused too.
 type Sender struct {
 	client *http.Client
@@ -42,17 +44,7 @@ func NewSender(allowPrivate bool, timeout time.Duration) *Sender {
 	}
 	dialer := &net.Dialer{Timeout: timeout}
 	if !allowPrivate {
-		dialer.Control = func(_, address string, _ syscall.RawConn) error {
-			host, _, err := net.SplitHostPort(address)
-			if err != nil {
-				return err
-			}
-			a, err := netip.ParseAddr(host)
-			if err != nil || !PublicAddr(a) {
-				return fmt.Errorf("%w: %s", ErrPrivateTarget, host)
-			}
-			return nil
-		}
+		dialer.Control = checkDial
 	}
 	transport := &http.Transport{
 		Proxy:                 nil,
@@ -67,6 +59,23 @@ func NewSender(allowPrivate bool, timeout time.Duration) *Sender {
 		Timeout:       timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}
+}
+
+// checkDial is the dialer's Control when private targets are not allowed:
+// address is the resolved "ip:port" about to be connected to.
+func checkDial(_, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return fmt.Errorf("%w: %s is not an address", ErrPrivateTarget, host)
+	}
+	if why := refusal(a); why != "" {
+		return fmt.Errorf("%w: %s is %s", ErrPrivateTarget, host, why)
+	}
+	return nil
 }
 
 // Result is the outcome of one attempt.
@@ -86,6 +95,11 @@ type Result struct {
 // webhook-timestamp (now, unix seconds) and webhook-signature (Sign with
 // secrets).
 func (s *Sender) Send(ctx context.Context, url, eventID string, secrets []string, body []byte, now time.Time) Result {
+	// The URL's form, as registration checks it; its address is checked
+	// when dialled, after the name resolved.
+	if err := CheckURL(url, true); err != nil {
+		return Result{Err: fmt.Errorf("%w: %w", errBadURL, err)}
+	}
 	ts := now.Unix()
 	sig, err := Sign(secrets, eventID, ts, body)
 	if err != nil {
@@ -185,6 +199,6 @@ func Shown(recorded string) string {
 	return ReasonFailed
 }
 
-// errBadURL: the endpoint's URL could not make a request (one stored
-// before CheckURL refused its form).
+// errBadURL: the endpoint's URL is one CheckURL refuses (stored before a
+// rule was added), or could not make a request.
 var errBadURL = errors.New("the URL cannot make a request")

@@ -186,6 +186,39 @@ func TestSendRefusesIPv6FormsOfIPv4AtConnect(t *testing.T) {
 	}
 }
 
+// A delivery checks its URL as registration does (an endpoint stored
+// before a rule was added): a documentation address, or 127.0.0.1 in full
+// width, is refused when dialled; a name a resolver would not take (two
+// final dots) is not sent to, private targets allowed or not.
+func TestSendChecksTheURLAsRegistrationDoes(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, []string{vector}, func(int64, http.ResponseWriter) {})
+	_, port, err := net.SplitHostPort(rc.Listener.Addr().String())
+	require.NoError(t, err)
+	strict := webhooks.NewSender(false, 2*time.Second)
+	lax := webhooks.NewSender(true, 2*time.Second)
+	for _, tt := range []struct {
+		send   *webhooks.Sender
+		url    string
+		reason string
+	}{
+		{strict, "http://192.0.2.1:" + port + "/h", webhooks.ReasonNotAllowed},
+		{strict, "http://[2001:db8::1]:" + port + "/h", webhooks.ReasonNotAllowed},
+		{strict, "http://１２７.０.０.１:" + port + "/h", webhooks.ReasonNotAllowed},
+		{strict, "http://127.0.0.1..:" + port + "/h", webhooks.ReasonBadURL},
+		{lax, "http://127.0.0.1..:" + port + "/h", webhooks.ReasonBadURL},
+		{lax, "http://localhost..:" + port + "/h", webhooks.ReasonBadURL},
+	} {
+		res := tt.send.Send(context.Background(), tt.url, "evt_1", []string{vector}, event, time.Now())
+		require.False(t, res.Delivered, tt.url)
+		require.Equal(t, tt.reason, webhooks.Reason(res.Err), "%s: %v", tt.url, res.Err)
+	}
+	require.Zero(t, rc.hits.Load())
+
+	res := lax.Send(context.Background(), "http://１２７.０.０.１:"+port+"/h", "evt_1", []string{vector}, event, time.Now())
+	require.True(t, res.Delivered, "%v", res.Err)
+}
+
 // What a delivery records of a failed attempt is a coarse reason: no
 // address the name resolved to, no resolver, no port, whatever the
 // failure. The errors are the ones real attempts get.

@@ -1,7 +1,7 @@
 // Package webhooks holds what valruns' webhooks need besides the database:
 // the Standard Webhooks signature (https://www.standardwebhooks.com/) and
-// the policy on which targets a delivery may reach (SSRF). It is pure: no
-// database, no network.
+// the policy on which targets a delivery may reach (SSRF), and the sender.
+// It uses no database.
 package webhooks
 
 import (
@@ -10,10 +10,14 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
+
+	"golang.org/x/net/idna"
 )
 
 // EventRunFinished is the one event type: a run reached passed, failed or error.
@@ -60,48 +64,88 @@ func Sign(secrets []string, id string, timestamp int64, body []byte) (string, er
 }
 
 // ErrPrivateTarget: the target is a loopback, private, link-local,
-// unspecified, multicast or cloud metadata address (or a name for the
-// local host), and private targets are not allowed.
-var ErrPrivateTarget = errors.New("private address")
+// reserved, documentation, unspecified, multicast or cloud metadata address,
+// an address of this host, or a name for the local host, and private
+// targets are not allowed.
+var ErrPrivateTarget = errors.New("address not allowed")
 
 // PublicAddr reports whether a may be the target of a delivery when private
-// targets are not allowed.
-func PublicAddr(a netip.Addr) bool {
+// targets are not allowed: the one list both CheckURL (when an endpoint is
+// registered) and the Sender (on the address being dialled) apply.
+func PublicAddr(a netip.Addr) bool { return refusal(a) == "" }
+
+// refusal says why a may not be the target of a delivery ("a loopback
+// address"), or is "" when it may.
+func refusal(a netip.Addr) string {
 	a = a.Unmap()
 	switch {
-	case !a.IsValid(), a.IsLoopback(), a.IsPrivate(), a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast(),
-		a.IsInterfaceLocalMulticast(), a.IsMulticast(), a.IsUnspecified():
-		return false
+	case !a.IsValid():
+		return "not an address"
+	case a.IsLoopback():
+		return "a loopback address"
+	case a.IsPrivate():
+		return "a private address"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		return "a link-local address"
+	case a.IsInterfaceLocalMulticast(), a.IsMulticast():
+		return "a multicast address"
+	case a.IsUnspecified():
+		return "the unspecified address"
 	}
-	for _, p := range nonPublic {
-		if p.Contains(a) {
-			return false
+	for _, r := range refused {
+		if r.prefix.Contains(a) {
+			return r.what + " (" + r.prefix.String() + ")"
 		}
 	}
-	return true
+	own, err := interfaceAddrs()
+	if err != nil {
+		return "not known to be public: this host's addresses could not be read"
+	}
+	for _, o := range own {
+		if n, ok := o.(*net.IPNet); ok {
+			if oa, ok := netip.AddrFromSlice(n.IP); ok && oa.Unmap() == a.WithZone("") {
+				return "an address of this host"
+			}
+		}
+	}
+	return ""
 }
 
-// nonPublic are ranges the net/netip predicates leave out: shared address
-// space (carrier NAT), "this network", benchmarking, the 6to4 relay
-// anycast, the AWS/GCP/Azure metadata service's IPv6 form, and the IPv6
-// ranges that embed or reach an IPv4 address of any kind (so 127.0.0.1
-// hides in them): IPv4-compatible (::/96), IPv4-translated
-// (::ffff:0:0:0/96), NAT64's well-known and local-use prefixes, Teredo
-// (2001::/32) and 6to4 (2002::/16).
-var nonPublic = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),
-	netip.MustParsePrefix("100.64.0.0/10"),
-	netip.MustParsePrefix("192.0.0.0/24"),
-	netip.MustParsePrefix("192.88.99.0/24"),
-	netip.MustParsePrefix("198.18.0.0/15"),
-	netip.MustParsePrefix("240.0.0.0/4"),
-	netip.MustParsePrefix("fd00:ec2::/32"),
-	netip.MustParsePrefix("::/96"),
-	netip.MustParsePrefix("::ffff:0:0:0/96"),
-	netip.MustParsePrefix("64:ff9b::/96"),
-	netip.MustParsePrefix("64:ff9b:1::/48"),
-	netip.MustParsePrefix("2001::/32"),
-	netip.MustParsePrefix("2002::/16"),
+// interfaceAddrs lists this host's interface addresses: a public address
+// of the host reaches its own services as loopback would. Read at each
+// check, since addresses change while a process runs; a variable so that
+// tests can give the host a public address.
+var interfaceAddrs = net.InterfaceAddrs
+
+// refused are the ranges the net/netip predicates leave out, from the IANA
+// special-purpose address registries: none is a host on the internet a
+// delivery could be meant for. The IPv6 ranges that embed or reach an IPv4
+// address of any kind are here so that 127.0.0.1 cannot hide in them.
+var refused = []struct {
+	prefix netip.Prefix
+	what   string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), `a "this network" address`},
+	{netip.MustParsePrefix("100.64.0.0/10"), "a shared address (carrier-grade NAT)"},
+	{netip.MustParsePrefix("192.0.0.0/24"), "an address reserved for protocol assignments"},
+	{netip.MustParsePrefix("192.0.2.0/24"), "a documentation address"},
+	{netip.MustParsePrefix("192.88.99.0/24"), "the 6to4 relay anycast address"},
+	{netip.MustParsePrefix("198.18.0.0/15"), "a benchmarking address"},
+	{netip.MustParsePrefix("198.51.100.0/24"), "a documentation address"},
+	{netip.MustParsePrefix("203.0.113.0/24"), "a documentation address"},
+	{netip.MustParsePrefix("240.0.0.0/4"), "a reserved address"},
+	{netip.MustParsePrefix("fd00:ec2::/32"), "a cloud metadata service address"},
+	{netip.MustParsePrefix("::/96"), "an IPv4-compatible address"},
+	{netip.MustParsePrefix("::ffff:0:0:0/96"), "an IPv4-translated address"},
+	{netip.MustParsePrefix("64:ff9b::/96"), "a NAT64 address"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "a local-use NAT64 address"},
+	{netip.MustParsePrefix("100::/64"), "a discard-only address"},
+	{netip.MustParsePrefix("2001::/32"), "a Teredo address"},
+	{netip.MustParsePrefix("2001:2::/48"), "a benchmarking address"},
+	{netip.MustParsePrefix("2001:db8::/32"), "a documentation address"},
+	{netip.MustParsePrefix("2002::/16"), "a 6to4 address"},
+	{netip.MustParsePrefix("3fff::/20"), "a documentation address"},
+	{netip.MustParsePrefix("fec0::/10"), "a site-local address (deprecated)"},
 }
 
 // localNames are host names of the local host (or a cloud's metadata
@@ -119,12 +163,17 @@ var localNames = map[string]bool{
 // CheckURL checks an endpoint's URL: absolute http or https with a host, at
 // most MaxURLLength bytes, no user information (a secret in a URL shows in
 // logs), a port (if any) from 1 to 65535, and a host that is a name or an
-// address as written by RFC 3986: one that ends in a number must be an
-// IPv4 address in dotted-decimal form, since resolvers and browsers read
-// 0x7f000001, 2130706433, 0177.0.0.1, 127.1 and 0 as addresses too. Unless
-// allowPrivate, a host that is an address must be a public one and a name
-// must not be the local host's; a name is resolved only when a delivery is
-// sent, and checked again then (a name may resolve anywhere).
+// address as written by RFC 3986. The host is checked as net/http dials
+// it: a host that is not ASCII is first mapped by UTS 46 (idna.Lookup, as
+// net/http does), so "１２７.０.０.１" and "127。0。0。1" are 127.0.0.1. A name
+// must be one a resolver takes (labels of letters, digits, hyphens and
+// underscores, none empty: no "example.com.."); one that ends in a number
+// must be an IPv4 address in dotted-decimal form, since resolvers and
+// browsers read 0x7f000001, 2130706433, 0177.0.0.1, 127.1 and 0 as
+// addresses too. Unless allowPrivate, a host that is an address must be a
+// public one (PublicAddr) and a name must not be the local host's; a name
+// is resolved only when a delivery is sent, and checked again then (a name
+// may resolve anywhere).
 func CheckURL(raw string, allowPrivate bool) error {
 	if raw == "" || len(raw) > MaxURLLength {
 		return fmt.Errorf("1 to %d characters", MaxURLLength)
@@ -136,8 +185,7 @@ func CheckURL(raw string, allowPrivate bool) error {
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return errors.New("must be an http or https URL")
 	}
-	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
-	if u.Host == "" || host == "" {
+	if u.Host == "" || u.Hostname() == "" {
 		return errors.New("must name a host")
 	}
 	if u.User != nil {
@@ -151,23 +199,85 @@ func CheckURL(raw string, allowPrivate bool) error {
 			return fmt.Errorf("port %s is not a port number (1 to 65535)", p)
 		}
 	}
+	host, shown, err := dialledHost(u)
+	if err != nil {
+		return err
+	}
 	a, err := netip.ParseAddr(host)
 	isAddr := err == nil
 	if !isAddr && endsInNumber(host) {
-		return fmt.Errorf("host %s: an IPv4 address must be written as four decimal numbers (such as 192.0.2.1)", host)
+		return fmt.Errorf("host %s: an IPv4 address must be written as four decimal numbers (such as 192.0.2.1)", shown)
+	}
+	if !isAddr && !hostName(host) {
+		return fmt.Errorf("host %s is not a host name: labels of letters, digits, hyphens and underscores, "+
+			"none empty, at most 63 bytes each and 253 in all", shown)
 	}
 	switch {
 	case allowPrivate:
 		return nil
 	case isAddr:
-		if !PublicAddr(a) {
-			return fmt.Errorf("%w: %s is not a public address", ErrPrivateTarget, host)
+		if why := refusal(a); why != "" {
+			return fmt.Errorf("%w: %s is %s", ErrPrivateTarget, shown, why)
 		}
 		return nil
 	case host == "localhost" || strings.HasSuffix(host, ".localhost") || localNames[host]:
-		return fmt.Errorf("%w: %s names a local or metadata host", ErrPrivateTarget, host)
+		return fmt.Errorf("%w: %s names a local or metadata host", ErrPrivateTarget, shown)
 	}
 	return nil
+}
+
+// dialledHost returns u's host as net/http dials it, lower case and
+// without one final dot: mapped by UTS 46 when it is not ASCII (net/http's
+// idnaASCII), an IPv6 address when written in brackets. shown is how a
+// message names it: the dialled host, and the host as written when they
+// differ by more than case.
+func dialledHost(u *url.URL) (host, shown string, err error) {
+	written := u.Hostname()
+	if strings.HasPrefix(u.Host, "[") {
+		a, err := netip.ParseAddr(written)
+		if err != nil || !a.Is6() {
+			return "", "", fmt.Errorf("host [%s] is not an IPv6 address", written)
+		}
+		return written, written, nil
+	}
+	host = written
+	if !isASCII(host) {
+		if host, err = idna.Lookup.ToASCII(host); err != nil {
+			return "", "", fmt.Errorf("host %s is not a host name (%v)", written, err)
+		}
+	}
+	host = strings.ToLower(host)
+	shown = host
+	if !strings.EqualFold(host, written) {
+		shown = host + " (written " + written + ")"
+	}
+	return strings.TrimSuffix(host, "."), shown, nil
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+// hostName reports whether host (lower case, without its final dot) is a
+// name a resolver takes: labels of 1 to 63 letters, digits, hyphens and
+// underscores, no label starting or ending with a hyphen, 253 bytes in all
+// (the rules of Go's resolver).
+func hostName(host string) bool {
+	if host == "" || len(host) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(host, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' ||
+			strings.Trim(label, "abcdefghijklmnopqrstuvwxyz0123456789-_") != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // endsInNumber reports whether host's last label is a number, decimal or

@@ -4,7 +4,11 @@
 -- statement: the run leaves unfinished_runs, and a delivery of its
 -- validation_run.finished event is recorded for each endpoint of its
 -- organisation that subscribes to it (the outbox; ON CONFLICT keeps an
--- event once).
+-- event once). The endpoints are read FOR KEY SHARE, so one deleted
+-- meanwhile never fails the statement on the deliveries' foreign key: the
+-- read waits for the delete's commit and leaves the endpoint out, or,
+-- read first, makes the delete wait for this commit (and remove the
+-- delivery with the endpoint).
 --
 -- Parameters (GORM):
 --   ?1 text: the reason   ?2 run uuid   ?3 integer: the attempt
@@ -20,5 +24,6 @@ WITH done AS (UPDATE validation_runs SET status = 'error', error = ?,
 	INSERT INTO webhook_deliveries (org_id, endpoint_id, run_id, event_id)
 	SELECT d.org_id, e.id, d.id, 'evt_' || replace(d.id::text, '-', '')
 	FROM done d JOIN webhook_endpoints e ON e.org_id = d.org_id AND e.events @> '["validation_run.finished"]'
+	FOR KEY SHARE OF e
 	ON CONFLICT DO NOTHING)
 SELECT id, status, CAST(greatest(extract(epoch FROM finished_at - created_at), 0) AS float8) AS seconds FROM done

@@ -18,5 +18,6 @@ WITH done AS (UPDATE validation_runs SET status = ?, findings = CAST(? AS json),
 	INSERT INTO webhook_deliveries (org_id, endpoint_id, run_id, event_id)
 	SELECT d.org_id, e.id, d.id, 'evt_' || replace(d.id::text, '-', '')
 	FROM done d JOIN webhook_endpoints e ON e.org_id = d.org_id AND e.events @> '["validation_run.finished"]'
+	FOR KEY SHARE OF e
 	ON CONFLICT DO NOTHING)
 SELECT id, status, CAST(greatest(extract(epoch FROM finished_at - created_at), 0) AS float8) AS seconds FROM done

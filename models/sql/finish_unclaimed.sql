@@ -21,5 +21,6 @@ RETURNING r.id, r.org_id, r.status, r.created_at, r.finished_at
 	INSERT INTO webhook_deliveries (org_id, endpoint_id, run_id, event_id)
 	SELECT d.org_id, e.id, d.id, 'evt_' || replace(d.id::text, '-', '')
 	FROM done d JOIN webhook_endpoints e ON e.org_id = d.org_id AND e.events @> '["validation_run.finished"]'
+	FOR KEY SHARE OF e
 	ON CONFLICT DO NOTHING)
 SELECT id, status, CAST(greatest(extract(epoch FROM finished_at - created_at), 0) AS float8) AS seconds FROM done
