@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -23,9 +24,10 @@ import (
 
 // RateLimitTimeout bounds the rate limit's round trip to Redis (unless
 // Deps.RateLimitTimeout says otherwise): past it, or on any Redis error,
-// the start is admitted without the limit (fail open). Starts do not need
-// Redis (the sweeper delivers their runs), and the limit must not make them
-// need it.
+// the start is admitted without the limit (fail open), except a start of
+// an organisation known to be over its rate while Redis is only late
+// (estimate). Starts do not need Redis (the sweeper delivers their runs),
+// and the limit must not make them need it.
 const RateLimitTimeout = 250 * time.Millisecond
 
 // rateLimitPause is how long a process skips the limit after Redis failed
@@ -77,6 +79,12 @@ type rateLimiter struct {
 	holding chan struct{}
 
 	pausedUntil atomic.Int64 // unix nanoseconds: the limit is skipped until then
+	pausedLate  atomic.Bool  // the pause is Redis's lateness, not its failure (see late)
+	// unreachable: the client's last dial to Redis failed (dialWatch). A
+	// refused dial reaches a call only as its deadline (go-redis dials,
+	// and retries, apart from the call), so a call's timeout alone cannot
+	// tell a Redis that is down from one that is slow.
+	unreachable atomic.Bool
 	loggedAt    atomic.Int64 // unix nanoseconds of the last log line
 
 	decisions *prometheus.CounterVec
@@ -103,7 +111,7 @@ func newRateLimiter(rdb redis.UniversalClient, defaultRate int, timeout, hold ti
 		hold: hold, holding: make(chan struct{}, cmp.Or(holdMax, rateLimitHoldMax)),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_rate_limit_decisions_total",
-			Help: "Starts checked against their organisation's rate, by outcome: allowed, limited, or failed_open (Redis failed or was slow, or was skipped after it did; the start went ahead unlimited).",
+			Help: "Starts checked against their organisation's rate, by outcome: allowed, limited, estimated (Redis was late, or was skipped after it was, and the organisation was known to be over its rate: the start was one the process's own estimate of the rate let through), or failed_open (Redis failed or was late, or was skipped after it did; the start went ahead unlimited).",
 		}, []string{"outcome"}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "valruns_rate_limit_held",
@@ -111,6 +119,7 @@ func newRateLimiter(rdb redis.UniversalClient, defaultRate int, timeout, hold ti
 		}),
 	}
 	if rdb != nil {
+		rdb.AddHook(dialWatch{l})
 		l.limiter = redis_rate.NewLimiter(rdb)
 	}
 	reg.MustRegister(l.decisions, l.held)
@@ -147,6 +156,10 @@ func (l *rateLimiter) middleware() gin.HandlerFunc {
 			}
 		}
 		if now.UnixNano() < l.pausedUntil.Load() {
+			if known != nil && l.pausedLate.Load() {
+				l.estimate(c, known, rate)
+				return
+			}
 			l.decisions.WithLabelValues("failed_open").Inc()
 			c.Next()
 			return
@@ -160,15 +173,25 @@ func (l *rateLimiter) middleware() gin.HandlerFunc {
 		ctx, cancel := context.WithTimeout(c.Request.Context(), l.timeout)
 		res, err := l.limiter.Allow(ctx, "valruns:start:"+p.OrgID, redis_rate.PerSecond(rate))
 		cancel()
-		l.remember(p.OrgID, rate, known, res, err, now)
 		if err != nil {
-			if c.Request.Context().Err() == nil { // not the client's hang-up
-				l.failed(c.Request.Context(), err)
+			hungUp := c.Request.Context().Err() != nil
+			isLate := hungUp || (late(err) && !l.unreachable.Load())
+			if !hungUp { // Redis's doing, not the client's
+				l.failed(c.Request.Context(), err, isLate)
+			}
+			if known != nil {
+				known.asking.Store(false)
+				if isLate {
+					l.estimate(c, known, rate)
+					return
+				}
+				l.denied.CompareAndDelete(p.OrgID, known) // Redis failed: fail open
 			}
 			l.decisions.WithLabelValues("failed_open").Inc()
 			c.Next()
 			return
 		}
+		l.remember(p.OrgID, rate, known, res, now)
 		if res.Allowed == 0 {
 			l.limited(c, rate, now.Add(res.RetryAfter))
 			return
@@ -183,12 +206,11 @@ func (l *rateLimiter) middleware() gin.HandlerFunc {
 // remember records what Redis answered for an organisation's start at
 // rate, asked at now: until when none passes (after a refusal, or after
 // the last token went, for the token's interval at least), or nothing
-// (a token is left, or Redis failed). known is the denial the start asked
-// for, if any: it is updated, or dropped, and no longer asking.
-func (l *rateLimiter) remember(org string, rate int, known *denial, res *redis_rate.Result, err error, now time.Time) {
+// (a token is left). known is the denial the start asked for, if any: it
+// is updated, or dropped, and no longer asking.
+func (l *rateLimiter) remember(org string, rate int, known *denial, res *redis_rate.Result, now time.Time) {
 	var until time.Time
 	switch {
-	case err != nil:
 	case res.Allowed == 0:
 		until = now.Add(res.RetryAfter)
 	case res.Remaining == 0:
@@ -206,6 +228,60 @@ func (l *rateLimiter) remember(org string, rate int, known *denial, res *redis_r
 	if known != nil {
 		known.asking.Store(false)
 	}
+}
+
+// estimate decides a start of an organisation known to be over its rate
+// (d: Redis refused one of its starts, or gave its last token, and has not
+// said since that a token is left) while Redis answers too late to be
+// asked: the process counts the tokens itself, one start per token
+// interval (1/rate), and refuses the others until the next. So a flood
+// stays at its rate while Redis is slow, where failing open let all of it
+// through, and its runs still start. The count is the process's own: with
+// several API processes, the organisation may get its rate from each
+// meanwhile.
+func (l *rateLimiter) estimate(c *gin.Context, d *denial, rate int) {
+	now := time.Now()
+	until := d.until.Load()
+	if now.UnixNano() < until || !d.until.CompareAndSwap(until, now.Add(time.Second/time.Duration(rate)).UnixNano()) {
+		l.limited(c, rate, time.Unix(0, d.until.Load()))
+		return
+	}
+	l.decisions.WithLabelValues("estimated").Inc()
+	c.Header(HeaderRateLimitPolicy, policyOf(rate))
+	c.Header(HeaderRateLimit, fmt.Sprintf("%s;r=0;t=1", rateLimitPolicy))
+	c.Next()
+}
+
+// late reports whether a Redis error means that Redis answered too late
+// (a timeout, no connection free in time) rather than that it failed (a
+// closed connection, an error reply, a failed dial; the caller also checks
+// unreachable): a slow Redis is still counting the organisation's tokens,
+// so what the process knew of them holds.
+func late(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
+		(errors.As(err, &ne) && ne.Timeout())
+}
+
+// dialWatch is the rate limit's hook on its Redis client: it records
+// whether the last dial failed (rateLimiter.unreachable).
+type dialWatch struct{ l *rateLimiter }
+
+func (w dialWatch) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		w.l.unreachable.Store(err != nil)
+		return conn, err
+	}
+}
+
+func (dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // limited answers 429 rate_limited: no start passes before until. The
@@ -266,18 +342,24 @@ func (l *rateLimiter) holdFor() time.Duration {
 // policyOf is the RateLimit-Policy of a rate: rate starts per 1-second window.
 func policyOf(rate int) string { return fmt.Sprintf("%s;q=%d;w=1", rateLimitPolicy, rate) }
 
-// failed pauses the limit after a Redis failure and logs it, at most once
-// per rateLimitLogEvery.
-func (l *rateLimiter) failed(ctx context.Context, err error) {
+// failed pauses the limit after a Redis failure (isLate: Redis answered
+// too late, see late) and logs it, at most once per rateLimitLogEvery.
+func (l *rateLimiter) failed(ctx context.Context, err error, isLate bool) {
 	now := time.Now()
+	l.pausedLate.Store(isLate)
 	l.pausedUntil.Store(now.Add(rateLimitPause).UnixNano())
 	last := l.loggedAt.Load()
 	if now.UnixNano()-last < int64(rateLimitLogEvery) || !l.loggedAt.CompareAndSwap(last, now.UnixNano()) {
 		return
 	}
+	if isLate {
+		l.log.WarnContext(ctx, "start rate limit: Redis is late, starts go ahead unlimited meanwhile, except those of organisations known to be over their rate, let through at their rate by this process's estimate (see valruns_rate_limit_decisions_total{outcome=~\"failed_open|estimated\"})",
+			"error", "no answer within "+l.timeout.String())
+		return
+	}
 	reason := err.Error()
-	if errors.Is(err, context.DeadlineExceeded) {
-		reason = "no answer within " + l.timeout.String()
+	if l.unreachable.Load() {
+		reason = "cannot connect (the last dial failed)"
 	}
 	l.log.WarnContext(ctx, "start rate limit: Redis failed, starts go ahead unlimited meanwhile (see valruns_rate_limit_decisions_total{outcome=\"failed_open\"})",
 		"error", reason)

@@ -3,6 +3,7 @@ package handlers_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"regexp"
@@ -596,4 +597,173 @@ func TestStartRateLimitHoldIsBounded(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return gaugeValue(t, e.Registry, "valruns_rate_limit_held") == 0 },
 		30*time.Second, 5*time.Millisecond)
+}
+
+// lateRedis is the tests' Redis behind a proxy (dbProxy) that can make it
+// late or down: each answer is held for delay before it is passed on (0:
+// at once), and once down it refuses connections and has closed those it
+// had.
+type lateRedis struct {
+	ln    net.Listener
+	delay atomic.Int64 // nanoseconds
+
+	mu    sync.Mutex
+	conns []net.Conn
+	down  bool
+}
+
+// newLateRedis starts the proxy, and returns it with a client of it built
+// as serve builds the rate limit's (timeouts of handlers.RateLimitTimeout).
+func newLateRedis(t *testing.T) (*lateRedis, redis.UniversalClient) {
+	t.Helper()
+	up := apitest.Redis(t).(*redis.Client).Options()
+	l := &lateRedis{}
+	l.ln = dbProxy(t, up.Addr, l.pipe)
+	to := handlers.RateLimitTimeout
+	rdb := redis.NewClient(&redis.Options{Addr: l.ln.Addr().String(), DB: up.DB, Username: up.Username, Password: up.Password,
+		DialTimeout: to, ReadTimeout: to, WriteTimeout: to})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return l, rdb
+}
+
+// pipe joins a client's connection c to Redis's u: requests pass at once,
+// answers after delay.
+func (l *lateRedis) pipe(c, u net.Conn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.down {
+		_, _ = c.Close(), u.Close()
+		return
+	}
+	l.conns = append(l.conns, c, u)
+	go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+	go func() {
+		defer c.Close()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := u.Read(buf)
+			if n > 0 {
+				time.Sleep(time.Duration(l.delay.Load()))
+				if _, err := c.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+}
+
+// goDown refuses connections from now on and closes those open.
+func (l *lateRedis) goDown() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.down = true
+	_ = l.ln.Close()
+	for _, c := range l.conns {
+		_ = c.Close()
+	}
+}
+
+// closedLoops runs clients loops of starts of o, each with a key of its
+// own, until stop says so (given the 429s so far), and counts the answers
+// 201 and 429 (anything else fails the test).
+func (f *rateFixture) closedLoops(t *testing.T, o apitest.Org, wf, prefix string, clients int, stop func(limited int64) bool) (created, limited int64) {
+	t.Helper()
+	var c, l atomic.Int64
+	var wg sync.WaitGroup
+	for n := range clients {
+		wg.Go(func() {
+			for i := 0; !stop(l.Load()); i++ {
+				r := f.start(o, wf, fmt.Sprintf("%s-%d-%d", prefix, n, i), i)
+				switch r.Status {
+				case http.StatusCreated:
+					c.Add(1)
+				case http.StatusTooManyRequests:
+					l.Add(1)
+				default:
+					t.Errorf("%d %s", r.Status, r.Body)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return c.Load(), l.Load()
+}
+
+// overItsRate floods o while Redis answers in time, until one of its
+// starts is refused: the organisation is known to be over its rate.
+func (f *rateFixture) overItsRate(t *testing.T, o apitest.Org, wf string, clients int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	_, limited := f.closedLoops(t, o, wf, "before", clients, func(limited int64) bool {
+		return limited > 0 || time.Now().After(deadline)
+	})
+	require.Positive(t, limited, "no start refused in a minute of flood")
+}
+
+// A flood over its organisation's rate stays at about its rate when Redis
+// turns slow, answering past the limit's deadline (RateLimitTimeout): the
+// organisation is known to be over its rate, so the process counts its
+// tokens itself rather than letting every start through (failing open let
+// a flood of 200 clients start twice its rate). Its starts still pass, at
+// its rate.
+func TestStartRateLimitLateRedisKeepsAFloodAtItsRate(t *testing.T) {
+	t.Parallel()
+	late, rdb := newLateRedis(t)
+	const rate, clients = 2, 32
+	e := apitest.New(t, apitest.Options{Redis: rdb, RateLimitTimeout: handlers.RateLimitTimeout, Config: func(c *config.Config) {
+		c.OrgStartRate = rate
+		c.RateLimitHold = 0 // refused at once: the clients send as fast as they can
+	}})
+	f := &rateFixture{e: e, rdb: rdb}
+	o, wf := f.org(t, "flooder", nil)
+	f.overItsRate(t, o, wf, clients)
+
+	late.delay.Store(int64(time.Second)) // every answer from now on comes 4 x RateLimitTimeout late
+	t0 := time.Now()
+	stop := t0.Add(3 * time.Second)
+	created, limited := f.closedLoops(t, o, wf, "late", clients, func(int64) bool { return time.Now().After(stop) })
+	elapsed := time.Since(t0)
+	allowed := float64(rate) * (elapsed.Seconds() + 1) // the burst, then the rate
+	t.Logf("Redis late: %d starts created, %d limited in %s (%.0f allowed)", created, limited, elapsed, allowed)
+	require.Positive(t, created, "a late Redis shuts the organisation out")
+	require.LessOrEqual(t, float64(created), 2*allowed,
+		"Redis late: %d starts created in %s at %d per second (%d limited): the limit opened", created, elapsed, rate, limited)
+	require.EqualValues(t, f.e.Count("validation_runs", "org_id = ? AND idempotency_key LIKE 'late-%'", o.ID), created, "one run per 201")
+}
+
+// docs/api.md: a Redis that fails (here: it went down, connections
+// refused) lets starts through unlimited, even those of an organisation
+// known to be over its rate a moment before.
+func TestStartRateLimitDownRedisFailsOpenAfterAFlood(t *testing.T) {
+	t.Parallel()
+	late, rdb := newLateRedis(t)
+	const rate = 1
+	e := apitest.New(t, apitest.Options{Redis: rdb, RateLimitTimeout: handlers.RateLimitTimeout, Config: func(c *config.Config) {
+		c.OrgStartRate = rate
+		c.RateLimitHold = 0
+	}})
+	f := &rateFixture{e: e, rdb: rdb}
+	o, wf := f.org(t, "flooder", nil)
+	f.overItsRate(t, o, wf, 8)
+
+	late.goDown()
+	deadline := time.Now().Add(30 * time.Second)
+	i := 0
+	for ; ; i++ { // refused until the denial the process knows of ends
+		r := f.start(o, wf, fmt.Sprintf("down-%d", i), i)
+		if r.Status == http.StatusCreated {
+			break
+		}
+		requireProblem(t, r, http.StatusTooManyRequests, problem.RateLimited.String())
+		require.True(t, time.Now().Before(deadline), "no start let through with Redis down")
+		time.Sleep(50 * time.Millisecond)
+	}
+	for n := range 20 { // 20 starts in a row at 1 per second: only failing open lets them all through
+		r := f.start(o, wf, fmt.Sprintf("down-%d", i+1+n), n)
+		require.Equal(t, http.StatusCreated, r.Status, "start %d with Redis down: %s", n, r.Body)
+	}
 }

@@ -42,7 +42,8 @@ type Deps struct {
 	// Redis, when set, holds the organisations' start rate buckets
 	// (ORG_START_RATE, shared by every API process); nil: no start is rate
 	// limited. Its calls are bounded by RateLimitTimeout, whatever the
-	// client's own timeouts.
+	// client's own timeouts. The limit adds a hook that watches the
+	// client's dials: a Redis it cannot reach is down, not slow.
 	Redis redis.UniversalClient
 	// RateLimitTimeout bounds each call of the rate limit to Redis; 0 means
 	// RateLimitTimeout (tests on a loaded machine give a generous one).

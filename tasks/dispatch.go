@@ -23,7 +23,8 @@ import (
 // buffer, and never makes a request wait on Redis. Whatever it cannot hand
 // off (Redis is down, the buffer is full, the process dies first) stays
 // queued in PostgreSQL, where the worker's sweeper finds it and enqueues
-// it after RUN_REDELIVER_AFTER: nothing is lost, it is only later.
+// it after RUN_REDELIVER_AFTER: nothing is lost, it is only later. A
+// graceful stop (Shutdown) hands off everything first.
 //
 // Runs enter the queue through the gate: an organisation past its share
 // of the queue (ORG_RUN_SHARE) has its runs wait their turn, in order,
@@ -41,6 +42,14 @@ type Dispatcher struct {
 	wg          sync.WaitGroup
 	ctx         context.Context
 	cancel      context.CancelFunc
+
+	// mu guards closed: once it is set, HandOff takes no run, so the
+	// senders know every run they must hand off is in the buffer or theirs.
+	mu     sync.RWMutex
+	closed bool
+	// closing is closed by Shutdown: a sender ends once the buffer is empty.
+	closing chan struct{}
+	stop    sync.Once
 }
 
 // DispatcherConfig configures a Dispatcher.
@@ -67,17 +76,18 @@ const (
 	dispatchSenders = 4
 )
 
-// NewDispatcher starts a dispatcher; Close stops it.
+// NewDispatcher starts a dispatcher; Shutdown (or Close) stops it.
 func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
 	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{
-		w:      newQueueWriter(cfg.Redis, cfg.MaxRetry, cfg.Timeout, cfg.RunShare, telemetry.Tracer(cfg.Tracing)),
-		giveUp: max(cfg.GiveUp, time.Second),
-		in:     make(chan *models.QueuedRun, dispatchBuffer),
-		log:    log,
+		w:       newQueueWriter(cfg.Redis, cfg.MaxRetry, cfg.Timeout, cfg.RunShare, telemetry.Tracer(cfg.Tracing)),
+		giveUp:  max(cfg.GiveUp, time.Second),
+		in:      make(chan *models.QueuedRun, dispatchBuffer),
+		log:     log,
+		closing: make(chan struct{}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_runs_handed_off_total",
 			Help: "Runs this API process handed to the queue after their start committed, by result (queued; waiting: its organisation was past its share of the queue, so it waits its turn; dropped: Redis did not take it in time or the buffer was full, so the sweeper enqueues it later).",
@@ -102,8 +112,15 @@ func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
 	return d
 }
 
-// HandOff queues r for the queue; it never blocks.
+// HandOff queues r for the queue; it never blocks. After Shutdown began,
+// r is left to the sweeper.
 func (d *Dispatcher) HandOff(r *models.QueuedRun) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		d.sent.WithLabelValues("dropped").Inc()
+		return
+	}
 	select {
 	case d.in <- r:
 	default:
@@ -123,6 +140,12 @@ func (d *Dispatcher) send() {
 		var r *models.QueuedRun
 		select {
 		case r = <-d.in:
+		case <-d.closing:
+			select {
+			case r = <-d.in:
+			default:
+				return // stopping, and nothing left
+			}
 		case <-d.ctx.Done():
 			return
 		}
@@ -378,15 +401,40 @@ func (w queueWriter) enqueueBatch(ctx context.Context, runs []RunPayload) (err e
 	return err
 }
 
-// Close hands off what is buffered (for up to a few seconds: the rest is
-// left to the sweeper) and stops.
+// Shutdown stops taking runs, hands off every run it took (those buffered
+// and those a sender is handing off), and stops. If ctx ends first, it
+// gives up on the rest, which the sweeper enqueues after
+// RUN_REDELIVER_AFTER. Only the first call does anything.
+func (d *Dispatcher) Shutdown(ctx context.Context) {
+	d.stop.Do(func() {
+		d.mu.Lock()
+		d.closed = true
+		d.mu.Unlock()
+		close(d.closing)
+		done := make(chan struct{})
+		go func() {
+			d.wg.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			d.cancel()
+			<-done
+			if n := len(d.in); n > 0 {
+				d.sent.WithLabelValues("dropped").Add(float64(n))
+				d.log.Warn("runs not handed to the queue by the end of the shutdown; the sweeper will enqueue them", "runs", n)
+			}
+		}
+		d.cancel()
+		_ = d.w.client.Close()
+		_ = d.w.redis.Close()
+	})
+}
+
+// Close is Shutdown with a few seconds to hand off what it holds.
 func (d *Dispatcher) Close() {
-	deadline := time.Now().Add(3 * time.Second)
-	for len(d.in) > 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	d.cancel()
-	d.wg.Wait()
-	_ = d.w.client.Close()
-	_ = d.w.redis.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	d.Shutdown(ctx)
 }

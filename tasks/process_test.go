@@ -3,11 +3,15 @@ package tasks_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -345,4 +349,155 @@ func TestWorkerProcessReadyz(t *testing.T) {
 
 	rs.start()
 	proctest.WaitHTTP(t, "http://"+p.metricsAddr+"/readyz", nil)
+}
+
+// A graceful stop of `valruns serve` (SIGTERM) hands every run it answered
+// 201 to the queue before the process exits, as it would have without the
+// stop: none is left queued for the sweeper, as a crash leaves them. Its
+// Redis answers each call 100 ms late (a proxy), so that the hand-off is
+// still at work when the HTTP server has answered its last start. Clients
+// flood starts until the server stops taking them; SIGTERM comes once 200
+// were accepted. Then a worker whose sweeper would not look at those runs
+// for ten minutes (RUN_REDELIVER_AFTER) finishes every one.
+func TestServeStopHandsOffEveryAcceptedRun(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Binary(t)
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	opt := newRedis(t)
+	slow := lateProxy(t, opt.Addr, 100*time.Millisecond)
+
+	addr := proctest.FreeAddr(t)
+	log := &proctest.Log{}
+	serve := exec.Command(bin, "serve")
+	serve.Env = proctest.Env("DATABASE_URL="+env.DBURL, "REDIS_URL="+fmt.Sprintf("redis://%s/%d", slow, opt.DB),
+		"HTTP_ADDR="+addr, "LOG_FORMAT=json", "LOG_LEVEL=warn", "SHUTDOWN_DRAIN=0", "RUN_REDELIVER_AFTER=10m")
+	serve.Stdout, serve.Stderr = log, log
+	require.NoError(t, serve.Start())
+	exited := make(chan struct{})
+	go func() { _ = serve.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = serve.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("valruns serve output:\n%s", log.String())
+		}
+	})
+	proctest.WaitHTTP(t, "http://"+addr+"/healthz", proctest.ExitedChild(exited, log))
+
+	var mu sync.Mutex
+	var accepted []string // the runs answered 201
+	var stop sync.Once
+	body, err := json.Marshal(validOrder)
+	require.NoError(t, err)
+	var clients sync.WaitGroup
+	for range 16 {
+		clients.Go(func() {
+			client := &http.Client{Timeout: time.Minute}
+			for {
+				req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/api/workflows/"+wf+"/start/", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+org.Token)
+				resp, err := client.Do(req)
+				if err != nil {
+					return // the server no longer takes starts
+				}
+				b, err := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusCreated {
+					t.Errorf("start: %d %s %v", resp.StatusCode, b, err)
+					return
+				}
+				var run struct{ ID string }
+				if err := json.Unmarshal(b, &run); err != nil || run.ID == "" {
+					t.Errorf("start: %s %v", b, err)
+					return
+				}
+				mu.Lock()
+				accepted = append(accepted, run.ID)
+				n := len(accepted)
+				mu.Unlock()
+				if n >= 200 {
+					stop.Do(func() { _ = serve.Process.Signal(syscall.SIGTERM) })
+				}
+			}
+		})
+	}
+	clients.Wait()
+	select {
+	case <-exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("valruns serve did not exit within 2 minutes of SIGTERM")
+	}
+	t.Logf("%d starts accepted before the stop", len(accepted))
+
+	startWorkerProcess(t, bin, env.DBURL, redisURL(opt), "RUN_REDELIVER_AFTER=10m")
+	var left int64
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		left = env.Count("validation_runs", "id IN ? AND status NOT IN ('passed', 'failed', 'error')", accepted)
+		if left == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline),
+			"%d of the %d runs answered 201 not final after 2 minutes of a worker: not handed off, they wait for the sweeper", left, len(accepted))
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, line := range strings.Split(log.String(), "\n") {
+		if strings.Contains(line, "runs not handed to the queue") {
+			t.Errorf("a graceful stop left runs to the sweeper: %s", line)
+		}
+	}
+}
+
+// lateProxy is a proxy to Redis at upstream that passes every answer delay
+// late; it returns its address. It closes at the end of the test.
+func lateProxy(t *testing.T, upstream string, delay time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", upstream)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, u)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := u.Read(buf)
+					if n > 0 {
+						time.Sleep(delay)
+						if _, err := c.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
 }

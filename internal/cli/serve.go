@@ -98,7 +98,9 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
 	err = srv.Shutdown(sctx) // in-flight requests finish; their transactions commit
-	dispatcher.Close()
+	// Then every run they started goes to the queue, within the same
+	// deadline: a graceful stop leaves none to the sweeper.
+	dispatcher.Shutdown(sctx)
 	if worker != nil {
 		worker.stop()
 	}

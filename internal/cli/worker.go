@@ -93,7 +93,7 @@ func startDispatcher(a *app, reg prometheus.Registerer) (*tasks.Dispatcher, erro
 
 // rateLimitRedis connects (lazily) to the Redis that holds the start rate
 // buckets: REDIS_URL, with timeouts no longer than the limit waits for an
-// answer (a slow Redis admits starts unlimited, it never delays them).
+// answer (a slow Redis never delays a start).
 func rateLimitRedis(a *app) (redis.UniversalClient, error) {
 	opt, err := tasks.ParseRedisURL(a.cfg.RedisURL)
 	if err != nil {
