@@ -363,10 +363,10 @@ func (h *runHandlers) list(c *gin.Context) {
 	}
 	rs, next, err := h.runs.List(c.Request.Context(), principalOf(c).OrgID, f, page)
 	if err != nil {
-		listFailed(c, err)
+		internalError(c, err)
 		return
 	}
-	out := RunList{Data: make([]Run, 0, len(rs)), NextCursor: next}
+	out := RunList{Data: make([]Run, 0, len(rs)), NextCursor: cursorOf(next)}
 	for i := range rs {
 		out.Data = append(out.Data, runOf(&rs[i], false))
 	}
