@@ -327,7 +327,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "The organisation's runs, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` (with the same filters) for the next page. Findings are not included; read a run for them.\n\nFilters combine: ` + "`" + `workflow_id` + "`" + `, ` + "`" + `status` + "`" + `, and the creation time (` + "`" + `created_after` + "`" + `, ` + "`" + `created_before` + "`" + `, RFC 3339, both exclusive). With ` + "`" + `status=passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `, a page reads at most 2,000 runs: a page may then hold fewer runs than ` + "`" + `limit` + "`" + `, even none, and still carry ` + "`" + `next_cursor` + "`" + `; follow it until it is absent.",
+                "description": "The organisation's runs, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` (with the same filters) for the next page. Findings are not included; read a run for them.\n\nFilters combine: ` + "`" + `workflow_id` + "`" + `, ` + "`" + `status` + "`" + `, and the creation time (` + "`" + `created_after` + "`" + `, ` + "`" + `created_before` + "`" + `: RFC 3339 date-times, both exclusive; a ` + "`" + `+` + "`" + ` in an offset is written ` + "`" + `%2B` + "`" + ` in a query). A filter sent is applied, whatever its value. With ` + "`" + `status=passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `, a page reads at most 2,000 runs: a page may then hold fewer runs than ` + "`" + `limit` + "`" + `, even none, and still carry ` + "`" + `next_cursor` + "`" + `; follow it until it is absent.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -361,14 +361,14 @@ const docTemplate = `{
                     {
                         "type": "string",
                         "format": "date-time",
-                        "description": "Only runs created after this time (RFC 3339, such as 2026-11-22T10:00:00Z; exclusive)",
+                        "description": "Only runs created after this time (RFC 3339 date-time, such as 2026-11-22T10:00:00Z; exclusive)",
                         "name": "created_after",
                         "in": "query"
                     },
                     {
                         "type": "string",
                         "format": "date-time",
-                        "description": "Only runs created before this time (RFC 3339; exclusive)",
+                        "description": "Only runs created before this time (RFC 3339 date-time; exclusive)",
                         "name": "created_before",
                         "in": "query"
                     },
@@ -437,7 +437,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` naming the parameter (workflow_id not a UUID, status not one of queued, running, passed, failed, error, created_after or created_before not an RFC 3339 time, created_after not before created_before, limit not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: a workflow_id that is not a UUID.",
+                        "description": "` + "`" + `validation_error` + "`" + ` naming the parameter (workflow_id not a UUID, status not one of queued, running, passed, failed, error, created_after or created_before not an RFC 3339 date-time, created_before not later than created_after, limit not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: a workflow_id that is not a UUID.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },

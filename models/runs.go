@@ -228,8 +228,9 @@ type RunFilter struct {
 	// Status: only runs in that status (RunQueued... RunError; "" for any).
 	Status string
 	// CreatedAfter and CreatedBefore: only runs created strictly after,
-	// and strictly before, these times (the zero time: no bound).
-	CreatedAfter, CreatedBefore time.Time
+	// and strictly before, these times (nil: no bound; the zero time is a
+	// bound like any other).
+	CreatedAfter, CreatedBefore *time.Time
 }
 
 // FinalScanBudget is how many runs a page of a list filtered on a final
@@ -255,11 +256,18 @@ func (s *RunStore) List(ctx context.Context, orgID string, f RunFilter, p Page) 
 	if f.WorkflowID != "" {
 		q = q.Where("workflow_id = ?", f.WorkflowID)
 	}
-	if !f.CreatedAfter.IsZero() {
-		q = q.Where("created_at > ?", f.CreatedAfter)
+	// created_at holds whole microseconds, so a bound between two is
+	// sent as the one that selects the same runs: down for "after", up for
+	// "before" (never left to the encoding, which may round either way).
+	if f.CreatedAfter != nil {
+		q = q.Where("created_at > ?", f.CreatedAfter.Truncate(time.Microsecond))
 	}
-	if !f.CreatedBefore.IsZero() {
-		q = q.Where("created_at < ?", f.CreatedBefore)
+	if f.CreatedBefore != nil {
+		before := f.CreatedBefore.Truncate(time.Microsecond)
+		if before.Before(*f.CreatedBefore) {
+			before = before.Add(time.Microsecond)
+		}
+		q = q.Where("created_at < ?", before)
 	}
 	var (
 		rs   []ValidationRun
