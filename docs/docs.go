@@ -327,7 +327,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "The organisation's runs, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` (with the same filters) for the next page. Findings are not included; read a run for them.\n\nFilters combine: ` + "`" + `workflow_id` + "`" + `, ` + "`" + `status` + "`" + `, and the creation time (` + "`" + `created_after` + "`" + `, ` + "`" + `created_before` + "`" + `, RFC 3339, both exclusive). With ` + "`" + `status=passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `, a page reads at most 2,000 runs: a page may then hold fewer runs than ` + "`" + `limit` + "`" + `, even none, and still carry ` + "`" + `next_cursor` + "`" + `; follow it until it is absent.",
+                "description": "The organisation's runs, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` (with the same filters) for the next page. Findings are not included; read a run for them.\n\nFilters combine: ` + "`" + `workflow_id` + "`" + `, ` + "`" + `status` + "`" + `, and the creation time (` + "`" + `created_after` + "`" + `, ` + "`" + `created_before` + "`" + `: RFC 3339 date-times, both exclusive; a ` + "`" + `+` + "`" + ` in an offset is written ` + "`" + `%2B` + "`" + ` in a query). A filter sent is applied, whatever its value. With ` + "`" + `status=passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `, a page reads at most 2,000 runs: a page may then hold fewer runs than ` + "`" + `limit` + "`" + `, even none, and still carry ` + "`" + `next_cursor` + "`" + `; follow it until it is absent.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -361,14 +361,14 @@ const docTemplate = `{
                     {
                         "type": "string",
                         "format": "date-time",
-                        "description": "Only runs created after this time (RFC 3339, such as 2026-11-22T10:00:00Z; exclusive)",
+                        "description": "Only runs created after this time (RFC 3339 date-time, such as 2026-11-22T10:00:00Z; exclusive)",
                         "name": "created_after",
                         "in": "query"
                     },
                     {
                         "type": "string",
                         "format": "date-time",
-                        "description": "Only runs created before this time (RFC 3339; exclusive)",
+                        "description": "Only runs created before this time (RFC 3339 date-time; exclusive)",
                         "name": "created_before",
                         "in": "query"
                     },
@@ -437,7 +437,7 @@ const docTemplate = `{
                         }
                     },
                     "400": {
-                        "description": "` + "`" + `validation_error` + "`" + ` naming the parameter (workflow_id not a UUID, status not one of queued, running, passed, failed, error, created_after or created_before not an RFC 3339 time, created_after not before created_before, limit not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: a workflow_id that is not a UUID.",
+                        "description": "` + "`" + `validation_error` + "`" + ` naming the parameter (workflow_id not a UUID, status not one of queued, running, passed, failed, error, created_after or created_before not an RFC 3339 date-time, created_before not later than created_after, limit not 1 to 100, a query string that is not valid percent-encoding) or ` + "`" + `invalid_cursor` + "`" + ` (not a cursor this API returned).\n\nExample: a workflow_id that is not a UUID.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemBadRequest"
                         },
@@ -2522,7 +2522,7 @@ const docTemplate = `{
                                 "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
-                                "detail": "Idempotency key has already been used with a different request body.",
+                                "detail": "Idempotency key has already been used with a different request path.",
                                 "code": "idempotency_key_reused",
                                 "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a/redeliver/",
                                 "request_id": "4dee2301f72a89a158b52043"
@@ -2531,7 +2531,7 @@ const docTemplate = `{
                                 "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
-                                "detail": "Idempotency key has already been used with a different request body.",
+                                "detail": "Idempotency key has already been used with a different request path.",
                                 "code": "idempotency_key_reused",
                                 "instance": "/api/webhook-endpoints/7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f/deliveries/2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a/redeliver/",
                                 "request_id": "4dee2301f72a89a158b52043"
@@ -2873,7 +2873,7 @@ const docTemplate = `{
                                 "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
-                                "detail": "Idempotency key has already been used with a different request body.",
+                                "detail": "Idempotency key has already been used with a different request path.",
                                 "code": "idempotency_key_reused",
                                 "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret/",
                                 "request_id": "775b56ce346d6bb669c85553"
@@ -2882,7 +2882,7 @@ const docTemplate = `{
                                 "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
-                                "detail": "Idempotency key has already been used with a different request body.",
+                                "detail": "Idempotency key has already been used with a different request path.",
                                 "code": "idempotency_key_reused",
                                 "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/rotate-secret/",
                                 "request_id": "775b56ce346d6bb669c85553"
@@ -3222,7 +3222,7 @@ const docTemplate = `{
                                 "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
-                                "detail": "Idempotency key has already been used with a different request body.",
+                                "detail": "Idempotency key has already been used with a different request path.",
                                 "code": "idempotency_key_reused",
                                 "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/test/",
                                 "request_id": "20938f332cd8b1d70bcaf68e"
@@ -3231,7 +3231,7 @@ const docTemplate = `{
                                 "type": "/problems/idempotency_key_reused",
                                 "title": "Unprocessable Entity",
                                 "status": 422,
-                                "detail": "Idempotency key has already been used with a different request body.",
+                                "detail": "Idempotency key has already been used with a different request path.",
                                 "code": "idempotency_key_reused",
                                 "instance": "/api/webhook-endpoints/3f9a1c7e-5b2d-4f8a-9e6c-1d0b7a4e2c58/test/",
                                 "request_id": "20938f332cd8b1d70bcaf68e"
@@ -5029,7 +5029,7 @@ const docTemplate = `{
                             }
                         },
                         "examples": {
-                            "text/markdown": "# idempotency_key_reused: The Idempotency-Key was used for another request\n\nAnswered with HTTP 422, ` + "`" + `\"code\": \"idempotency_key_reused\"` + "`" + `.\n\nThe key was first used, in this scope, with a different request body. The first request's answer stands, and this request was not done.\n\nUse a new key for a new request. To see what the key holds, ` + "`" + `GET /api/idempotency-keys/{scope}/{key}/` + "`" + `.\n\n[Every problem code](/problems/)\n"
+                            "text/markdown": "# idempotency_key_reused: The Idempotency-Key was used for another request\n\nAnswered with HTTP 422, ` + "`" + `\"code\": \"idempotency_key_reused\"` + "`" + `.\n\nThe key was first used, in this scope, for a different request: another method, path or body, which ` + "`" + `detail` + "`" + ` names (\"with a different request path\"). The first request's answer stands, and this request was not done.\n\nUse a new key for a new request. To see what the key holds, ` + "`" + `GET /api/idempotency-keys/{scope}/{key}/` + "`" + `.\n\n[Every problem code](/problems/)\n"
                         }
                     },
                     "404": {

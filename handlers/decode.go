@@ -3,6 +3,7 @@ package handlers
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,10 +14,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/google/uuid"
 
+	"github.com/valruns/valruns/internal/rfc3339"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
@@ -209,11 +212,12 @@ func notFound(what string) problem.Details {
 	return problem.New(http.StatusNotFound, problem.NotFound, what+" not found.")
 }
 
-// canonicalID parses an id from a path or a query once, at the edge: every
-// form uuid.Parse accepts (upper case, braces, no dashes, urn:uuid:) becomes
-// the canonical lower-case dashed form that the stores and PostgreSQL get,
-// so each form answers as the canonical one does. ok is false for anything
-// else, which is a 404 (or a 400) without asking the database.
+// canonicalID parses an id from a path, a query or a cursor once, at the
+// edge: every form uuid.Parse accepts (upper case, braces, no dashes,
+// urn:uuid:) becomes the canonical lower-case dashed form that the stores
+// and PostgreSQL get, so each form answers as the canonical one does. ok is
+// false for anything else, which is a 404 (or a 400) without asking the
+// database.
 func canonicalID(id string) (canonical string, ok bool) {
 	u, err := uuid.Parse(id)
 	if err != nil {
@@ -243,17 +247,47 @@ func pageOf(c *gin.Context) (models.Page, bool) {
 		}
 		p.Limit = n
 	}
-	p.Cursor = c.Query("cursor")
+	if s := c.Query("cursor"); s != "" {
+		after, ok := positionOf(s)
+		if !ok {
+			problem.Abort(c, http.StatusBadRequest, problem.InvalidCursor, "The cursor is not one this API returned; start again without it.")
+			return p, false
+		}
+		p.After = after
+	}
 	return p, true
 }
 
-// listFailed answers an error of a List store call.
-func listFailed(c *gin.Context, err error) {
-	if errors.Is(err, models.ErrBadCursor) {
-		problem.Abort(c, http.StatusBadRequest, problem.InvalidCursor, "The cursor is not one this API returned; start again without it.")
-		return
+// cursorOf is the next_cursor of a page whose next page starts at next
+// ("" for none): opaque to clients, it is the position's time and id.
+func cursorOf(next *models.Position) string {
+	if next == nil {
+		return ""
 	}
-	internalError(c, err)
+	return base64.RawURLEncoding.EncodeToString([]byte(next.CreatedAt.UTC().Format(time.RFC3339Nano) + "|" + next.ID))
+}
+
+// positionOf reads a cursor (cursorOf) back, or reports that it is not one:
+// a client may send anything, so each part is checked as any input from a
+// client is, and the id is made canonical (canonicalID) before it goes on
+// to the stores and PostgreSQL.
+func positionOf(cursor string) (*models.Position, bool) {
+	raw, err := base64.RawURLEncoding.DecodeString(cursor)
+	if err != nil {
+		return nil, false
+	}
+	at, id, ok := strings.Cut(string(raw), "|")
+	if !ok {
+		return nil, false
+	}
+	t, err := rfc3339.Parse(at)
+	if err != nil {
+		return nil, false
+	}
+	if id, ok = canonicalID(id); !ok {
+		return nil, false
+	}
+	return &models.Position{CreatedAt: t, ID: id}, true
 }
 
 // internalError answers a failure that is not the client's: 503

@@ -490,12 +490,13 @@ func TestIdempotencyContract(t *testing.T) {
 				require.Equal(t, http.StatusCreated, first.Status, "body %s", first.Body)
 				after := f.counts(t, f.org.ID)
 				variants := []struct {
-					name, path, body string
+					name, path, body, differs string
 				}{
-					{name: "other submission", path: idemStartPath(f.wf), body: idemBodyB},
-					{name: "other metadata only", path: idemStartPath(f.wf), body: `{"submission":{"total":1,"items":[1,2.5],"name":"x"},"metadata":{"source":"other"}}`},
-					{name: "1 and 1.5 differ", path: idemStartPath(f.wf), body: `{"submission":{"total":1.5,"items":[1,2.5],"name":"x"},"metadata":{"source":"test"}}`},
-					{name: "same body on another workflow (the path is in the fingerprint)", path: idemStartPath(wf2), body: idemBody},
+					{name: "other submission", path: idemStartPath(f.wf), body: idemBodyB, differs: "body"},
+					{name: "other metadata only", path: idemStartPath(f.wf), body: `{"submission":{"total":1,"items":[1,2.5],"name":"x"},"metadata":{"source":"other"}}`, differs: "body"},
+					{name: "1 and 1.5 differ", path: idemStartPath(f.wf), body: `{"submission":{"total":1.5,"items":[1,2.5],"name":"x"},"metadata":{"source":"test"}}`, differs: "body"},
+					{name: "same body on another workflow (the path is in the fingerprint)", path: idemStartPath(wf2), body: idemBody, differs: "path"},
+					{name: "other body on another workflow", path: idemStartPath(wf2), body: idemBodyB, differs: "path and body"},
 				}
 				for _, v := range variants {
 					t.Run(v.name, func(t *testing.T) {
@@ -503,7 +504,7 @@ func TestIdempotencyContract(t *testing.T) {
 						require.Equal(t, http.StatusUnprocessableEntity, r.Status, "body %s", r.Body)
 						d := idemProblem(t, r)
 						require.Equal(t, idempotency.CodeKeyReused, d.Code)
-						require.Equal(t, "Idempotency key has already been used with a different request body.", d.Detail)
+						require.Equal(t, "Idempotency key has already been used with a different request "+v.differs+".", d.Detail)
 						require.Empty(t, r.Header.Get(idempotency.HeaderReplayed))
 						require.Equal(t, after, f.counts(t, f.org.ID), "nothing executed or billed")
 					})

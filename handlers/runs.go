@@ -13,6 +13,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/valruns/valruns/idempotency"
+	"github.com/valruns/valruns/internal/rfc3339"
 	"github.com/valruns/valruns/internal/telemetry"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
@@ -334,19 +335,19 @@ func (h *runHandlers) get(c *gin.Context) {
 //	@ID			listRuns
 //	@Description	The organisation's runs, newest first, a page at a time: pass `next_cursor` back as `?cursor=` (with the same filters) for the next page. Findings are not included; read a run for them.
 //	@Description
-//	@Description	Filters combine: `workflow_id`, `status`, and the creation time (`created_after`, `created_before`, RFC 3339, both exclusive). With `status=passed`, `failed` or `error`, a page reads at most 2,000 runs: a page may then hold fewer runs than `limit`, even none, and still carry `next_cursor`; follow it until it is absent.
+//	@Description	Filters combine: `workflow_id`, `status`, and the creation time (`created_after`, `created_before`: RFC 3339 date-times, both exclusive; a `+` in an offset is written `%2B` in a query). A filter sent is applied, whatever its value. With `status=passed`, `failed` or `error`, a page reads at most 2,000 runs: a page may then hold fewer runs than `limit`, even none, and still carry `next_cursor`; follow it until it is absent.
 //	@Tags			runs
 //	@Produce		json
 //	@Produce		application/problem+json
 //	@Security		BearerAuth
 //	@Param			workflow_id		query		string				false	"Only runs of this workflow (UUID)"	format(uuid)
 //	@Param			status			query		string				false	"Only runs in this status"	Enums(queued, running, passed, failed, error)
-//	@Param			created_after	query		string				false	"Only runs created after this time (RFC 3339, such as 2026-11-22T10:00:00Z; exclusive)"	format(date-time)
-//	@Param			created_before	query		string				false	"Only runs created before this time (RFC 3339; exclusive)"	format(date-time)
+//	@Param			created_after	query		string				false	"Only runs created after this time (RFC 3339 date-time, such as 2026-11-22T10:00:00Z; exclusive)"	format(date-time)
+//	@Param			created_before	query		string				false	"Only runs created before this time (RFC 3339 date-time; exclusive)"	format(date-time)
 //	@Param			limit			query		int					false	"Page size, 1-100 (default 20)"		minimum(1)	maximum(100)
 //	@Param			cursor			query		string				false	"next_cursor of the previous page"
 //	@Success		200				{object}	RunList				"One page of runs."
-//	@Failure		400				{object}	ProblemBadRequest	"`validation_error` naming the parameter (workflow_id not a UUID, status not one of queued, running, passed, failed, error, created_after or created_before not an RFC 3339 time, created_after not before created_before, limit not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
+//	@Failure		400				{object}	ProblemBadRequest	"`validation_error` naming the parameter (workflow_id not a UUID, status not one of queued, running, passed, failed, error, created_after or created_before not an RFC 3339 date-time, created_before not later than created_after, limit not 1 to 100, a query string that is not valid percent-encoding) or `invalid_cursor` (not a cursor this API returned)."
 //	@Failure		401				{object}	ProblemUnauthorized	"common:unauthorized"
 //	@Failure		500				{object}	ProblemInternal		"common:internal"
 //	@Failure		503				{object}	ProblemUnavailable	"common:unavailable"
@@ -363,10 +364,10 @@ func (h *runHandlers) list(c *gin.Context) {
 	}
 	rs, next, err := h.runs.List(c.Request.Context(), principalOf(c).OrgID, f, page)
 	if err != nil {
-		listFailed(c, err)
+		internalError(c, err)
 		return
 	}
-	out := RunList{Data: make([]Run, 0, len(rs)), NextCursor: next}
+	out := RunList{Data: make([]Run, 0, len(rs)), NextCursor: cursorOf(next)}
 	for i := range rs {
 		out.Data = append(out.Data, runOf(&rs[i], false))
 	}
@@ -376,42 +377,50 @@ func (h *runHandlers) list(c *gin.Context) {
 // runStatuses are the values of ?status=.
 var runStatuses = []string{models.RunQueued, models.RunRunning, models.RunPassed, models.RunFailed, models.RunError}
 
-// runFilterOf reads a list's filters, or the problem that refuses one.
+// runFilterOf reads a list's filters, or the problem that refuses one. A
+// filter sent is a filter, whatever its value: an empty one, or the zero
+// time, is checked like any other, never taken for one not sent.
 func runFilterOf(c *gin.Context) (models.RunFilter, *problem.Details) {
 	var f models.RunFilter
-	bad := func(field, msg string) (models.RunFilter, *problem.Details) {
-		d := badRequest(field+" "+msg+".", problem.FieldError{Field: field, Message: msg})
+	bad := func(field, msg, hint string) (models.RunFilter, *problem.Details) {
+		d := badRequest(field+" "+msg+hint+".", problem.FieldError{Field: field, Message: msg})
 		return models.RunFilter{}, &d
 	}
-	if wf := c.Query("workflow_id"); wf != "" {
+	if wf, ok := c.GetQuery("workflow_id"); ok {
 		id, ok := canonicalID(wf)
 		if !ok {
-			return bad("workflow_id", "must be a UUID")
+			return bad("workflow_id", "must be a UUID", "")
 		}
 		f.WorkflowID = id
 	}
 	if st, ok := c.GetQuery("status"); ok {
 		if !slices.Contains(runStatuses, st) {
-			return bad("status", "must be one of "+strings.Join(runStatuses, ", "))
+			return bad("status", "must be one of "+strings.Join(runStatuses, ", "), "")
 		}
 		f.Status = st
 	}
 	for _, b := range []struct {
 		name string
-		t    *time.Time
+		t    **time.Time
 	}{{"created_after", &f.CreatedAfter}, {"created_before", &f.CreatedBefore}} {
 		s, ok := c.GetQuery(b.name)
 		if !ok {
 			continue
 		}
-		t, err := time.Parse(time.RFC3339Nano, s)
-		if err != nil || t.Year() < 1 || t.Year() > 9999 {
-			return bad(b.name, "must be an RFC 3339 time, such as 2026-11-22T10:00:00Z")
+		t, err := rfc3339.Parse(s)
+		if err != nil {
+			hint := ", such as 2026-11-22T10:00:00Z"
+			if strings.Contains(s, " ") {
+				hint += " (a + in a query string is a space: write it %2B)"
+			}
+			return bad(b.name, "must be an RFC 3339 date-time", hint)
 		}
-		*b.t = t
+		*b.t = &t
 	}
-	if !f.CreatedAfter.IsZero() && !f.CreatedBefore.IsZero() && !f.CreatedAfter.Before(f.CreatedBefore) {
-		return bad("created_before", "must be after created_after")
+	// Both bounds are exclusive: no time lies between a pair whose
+	// created_before is not later than its created_after.
+	if f.CreatedAfter != nil && f.CreatedBefore != nil && !f.CreatedBefore.After(*f.CreatedAfter) {
+		return bad("created_before", "must be later than created_after", " (both bounds are exclusive)")
 	}
 	return f, nil
 }

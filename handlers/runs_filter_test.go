@@ -150,6 +150,7 @@ func TestRunListFilters(t *testing.T) {
 		{"status=FAILED", "status"},
 		{"created_after=yesterday", "created_after"},
 		{"created_after=2026-11-01", "created_after"},
+		{"created_after=" + at(5) + "%2B24:00", "created_after"},
 		{"created_after=", "created_after"},
 		{"created_before=2026-13-01T00:00:00Z", "created_before"},
 		{"created_before=1700000000", "created_before"},
@@ -169,6 +170,81 @@ func TestRunListFilters(t *testing.T) {
 	bad := e.Do(http.MethodGet, "/api/runs/?status=failed&cursor=nope", acme.Token, nil)
 	require.Equal(t, http.StatusBadRequest, bad.Status, "%s", bad.Body)
 	require.Equal(t, "invalid_cursor", bad.Map(t)["code"])
+}
+
+// The time filters read RFC 3339 as it is written (lower-case t and z, a
+// leap second, any offset of hours 00-23), refuse what it is not (+24:00),
+// and take a bound sent as a bound: the zero time too, which was taken for
+// no bound (created_before=0001-01-01T00:00:00Z listed every run). Both
+// bounds are exclusive, to the nanosecond, and a pair with no time between
+// them is a 400 however it is spelled.
+func TestRunListTimeFilters(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t)
+	org := e.NewOrg("acme")
+	wf := e.NewWorkflow(org, exWorkflowBody)
+	leap := time.Date(2017, 1, 1, 0, 0, 0, 0, time.UTC) // 2016-12-31T23:59:60Z is the instant before it, in UTC's count
+	before := supportRun(t, e, org, wf, models.RunPassed, leap.Add(-time.Second))
+	at := supportRun(t, e, org, wf, models.RunPassed, leap)
+	after := supportRun(t, e, org, wf, models.RunPassed, leap.Add(time.Second))
+	all := []string{after, at, before}
+
+	for _, tt := range []struct {
+		query string
+		want  []string
+	}{
+		{"created_before=0001-01-01T00:00:00Z", nil},
+		{"created_before=0000-01-01T00:00:00Z", nil},
+		{"created_after=0001-01-01T00:00:00Z", all},
+		{"created_after=0000-01-01T00:00:00Z", all},
+		{"created_after=0001-01-01T00:00:00Z&created_before=9999-12-31T23:59:60Z", all},
+		{"created_before=2016-12-31T23:59:60Z", []string{before}},
+		{"created_after=2016-12-31T23:59:60Z", []string{after}},
+		{"created_after=2016-12-31T23:59:59z", []string{after, at}},
+		{"created_after=2016-12-31t23:59:59Z", []string{after, at}},
+		{"created_before=2017-01-01t00:00:01z", []string{at, before}},
+		{"created_after=2017-01-01T23:58:59%2B23:59", []string{after, at}},
+		{"created_after=2016-12-31T00:01:00-23:59", []string{after}},
+		{"created_after=2016-12-31T23:59:59-00:00", []string{after, at}},
+		// Within a microsecond of a run: its time is whole microseconds,
+		// the bounds are not rounded to them.
+		{"created_before=2017-01-01T00:00:00.0000005Z", []string{at, before}},
+		{"created_before=2017-01-01T00:00:00.000000001Z", []string{at, before}},
+		{"created_before=2017-01-01T00:00:00.000000000Z", []string{before}},
+		{"created_after=2016-12-31T23:59:59.9999995Z", []string{after, at}},
+		{"created_after=2016-12-31T23:59:59.999999999Z", []string{after, at}},
+		{"created_after=2017-01-01T00:00:00.0000001Z", []string{after}},
+		{"created_after=2016-12-31T23:59:59.9999995Z&created_before=2017-01-01T00:00:00.0000005Z", []string{at}},
+		{"created_after=2017-01-01T00:00:00Z&created_before=2017-01-01T00:00:00.000000001Z", nil},
+	} {
+		got, _ := listRunIDs(t, e, org, tt.query)
+		require.Equal(t, tt.want, got, tt.query)
+	}
+
+	for _, tt := range []struct{ query, field string }{
+		{"created_after=0001-01-01T00:00:00Z&created_before=0001-01-01T00:00:00Z", "created_before"},
+		{"created_after=2017-01-01T00:00:00Z&created_before=2016-12-31T23:59:60Z", "created_before"},
+		{"created_after=2017-01-01T01:00:00%2B01:00&created_before=2017-01-01T00:00:00z", "created_before"},
+		{"created_after=2017-01-01T00:00:00.000000001Z&created_before=2017-01-01T00:00:00Z", "created_before"},
+		{"created_after=2017-01-01T00:00:00%2B24:00", "created_after"},
+		{"created_before=2017-01-01T00:00:00-24:00", "created_before"},
+		{"created_before=2017-01-01T00:00:00%2B01:60", "created_before"},
+		{"created_before=2017-01-01T24:00:00Z", "created_before"},
+		{"created_before=2017-01-01T00:00:61Z", "created_before"},
+		{"created_before=2017-02-29T00:00:00Z", "created_before"},
+		{"created_before=2017-01-01%2000:00:00Z", "created_before"},
+		{"created_before=2017-01-01T00:00:00", "created_before"},
+		{"created_before=", "created_before"},
+		{"created_after=2017-01-01T00:00:00+01:00", "created_after"}, // + is a space in a query
+		{"workflow_id=", "workflow_id"},
+	} {
+		r := e.Do(http.MethodGet, "/api/runs/?"+tt.query, org.Token, nil)
+		p := requireProblem(t, r, http.StatusBadRequest, "validation_error")
+		require.Contains(t, string(r.Body), `"field":"`+tt.field+`"`, tt.query)
+		require.Contains(t, p["detail"], tt.field, tt.query)
+	}
+	plus := e.Do(http.MethodGet, "/api/runs/?created_after=2017-01-01T00:00:00+01:00", org.Token, nil)
+	require.Contains(t, plus.Map(t)["detail"], "%2B", "the detail says how to send a +")
 }
 
 // A page filtered on a final status reads at most models.FinalScanBudget

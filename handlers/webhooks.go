@@ -185,10 +185,10 @@ func (h *webhookHandlers) list(c *gin.Context) {
 	}
 	es, next, err := h.endpoints.List(c.Request.Context(), principalOf(c).OrgID, page)
 	if err != nil {
-		listFailed(c, err)
+		internalError(c, err)
 		return
 	}
-	out := WebhookEndpointList{Data: make([]WebhookEndpoint, 0, len(es)), NextCursor: next}
+	out := WebhookEndpointList{Data: make([]WebhookEndpoint, 0, len(es)), NextCursor: cursorOf(next)}
 	for i := range es {
 		out.Data = append(out.Data, webhookEndpointOf(&es[i]))
 	}
@@ -367,12 +367,8 @@ func (h *webhookHandlers) deliveries(c *gin.Context) {
 		return
 	}
 	ds, next, err := h.endpoints.Deliveries(c.Request.Context(), principalOf(c).OrgID, id, page)
-	if errors.Is(err, models.ErrBadCursor) {
-		listFailed(c, err)
-		return
-	}
 	answerEndpoint(c, err, func() {
-		out := WebhookDeliveryList{Data: make([]WebhookDelivery, 0, len(ds)), NextCursor: next}
+		out := WebhookDeliveryList{Data: make([]WebhookDelivery, 0, len(ds)), NextCursor: cursorOf(next)}
 		for i := range ds {
 			out.Data = append(out.Data, deliveryOf(&ds[i]))
 		}

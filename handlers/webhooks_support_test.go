@@ -165,3 +165,40 @@ func TestWebhookTestEvent(t *testing.T) {
 	}
 	require.EqualValues(t, 0, e.Count("webhook_deliveries", "org_id = ?", other.ID))
 }
+
+// A key reused on a body-less route for another endpoint or delivery is a
+// 422 that names the path, the part of the request that differs, not the
+// body (there is none).
+func TestWebhookReusedKeyNamesThePath(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t)
+	org := e.NewOrg("acme")
+	var eps []string
+	for range 2 {
+		r := e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, `{"url":"https://example.com/hooks"}`)
+		require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+		eps = append(eps, r.Map(t)["id"].(string))
+	}
+	var deliveries []string
+	for range 2 {
+		r := e.Do(http.MethodPost, "/api/webhook-endpoints/"+eps[0]+"/test/", org.Token, nil)
+		require.Equal(t, http.StatusAccepted, r.Status, "%s", r.Body)
+		deliveries = append(deliveries, r.Map(t)["id"].(string))
+	}
+	for _, tt := range []struct {
+		name, first, again string
+		status             int
+	}{
+		{"test event", "/api/webhook-endpoints/" + eps[0] + "/test/", "/api/webhook-endpoints/" + eps[1] + "/test/", http.StatusAccepted},
+		{"rotate", "/api/webhook-endpoints/" + eps[0] + "/rotate-secret/", "/api/webhook-endpoints/" + eps[1] + "/rotate-secret/", http.StatusOK},
+		{"redeliver", "/api/webhook-endpoints/" + eps[0] + "/deliveries/" + deliveries[0] + "/redeliver/",
+			"/api/webhook-endpoints/" + eps[0] + "/deliveries/" + deliveries[1] + "/redeliver/", http.StatusAccepted},
+	} {
+		key := "reused-" + tt.name
+		first := e.Do(http.MethodPost, tt.first, org.Token, nil, idempotency.HeaderKey, key)
+		require.Equal(t, tt.status, first.Status, "%s: %s", tt.name, first.Body)
+		again := e.Do(http.MethodPost, tt.again, org.Token, nil, idempotency.HeaderKey, key)
+		p := requireProblem(t, again, http.StatusUnprocessableEntity, "idempotency_key_reused")
+		require.Equal(t, "Idempotency key has already been used with a different request path.", p["detail"], tt.name)
+	}
+}

@@ -161,10 +161,10 @@ func (h *workflowHandlers) list(c *gin.Context) {
 	}
 	ws, next, err := h.workflows.List(c.Request.Context(), principalOf(c).OrgID, page)
 	if err != nil {
-		listFailed(c, err)
+		internalError(c, err)
 		return
 	}
-	out := WorkflowList{Data: make([]Workflow, 0, len(ws)), NextCursor: next}
+	out := WorkflowList{Data: make([]Workflow, 0, len(ws)), NextCursor: cursorOf(next)}
 	for i := range ws {
 		out.Data = append(out.Data, workflowOf(&ws[i]))
 	}

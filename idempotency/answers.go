@@ -64,11 +64,14 @@ type storedAnswer struct {
 	lockID             int64
 	tenant, scope, key string
 	requestHash        []byte
-	status             int
-	header             http.Header // the stored headers (storedHeaders)
-	body               []byte
-	requestID          string // the first request's X-Request-Id
-	expiresAt          time.Time
+	// method and path are the first request's, as stored with its key
+	// (the path as sent), to say what a mismatch changed.
+	method, path string
+	status       int
+	header       http.Header // the stored headers (storedHeaders)
+	body         []byte
+	requestID    string // the first request's X-Request-Id
+	expiresAt    time.Time
 	// cached is when the answer entered the cache; size what it counts.
 	cached time.Time
 	size   int
@@ -119,7 +122,7 @@ func (a *answerCache) put(ans *storedAnswer) {
 		return
 	}
 	ans.size = answerOverhead + len(ans.tenant) + len(ans.scope) + len(ans.key) + len(ans.requestHash) +
-		len(ans.body) + len(ans.requestID)
+		len(ans.method) + len(ans.path) + len(ans.body) + len(ans.requestID)
 	for name, vs := range ans.header {
 		for _, v := range vs {
 			ans.size += len(name) + len(v)

@@ -978,6 +978,44 @@ func (k *call) sameRequest(stored []byte) bool {
 	return bytes.Equal(stored, legacy[:])
 }
 
+// differences names what of the fingerprint differs between this request
+// and the one its key was first used for (ans): "method", "path", "body", or
+// several, as in "path and body". The fingerprint is one hash, so each part
+// is compared on its own: the method and the path (its ids made canonical,
+// as a fingerprint's are) as stored, and the body by whether the stored hash
+// is that of this body with the stored method and path.
+func (k *call) differences(ans *storedAnswer) string {
+	var parts []string
+	if ans.method != k.c.Request.Method {
+		parts = append(parts, "method")
+	}
+	path := canonicalPath(ans.path)
+	if path != routePath(k.c) && ans.path != k.c.Request.URL.Path {
+		parts = append(parts, "path")
+	}
+	same, legacy := Fingerprint(ans.method, path, k.canonical), Fingerprint(ans.method, ans.path, k.canonical)
+	if !bytes.Equal(ans.requestHash, same[:]) && !bytes.Equal(ans.requestHash, legacy[:]) || len(parts) == 0 {
+		parts = append(parts, "body") // len 0: a hash that differs means some part does
+	}
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	return strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
+}
+
+// canonicalPath is a stored request path with each segment that is a UUID
+// in canonical form, as routePath writes the path of a route: the stored
+// path is the request's as sent.
+func canonicalPath(path string) string {
+	parts := strings.Split(path, "/")
+	for i, part := range parts {
+		if id, err := uuid.Parse(part); err == nil {
+			parts[i] = id.String()
+		}
+	}
+	return strings.Join(parts, "/")
+}
+
 // storedHeaderMap is what of h is stored with an answer (storedHeaders).
 func storedHeaderMap(h http.Header) map[string]string {
 	headers := map[string]string{}
@@ -993,7 +1031,7 @@ func storedHeaderMap(h http.Header) map[string]string {
 // which expires at expires: what a replay of it reads from the database.
 func (k *call) savedAnswer(resp Response, expires time.Time) *storedAnswer {
 	return &storedAnswer{lockID: k.lockID, tenant: k.tenant, scope: k.scope, key: k.key,
-		requestHash: k.hash[:], status: resp.Status, header: replayHeader(storedHeaderMap(resp.Header)),
+		requestHash: k.hash[:], method: k.c.Request.Method, path: k.c.Request.URL.Path, status: resp.Status, header: replayHeader(storedHeaderMap(resp.Header)),
 		body: resp.Body, requestID: k.requestID, expiresAt: expires}
 }
 
@@ -1007,7 +1045,7 @@ func (k *call) replay(stored *models.StoredKey) {
 		return
 	}
 	ans := &storedAnswer{lockID: k.lockID, tenant: k.tenant, scope: k.scope, key: k.key,
-		requestHash: stored.RequestHash, status: stored.ResponseStatus, header: replayHeader(headers),
+		requestHash: stored.RequestHash, method: stored.RequestMethod, path: stored.RequestPath, status: stored.ResponseStatus, header: replayHeader(headers),
 		body: stored.ResponseBody, requestID: stored.RequestID, expiresAt: stored.ExpiresAt}
 	if stored.Found() && !stored.Expired {
 		k.w.answers.put(ans)
@@ -1024,7 +1062,7 @@ func (k *call) replayAnswer(ans *storedAnswer) {
 	if !k.sameRequest(ans.requestHash) {
 		k.outcome = OutcomeMismatch
 		k.problem(http.StatusUnprocessableEntity, problem.IdempotencyKeyReused,
-			"Idempotency key has already been used with a different request body.")
+			"Idempotency key has already been used with a different request "+k.differences(ans)+".")
 		return
 	}
 	k.outcome = OutcomeReplayed

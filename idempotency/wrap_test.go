@@ -164,7 +164,7 @@ func newWrapEnv(t *testing.T, cfg idempotency.Config, opts ...func(*idempotency.
 		return resp, nil
 	}
 	normal, shortItems, noCacheItems := w.Wrap(scopeItems, h), short.Wrap(scopeItems, h), noCache.Wrap(scopeItems, h)
-	r.POST("/items", func(c *gin.Context) {
+	items := func(c *gin.Context) {
 		switch {
 		case c.GetHeader("X-Short-Tx") == "1":
 			shortItems(c)
@@ -173,7 +173,13 @@ func newWrapEnv(t *testing.T, cfg idempotency.Config, opts ...func(*idempotency.
 		default:
 			normal(c)
 		}
-	})
+	}
+	// One scope on two methods and two routes: the same key on another
+	// method or path is another request.
+	for _, path := range []string{"/items", "/groups/:id/items"} {
+		r.POST(path, items)
+		r.PUT(path, items)
+	}
 	r.POST("/other", w.Wrap(scopeOther, h))
 	e.engine = r
 	return e
@@ -198,7 +204,12 @@ func (e *wrapEnv) do(path, body string, headers ...string) wrapResp {
 }
 
 func (e *wrapEnv) doCtx(ctx context.Context, path, body string, headers ...string) wrapResp {
-	req := httptest.NewRequestWithContext(ctx, http.MethodPost, path, strings.NewReader(body))
+	return e.send(ctx, http.MethodPost, path, body, headers...)
+}
+
+// send sends method path with body and the given header pairs.
+func (e *wrapEnv) send(ctx context.Context, method, path, body string, headers ...string) wrapResp {
+	req := httptest.NewRequestWithContext(ctx, method, path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Add(headers[i], headers[i+1])
@@ -400,6 +411,65 @@ func TestWrapOutcomes(t *testing.T) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	require.Len(t, e.outcomes, len(steps), "Observe is called once per request")
+}
+
+// TestWrapReusedKeyNamesWhatDiffered: a key reused for another request of
+// its scope is a 422 whose detail names each part of the fingerprint that
+// differs, the method, the path and the body, whether the first answer is
+// replayed from the cache or read from the database; the path's ids compare
+// in canonical form, as the fingerprint's do.
+func TestWrapReusedKeyNamesWhatDiffered(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{})
+	a, b := "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a", "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"
+	upper := strings.ToUpper(a)
+	for _, mode := range []struct{ name, header string }{{"cache", "0"}, {"database", "1"}} {
+		t.Run(mode.name, func(t *testing.T) {
+			do := func(method, path, body, key string) wrapResp {
+				return e.send(context.Background(), method, path, body, idempotency.HeaderKey, key, "X-No-Answer-Cache", mode.header)
+			}
+			first := func(method, path, body, key string) {
+				t.Helper()
+				r := do(method, path, body, key)
+				require.Equal(t, http.StatusCreated, r.Status, "%s %s: %s", method, path, r.Body)
+			}
+			k1, k2 := mode.name+"-1", mode.name+"-2"
+			first(http.MethodPost, "/groups/"+a+"/items", `{"name":"a"}`, k1)
+			// The id as sent is stored: it compares in canonical form.
+			first(http.MethodPost, "/groups/{"+upper+"}/items", `{"name":"a"}`, k2)
+			for _, tt := range []struct {
+				method, path, body, key, differs string
+			}{
+				{http.MethodPost, "/groups/" + a + "/items", `{"name":"b"}`, k1, "body"},
+				{http.MethodPost, "/groups/urn:uuid:" + a + "/items", `{"name":"b"}`, k1, "body"},
+				{http.MethodPost, "/groups/" + b + "/items", `{"name":"a"}`, k1, "path"},
+				{http.MethodPost, "/groups/" + b + "/items", `{"name":"b"}`, k1, "path and body"},
+				{http.MethodPost, "/items", `{"name":"a"}`, k1, "path"},
+				{http.MethodPut, "/groups/" + a + "/items", `{"name":"a"}`, k1, "method"},
+				{http.MethodPut, "/groups/" + upper + "/items", `{"name":"b"}`, k1, "method and body"},
+				{http.MethodPut, "/groups/" + b + "/items", `{"name":"a"}`, k1, "method and path"},
+				{http.MethodPut, "/items", `{"name":"b"}`, k1, "method, path and body"},
+				{http.MethodPost, "/groups/" + a + "/items", `{"name":"b"}`, k2, "body"},
+				{http.MethodPost, "/groups/" + b + "/items", `{"name":"a"}`, k2, "path"},
+			} {
+				r := do(tt.method, tt.path, tt.body, tt.key)
+				require.Equal(t, http.StatusUnprocessableEntity, r.Status, "%s %s %s: %s", tt.method, tt.path, tt.body, r.Body)
+				var d problem.Details
+				require.NoError(t, json.Unmarshal(r.Body, &d))
+				require.Equal(t, idempotency.CodeKeyReused, d.Code)
+				require.Equal(t, "Idempotency key has already been used with a different request "+tt.differs+".", d.Detail,
+					"%s %s %s", tt.method, tt.path, tt.body)
+			}
+			// The same request, however its id is spelled, is replayed.
+			for _, key := range []string{k1, k2} {
+				r := do(http.MethodPost, "/groups/"+upper+"/items", `{ "name": "a" }`, key)
+				require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+				require.Equal(t, "true", r.Header.Get(idempotency.HeaderReplayed))
+			}
+		})
+	}
+	require.EqualValues(t, 4, e.items("a"), "two firsts per mode, nothing else done")
+	require.Zero(t, e.items("b"))
 }
 
 // TestWrapScopesAndTenantsIndependent: the same key in another scope or for

@@ -1,12 +1,8 @@
 package models
 
 import (
-	"encoding/base64"
-	"errors"
-	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"gorm.io/gorm"
 )
 
@@ -14,17 +10,17 @@ import (
 type Page struct {
 	// Limit is the page size (1-100); 0 means 20.
 	Limit int
-	// Cursor is the opaque next_cursor of the previous page; "" is the first page.
-	Cursor string
+	// After is where the page starts: the position of the previous page's
+	// last item (nil: the first page). Its ID is a canonical UUID: the
+	// handlers read it from a client's cursor, checked, at the edge.
+	After *Position
 }
 
-// ErrBadCursor: the cursor was not produced by this service.
-var ErrBadCursor = errors.New("invalid cursor")
-
-// keyset is the position after which the next page starts.
-type keyset struct {
-	createdAt time.Time
-	id        string
+// Position is a row's place in a newest-first listing: its creation time,
+// then its id to break ties.
+type Position struct {
+	CreatedAt time.Time
+	ID        string
 }
 
 func (p Page) limit() int {
@@ -37,50 +33,26 @@ func (p Page) limit() int {
 	return p.Limit
 }
 
-func (p Page) after() (*keyset, error) {
-	if p.Cursor == "" {
-		return nil, nil
+// after narrows q to the rows after the page's start.
+func (p Page) after(q *gorm.DB) *gorm.DB {
+	if p.After == nil {
+		return q
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(p.Cursor)
-	if err != nil {
-		return nil, ErrBadCursor
-	}
-	ts, id, ok := strings.Cut(string(raw), "|")
-	if !ok {
-		return nil, ErrBadCursor
-	}
-	t, err := time.Parse(time.RFC3339Nano, ts)
-	if err != nil {
-		return nil, ErrBadCursor
-	}
-	if _, err := uuid.Parse(id); err != nil {
-		return nil, ErrBadCursor
-	}
-	return &keyset{createdAt: t, id: id}, nil
-}
-
-func cursorOf(createdAt time.Time, id string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(createdAt.UTC().Format(time.RFC3339Nano) + "|" + id))
+	return q.Where("(created_at, id) < (?, ?)", p.After.CreatedAt, p.After.ID)
 }
 
 // listPage runs q (already filtered to what the caller may see) for one page
 // newest first, by (created_at, id), and returns the rows and the next
-// page's cursor ("" on the last page). key gives a row's position.
-func listPage[T any](q *gorm.DB, p Page, key func(*T) (time.Time, string)) ([]T, string, error) {
-	after, err := p.after()
-	if err != nil {
-		return nil, "", err
-	}
-	if after != nil {
-		q = q.Where("(created_at, id) < (?, ?)", after.createdAt, after.id)
-	}
+// page's start (nil on the last page). key gives a row's position.
+func listPage[T any](q *gorm.DB, p Page, key func(*T) Position) ([]T, *Position, error) {
 	var rows []T
-	if err := q.Order("created_at DESC, id DESC").Limit(p.limit() + 1).Find(&rows).Error; err != nil {
-		return nil, "", translate(err)
+	if err := p.after(q).Order("created_at DESC, id DESC").Limit(p.limit() + 1).Find(&rows).Error; err != nil {
+		return nil, nil, translate(err)
 	}
 	if len(rows) <= p.limit() {
-		return rows, "", nil
+		return rows, nil, nil
 	}
 	rows = rows[:p.limit()]
-	return rows, cursorOf(key(&rows[len(rows)-1])), nil
+	next := key(&rows[len(rows)-1])
+	return rows, &next, nil
 }

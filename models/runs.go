@@ -228,8 +228,9 @@ type RunFilter struct {
 	// Status: only runs in that status (RunQueued... RunError; "" for any).
 	Status string
 	// CreatedAfter and CreatedBefore: only runs created strictly after,
-	// and strictly before, these times (the zero time: no bound).
-	CreatedAfter, CreatedBefore time.Time
+	// and strictly before, these times (nil: no bound; the zero time is a
+	// bound like any other).
+	CreatedAfter, CreatedBefore *time.Time
 }
 
 // FinalScanBudget is how many runs a page of a list filtered on a final
@@ -242,7 +243,7 @@ type RunFilter struct {
 const FinalScanBudget = 2000
 
 // List returns one page of the organisation's runs that f lets through,
-// newest first, and the cursor of the next page ("" on the last one).
+// newest first, and where the next page starts (nil on the last one).
 //
 // No index of its own: the indexes that order the organisation's or the
 // workflow's runs by creation serve the time bounds and the cursor. The
@@ -250,20 +251,27 @@ const FinalScanBudget = 2000
 // about the runs not yet final, whoever's (PostgreSQL may walk the
 // organisation's runs instead when it estimates that cheaper). A final
 // status reads at most FinalScanBudget runs per page.
-func (s *RunStore) List(ctx context.Context, orgID string, f RunFilter, p Page) ([]ValidationRun, string, error) {
+func (s *RunStore) List(ctx context.Context, orgID string, f RunFilter, p Page) ([]ValidationRun, *Position, error) {
 	q := s.db.WithContext(ctx).Where("org_id = ?", orgID)
 	if f.WorkflowID != "" {
 		q = q.Where("workflow_id = ?", f.WorkflowID)
 	}
-	if !f.CreatedAfter.IsZero() {
-		q = q.Where("created_at > ?", f.CreatedAfter)
+	// created_at holds whole microseconds, so a bound between two is
+	// sent as the one that selects the same runs: down for "after", up for
+	// "before" (never left to the encoding, which may round either way).
+	if f.CreatedAfter != nil {
+		q = q.Where("created_at > ?", f.CreatedAfter.Truncate(time.Microsecond))
 	}
-	if !f.CreatedBefore.IsZero() {
-		q = q.Where("created_at < ?", f.CreatedBefore)
+	if f.CreatedBefore != nil {
+		before := f.CreatedBefore.Truncate(time.Microsecond)
+		if before.Before(*f.CreatedBefore) {
+			before = before.Add(time.Microsecond)
+		}
+		q = q.Where("created_at < ?", before)
 	}
 	var (
 		rs   []ValidationRun
-		next string
+		next *Position
 		err  error
 	)
 	switch f.Status {
@@ -275,12 +283,12 @@ func (s *RunStore) List(ctx context.Context, orgID string, f RunFilter, p Page) 
 		rs, next, err = s.listFinal(q, f.Status, p)
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("list runs: %w", err)
+		return nil, nil, fmt.Errorf("list runs: %w", err)
 	}
 	return rs, next, nil
 }
 
-func runKey(r *ValidationRun) (time.Time, string) { return r.CreatedAt, r.ID }
+func runKey(r *ValidationRun) Position { return Position{r.CreatedAt, r.ID} }
 
 // scannedRun is a run a page of listFinal read: in the status asked for
 // (Hit), or the last one its scan may read, where the next page starts
@@ -292,23 +300,16 @@ type scannedRun struct {
 
 // listFinal is a page of the runs of q in the final status, reading at most
 // FinalScanBudget runs (see List), in one statement. The inner query walks
-// the runs by the list's index, newest first, from the cursor, up to the
+// the runs by the list's index, newest first, from the page's start, up to the
 // budget; the outer one keeps the runs in the status and the budget's last
 // run. Each step streams: the walk stops as soon as the page is full, so a
 // common status reads about limit/share runs, a rare one the budget.
-func (s *RunStore) listFinal(q *gorm.DB, status string, p Page) ([]ValidationRun, string, error) {
-	after, err := p.after()
-	if err != nil {
-		return nil, "", err
-	}
-	if after != nil {
-		q = q.Where("(created_at, id) < (?, ?)", after.createdAt, after.id)
-	}
-	scan := q.Model(&ValidationRun{}).Order("created_at DESC, id DESC").Limit(FinalScanBudget)
+func (s *RunStore) listFinal(q *gorm.DB, status string, p Page) ([]ValidationRun, *Position, error) {
+	scan := p.after(q).Model(&ValidationRun{}).Order("created_at DESC, id DESC").Limit(FinalScanBudget)
 	var rows []scannedRun
-	err = s.db.WithContext(q.Statement.Context).Raw(listFinalSQL, status, FinalScanBudget, scan, p.limit()+1).Scan(&rows).Error
+	err := s.db.WithContext(q.Statement.Context).Raw(listFinalSQL, status, FinalScanBudget, scan, p.limit()+1).Scan(&rows).Error
 	if err != nil {
-		return nil, "", translate(err)
+		return nil, nil, translate(err)
 	}
 	var (
 		hits []ValidationRun
@@ -325,11 +326,13 @@ func (s *RunStore) listFinal(q *gorm.DB, status string, p Page) ([]ValidationRun
 	switch {
 	case len(hits) > p.limit():
 		hits = hits[:p.limit()]
-		return hits, cursorOf(runKey(&hits[len(hits)-1])), nil
+		next := runKey(&hits[len(hits)-1])
+		return hits, &next, nil
 	case edge != nil:
-		return hits, cursorOf(runKey(edge)), nil
+		next := runKey(edge)
+		return hits, &next, nil
 	}
-	return hits, "", nil
+	return hits, nil, nil
 }
 
 // Finished returns those of ids whose runs are final (passed, failed or

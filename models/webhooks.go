@@ -83,12 +83,12 @@ func (s *WebhookStore) Get(ctx context.Context, orgID, id string) (*WebhookEndpo
 }
 
 // List returns one page of the organisation's endpoints, newest first, and
-// the cursor of the next page ("" on the last one).
-func (s *WebhookStore) List(ctx context.Context, orgID string, p Page) ([]WebhookEndpoint, string, error) {
+// where the next page starts (nil on the last one).
+func (s *WebhookStore) List(ctx context.Context, orgID string, p Page) ([]WebhookEndpoint, *Position, error) {
 	es, next, err := listPage(s.db.WithContext(ctx).Where("org_id = ?", orgID), p,
-		func(e *WebhookEndpoint) (time.Time, string) { return e.CreatedAt, e.ID })
+		func(e *WebhookEndpoint) Position { return Position{e.CreatedAt, e.ID} })
 	if err != nil {
-		return nil, "", fmt.Errorf("list webhook endpoints: %w", err)
+		return nil, nil, fmt.Errorf("list webhook endpoints: %w", err)
 	}
 	return es, next, nil
 }
@@ -166,16 +166,16 @@ type WebhookDelivery struct {
 }
 
 // Deliveries returns one page of an endpoint's deliveries, newest first,
-// and the cursor of the next page; ErrNotFound when the organisation has no
-// such endpoint.
-func (s *WebhookStore) Deliveries(ctx context.Context, orgID, endpointID string, p Page) ([]WebhookDelivery, string, error) {
+// and where the next page starts (nil on the last one); ErrNotFound when
+// the organisation has no such endpoint.
+func (s *WebhookStore) Deliveries(ctx context.Context, orgID, endpointID string, p Page) ([]WebhookDelivery, *Position, error) {
 	if _, err := s.Get(ctx, orgID, endpointID); err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 	ds, next, err := listPage(s.db.WithContext(ctx).Where("endpoint_id = ? AND org_id = ?", endpointID, orgID), p,
-		func(d *WebhookDelivery) (time.Time, string) { return d.CreatedAt, d.ID })
+		func(d *WebhookDelivery) Position { return Position{d.CreatedAt, d.ID} })
 	if err != nil {
-		return nil, "", fmt.Errorf("list webhook deliveries: %w", err)
+		return nil, nil, fmt.Errorf("list webhook deliveries: %w", err)
 	}
 	return ds, next, nil
 }

@@ -3,7 +3,6 @@ package models
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"gorm.io/gorm"
 )
@@ -32,12 +31,12 @@ func (s *WorkflowStore) Get(ctx context.Context, orgID, id string) (*Workflow, e
 }
 
 // List returns one page of the organisation's workflows, newest first, and
-// the cursor of the next page ("" on the last one).
-func (s *WorkflowStore) List(ctx context.Context, orgID string, p Page) ([]Workflow, string, error) {
+// where the next page starts (nil on the last one).
+func (s *WorkflowStore) List(ctx context.Context, orgID string, p Page) ([]Workflow, *Position, error) {
 	ws, next, err := listPage(s.db.WithContext(ctx).Where("org_id = ?", orgID), p,
-		func(w *Workflow) (time.Time, string) { return w.CreatedAt, w.ID })
+		func(w *Workflow) Position { return Position{w.CreatedAt, w.ID} })
 	if err != nil {
-		return nil, "", fmt.Errorf("list workflows: %w", err)
+		return nil, nil, fmt.Errorf("list workflows: %w", err)
 	}
 	return ws, next, nil
 }

@@ -106,7 +106,8 @@ var (
 		"The `Idempotency-Key` is longer than 255 characters.\n\n"+
 			"Nothing was done. Send a shorter key; a UUID is 36 characters.")
 	IdempotencyKeyReused = define("idempotency_key_reused", []int{422}, "The Idempotency-Key was used for another request",
-		"The key was first used, in this scope, with a different request body. "+
+		"The key was first used, in this scope, for a different request: another method, path or body, "+
+			"which `detail` names (\"with a different request path\"). "+
 			"The first request's answer stands, and this request was not done.\n\n"+
 			"Use a new key for a new request. To see what the key holds, "+
 			"`GET /api/idempotency-keys/{scope}/{key}/`.")
