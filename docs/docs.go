@@ -598,7 +598,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "A run with its status and, once finished, its findings (` + "`" + `failed` + "`" + ` means findings of severity ` + "`" + `error` + "`" + `). Another organisation's run, or an id that is not a UUID, is a 404.\n\nLong-poll: with ` + "`" + `Prefer: wait=N` + "`" + `, a run still ` + "`" + `queued` + "`" + ` or ` + "`" + `running` + "`" + ` is answered once it is final (` + "`" + `passed` + "`" + `, ` + "`" + `failed` + "`" + `, ` + "`" + `error` + "`" + `), or after N seconds (at most ` + "`" + `RUN_MAX_WAIT` + "`" + `) as it then is, with ` + "`" + `Preference-Applied: wait=N` + "`" + `: one request instead of many polls. A final run is answered at once.",
+                "description": "A run with its status and, once finished, its findings (` + "`" + `failed` + "`" + ` means findings of severity ` + "`" + `error` + "`" + `). Another organisation's run, or an id that is not a UUID, is a 404.\n\nLong-poll: with ` + "`" + `Prefer: wait=N` + "`" + `, a run still ` + "`" + `queued` + "`" + ` or ` + "`" + `running` + "`" + ` is answered once it is final (` + "`" + `passed` + "`" + `, ` + "`" + `failed` + "`" + `, ` + "`" + `error` + "`" + `), or after N seconds (at most ` + "`" + `RUN_MAX_WAIT` + "`" + `) as it then is, with ` + "`" + `Preference-Applied: wait=N` + "`" + `: one request instead of many polls. A final run is answered at once, with ` + "`" + `Preference-Applied: wait=N` + "`" + ` too.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -633,7 +633,7 @@ const docTemplate = `{
                         "headers": {
                             "Preference-Applied": {
                                 "type": "string",
-                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `), N the seconds applied (after the ` + "`" + `RUN_MAX_WAIT` + "`" + ` cap). Absent when it did not wait: the run was final already, or the server waits for no request now (` + "`" + `RUN_MAX_WAIT=0` + "`" + `, or ` + "`" + `RUN_MAX_WAITERS` + "`" + ` wait already)."
+                                "description": "` + "`" + `wait=N` + "`" + ` whenever the wait (` + "`" + `Prefer: wait=N` + "`" + `) was honoured, N the seconds applied (after the ` + "`" + `RUN_MAX_WAIT` + "`" + ` cap): the run was final already, became final, or the time ran out. Absent when the preference was ignored: the server waits for no request now (` + "`" + `RUN_MAX_WAIT=0` + "`" + `, or ` + "`" + `RUN_MAX_WAITERS` + "`" + ` wait already)."
                             },
                             "X-Request-Id": {
                                 "type": "string",

@@ -280,7 +280,7 @@ func (h *runHandlers) created(ctx context.Context, p models.StartParams) (idempo
 //	@ID			getRun
 //	@Description	A run with its status and, once finished, its findings (`failed` means findings of severity `error`). Another organisation's run, or an id that is not a UUID, is a 404.
 //	@Description
-//	@Description	Long-poll: with `Prefer: wait=N`, a run still `queued` or `running` is answered once it is final (`passed`, `failed`, `error`), or after N seconds (at most `RUN_MAX_WAIT`) as it then is, with `Preference-Applied: wait=N`: one request instead of many polls. A final run is answered at once.
+//	@Description	Long-poll: with `Prefer: wait=N`, a run still `queued` or `running` is answered once it is final (`passed`, `failed`, `error`), or after N seconds (at most `RUN_MAX_WAIT`) as it then is, with `Preference-Applied: wait=N`: one request instead of many polls. A final run is answered at once, with `Preference-Applied: wait=N` too.
 //	@Tags			runs
 //	@Produce		json
 //	@Produce		application/problem+json
@@ -292,7 +292,7 @@ func (h *runHandlers) created(ctx context.Context, p models.StartParams) (idempo
 //	@Failure		404	{object}	ProblemNotFound	"`not_found`: no such run in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal		"common:internal"
 //	@Failure		503	{object}	ProblemUnavailable	"common:unavailable"
-//	@Header			200	{string}	Preference-Applied	"`wait=N` when the request waited (`Prefer: wait=N`), N the seconds applied (after the `RUN_MAX_WAIT` cap). Absent when it did not wait: the run was final already, or the server waits for no request now (`RUN_MAX_WAIT=0`, or `RUN_MAX_WAITERS` wait already)."
+//	@Header			200	{string}	Preference-Applied	"`wait=N` whenever the wait (`Prefer: wait=N`) was honoured, N the seconds applied (after the `RUN_MAX_WAIT` cap): the run was final already, became final, or the time ran out. Absent when the preference was ignored: the server waits for no request now (`RUN_MAX_WAIT=0`, or `RUN_MAX_WAITERS` wait already)."
 //	@Router			/api/runs/{id}/ [get]
 func (h *runHandlers) get(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -302,8 +302,12 @@ func (h *runHandlers) get(c *gin.Context) {
 	}
 	org := principalOf(c).OrgID
 	r, err := h.runs.Get(c.Request.Context(), org, id)
-	if wait := idempotency.PreferredWait(c.Request.Header, h.maxWait); err == nil && wait > 0 && !r.Final() {
-		if w := h.waits.join(org, id); w != nil { // else too many wait: the preference is ignored
+	if wait := idempotency.PreferredWait(c.Request.Header, h.maxWait); err == nil && wait > 0 {
+		if r.Final() {
+			// Honoured without waiting: the state waited for is here
+			// already. Said all the same, so clients can rely on it.
+			c.Header(idempotency.HeaderPreferenceApplied, idempotency.AppliedWait(wait))
+		} else if w := h.waits.join(org, id); w != nil { // else too many wait: the preference is ignored
 			// The wait holds no database connection (the read above gave
 			// its back), and no room of the overload guard: hundreds of
 			// long-polls must not keep starts out.
