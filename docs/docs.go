@@ -178,7 +178,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -481,7 +481,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -674,7 +674,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -858,7 +858,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -1074,7 +1074,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -1330,7 +1330,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -1668,7 +1668,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -1846,7 +1846,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -2113,7 +2113,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -2379,7 +2379,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -2730,7 +2730,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -3079,7 +3079,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -3493,7 +3493,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -3775,7 +3775,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -4139,7 +4139,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -4456,7 +4456,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },

@@ -100,8 +100,9 @@ var (
 // the slots if need be (refused past the quota). If it refuses, nothing is
 // written, so the caller can answer 404 or 429 on the same transaction.
 //
-// Returns ErrNotFound when the workflow is not the organisation's, and
-// ErrQuotaExceeded past the quota.
+// Returns ErrNotFound when the workflow is not the organisation's,
+// ErrOrgGone when the organisation no longer exists, and ErrQuotaExceeded
+// past the quota.
 //
 // The slow path waits for slots other starts hold, and a statement claiming
 // a slot may wait for one that a waiting claim holds (PostgreSQL follows a
@@ -173,6 +174,14 @@ func (s *RunStore) startOnce(tx *RequestTx, p StartParams) error {
 		return fmt.Errorf("start run: %w", translate(err))
 	}
 	if n == 0 {
+		// The organisation's own workflows go with it: a token still
+		// trusted from a cache is told that, not that a workflow is missing.
+		if err := db.Raw(`SELECT count(*) FROM organizations WHERE id = ?`, p.OrgID).Scan(&n).Error; err != nil {
+			return fmt.Errorf("start run: %w", translate(err))
+		}
+		if n == 0 {
+			return fmt.Errorf("start run: organisation %s: %w", p.OrgID, ErrOrgGone)
+		}
 		return fmt.Errorf("start run: workflow %s: %w", p.WorkflowID, ErrNotFound)
 	}
 	if err := claimSlot(db, p.OrgID, period, p.Quota); err != nil {
