@@ -250,8 +250,15 @@ type RunFilter struct {
 // than asked for (even none) and a cursor to go on from.
 const FinalScanBudget = 2000
 
+// runListColumns are the columns a list of runs reads: none whose size a
+// client chose (submission, metadata, findings), so that a page costs the
+// same memory whatever the runs hold. error is at most 2000 characters.
+var runListColumns = []string{"id", "workflow_id", "status", "error", "attempts", "created_at", "started_at", "finished_at"}
+
 // List returns one page of the organisation's runs that f lets through,
-// newest first, and the cursor of the next page ("" on the last one).
+// newest first, and the cursor of the next page ("" on the last one). The
+// runs are read without their submission, metadata and findings (nil):
+// Get reads them, one run at a time.
 //
 // No index of its own: the indexes that order the organisation's or the
 // workflow's runs by creation serve the time bounds and the cursor. The
@@ -260,7 +267,7 @@ const FinalScanBudget = 2000
 // organisation's runs instead when it estimates that cheaper). A final
 // status reads at most FinalScanBudget runs per page.
 func (s *RunStore) List(ctx context.Context, orgID string, f RunFilter, p Page) ([]ValidationRun, string, error) {
-	q := s.db.WithContext(ctx).Where("org_id = ?", orgID)
+	q := s.db.WithContext(ctx).Select(runListColumns).Where("org_id = ?", orgID)
 	if f.WorkflowID != "" {
 		q = q.Where("workflow_id = ?", f.WorkflowID)
 	}
