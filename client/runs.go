@@ -347,7 +347,9 @@ func rfc3339(t time.Time) string {
 // ListRuns iterates over the organisation's runs, newest first, optionally
 // of one workflow (workflowID "" means all), fetching pages as the loop
 // goes; WithStatus, WithCreatedAfter and WithCreatedBefore narrow it. Runs
-// in lists carry no findings: GetRun has them. An error ends the iteration
+// in lists are summaries: their Submission, Metadata and Findings are nil
+// (GetRun has them), so a page's size never depends on what runs hold. An
+// error ends the iteration
 // with (zero Run, err): a filter the server refuses is an *Error 400 whose
 // Errors name it.
 func (c *Client) ListRuns(ctx context.Context, workflowID string, opts ...ListOption) iter.Seq2[Run, error] {

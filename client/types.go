@@ -17,9 +17,11 @@ const (
 
 // Run is a validation run as the API shows it (the JSON of GET /api/runs/{id}/).
 type Run struct {
-	ID         string          `json:"id"`
-	WorkflowID string          `json:"workflow_id"`
-	Status     string          `json:"status"`
+	ID         string `json:"id"`
+	WorkflowID string `json:"workflow_id"`
+	Status     string `json:"status"`
+	// Submission and Metadata are nil in list results (ListRuns): GetRun
+	// reads them.
 	Submission json.RawMessage `json:"submission"`
 	Metadata   json.RawMessage `json:"metadata"`
 	// Findings are present once the run has finished (not in list results).
@@ -70,8 +72,10 @@ type Assertion struct {
 
 // Workflow is a workflow as the API shows it.
 type Workflow struct {
-	ID         string          `json:"id"`
-	Name       string          `json:"name"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// Schema and Assertions are nil in list results (ListWorkflows):
+	// GetWorkflow reads them.
 	Schema     json.RawMessage `json:"schema,omitempty"`
 	Assertions []Assertion     `json:"assertions"`
 	CreatedAt  time.Time       `json:"created_at"`

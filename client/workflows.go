@@ -62,8 +62,9 @@ func (c *Client) GetWorkflow(ctx context.Context, workflowID string) (*Workflow,
 }
 
 // ListWorkflows iterates over the organisation's workflows, newest first,
-// fetching pages as the loop goes. An error ends the iteration with
-// (zero Workflow, err).
+// fetching pages as the loop goes. Workflows in lists are summaries: their
+// Schema and Assertions are nil (GetWorkflow has them). An error ends the
+// iteration with (zero Workflow, err).
 func (c *Client) ListWorkflows(ctx context.Context, opts ...ListOption) iter.Seq2[Workflow, error] {
 	return list[Workflow](ctx, c, "/api/workflows/", url.Values{}, opts)
 }

@@ -178,7 +178,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -327,7 +327,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "The organisation's runs, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` (with the same filters) for the next page. Findings are not included; read a run for them.\n\nFilters combine: ` + "`" + `workflow_id` + "`" + `, ` + "`" + `status` + "`" + `, and the creation time (` + "`" + `created_after` + "`" + `, ` + "`" + `created_before` + "`" + `: RFC 3339 date-times, both exclusive; a ` + "`" + `+` + "`" + ` in an offset is written ` + "`" + `%2B` + "`" + ` in a query). A filter sent is applied, whatever its value. With ` + "`" + `status=passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `, a page reads at most 2,000 runs: a page may then hold fewer runs than ` + "`" + `limit` + "`" + `, even none, and still carry ` + "`" + `next_cursor` + "`" + `; follow it until it is absent.",
+                "description": "The organisation's runs, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` (with the same filters) for the next page. Each run is a summary, without its ` + "`" + `submission` + "`" + `, ` + "`" + `metadata` + "`" + ` and ` + "`" + `findings` + "`" + `: read a run for them. So a page's size does not depend on what the runs hold (at most 100 runs of at most 16 KiB each).\n\nFilters combine: ` + "`" + `workflow_id` + "`" + `, ` + "`" + `status` + "`" + `, and the creation time (` + "`" + `created_after` + "`" + `, ` + "`" + `created_before` + "`" + `: RFC 3339 date-times, both exclusive; a ` + "`" + `+` + "`" + ` in an offset is written ` + "`" + `%2B` + "`" + ` in a query). A filter sent is applied, whatever its value. With ` + "`" + `status=passed` + "`" + `, ` + "`" + `failed` + "`" + ` or ` + "`" + `error` + "`" + `, a page reads at most 2,000 runs: a page may then hold fewer runs than ` + "`" + `limit` + "`" + `, even none, and still carry ` + "`" + `next_cursor` + "`" + `; follow it until it is absent.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -406,13 +406,6 @@ const docTemplate = `{
                                         "id": "9d4b7a2e-1c3f-4e8d-b6a5-7f0e2d9c1b34",
                                         "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
                                         "status": "failed",
-                                        "submission": {
-                                            "customer": "",
-                                            "total": -5
-                                        },
-                                        "metadata": {
-                                            "source": "upload"
-                                        },
                                         "attempts": 1,
                                         "created_at": "2026-11-22T10:00:06Z",
                                         "started_at": "2026-11-22T10:00:07Z",
@@ -422,11 +415,6 @@ const docTemplate = `{
                                         "id": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a",
                                         "workflow_id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
                                         "status": "passed",
-                                        "submission": {
-                                            "customer": "ACME",
-                                            "total": 42
-                                        },
-                                        "metadata": {},
                                         "attempts": 1,
                                         "created_at": "2026-11-22T10:00:03Z",
                                         "started_at": "2026-11-22T10:00:04Z",
@@ -481,7 +469,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -598,7 +586,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "A run with its status and, once finished, its findings (` + "`" + `failed` + "`" + ` means findings of severity ` + "`" + `error` + "`" + `). Another organisation's run, or an id that is not a UUID, is a 404.\n\nLong-poll: with ` + "`" + `Prefer: wait=N` + "`" + `, a run still ` + "`" + `queued` + "`" + ` or ` + "`" + `running` + "`" + ` is answered once it is final (` + "`" + `passed` + "`" + `, ` + "`" + `failed` + "`" + `, ` + "`" + `error` + "`" + `), or after N seconds (at most ` + "`" + `RUN_MAX_WAIT` + "`" + `) as it then is, with ` + "`" + `Preference-Applied: wait=N` + "`" + `: one request instead of many polls. A final run is answered at once.",
+                "description": "A run with its status and, once finished, its findings (` + "`" + `failed` + "`" + ` means findings of severity ` + "`" + `error` + "`" + `). Another organisation's run, or an id that is not a UUID, is a 404.\n\nLong-poll: with ` + "`" + `Prefer: wait=N` + "`" + `, a run still ` + "`" + `queued` + "`" + ` or ` + "`" + `running` + "`" + ` is answered once it is final (` + "`" + `passed` + "`" + `, ` + "`" + `failed` + "`" + `, ` + "`" + `error` + "`" + `), or after N seconds (at most ` + "`" + `RUN_MAX_WAIT` + "`" + `) as it then is, with ` + "`" + `Preference-Applied: wait=N` + "`" + `: one request instead of many polls. A final run is answered at once, with ` + "`" + `Preference-Applied: wait=N` + "`" + ` too.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -633,7 +621,7 @@ const docTemplate = `{
                         "headers": {
                             "Preference-Applied": {
                                 "type": "string",
-                                "description": "` + "`" + `wait=N` + "`" + ` when the request waited (` + "`" + `Prefer: wait=N` + "`" + `), N the seconds applied (after the ` + "`" + `RUN_MAX_WAIT` + "`" + ` cap). Absent when it did not wait: the run was final already, or the server waits for no request now (` + "`" + `RUN_MAX_WAIT=0` + "`" + `, or ` + "`" + `RUN_MAX_WAITERS` + "`" + ` wait already)."
+                                "description": "` + "`" + `wait=N` + "`" + ` whenever the wait (` + "`" + `Prefer: wait=N` + "`" + `) was honoured, N the seconds applied (after the ` + "`" + `RUN_MAX_WAIT` + "`" + ` cap): the run was final already, became final, or the time ran out. Absent when the preference was ignored: the server waits for no request now (` + "`" + `RUN_MAX_WAIT=0` + "`" + `, or ` + "`" + `RUN_MAX_WAITERS` + "`" + ` wait already)."
                             },
                             "X-Request-Id": {
                                 "type": "string",
@@ -674,7 +662,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -858,7 +846,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -1074,7 +1062,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -1330,7 +1318,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -1668,7 +1656,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -1846,7 +1834,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -2113,7 +2101,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -2379,7 +2367,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -2730,7 +2718,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -3079,7 +3067,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -3368,7 +3356,7 @@ const docTemplate = `{
                         "BearerAuth": []
                     }
                 ],
-                "description": "The organisation's workflows, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` for the next page; the last page has no ` + "`" + `next_cursor` + "`" + `.",
+                "description": "The organisation's workflows, newest first, a page at a time: pass ` + "`" + `next_cursor` + "`" + ` back as ` + "`" + `?cursor=` + "`" + ` for the next page; the last page has no ` + "`" + `next_cursor` + "`" + `. Each workflow is a summary, without its ` + "`" + `schema` + "`" + ` and ` + "`" + `assertions` + "`" + `: read a workflow for them. So a page's size does not depend on what the workflows hold.",
                 "produces": [
                     "application/json",
                     "application/problem+json"
@@ -3412,36 +3400,6 @@ const docTemplate = `{
                                     {
                                         "id": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a",
                                         "name": "demo invoice",
-                                        "schema": {
-                                            "type": "object",
-                                            "required": [
-                                                "customer",
-                                                "total"
-                                            ],
-                                            "properties": {
-                                                "total": {
-                                                    "type": "number"
-                                                },
-                                                "customer": {
-                                                    "type": "string",
-                                                    "minLength": 1
-                                                }
-                                            }
-                                        },
-                                        "assertions": [
-                                            {
-                                                "name": "positive_total",
-                                                "expr": "submission.total \u003e 0",
-                                                "severity": "error",
-                                                "message": "total must be positive"
-                                            },
-                                            {
-                                                "name": "large_total",
-                                                "expr": "submission.total \u003c 10000",
-                                                "severity": "warning",
-                                                "message": "total is unusually large"
-                                            }
-                                        ],
                                         "created_at": "2026-11-22T10:00:00Z"
                                     }
                                 ]
@@ -3493,7 +3451,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -3775,7 +3733,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -4139,7 +4097,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -4456,7 +4414,7 @@ const docTemplate = `{
                         }
                     },
                     "401": {
-                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked).\n\nExample: no Authorization header.",
+                        "description": "No usable API token: ` + "`" + `unauthenticated` + "`" + ` (no ` + "`" + `Authorization: Bearer` + "`" + ` header, or more than one credential) or ` + "`" + `invalid_token` + "`" + ` (unknown or revoked, or its organisation deleted).\n\nExample: no Authorization header.",
                         "schema": {
                             "$ref": "#/definitions/handlers.ProblemUnauthorized"
                         },
@@ -6063,7 +6021,7 @@ const docTemplate = `{
                     "type": "string"
                 },
                 "findings": {
-                    "description": "Findings are what the run found, once it has finished (passed, failed\nor error; [] when it found nothing). Absent while the run is queued or\nrunning, and from the items of a list: read the run for them.",
+                    "description": "Findings are what the run found, once it has finished (passed, failed\nor error; [] when it found nothing). Absent while the run is queued or\nrunning.",
                     "type": "array",
                     "items": {
                         "$ref": "#/definitions/handlers.Finding"
@@ -6119,12 +6077,70 @@ const docTemplate = `{
                 "data": {
                     "type": "array",
                     "items": {
-                        "$ref": "#/definitions/handlers.Run"
+                        "$ref": "#/definitions/handlers.RunSummary"
                     }
                 },
                 "next_cursor": {
                     "description": "NextCursor fetches the next page (?cursor=); absent on the last page.",
                     "type": "string"
+                }
+            }
+        },
+        "handlers.RunSummary": {
+            "type": "object",
+            "required": [
+                "attempts",
+                "created_at",
+                "id",
+                "status",
+                "workflow_id"
+            ],
+            "properties": {
+                "attempts": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "example": 0
+                },
+                "created_at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:00Z"
+                },
+                "error": {
+                    "description": "Error says why the worker itself failed (status error), at most 2000 characters.",
+                    "type": "string",
+                    "maxLength": 2000
+                },
+                "finished_at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:02Z"
+                },
+                "id": {
+                    "type": "string",
+                    "format": "uuid",
+                    "example": "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"
+                },
+                "started_at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:01Z"
+                },
+                "status": {
+                    "type": "string",
+                    "enum": [
+                        "queued",
+                        "running",
+                        "passed",
+                        "failed",
+                        "error"
+                    ],
+                    "example": "queued"
+                },
+                "workflow_id": {
+                    "type": "string",
+                    "format": "uuid",
+                    "example": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"
                 }
             }
         },
@@ -6474,13 +6490,37 @@ const docTemplate = `{
                 "data": {
                     "type": "array",
                     "items": {
-                        "$ref": "#/definitions/handlers.Workflow"
+                        "$ref": "#/definitions/handlers.WorkflowSummary"
                     }
                 },
                 "next_cursor": {
                     "description": "NextCursor fetches the next page (?cursor=); absent on the last page.",
                     "type": "string",
                     "example": "MjAyNi0xMS0yMlQwMjo0MDo"
+                }
+            }
+        },
+        "handlers.WorkflowSummary": {
+            "type": "object",
+            "required": [
+                "created_at",
+                "id",
+                "name"
+            ],
+            "properties": {
+                "created_at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "example": "2026-11-22T10:00:00Z"
+                },
+                "id": {
+                    "type": "string",
+                    "format": "uuid",
+                    "example": "0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"
+                },
+                "name": {
+                    "type": "string",
+                    "example": "invoice"
                 }
             }
         },

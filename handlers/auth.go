@@ -10,6 +10,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
@@ -69,6 +70,51 @@ func authenticate(tokens *models.TokenStore, ttl time.Duration) gin.HandlerFunc 
 		// with other organisations' (models.WithTenant).
 		c.Request = c.Request.WithContext(models.WithTenant(c.Request.Context(), p.OrgID))
 		c.Next()
+		if c.Writer.Status() == http.StatusUnauthorized {
+			// The token stopped holding (orgGone): ask the database next time.
+			cache.forget(token)
+		}
+	}
+}
+
+// orgGoneDetail is the detail of a 401 to a token whose organisation no
+// longer exists.
+const orgGoneDetail = "The API token is unknown or revoked: its organisation no longer exists."
+
+// orgGone answers a request whose organisation was deleted while its
+// token was still trusted from the cache (models.ErrOrgGone): 401
+// invalid_token, as the token check answers once it asks the database.
+func orgGone(c *gin.Context) {
+	c.Header("WWW-Authenticate", `Bearer realm="valruns", error="invalid_token"`)
+	problem.Abort(c, http.StatusUnauthorized, problem.InvalidToken, orgGoneDetail)
+}
+
+// orgChecked makes h answer models.ErrOrgGone as orgGone does, refused as
+// the token check would have refused it: rolled back, nothing stored
+// under the key.
+func orgChecked(h idempotency.Handler) idempotency.Handler {
+	return func(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+		resp, err := h(tx, req)
+		if !errors.Is(err, models.ErrOrgGone) {
+			return resp, err
+		}
+		resp = idempotency.Refuse(req, problem.New(http.StatusUnauthorized, problem.InvalidToken, orgGoneDetail))
+		resp.Header.Set("WWW-Authenticate", `Bearer realm="valruns", error="invalid_token"`)
+		return resp, nil
+	}
+}
+
+// orgCheckedPrepared is orgChecked for a route done in one step when it
+// can: a one-step start never writes a row of the organisation's own (it
+// goes to Handle when the workflow is missing), so only Handle meets
+// models.ErrOrgGone.
+func orgCheckedPrepared(prep idempotency.Preparer) idempotency.Preparer {
+	return func(req idempotency.Request) (idempotency.Prepared, error) {
+		p, err := prep(req)
+		if p.Handle != nil {
+			p.Handle = orgChecked(p.Handle)
+		}
+		return p, err
 	}
 }
 
@@ -106,6 +152,12 @@ func (tc *tokenCache) get(token string) *models.Principal {
 		return nil
 	}
 	return e.p
+}
+
+func (tc *tokenCache) forget(token string) {
+	if tc.ttl > 0 {
+		tc.m.Delete(sha256.Sum256([]byte(token)))
+	}
 }
 
 func (tc *tokenCache) put(token string, p *models.Principal) {

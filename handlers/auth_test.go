@@ -2,12 +2,16 @@ package handlers_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/internal/apitest"
@@ -251,4 +255,112 @@ func TestMoreThanOneCredential(t *testing.T) {
 		r := e.Do(http.MethodPost, start, a.Token, body, "Idempotency-Key", "two-creds A then B")
 		require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 	})
+}
+
+// deleteOrgAsDocumented deletes the organisation id with the SQL that
+// docs/operations.md gives operators (its psql variable :'org' bound).
+func deleteOrgAsDocumented(t *testing.T, e *apitest.Env, id string) {
+	t.Helper()
+	b, err := os.ReadFile("../docs/operations.md")
+	require.NoError(t, err)
+	doc := string(b)
+	at := strings.Index(doc, "To remove an organisation by hand")
+	require.NotEqual(t, -1, at, "docs/operations.md tells how to delete an organisation")
+	begin := strings.Index(doc[at:], "BEGIN;\n")
+	end := strings.Index(doc[at:], "COMMIT;")
+	require.True(t, begin != -1 && end > begin, "the deletion is one transaction, BEGIN; ... COMMIT;")
+	sql := doc[at+begin+len("BEGIN;\n") : at+end]
+	require.NoError(t, e.DB.Transaction(func(tx *gorm.DB) error {
+		for stmt := range strings.SplitSeq(sql, ";") {
+			if stmt = strings.TrimSpace(stmt); stmt != "" {
+				if err := tx.Exec(strings.ReplaceAll(stmt, ":'org'", "'"+id+"'")).Error; err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}))
+	require.Zero(t, e.Count("organizations", "id = ?", id))
+}
+
+// An organisation deleted as docs/operations.md says, while its tokens are
+// still trusted from the cache (AUTH_CACHE_TTL): no route answers 5xx. A
+// write, and the usage, answer 401 invalid_token (the token no longer
+// belongs to an organisation), storing nothing under the key; reads find
+// nothing. After a 401 the token is no longer trusted from the cache.
+func TestDeletedOrganisationsCachedToken(t *testing.T) {
+	t.Parallel()
+	e := apitest.New(t, apitest.Options{Config: func(c *config.Config) { c.AuthCacheTTL = time.Hour }})
+	org := e.NewOrg("Acme")
+	wf := e.NewWorkflow(org, map[string]any{"name": "wf"})
+	r := e.Do(http.MethodPost, "/api/workflows/"+wf+"/start/", org.Token, map[string]any{"submission": 1}, "Idempotency-Key", "run-1")
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	run := r.Map(t)["id"].(string)
+	r = e.Do(http.MethodPost, "/api/webhook-endpoints/", org.Token, map[string]any{"url": "https://example.com/hooks"})
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	hook := "/api/webhook-endpoints/" + r.Map(t)["id"].(string) + "/"
+	other := e.NewOrg("Globex")
+
+	key := []string{"Idempotency-Key", "after-deletion"}
+	routes := []struct {
+		method, path string
+		body         any
+		headers      []string
+		want         int
+	}{
+		{http.MethodGet, "/api/usage", nil, nil, http.StatusUnauthorized},
+		{http.MethodPost, "/api/workflows/", map[string]any{"name": "wf2"}, key, http.StatusUnauthorized},
+		{http.MethodPost, "/api/workflows/", map[string]any{"name": "wf3"}, nil, http.StatusUnauthorized},
+		{http.MethodPost, "/api/workflows/" + wf + "/start/", map[string]any{"submission": 1}, key, http.StatusUnauthorized},
+		{http.MethodPost, "/api/workflows/" + wf + "/start/", map[string]any{"submission": 1}, nil, http.StatusUnauthorized},
+		{http.MethodPost, "/api/webhook-endpoints/", map[string]any{"url": "https://example.com/x"}, key, http.StatusUnauthorized},
+		{http.MethodPost, "/api/webhook-endpoints/", map[string]any{"url": "https://example.com/y"}, nil, http.StatusUnauthorized},
+		{http.MethodGet, "/api/workflows/", nil, nil, http.StatusOK},
+		{http.MethodGet, "/api/workflows/" + wf + "/", nil, nil, http.StatusNotFound},
+		{http.MethodGet, "/api/runs/", nil, nil, http.StatusOK},
+		{http.MethodGet, "/api/runs/?status=passed", nil, nil, http.StatusOK},
+		{http.MethodGet, "/api/runs/" + run + "/", nil, []string{"Prefer", "wait=30"}, http.StatusNotFound},
+		{http.MethodGet, "/api/idempotency-keys/workflow_start/run-1", nil, nil, http.StatusNotFound},
+		{http.MethodGet, "/api/webhook-endpoints/", nil, nil, http.StatusOK},
+		{http.MethodGet, hook, nil, nil, http.StatusNotFound},
+		{http.MethodGet, hook + "deliveries/", nil, nil, http.StatusNotFound},
+		{http.MethodPost, hook + "rotate-secret/", nil, nil, http.StatusNotFound},
+		{http.MethodPost, hook + "test/", nil, nil, http.StatusNotFound},
+		{http.MethodPost, hook + "deliveries/" + models.NewRunID() + "/redeliver/", nil, nil, http.StatusNotFound},
+		{http.MethodDelete, hook, nil, nil, http.StatusNotFound},
+	}
+	// A token per route, trusted from the cache when the route is called.
+	ctx := context.Background()
+	tokens := make([]string, len(routes))
+	for i := range routes {
+		tok, _, err := models.NewTokenStore(e.DB).Create(ctx, org.ID)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, e.Do(http.MethodGet, "/api/workflows/", tok, nil).Status)
+		tokens[i] = tok
+	}
+	deleteOrgAsDocumented(t, e, org.ID)
+
+	for i, rt := range routes {
+		r := e.Do(rt.method, rt.path, tokens[i], rt.body, rt.headers...)
+		what := fmt.Sprintf("%s %s %v", rt.method, rt.path, rt.headers)
+		// assert: every route's answer is told, not only the first wrong one.
+		if !assert.Less(t, r.Status, 500, "%s: %s", what, r.Body) ||
+			!assert.Equal(t, rt.want, r.Status, "%s: %s", what, r.Body) || rt.want != http.StatusUnauthorized {
+			continue
+		}
+		requireProblem(t, r, http.StatusUnauthorized, "invalid_token")
+		require.Contains(t, r.Header.Get("WWW-Authenticate"), `error="invalid_token"`, what)
+		require.Empty(t, r.Header.Get("Retry-After"), what)
+		// Told once, the process no longer trusts the token.
+		r = e.Do(http.MethodGet, "/api/workflows/", tokens[i], nil)
+		requireProblem(t, r, http.StatusUnauthorized, "invalid_token")
+	}
+	require.Zero(t, e.Count("idempotency_keys", "org_id = ? AND key = ?", org.ID, "after-deletion"),
+		"a refused write stores nothing under its key")
+	for _, table := range []string{"workflows", "validation_runs", "webhook_endpoints", "usage_slots"} {
+		require.Zero(t, e.Count(table, "org_id = ?", org.ID), "%s: nothing written for the deleted organisation", table)
+	}
+	// Another organisation is unaffected.
+	r = e.Do(http.MethodGet, "/api/usage", other.Token, nil)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 }

@@ -292,8 +292,13 @@ func positionOf(cursor string) (*models.Position, bool) {
 
 // internalError answers a failure that is not the client's: 503
 // service_unavailable while the database cannot be reached, 500 otherwise.
-// Both can be retried as they are, and say so with Retry-After.
+// Both can be retried as they are, and say so with Retry-After. An
+// organisation gone (models.ErrOrgGone) is the client's: 401 (orgGone).
 func internalError(c *gin.Context, err error) {
+	if errors.Is(err, models.ErrOrgGone) {
+		orgGone(c)
+		return
+	}
 	if models.IsUnavailable(err) || errors.Is(context.Cause(c.Request.Context()), models.ErrStalled) {
 		unavailable(c, err)
 		return

@@ -173,24 +173,24 @@ func NewRouter(d Deps) *gin.Engine {
 		d.Log, d.Registry)
 
 	api := r.Group("/api", admit.middleware(), firstAnswer(d.DB), authenticate(orgs, d.Config.AuthCacheTTL))
-	api.POST("/workflows", idem.Wrap(ScopeWorkflowCreate, wf.create))
+	api.POST("/workflows", idem.Wrap(ScopeWorkflowCreate, orgChecked(wf.create)))
 	get(api, "/workflows", wf.list)
 	get(api, "/workflows/:id", wf.get)
 	// The rate limit runs before the idempotency wrapper: its 429 is not
 	// stored against the key (unlike quota_exceeded), so a retry executes.
-	api.POST("/workflows/:id/start", startRate.middleware(), idem.WrapPrepared(ScopeWorkflowStart, runs.prepare))
+	api.POST("/workflows/:id/start", startRate.middleware(), idem.WrapPrepared(ScopeWorkflowStart, orgCheckedPrepared(runs.prepare)))
 	get(api, "/runs", runs.list)
 	get(api, "/runs/:id", runs.get)
 	get(api, "/usage", usage.get)
 	get(api, "/idempotency-keys/:scope/:key", keys.get)
-	api.POST("/webhook-endpoints", idem.Wrap(ScopeWebhookCreate, hooks.create))
+	api.POST("/webhook-endpoints", idem.Wrap(ScopeWebhookCreate, orgChecked(hooks.create)))
 	get(api, "/webhook-endpoints", hooks.list)
 	get(api, "/webhook-endpoints/:id", hooks.get)
 	api.DELETE("/webhook-endpoints/:id", hooks.delete)
-	api.POST("/webhook-endpoints/:id/rotate-secret", idem.WrapNoBody(ScopeWebhookRotate, hooks.rotate))
+	api.POST("/webhook-endpoints/:id/rotate-secret", idem.WrapNoBody(ScopeWebhookRotate, orgChecked(hooks.rotate)))
 	get(api, "/webhook-endpoints/:id/deliveries", hooks.deliveries)
-	api.POST("/webhook-endpoints/:id/deliveries/:delivery_id/redeliver", idem.WrapNoBody(ScopeWebhookResend, hooks.redeliver))
-	api.POST("/webhook-endpoints/:id/test", idem.WrapNoBody(ScopeWebhookTest, hooks.sendTest))
+	api.POST("/webhook-endpoints/:id/deliveries/:delivery_id/redeliver", idem.WrapNoBody(ScopeWebhookResend, orgChecked(hooks.redeliver)))
+	api.POST("/webhook-endpoints/:id/test", idem.WrapNoBody(ScopeWebhookTest, orgChecked(hooks.sendTest)))
 	return r
 }
 

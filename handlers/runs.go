@@ -67,7 +67,7 @@ type Run struct {
 	Metadata json.RawMessage `json:"metadata" validate:"required" swaggertype:"object"`
 	// Findings are what the run found, once it has finished (passed, failed
 	// or error; [] when it found nothing). Absent while the run is queued or
-	// running, and from the items of a list: read the run for them.
+	// running.
 	Findings *[]Finding `json:"findings,omitempty"`
 	// Error says why the worker itself failed (status error).
 	Error      *string    `json:"error,omitempty"`
@@ -77,9 +77,24 @@ type Run struct {
 	FinishedAt *time.Time `json:"finished_at,omitempty" format:"date-time" example:"2026-11-22T10:00:02Z"`
 }
 
-// RunList is one page of runs, newest first. Its items have no findings.
+// RunSummary is a run as a list shows it: without its submission, metadata
+// and findings, whose size the client chose, so that a page's size never
+// depends on what the runs hold. Read the run (GET /api/runs/{id}/) for them.
+type RunSummary struct {
+	ID         string `json:"id" validate:"required" format:"uuid" example:"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a"`
+	WorkflowID string `json:"workflow_id" validate:"required" format:"uuid" example:"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"`
+	Status     string `json:"status" validate:"required" example:"queued" enums:"queued,running,passed,failed,error"`
+	// Error says why the worker itself failed (status error), at most 2000 characters.
+	Error      *string    `json:"error,omitempty" maxLength:"2000"`
+	Attempts   int        `json:"attempts" validate:"required" minimum:"0" example:"0"`
+	CreatedAt  time.Time  `json:"created_at" validate:"required" format:"date-time" example:"2026-11-22T10:00:00Z"`
+	StartedAt  *time.Time `json:"started_at,omitempty" format:"date-time" example:"2026-11-22T10:00:01Z"`
+	FinishedAt *time.Time `json:"finished_at,omitempty" format:"date-time" example:"2026-11-22T10:00:02Z"`
+}
+
+// RunList is one page of runs, newest first, as summaries.
 type RunList struct {
-	Data []Run `json:"data" validate:"required"`
+	Data []RunSummary `json:"data" validate:"required"`
 	// NextCursor fetches the next page (?cursor=); absent on the last page.
 	NextCursor string `json:"next_cursor,omitempty"`
 }
@@ -101,6 +116,12 @@ func runOf(r *models.ValidationRun, withFindings bool) Run {
 		out.Findings = &fs
 	}
 	return out
+}
+
+// runSummaryOf shows a run in a list.
+func runSummaryOf(r *models.ValidationRun) RunSummary {
+	return RunSummary{ID: r.ID, WorkflowID: r.WorkflowID, Status: r.Status, Error: r.Error, Attempts: r.Attempts,
+		CreatedAt: r.CreatedAt.UTC(), StartedAt: utc(r.StartedAt), FinishedAt: utc(r.FinishedAt)}
 }
 
 // RunEventData is a final run as a webhook event's data shows it: as GET
@@ -281,7 +302,7 @@ func (h *runHandlers) created(ctx context.Context, p models.StartParams) (idempo
 //	@ID			getRun
 //	@Description	A run with its status and, once finished, its findings (`failed` means findings of severity `error`). Another organisation's run, or an id that is not a UUID, is a 404.
 //	@Description
-//	@Description	Long-poll: with `Prefer: wait=N`, a run still `queued` or `running` is answered once it is final (`passed`, `failed`, `error`), or after N seconds (at most `RUN_MAX_WAIT`) as it then is, with `Preference-Applied: wait=N`: one request instead of many polls. A final run is answered at once.
+//	@Description	Long-poll: with `Prefer: wait=N`, a run still `queued` or `running` is answered once it is final (`passed`, `failed`, `error`), or after N seconds (at most `RUN_MAX_WAIT`) as it then is, with `Preference-Applied: wait=N`: one request instead of many polls. A final run is answered at once, with `Preference-Applied: wait=N` too.
 //	@Tags			runs
 //	@Produce		json
 //	@Produce		application/problem+json
@@ -293,7 +314,7 @@ func (h *runHandlers) created(ctx context.Context, p models.StartParams) (idempo
 //	@Failure		404	{object}	ProblemNotFound	"`not_found`: no such run in your organisation (or the id is not a UUID)."
 //	@Failure		500	{object}	ProblemInternal		"common:internal"
 //	@Failure		503	{object}	ProblemUnavailable	"common:unavailable"
-//	@Header			200	{string}	Preference-Applied	"`wait=N` when the request waited (`Prefer: wait=N`), N the seconds applied (after the `RUN_MAX_WAIT` cap). Absent when it did not wait: the run was final already, or the server waits for no request now (`RUN_MAX_WAIT=0`, or `RUN_MAX_WAITERS` wait already)."
+//	@Header			200	{string}	Preference-Applied	"`wait=N` whenever the wait (`Prefer: wait=N`) was honoured, N the seconds applied (after the `RUN_MAX_WAIT` cap): the run was final already, became final, or the time ran out. Absent when the preference was ignored: the server waits for no request now (`RUN_MAX_WAIT=0`, or `RUN_MAX_WAITERS` wait already)."
 //	@Router			/api/runs/{id}/ [get]
 func (h *runHandlers) get(c *gin.Context) {
 	id, ok := canonicalID(c.Param("id"))
@@ -303,8 +324,12 @@ func (h *runHandlers) get(c *gin.Context) {
 	}
 	org := principalOf(c).OrgID
 	r, err := h.runs.Get(c.Request.Context(), org, id)
-	if wait := idempotency.PreferredWait(c.Request.Header, h.maxWait); err == nil && wait > 0 && !r.Final() {
-		if w := h.waits.join(org, id); w != nil { // else too many wait: the preference is ignored
+	if wait := idempotency.PreferredWait(c.Request.Header, h.maxWait); err == nil && wait > 0 {
+		if r.Final() {
+			// Honoured without waiting: the state waited for is here
+			// already. Said all the same, so clients can rely on it.
+			c.Header(idempotency.HeaderPreferenceApplied, idempotency.AppliedWait(wait))
+		} else if w := h.waits.join(org, id); w != nil { // else too many wait: the preference is ignored
 			// The wait holds no database connection (the read above gave
 			// its back), and no room of the overload guard: hundreds of
 			// long-polls must not keep starts out.
@@ -333,7 +358,7 @@ func (h *runHandlers) get(c *gin.Context) {
 //
 //	@Summary		List runs
 //	@ID			listRuns
-//	@Description	The organisation's runs, newest first, a page at a time: pass `next_cursor` back as `?cursor=` (with the same filters) for the next page. Findings are not included; read a run for them.
+//	@Description	The organisation's runs, newest first, a page at a time: pass `next_cursor` back as `?cursor=` (with the same filters) for the next page. Each run is a summary, without its `submission`, `metadata` and `findings`: read a run for them. So a page's size does not depend on what the runs hold (at most 100 runs of at most 16 KiB each).
 //	@Description
 //	@Description	Filters combine: `workflow_id`, `status`, and the creation time (`created_after`, `created_before`: RFC 3339 date-times, both exclusive; a `+` in an offset is written `%2B` in a query). A filter sent is applied, whatever its value. With `status=passed`, `failed` or `error`, a page reads at most 2,000 runs: a page may then hold fewer runs than `limit`, even none, and still carry `next_cursor`; follow it until it is absent.
 //	@Tags			runs
@@ -367,9 +392,9 @@ func (h *runHandlers) list(c *gin.Context) {
 		internalError(c, err)
 		return
 	}
-	out := RunList{Data: make([]Run, 0, len(rs)), NextCursor: cursorOf(next)}
+	out := RunList{Data: make([]RunSummary, 0, len(rs)), NextCursor: cursorOf(next)}
 	for i := range rs {
-		out.Data = append(out.Data, runOf(&rs[i], false))
+		out.Data = append(out.Data, runSummaryOf(&rs[i]))
 	}
 	c.PureJSON(http.StatusOK, out)
 }

@@ -144,13 +144,18 @@ func TestRunLongPoll(t *testing.T) {
 		}
 	})
 
-	t.Run("a final run is answered at once", func(t *testing.T) {
+	t.Run("a final run is answered at once, the preference applied", func(t *testing.T) {
 		id := f.queued(t)
 		lpFinish(t, f.e, id, models.RunFailed)
-		// If it waited, it would wait the cap (30 s) and say so.
+		// If it waited, it would wait the cap (30 s): no waiter joins.
 		r := f.read(id, "Prefer", "wait=30")
 		require.Equal(t, "failed", lpRun(t, r).Status)
-		require.Empty(t, r.Header.Get(idempotency.HeaderPreferenceApplied))
+		require.Equal(t, "wait=30", r.Header.Get(idempotency.HeaderPreferenceApplied),
+			"the wait was honoured: the run is final already")
+		r = f.read(id, "Prefer", "wait=3600")
+		require.Equal(t, "wait=30", r.Header.Get(idempotency.HeaderPreferenceApplied), "N after the cap")
+		r = f.read(id)
+		require.Empty(t, r.Header.Get(idempotency.HeaderPreferenceApplied), "no preference, nothing applied")
 	})
 
 	t.Run("another organisation's run is 404, at once", func(t *testing.T) {

@@ -43,9 +43,18 @@ type Workflow struct {
 	CreatedAt  time.Time            `json:"created_at" validate:"required" format:"date-time" example:"2026-11-22T10:00:00Z"`
 }
 
-// WorkflowList is one page of workflows, newest first.
+// WorkflowSummary is a workflow as a list shows it: without its schema and
+// assertions, whose size the client chose, so that a page's size never
+// depends on what the workflows hold. Read the workflow for them.
+type WorkflowSummary struct {
+	ID        string    `json:"id" validate:"required" format:"uuid" example:"0b7d3c1e-8a2f-4c55-9a51-0d6f3f1c2b7a"`
+	Name      string    `json:"name" validate:"required" example:"invoice"`
+	CreatedAt time.Time `json:"created_at" validate:"required" format:"date-time" example:"2026-11-22T10:00:00Z"`
+}
+
+// WorkflowList is one page of workflows, newest first, as summaries.
 type WorkflowList struct {
-	Data []Workflow `json:"data" validate:"required"`
+	Data []WorkflowSummary `json:"data" validate:"required"`
 	// NextCursor fetches the next page (?cursor=); absent on the last page.
 	NextCursor string `json:"next_cursor,omitempty" example:"MjAyNi0xMS0yMlQwMjo0MDo"`
 }
@@ -141,7 +150,7 @@ func (h *workflowHandlers) create(tx *models.RequestTx, req idempotency.Request)
 //
 //	@Summary		List workflows
 //	@ID			listWorkflows
-//	@Description	The organisation's workflows, newest first, a page at a time: pass `next_cursor` back as `?cursor=` for the next page; the last page has no `next_cursor`.
+//	@Description	The organisation's workflows, newest first, a page at a time: pass `next_cursor` back as `?cursor=` for the next page; the last page has no `next_cursor`. Each workflow is a summary, without its `schema` and `assertions`: read a workflow for them. So a page's size does not depend on what the workflows hold.
 //	@Tags			workflows
 //	@Produce		json
 //	@Produce		application/problem+json
@@ -164,9 +173,9 @@ func (h *workflowHandlers) list(c *gin.Context) {
 		internalError(c, err)
 		return
 	}
-	out := WorkflowList{Data: make([]Workflow, 0, len(ws)), NextCursor: cursorOf(next)}
+	out := WorkflowList{Data: make([]WorkflowSummary, 0, len(ws)), NextCursor: cursorOf(next)}
 	for i := range ws {
-		out.Data = append(out.Data, workflowOf(&ws[i]))
+		out.Data = append(out.Data, WorkflowSummary{ID: ws[i].ID, Name: ws[i].Name, CreatedAt: ws[i].CreatedAt.UTC()})
 	}
 	c.PureJSON(http.StatusOK, out)
 }

@@ -125,6 +125,10 @@ type Response struct {
 	// linked table, so there it must be the id of a row of that table, or
 	// empty. A route whose resources live elsewhere leaves it empty.
 	ResourceID string
+	// Refused marks a 4xx that refuses the request as a check before the
+	// handler would have (Refuse): like a 5xx, the work is rolled back and
+	// the answer is not stored, so the key stays free.
+	Refused bool
 	// AfterCommit, when set, is called once the answer has committed (never
 	// for a replay, a rollback or a 5xx): work that must not happen inside
 	// the transaction, such as waking a consumer of what it staged.
@@ -154,13 +158,24 @@ func Problem(req Request, d problem.Details) Response {
 	return Response{Status: d.Status, Body: d.Body(), Header: http.Header{"Content-Type": {problem.ContentType}}}
 }
 
+// Refuse builds a Response that refuses the request with a problem
+// document, rolled back and not stored (Response.Refused): for what the
+// handler finds that a check before it would have refused, such as a
+// credential that no longer holds.
+func Refuse(req Request, d problem.Details) Response {
+	resp := Problem(req, d)
+	resp.Refused = true
+	return resp
+}
+
 // Handler does a request's work on tx, the request's one transaction (its
 // DB is a GORM session on it), and returns the answer. It may only touch
 // PostgreSQL through tx: foreign work
 // (a queue, an email) is staged in a table and done after commit. Whatever
 // it wrote commits with its answer, 2xx or 4xx, so a handler that answers
-// 4xx must do so before writing. An error, a 5xx or a panic rolls back
-// everything: nothing happened, nothing is stored, the key is free.
+// 4xx must do so before writing. An error, a 5xx, a panic or a refusal
+// (Refuse) rolls back everything: nothing happened, nothing is stored, the
+// key is free.
 type Handler func(tx *models.RequestTx, req Request) (Response, error)
 
 // Prepared is a request read from its body, ready to be done: in one step
@@ -178,9 +193,9 @@ type Prepared struct {
 	// write), all or nothing, and says what happened: unless it answers
 	// Committed, nothing was written.
 	Commit func(ctx context.Context, key *models.KeyWrite) (CommitResult, error)
-	// Response is the answer once Commit has committed. A status that is
-	// not stored (1xx, 5xx) or a body over the limit sends the request to
-	// Handle instead.
+	// Response is the answer once Commit has committed. An answer that is
+	// not stored (1xx, 5xx, Refused) or a body over the limit sends the
+	// request to Handle instead.
 	Response Response
 }
 
@@ -787,7 +802,7 @@ func (k *call) prepare(ctx context.Context, prep Preparer) stage {
 		return stage{kind: stageAnswered}
 	}
 	resp := p.Response
-	if p.Commit == nil || resp.Status < 200 || resp.Status >= 500 || int64(len(resp.Body)) > k.maxAnswer() {
+	if p.Commit == nil || resp.Status < 200 || resp.Status >= 500 || resp.Refused || int64(len(resp.Body)) > k.maxAnswer() {
 		return stage{kind: stageTransact, handle: p.Handle}
 	}
 	res, err := p.Commit(ctx, k.keyWrite(resp))
@@ -898,6 +913,11 @@ func (k *call) transact(ctx context.Context, h Handler) stage {
 		return stage{kind: stageAnswered}
 	case resp.Status < 200:
 		k.fail(fmt.Errorf("handler answered %d", resp.Status))
+		return stage{kind: stageAnswered}
+	case resp.Refused:
+		tx.Rollback()
+		k.outcome = OutcomeRejected
+		k.write(resp.Status, resp.Header, resp.Body)
 		return stage{kind: stageAnswered}
 	case int64(len(resp.Body)) > k.maxAnswer():
 		tx.Rollback()

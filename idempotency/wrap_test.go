@@ -43,6 +43,7 @@ const (
 	modeHeaders  = "headers"   // answers 201 with headers that must never be stored
 	modeCheckCtx = "check_ctx" // 201, and records whether its context was cancelled
 	modeHuge     = "huge"      // 201 with a body of 5 MiB
+	modeRefuse   = "refuse"    // refuses with a 401 after writing (Refuse)
 )
 
 // wrapEnv is one wrapped engine on a fresh database.
@@ -149,6 +150,10 @@ func newWrapEnv(t *testing.T, cfg idempotency.Config, opts ...func(*idempotency.
 			e.ctxErr.Store(errString(tx.Statement.Context.Err()))
 		case modeHuge:
 			return idempotency.JSON(http.StatusCreated, map[string]any{"blob": strings.Repeat("x", 5<<20)})
+		case modeRefuse:
+			resp := idempotency.Refuse(req, problem.New(http.StatusUnauthorized, problem.InvalidToken, "gone"))
+			resp.Header.Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+			return resp, nil
 		}
 		resp, err := idempotency.JSON(http.StatusCreated, map[string]any{"name": in.Name, "call": e.calls.Load()})
 		if err != nil {
@@ -315,6 +320,31 @@ func TestWrapFailureRollsBack(t *testing.T) {
 			require.EqualValues(t, 1, e.items(name))
 		})
 	}
+}
+
+// TestWrapRefusalRollsBack: a handler's refusal (Refuse) is answered as
+// it is, headers included, like a check before the handler: its writes are
+// rolled back and nothing is stored, so the retry executes.
+func TestWrapRefusalRollsBack(t *testing.T) {
+	t.Parallel()
+	e := newWrapEnv(t, idempotency.Config{})
+	for _, hdr := range [][]string{{idempotency.HeaderKey, "k-refused"}, nil} {
+		e.mode.Store(modeRefuse)
+		r := e.do("/items", `{"name":"refused"}`, hdr...)
+		require.Equal(t, http.StatusUnauthorized, r.Status, "body %s", r.Body)
+		require.Equal(t, problem.InvalidToken.String(), code(t, r))
+		require.Equal(t, `Bearer error="invalid_token"`, r.Header.Get("WWW-Authenticate"))
+		require.Empty(t, r.Header.Get(idempotency.HeaderKeyExpires), "not stored under the key")
+		require.Equal(t, scopeItems+":"+idempotency.OutcomeRejected, e.lastOutcome())
+		require.Zero(t, e.items("refused"), "the handler's write was rolled back")
+	}
+	require.Zero(t, e.keyRows("k-refused"), "nothing stored")
+
+	e.mode.Store(modeOK)
+	r := e.do("/items", `{"name":"refused"}`, idempotency.HeaderKey, "k-refused")
+	require.Equal(t, http.StatusCreated, r.Status, "the key is free: the retry executes: %s", r.Body)
+	require.Empty(t, r.Header.Get(idempotency.HeaderReplayed))
+	require.EqualValues(t, 1, e.items("refused"))
 }
 
 // TestWrap4xxAfterWritingCommits documents the wrapper's contract: a 4xx is

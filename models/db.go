@@ -31,6 +31,11 @@ var (
 	ErrConflict = errors.New("conflict")
 	// ErrQuotaExceeded: the organisation has used its monthly run quota.
 	ErrQuotaExceeded = errors.New("monthly run quota exceeded")
+	// ErrOrgGone: the caller's organisation no longer exists. An operator
+	// deleted it (docs/operations.md) while one of its tokens was still
+	// trusted from a cache: a write naming it broke a foreign key to
+	// organizations, or a read of its own row found none.
+	ErrOrgGone = errors.New("the organisation no longer exists")
 	// ErrTestsPending: the endpoint has as many test events waiting for
 	// their attempt as it may (SendTestEvent).
 	ErrTestsPending = errors.New("test events pending")
@@ -287,9 +292,23 @@ func translate(err error) error {
 			return fmt.Errorf("%w: %s", ErrConflict, pgErr.ConstraintName)
 		case "22P02": // invalid_text_representation, e.g. a malformed uuid
 			return ErrNotFound
+		case "23503": // foreign_key_violation
+			if orgForeignKeys[pgErr.ConstraintName] {
+				return fmt.Errorf("%w: %s", ErrOrgGone, pgErr.ConstraintName)
+			}
 		}
 	}
 	return err
+}
+
+// orgForeignKeys are the foreign keys to organizations (migrations/): a
+// write that breaks one names an organisation that no longer exists.
+var orgForeignKeys = map[string]bool{
+	"api_tokens_org_id_fkey":         true,
+	"workflows_org_id_fkey":          true,
+	"usage_slots_org_id_fkey":        true,
+	"webhook_endpoints_org_id_fkey":  true,
+	"webhook_deliveries_org_id_fkey": true,
 }
 
 // IsUnavailable reports whether err says the database cannot be reached or

@@ -36,3 +36,6 @@ func (s *RunStore) QueuedStartsForTest() int {
 	defer s.batcher.mu.Unlock()
 	return len(s.batcher.queue)
 }
+
+// OrgForeignKeysForTest are the constraints translate reads as ErrOrgGone.
+var OrgForeignKeysForTest = orgForeignKeys

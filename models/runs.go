@@ -100,8 +100,9 @@ var (
 // the slots if need be (refused past the quota). If it refuses, nothing is
 // written, so the caller can answer 404 or 429 on the same transaction.
 //
-// Returns ErrNotFound when the workflow is not the organisation's, and
-// ErrQuotaExceeded past the quota.
+// Returns ErrNotFound when the workflow is not the organisation's,
+// ErrOrgGone when the organisation no longer exists, and ErrQuotaExceeded
+// past the quota.
 //
 // The slow path waits for slots other starts hold, and a statement claiming
 // a slot may wait for one that a waiting claim holds (PostgreSQL follows a
@@ -173,6 +174,14 @@ func (s *RunStore) startOnce(tx *RequestTx, p StartParams) error {
 		return fmt.Errorf("start run: %w", translate(err))
 	}
 	if n == 0 {
+		// The organisation's own workflows go with it: a token still
+		// trusted from a cache is told that, not that a workflow is missing.
+		if err := db.Raw(`SELECT count(*) FROM organizations WHERE id = ?`, p.OrgID).Scan(&n).Error; err != nil {
+			return fmt.Errorf("start run: %w", translate(err))
+		}
+		if n == 0 {
+			return fmt.Errorf("start run: organisation %s: %w", p.OrgID, ErrOrgGone)
+		}
 		return fmt.Errorf("start run: workflow %s: %w", p.WorkflowID, ErrNotFound)
 	}
 	if err := claimSlot(db, p.OrgID, period, p.Quota); err != nil {
@@ -242,8 +251,15 @@ type RunFilter struct {
 // than asked for (even none) and a cursor to go on from.
 const FinalScanBudget = 2000
 
+// runListColumns are the columns a list of runs reads: none whose size a
+// client chose (submission, metadata, findings), so that a page costs the
+// same memory whatever the runs hold. error is at most 2000 characters.
+var runListColumns = []string{"id", "workflow_id", "status", "error", "attempts", "created_at", "started_at", "finished_at"}
+
 // List returns one page of the organisation's runs that f lets through,
-// newest first, and where the next page starts (nil on the last one).
+// newest first, and where the next page starts (nil on the last one). The
+// runs are read without their submission, metadata and findings (nil):
+// Get reads them, one run at a time.
 //
 // No index of its own: the indexes that order the organisation's or the
 // workflow's runs by creation serve the time bounds and the cursor. The
@@ -252,7 +268,7 @@ const FinalScanBudget = 2000
 // organisation's runs instead when it estimates that cheaper). A final
 // status reads at most FinalScanBudget runs per page.
 func (s *RunStore) List(ctx context.Context, orgID string, f RunFilter, p Page) ([]ValidationRun, *Position, error) {
-	q := s.db.WithContext(ctx).Where("org_id = ?", orgID)
+	q := s.db.WithContext(ctx).Select(runListColumns).Where("org_id = ?", orgID)
 	if f.WorkflowID != "" {
 		q = q.Where("workflow_id = ?", f.WorkflowID)
 	}

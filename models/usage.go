@@ -147,7 +147,8 @@ func NewUsageStore(db *gorm.DB) *UsageStore { return &UsageStore{db: db} }
 // Get returns the organisation's usage of the period holding now, with its
 // effective quota: its own, or defaultQuota when it has none. The quota is
 // read from the database, not from a cached token, so it is the one the next
-// start will apply once caches catch up.
+// start will apply once caches catch up. No such organisation is
+// ErrOrgGone.
 func (s *UsageStore) Get(ctx context.Context, orgID string, defaultQuota int64, now time.Time) (*Usage, error) {
 	period := UsagePeriod(now)
 	var row struct {
@@ -159,7 +160,7 @@ func (s *UsageStore) Get(ctx context.Context, orgID string, defaultQuota int64, 
 		return nil, fmt.Errorf("usage: %w", translate(res.Error))
 	}
 	if res.RowsAffected == 0 {
-		return nil, fmt.Errorf("usage: %w", ErrNotFound)
+		return nil, fmt.Errorf("usage: %w", ErrOrgGone)
 	}
 	u := &Usage{Period: period, Runs: row.Runs, Quota: defaultQuota}
 	if row.Quota != nil {

@@ -93,7 +93,7 @@ var (
 		"The request carries no API token, or more than one.\n\n"+
 			"Send exactly one `Authorization: Bearer vr_...` header. `valruns token create --org SLUG` makes a token.")
 	InvalidToken = define("invalid_token", []int{401}, "The API token is not valid",
-		"The API token is unknown or has been revoked.\n\n"+
+		"The API token is unknown or has been revoked, or its organisation no longer exists.\n\n"+
 			"Use a current token; `valruns token create --org SLUG` makes a new one.")
 	IdempotencyKeyMissing = define("idempotency_key_missing", []int{400}, "An Idempotency-Key is required",
 		"This server requires an `Idempotency-Key` header on every POST that creates or changes something "+

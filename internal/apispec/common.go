@@ -38,7 +38,7 @@ var retryAfter = CommonHeader{"Retry-After", "integer", "Seconds to wait before 
 var Common = map[string]CommonResponse{
 	"unauthorized": {
 		Status: "401", Schema: "handlers.ProblemUnauthorized",
-		Description: "No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked).",
+		Description: "No usable API token: `unauthenticated` (no `Authorization: Bearer` header, or more than one credential) or `invalid_token` (unknown or revoked, or its organisation deleted).",
 		Headers: []CommonHeader{{"WWW-Authenticate", "string",
 			`Bearer realm="valruns" (with error="invalid_token" for an unknown or revoked token, error="invalid_request" for more than one credential).`}},
 	},
