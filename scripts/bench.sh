@@ -62,7 +62,7 @@ go | micro)
 	exit 0
 	;;
 e2e)
-	parts=(-only pgwork,e2e,drain,scale)
+	parts=(-only e2e)
 	shift
 	[ "${1:-}" != -- ] || shift
 	;;

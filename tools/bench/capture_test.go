@@ -235,7 +235,6 @@ CREATE TABLE links (id uuid PRIMARY KEY, item_id uuid NOT NULL REFERENCES items,
 	require.Contains(t, sc.Text, `\gset s3_`, "the item id is read back from the insert's result")
 	require.Contains(t, sc.Text, `\startpipeline`)
 	require.NotContains(t, sc.Text, a.Stmts[3].Params[0].Text, "the client-made link id is fresh in each transaction")
-	t.Log("\n" + abbreviate(sc.Text))
 
 	path := t.TempDir() + "/script.sql"
 	require.NoError(t, os.WriteFile(path, []byte(sc.Text), 0o644))

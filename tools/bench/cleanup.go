@@ -1,8 +1,8 @@
 package main
 
-// The cleanup measurement: N expired keys deleted by `valruns cleanup`,
-// alone (keys/s) and while new-key starts arrive (their p99 beside the p99
-// of the same load without a cleanup).
+// The cleanup: N expired keys deleted by `valruns cleanup`, alone (its
+// time and the WAL it wrote), then new-key starts at 32 clients while it
+// deletes N more, beside the same starts without it.
 
 import (
 	"context"
@@ -11,93 +11,32 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 )
 
-type cleanupResult struct {
-	Keys         int
-	InsertTime   time.Duration
-	Alone        time.Duration // wall time of `valruns cleanup` with nothing else running
-	AloneDeleted int
-	Baseline     row // new-key starts, 32 clients, expired keys present, no cleanup
-	During       row // the same load while `valruns cleanup` runs
-	DuringTime   time.Duration
-	DuringKeys   int
-	Failed       string
-}
+// cleanupClients is the load beside the cleanup.
+const cleanupClients = 32
 
-// KeysPerSec is the deletion rate of the cleanup alone.
-func (c cleanupResult) KeysPerSec() float64 {
-	if c.Alone <= 0 {
-		return 0
-	}
-	return float64(c.AloneDeleted) / c.Alone.Seconds()
+type cleanupResult struct {
+	Keys       int
+	Alone      time.Duration // wall time of `valruns cleanup` with nothing else running
+	AloneKeys  int
+	AloneWAL   int64 // bytes of WAL written meanwhile (the whole server's)
+	Without    row   // new-key starts, expired keys present, no cleanup
+	During     row   // the same load while `valruns cleanup` runs
+	DuringTime time.Duration
+	DuringKeys int
+	Failed     string
 }
 
 var deletedRe = regexp.MustCompile(`deleted ([0-9]+) expired`)
-
-// insertExpired copies a real key row (written by the server) n times as
-// expired keys, in one statement. Copying the row keeps every column the
-// server fills, whatever the schema has become; only the identity, the
-// key, the run link and the times are replaced.
-func (e *env) insertExpired(ctx context.Context, db, protoKey string, n int) (time.Duration, error) {
-	conn, err := e.connect(ctx, db)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close(context.Background())
-	t0 := time.Now()
-	tag, err := conn.Exec(ctx, `
-INSERT INTO idempotency_keys
-SELECT r.* FROM idempotency_keys k, generate_series(1, $1::int) g,
-LATERAL jsonb_populate_record(k, jsonb_build_object(
-	'id', gen_random_uuid(), 'key', 'expired-' || g, 'validation_run_id', NULL,
-	'created_at', now() - interval '2 days', 'expires_at', now() - interval '1 day')) r
-WHERE k.key = $2`, n, protoKey)
-	if err != nil {
-		return 0, fmt.Errorf("insert expired keys: %w", err)
-	}
-	if tag.RowsAffected() != int64(n) {
-		return 0, fmt.Errorf("insert expired keys: %d rows, want %d", tag.RowsAffected(), n)
-	}
-	d := time.Since(t0)
-	if _, err := conn.Exec(ctx, `VACUUM ANALYZE idempotency_keys`); err != nil {
-		return d, err
-	}
-	return d, nil
-}
-
-// runCleanupCmd runs `valruns cleanup` on db and returns its wall time and count.
-func (e *env) runCleanupCmd(ctx context.Context, db string) (*exec.Cmd, func() (time.Duration, int, error)) {
-	cmd := exec.CommandContext(ctx, e.bin, "cleanup")
-	cmd.Env = childEnv(append([]string{"DATABASE_URL=" + e.dbURL(db)}, e.serverEnv...)...)
-	var out []byte
-	var err error
-	t0 := time.Now()
-	done := make(chan struct{})
-	go func() {
-		out, err = cmd.CombinedOutput()
-		close(done)
-	}()
-	return cmd, func() (time.Duration, int, error) {
-		<-done
-		d := time.Since(t0)
-		if err != nil {
-			return d, 0, fmt.Errorf("valruns cleanup: %v: %s", err, out)
-		}
-		m := deletedRe.FindSubmatch(out)
-		if m == nil {
-			return d, 0, fmt.Errorf("valruns cleanup printed no count: %s", out)
-		}
-		n, _ := strconv.Atoi(string(m[1]))
-		return d, n, nil
-	}
-}
 
 func (e *env) measureCleanup(ctx context.Context, keys, clients int, t timing) (res cleanupResult) {
 	res.Keys = keys
 	fail := func(err error) cleanupResult {
 		res.Failed = err.Error()
+		say("cleanup failed: %v", err)
 		return res
 	}
 	db, err := e.fresh(ctx)
@@ -105,81 +44,141 @@ func (e *env) measureCleanup(ctx context.Context, keys, clients int, t timing) (
 		return fail(err)
 	}
 	defer func() { _ = e.dropDB(ctx, db) }()
-	srv, base, err := e.startServer(ctx, db, false)
+	srv, base, err := e.startServer(ctx, e.dbURL(db), false)
 	if err != nil {
 		return fail(err)
 	}
 	defer srv.Stop(20 * time.Second)
-	hc := newHTTPClient(1)
-	proto := fmt.Sprintf("cleanup-proto-%d", time.Now().UnixNano())
-	if err := sendOnce(ctx, hc, base+e.orgs[0].startPath(), []byte(startBody), headerFor(e.orgs[0].Token, proto)); err != nil {
+	conn, err := e.connect(ctx, db)
+	if err != nil {
 		return fail(err)
 	}
-
-	// Alone.
-	if res.InsertTime, err = e.insertExpired(ctx, db, proto, keys); err != nil {
+	defer conn.Close(context.Background())
+	org, run := e.orgs[0], time.Now().UnixNano()
+	proto := fmt.Sprintf("cleanup-proto-%d", run)
+	if err := sendOnce(ctx, newHTTPClient(1), base+org.startPath(), []byte(startBody), headerFor(org.Token, proto)); err != nil {
 		return fail(err)
 	}
-	_, wait := e.runCleanupCmd(ctx, db)
-	if res.Alone, res.AloneDeleted, err = wait(); err != nil {
-		return fail(err)
-	}
-
-	// Under load: the same number of keys again, then the starts without
-	// and with a cleanup running.
-	if _, err = e.insertExpired(ctx, db, proto, keys); err != nil {
-		return fail(err)
-	}
-	url := base + e.orgs[0].startPath()
-	run := time.Now().UnixNano()
-	next := func(tag string) requestFunc {
-		return func(c, i int) request {
-			return request{http.MethodPost, url, headerFor(e.orgs[0].Token, fmt.Sprintf("%s-%d-%d-%d", tag, run, c, i)), []byte(startBody)}
+	// A real key row copied n times as expired keys, in one statement:
+	// every column the server fills, whatever the schema has become.
+	insert := func() error {
+		tag, err := conn.Exec(ctx, `INSERT INTO idempotency_keys
+			SELECT r.* FROM idempotency_keys k, generate_series(1, $1::int) g,
+			LATERAL jsonb_populate_record(k, jsonb_build_object(
+				'id', gen_random_uuid(), 'key', 'expired-' || g, 'validation_run_id', NULL,
+				'created_at', now() - interval '2 days', 'expires_at', now() - interval '1 day')) r
+			WHERE k.key = $2`, keys, proto)
+		if err == nil && tag.RowsAffected() != int64(keys) {
+			err = fmt.Errorf("%d rows, want %d", tag.RowsAffected(), keys)
 		}
+		if err == nil {
+			_, err = conn.Exec(ctx, `VACUUM ANALYZE idempotency_keys`)
+		}
+		if err != nil {
+			return fmt.Errorf("insert expired keys: %w", err)
+		}
+		return nil
 	}
-	measure := func(name, tag string, warm, dur time.Duration) row {
+	cleanup := func() (time.Duration, int, error) {
+		cmd := exec.CommandContext(ctx, e.bin, "cleanup")
+		cmd.Env = childEnv(append([]string{"DATABASE_URL=" + e.dbURL(db)}, e.serverEnv...)...)
+		t0 := time.Now()
+		out, err := cmd.CombinedOutput()
+		d := time.Since(t0)
+		m := deletedRe.FindSubmatch(out)
+		if err != nil || m == nil {
+			return d, 0, fmt.Errorf("valruns cleanup: %v: %s", err, out)
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return d, n, nil
+	}
+	var lsn0 string
+	if err := insert(); err != nil {
+		return fail(err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn0); err != nil {
+		return fail(err)
+	}
+	if res.Alone, res.AloneKeys, err = cleanup(); err != nil {
+		return fail(err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, lsn0).Scan(&res.AloneWAL); err != nil {
+		return fail(err)
+	}
+
+	if err := insert(); err != nil {
+		return fail(err)
+	}
+	url := base + org.startPath()
+	measure := func(name string, warm, dur time.Duration, stop <-chan struct{}, opened func()) row {
 		r := row{Section: "valruns", Scenario: name, Clients: clients}
 		m := &usageMeter{pid: srv.Pid()}
-		lr := runLoad(ctx, clients, warm, dur, next(tag), nil, nil, func(open bool) {
-			if open {
-				m.open()
-			} else {
-				m.close()
+		next := func(c, i int) request {
+			return request{http.MethodPost, url, headerFor(org.Token, fmt.Sprintf("%s-%d-%d-%d", name, run, c, i)), []byte(startBody)}
+		}
+		lr := runLoad(ctx, clients, warm, dur, next, nil, stop, func(open bool) {
+			m.window(open)
+			if open && opened != nil {
+				opened()
 			}
 		})
-		r.fillServer(lr, m)
+		r.fill(lr, m)
 		return r
 	}
-	res.Baseline = measure("new key, expired keys present, no cleanup", "base", t.Warm, t.Dur)
-
-	stop := make(chan struct{})
-	var cleanupErr error
-	started := make(chan struct{})
-	go func() {
-		<-started
-		_, wait := e.runCleanupCmd(ctx, db)
-		res.DuringTime, res.DuringKeys, cleanupErr = wait()
-		close(stop)
-	}()
+	res.Without = measure("new key, no cleanup", t.Warm, t.Dur, nil, nil)
 	// The window opens when the cleanup starts and closes when it ends
 	// (or after 3 minutes; the cleanup is then still waited for).
-	res.During = func() row {
-		r := row{Section: "valruns", Scenario: "new key, during cleanup", Clients: clients}
-		m := &usageMeter{pid: srv.Pid()}
-		lr := runLoad(ctx, clients, t.Warm/2, 3*time.Minute, next("during"), nil, stop, func(open bool) {
-			if open {
-				m.open()
-				close(started)
-			} else {
-				m.close()
-			}
-		})
-		r.fillServer(lr, m)
-		return r
+	stop, started, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		<-started
+		var err error
+		res.DuringTime, res.DuringKeys, err = cleanup()
+		close(stop)
+		done <- err
 	}()
-	<-stop
-	if cleanupErr != nil {
-		return fail(cleanupErr)
+	res.During = measure("new key, during cleanup", t.Warm/2, 3*time.Minute, stop, func() { close(started) })
+	if err := <-done; err != nil {
+		return fail(err)
 	}
+	say("cleanup: %d keys in %.1f s alone; starts %.0f rps without it, %.0f during", res.AloneKeys, res.Alone.Seconds(), res.Without.RPS, res.During.RPS)
 	return res
+}
+
+// checks are the cleanup's targets: its speed alone, and what it costs the
+// starts (issue 49).
+func (c *cleanupResult) checks() []check {
+	alone := check{Name: "cleanup of expired keys, alone", Target: ">= 50000 keys/s"}
+	rps := check{Name: fmt.Sprintf("new-key starts during the cleanup / without it, %d clients", cleanupClients), Target: ">= 0.95x rps"}
+	tail := check{Name: fmt.Sprintf("new-key start p99.9 during the cleanup / without it, %d clients", cleanupClients), Target: "<= 1.5x"}
+	if c.Failed != "" || c.Alone <= 0 || c.Without.RPS == 0 || c.Without.P999 == 0 {
+		return []check{notMeasured(alone), notMeasured(rps), notMeasured(tail)}
+	}
+	k := float64(c.AloneKeys) / c.Alone.Seconds()
+	alone.Measured, alone.Pass = fmt.Sprintf("%.0f keys/s (%d keys in %.2f s)", k, c.AloneKeys, c.Alone.Seconds()), k >= 50000
+	f := c.During.RPS / c.Without.RPS
+	rps.Measured, rps.Pass = fmt.Sprintf("%sx (%.0f / %.0f rps)", ratioText(f, 0.95), c.During.RPS, c.Without.RPS), f >= 0.95
+	f = float64(c.During.P999) / float64(c.Without.P999)
+	tail.Measured, tail.Pass = fmt.Sprintf("%sx (%s / %s ms)", ratioText(f, 1.5), ms(c.During.P999), ms(c.Without.P999)), f <= 1.5
+	return []check{alone, rps, tail}
+}
+
+func (c *cleanupResult) section() section {
+	s := section{Heading: "## Cleanup", Checks: c.checks()}
+	if c.Failed != "" {
+		s.Body = "FAILED: " + short(c.Failed, 400) + "\n"
+		return s
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d expired keys (copies of a key row the server wrote), deleted by `valruns cleanup` alone: %d keys in %.2f s, "+
+		"%.1f MB of WAL (`pg_current_wal_lsn()` before and after: the whole server's). Then as many again while new-key starts arrive from %d clients: "+
+		"%d keys in %.2f s; the window of the starts \"during\" is the cleanup's.\n\n",
+		c.Keys, c.AloneKeys, c.Alone.Seconds(), float64(c.AloneWAL)/(1<<20), cleanupClients, c.DuringKeys, c.DuringTime.Seconds())
+	b.WriteString(checkTable(s.Checks))
+	b.WriteString("\n| starts | clients | rps | p50 ms | p99 ms | p99.9 ms | errors | non-2xx | CPU ms/req |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, x := range []row{c.Without, c.During} {
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %d | %d | %s |\n", x.Scenario, x.Clients, x.RPS,
+			ms(x.P50), ms(x.P99), ms(x.P999), x.Errors, x.Non2xx, ms3(x.CPUPerReq))
+	}
+	s.Body = b.String()
+	return s
 }

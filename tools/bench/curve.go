@@ -1,36 +1,34 @@
 package main
 
-// The curve (issue 30): starts and end to end at every client count a user
-// may have, valruns beside the peer and the database's limit (pgbench of
-// the peer's single INSERT at the same count), one table per scenario,
-// with the issue's targets checked at each count. A count that was not
-// measured says so; it is never a PASS.
+// The start curve: starts without a key, with a new key and replays at
+// every client count, valruns beside the peer (each on a fresh database,
+// in rounds, in turn), and the database's limit at the same count
+// (pgbench), one table per scenario with the targets at each count. A
+// count that was not measured says so; it is never a PASS.
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
-var (
-	// curveLevels are the start curve's client counts (full mode).
-	curveLevels = []int{1, 4, 8, 16, 32, 64, 128}
-	// curveQuickLevels: quick mode's, for both curves.
-	curveQuickLevels = []int{1, 8, 32}
-	// extraLevels: the counts of the start scenarios outside the curve.
-	extraLevels = []int{1, 8, 32, 128}
-	// e2eLevels: the end-to-end curve's client counts (full mode).
-	e2eLevels = []int{1, 8, 32, 128}
+// kind is what the load sends.
+type kind int
+
+const (
+	noKey  kind = iota // starts without Idempotency-Key
+	newKey             // a key never used before, per request
+	replay             // each client re-sends its one finished key
 )
-
-const curveHeading = "## The curve: starts"
-
-// e2eCurveHeading is a section of its own, so that `make bench-e2e` can
-// replace it alone.
-const e2eCurveHeading = "## The curve: end to end"
 
 // curveScenario is a start scenario of the curve.
 type curveScenario struct {
@@ -45,73 +43,318 @@ var startCurve = []curveScenario{
 	{replay, "replay", "Replay (each client re-sends its one finished key)"},
 }
 
-// curve says whether the scenario is on the curve (measured at every count).
-func (s scenario) curve() bool {
-	return !s.Peer && !s.Worker && s.Tracing == tracingDefault && slices.ContainsFunc(startCurve, func(c curveScenario) bool { return c.Name == s.Name })
+const curveHeading = "## The curve: starts"
+
+// row is one measured run: a start scenario at a count, or pgbench.
+type row struct {
+	Section  string // valruns, peer, pgbench
+	Scenario string
+	Clients  int
+	RPS      float64
+	P50      time.Duration
+	P99      time.Duration
+	P999     time.Duration
+	Errors   int // transport errors
+	Non2xx   int
+	Unexpect int
+	// CPUPerReq is the server process's CPU time per completed request.
+	CPUPerReq time.Duration
+	PeakRSSKB int64
+	Notes     []string
+	// CappedAt: pgbench ran with this many clients, fewer than Clients.
+	CappedAt int
+	Failed   string // the run could not be made
 }
 
-// startStep is one run of the start table, not yet made.
+// timing is how long to warm up and measure.
+type timing struct {
+	Warm, Dur time.Duration
+}
+
+// mergeRounds is one row for a scenario's rounds at one count: rps,
+// latencies and CPU are their means, peak RSS the largest, errors their
+// sums, and the notes the first round's, after each round's rps. A round
+// that failed fails the row: a mean never hides a failed run.
+func mergeRounds(rs []row) row {
+	if len(rs) == 1 {
+		return rs[0]
+	}
+	m := rs[0]
+	rps := make([]string, len(rs))
+	var p50, p99, p999, cpu time.Duration
+	m.RPS = 0
+	for i, r := range rs {
+		if r.Failed != "" {
+			m.Failed = fmt.Sprintf("round %d of %d: %s", i+1, len(rs), r.Failed)
+			return m
+		}
+		rps[i] = fmt.Sprintf("%.0f", r.RPS)
+		m.RPS += r.RPS / float64(len(rs))
+		p50, p99, p999, cpu = p50+r.P50, p99+r.P99, p999+r.P999, cpu+r.CPUPerReq
+		if i > 0 {
+			m.Errors, m.Non2xx, m.Unexpect = m.Errors+r.Errors, m.Non2xx+r.Non2xx, m.Unexpect+r.Unexpect
+			m.PeakRSSKB = max(m.PeakRSSKB, r.PeakRSSKB)
+		}
+	}
+	n := time.Duration(len(rs))
+	m.P50, m.P99, m.P999, m.CPUPerReq = p50/n, p99/n, p999/n, cpu/n
+	m.Notes = append([]string{fmt.Sprintf("mean of %d rounds: %s rps", len(rs), strings.Join(rps, ", "))}, rs[0].Notes...)
+	return m
+}
+
+// startStep is one run of the curve, not yet made.
 type startStep struct {
 	Section, Scenario string
 	run               func() row
 }
 
-// startSteps are the runs at one client count, in the order they run: each
-// scenario on valruns then on the peer, p.Rounds times for a scenario of
-// the curve (valruns, peer, valruns, peer: runSteps merges each side's
-// rounds into its row); after the new-key starts, the
-// pgbench limit (the peer's INSERT) and valruns' own SQL; the scenarios
-// outside the curve only where p.extra(clients). Nothing runs until a
-// step's run is called (the plan's estimate counts them with no env).
+// startSteps are the runs at one client count, in the order they run:
+// each scenario on valruns then on the peer, p.Rounds times (valruns, peer,
+// valruns, peer), and after the new-key starts the pgbench limit (the
+// peer's INSERT) and valruns' start statement. Nothing runs until a step's
+// run is called.
 func startSteps(ctx context.Context, e *env, p plan, clients int, own, peerSQL sqlScript) []startStep {
-	extra := p.extra(clients)
 	var steps []startStep
-	http := func(sc scenario) {
-		steps = append(steps, startStep{sc.target(), sc.Name, func() row { return e.runHTTP(ctx, sc, clients, p.HTTP) }})
-	}
-	pgbench := func(sc sqlScript, norgs int) {
-		steps = append(steps, startStep{"pgbench", sc.Scenario, func() row { return e.runPgbench(ctx, sc, norgs, clients, p.PG) }})
-	}
-	for i, vs := range valrunsScenarios {
-		if !vs.curve() && !extra {
-			continue
-		}
-		rounds := 1
-		if vs.curve() {
-			rounds = max(p.Rounds, 1)
-		}
-		for range rounds {
-			if p.want("valruns") {
-				http(vs)
-			}
-			if i < len(peerScenarios) && p.want("peer") {
-				http(peerScenarios[i])
+	for _, sc := range startCurve {
+		for range max(p.Rounds, 1) {
+			for _, side := range []string{"valruns", "peer"} {
+				if p.want(side) {
+					steps = append(steps, startStep{side, sc.Name, func() row { return e.runHTTP(ctx, sc, side == "peer", clients, p.HTTP) }})
+				}
 			}
 		}
-		if vs.Kind != newKey || vs.Worker || !p.want("pgbench") {
-			continue
-		}
-		pgbench(peerSQL, 1)
-		norgs := []int{1}
-		if extra {
-			norgs = append(norgs, p.Orgs)
-		}
-		for _, n := range norgs {
-			sc := own
-			sc.Scenario = pgbenchScenario(n)
-			pgbench(sc, n)
+		if sc.Kind == newKey && p.want("pgbench") {
+			for _, s := range []sqlScript{peerSQL, own} {
+				steps = append(steps, startStep{"pgbench", s.Scenario, func() row { return e.runPgbench(ctx, s, clients, p.PG) }})
+			}
 		}
 	}
 	return steps
 }
 
-// goal is one of issue 30's targets at one client count.
+// measureCurve runs the curve's steps at each count and records one row
+// per scenario and side: the merge of its rounds.
+func measureCurve(ctx context.Context, e *env, p plan, res *results, own, peerSQL sqlScript) error {
+	for _, c := range p.Levels {
+		var order []string
+		rounds := map[string][]row{}
+		for _, step := range startSteps(ctx, e, p, c, own, peerSQL) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r := step.run()
+			progress(r)
+			k := step.Section + "\x00" + step.Scenario
+			if rounds[k] == nil {
+				order = append(order, k)
+			}
+			rounds[k] = append(rounds[k], r)
+		}
+		for _, k := range order {
+			res.Rows = append(res.Rows, mergeRounds(rounds[k]))
+		}
+	}
+	return nil
+}
+
+func progress(r row) {
+	if r.Failed != "" {
+		say("%-8s %-16s c=%-3d FAILED: %s", r.Section, r.Scenario, r.Clients, short(r.Failed, 200))
+		return
+	}
+	bad := ""
+	if n := r.Errors + r.Non2xx + r.Unexpect; n > 0 {
+		bad = fmt.Sprintf("  ERRORS %d/%d/%d", r.Errors, r.Non2xx, r.Unexpect)
+	}
+	say("%-8s %-16s c=%-3d %8.0f rps  p50 %6s  p99 %7s ms%s", r.Section, r.Scenario, r.Clients, r.RPS, ms(r.P50), ms(r.P99), bad)
+}
+
+// headerFor is the header of a request with token and key ("" for none).
+func headerFor(token, key string) http.Header {
+	h := http.Header{"Content-Type": {"application/json"}}
+	if token != "" {
+		h.Set("Authorization", "Bearer "+token)
+	}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	return h
+}
+
+// runHTTP measures one scenario of valruns (or the peer) at one
+// concurrency on a fresh database.
+func (e *env) runHTTP(ctx context.Context, sc curveScenario, peer bool, clients int, t timing) row {
+	r := row{Section: "valruns", Scenario: sc.Name, Clients: clients}
+	if peer {
+		r.Section = "peer"
+	}
+	fail := func(err error) row {
+		r.Failed = err.Error()
+		fmt.Fprintf(os.Stderr, "bench: %s %s c=%d: %v\n", r.Section, sc.Name, clients, err)
+		return r
+	}
+	db, err := e.fresh(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = e.dropDB(ctx, db) }()
+	var srv *proc
+	var base string
+	if peer {
+		srv, base, err = e.startPeer(ctx, e.dbURL(db), false)
+	} else {
+		srv, base, err = e.startServer(ctx, e.dbURL(db), false)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	defer srv.Stop(20 * time.Second)
+	next, check, err := e.requests(ctx, sc.Kind, peer, base, clients)
+	if err != nil {
+		return fail(err)
+	}
+	m := &usageMeter{pid: srv.Pid()}
+	res := runLoad(ctx, clients, t.Warm, t.Dur, next, check, nil, m.window)
+	if srv.Exited() {
+		return fail(fmt.Errorf("the server exited during the run: %v\n%s", srv.err, srv.Tail()))
+	}
+	r.fill(res, m)
+	return r
+}
+
+// fill sets the row's figures from a window, and the server's CPU per
+// request and peak memory from m, measured over the same window.
+func (r *row) fill(res loadResult, m *usageMeter) {
+	r.RPS = res.RPS()
+	r.P50, r.P99, r.P999 = res.Percentile(0.50), res.Percentile(0.99), res.Percentile(0.999)
+	r.Errors, r.Non2xx, r.Unexpect = res.Errors, res.Non2xx, res.Unexpected
+	if len(res.Statuses) > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("non-2xx by status: %v", res.Statuses))
+	}
+	if res.FirstError != "" {
+		r.Notes = append(r.Notes, "first error: "+short(res.FirstError, 160))
+	}
+	if m != nil && res.Requests > 0 {
+		r.CPUPerReq = m.usage.CPU / time.Duration(res.Requests)
+		r.PeakRSSKB = m.usage.PeakRSS
+	}
+}
+
+// requests builds what each client sends in a scenario, and sends the
+// first request of the keys a replay re-sends.
+func (e *env) requests(ctx context.Context, k kind, peer bool, base string, clients int) (requestFunc, checkFunc, error) {
+	org := e.orgs[0]
+	token := org.Token
+	if peer {
+		token = "" // the peer has no authentication
+	}
+	body := []byte(startBody)
+	url := base + org.startPath()
+	run := time.Now().UnixNano()
+	check := func(replayed bool) checkFunc {
+		if peer {
+			return nil // express-idempotency marks no replay; its status is all there is to check
+		}
+		return func(resp *http.Response) string {
+			switch got := resp.Header.Get("Idempotent-Replayed") == "true"; {
+			case got && !replayed:
+				return "a new key was answered as a replay"
+			case !got && replayed:
+				return "a finished key was executed again (no Idempotent-Replayed: true)"
+			}
+			return ""
+		}
+	}
+	switch k {
+	case noKey:
+		h := headerFor(token, "")
+		return func(c, i int) request { return request{http.MethodPost, url, h, body} }, check(false), nil
+	case newKey:
+		return func(c, i int) request {
+			return request{http.MethodPost, url, headerFor(token, fmt.Sprintf("new-%d-%d-%d", run, c, i)), body}
+		}, check(false), nil
+	}
+	hs := make([]http.Header, clients)
+	for c := range clients {
+		hs[c] = headerFor(token, fmt.Sprintf("replay-%d-%d", run, c))
+	}
+	if err := sendAll(ctx, url, body, hs, 8); err != nil {
+		return nil, nil, err
+	}
+	return func(c, i int) request { return request{http.MethodPost, url, hs[c], body} }, check(true), nil
+}
+
+// sendAll sends one start with each header, clients at once, each
+// answered 201 (sendOnce).
+func sendAll(ctx context.Context, url string, body []byte, hs []http.Header, clients int) error {
+	hc := newHTTPClient(clients)
+	defer hc.CloseIdleConnections()
+	var (
+		wg    sync.WaitGroup
+		next  atomic.Int64
+		mu    sync.Mutex
+		first error
+	)
+	for range min(clients, len(hs)) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(hs); i = int(next.Add(1) - 1) {
+				if err := sendOnce(ctx, hc, url, body, hs[i]); err != nil {
+					mu.Lock()
+					first = cmp.Or(first, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// sendOnce sends a start until it is answered 201: a 503 (the box too busy
+// to hand out a connection in time), a 409 (its own retry still in flight)
+// or a 429 (the organisation's start rate, which stores nothing) is retried
+// with the same key after Retry-After (at most 2 s; else 200 ms), as a
+// client would.
+func sendOnce(ctx context.Context, hc *http.Client, url string, body []byte, h http.Header) error {
+	for try := 1; ; try++ {
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		r.Header = h.Clone()
+		resp, err := hc.Do(r)
+		if err != nil {
+			return err
+		}
+		b := readAll(resp)
+		switch resp.StatusCode {
+		case http.StatusCreated:
+			return nil
+		case http.StatusServiceUnavailable, http.StatusConflict, http.StatusTooManyRequests:
+			if try < 20 {
+				wait := 200 * time.Millisecond
+				if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+					wait = min(time.Duration(s)*time.Second, 2*time.Second)
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(wait):
+				}
+				continue
+			}
+		}
+		return fmt.Errorf("first request of a key: %d %s", resp.StatusCode, short(string(b), 200))
+	}
+}
+
+// goal is one of the curve's targets at one client count.
 type goal struct {
 	Ratio float64 // valruns over the peer, at least (0: no target)
 	P50   bool    // and valruns' p50 at most the peer's
 }
 
-// startGoal is the target of a start scenario at clients.
+// startGoal is the target of a start scenario at clients (issue 30).
 func startGoal(k kind, clients int) goal {
 	if k == replay {
 		return goal{Ratio: 5}
@@ -145,27 +388,15 @@ func times(f float64) string {
 	return strconv.FormatFloat(f, 'f', -1, 64) + "x"
 }
 
-func clientsText(n int) string { return count(n, "client") }
-
-// result is the check's verdict: PASS, MISS, or "not measured".
-func (c check) result() string {
-	switch {
-	case c.Missing:
-		return "not measured"
-	case c.Pass:
-		return "PASS"
+func clientsText(n int) string {
+	if n == 1 {
+		return "1 client"
 	}
-	return "MISS"
-}
-
-// notMeasured is c when a run it compares is missing.
-func notMeasured(c check) check {
-	c.Missing, c.Pass, c.Measured = true, false, "not measured"
-	return c
+	return fmt.Sprintf("%d clients", n)
 }
 
 // startCheck is the target of scenario sc at clients, from the runs found
-// (nil: not measured or failed); false when the count has no target.
+// (nil: not measured); false when the count has no target.
 func startCheck(sc curveScenario, clients int, v, p *row) (check, bool) {
 	g := startGoal(sc.Kind, clients)
 	if g.Ratio == 0 {
@@ -182,7 +413,6 @@ func startCheck(sc curveScenario, clients int, v, p *row) (check, bool) {
 		c.Measured += fmt.Sprintf(", p50 %s / %s ms", ms(v.P50), ms(p.P50))
 		c.Pass = c.Pass && v.P50 <= p.P50
 	}
-	c.Measured += errorsNote(*v, *p)
 	return c, true
 }
 
@@ -199,10 +429,10 @@ func (r *results) rowAt(section, scenario string, clients int) *row {
 	return nil
 }
 
-// limitAt is the pgbench limit at clients: the peer's INSERT replayed.
+// limitAt is the pgbench limit at clients: the peer's INSERT.
 func (r *results) limitAt(clients int) *row { return r.rowAt("pgbench", pgbenchPeerScenario, clients) }
 
-// curveCounts are the counts a table lists: the curve's own, and any
+// curveCounts are the counts a table lists: the full curve's, and any
 // other count measured.
 func curveCounts(own []int, measured ...int) []int {
 	out := slices.Clone(own)
@@ -215,51 +445,83 @@ func curveCounts(own []int, measured ...int) []int {
 	return out
 }
 
-// curveRan are the counts at which a run of the start curve ran (failed or not).
+// curveRan are the counts at which a start run ran (failed or not).
 func (r *results) curveRan() []int {
 	var ns []int
 	for _, x := range r.Rows {
-		if slices.ContainsFunc(startCurve, func(c curveScenario) bool { return c.Name == x.Scenario }) && x.Section != "pgbench" {
+		if x.Section != "pgbench" {
 			ns = append(ns, x.Clients)
 		}
 	}
 	return ns
 }
 
-// startCounts are the counts of the start tables.
-func (r *results) startCounts() []int { return curveCounts(curveLevels, r.curveRan()...) }
+// fullCurve is the full plan's counts: the tables list each of them.
+var fullCurve = makePlan(false).Levels
 
-// curveStartChecks are the start curve's targets, every count that has one.
-func (r *results) curveStartChecks() []check {
+// curveChecks are the curve's targets at every count that has one, and
+// new-key starts beside no-key starts at 32 clients.
+func (r *results) curveChecks() []check {
 	var out []check
 	for _, sc := range startCurve {
-		for _, n := range r.startCounts() {
+		for _, n := range curveCounts(fullCurve, r.curveRan()...) {
 			if c, ok := startCheck(sc, n, r.rowAt("valruns", sc.Name, n), r.rowAt("peer", sc.Name, n)); ok {
 				out = append(out, c)
 			}
 		}
 	}
-	return out
-}
-
-// rpsCell is a run's rate, or why there is none.
-func rpsCell(x *row) string {
-	if x == nil {
-		return rateCell(false, "", 0)
+	c := check{Name: "start, new key vs start, no key, 32 clients (valruns)", Target: ">= 0.8x"}
+	none, keyed := r.rowAt("valruns", startCurve[0].Name, 32), r.rowAt("valruns", startCurve[1].Name, 32)
+	if !measured(none) || !measured(keyed) || none.RPS == 0 {
+		return append(out, notMeasured(c))
 	}
-	return rateCell(true, x.Failed, x.RPS)
+	c.Measured = fmt.Sprintf("%sx (%.0f / %.0f rps)", ratioText(keyed.RPS/none.RPS, 0.8), keyed.RPS, none.RPS)
+	c.Pass = keyed.RPS/none.RPS >= 0.8
+	return append(out, c)
 }
 
-// rateCell is a rate per second, or "not measured" (the run did not run)
-// or "FAILED".
-func rateCell(ran bool, failed string, v float64) string {
+// curveSection is the start curve: one table per scenario.
+func (r *results) curveSection() section {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Each scenario at every client count, `valruns serve` beside the peer, back to back at each count "+
+		"(%s warm-up, %s measured, a fresh database each; in rounds, valruns and the peer in turn: a row is the rounds' mean), "+
+		"and the database's limit at the same count: pgbench of the peer's one `INSERT` (`%s`), %s measured; "+
+		"\"own SQL\" is pgbench of valruns' start statements (`%s`, 1 organisation). pgbench runs with `-M prepared`, its connections capped by "+
+		"`max_connections` and, for valruns' statements, by the organisation's usage slots (shown when they were).\n",
+		r.Timing.Warm, r.Timing.Dur, peerScript, r.PgTiming.Dur, startScript)
+	counts := curveCounts(fullCurve, r.curveRan()...)
+	for _, sc := range startCurve {
+		fmt.Fprintf(&b, "\n### %s\n\n", sc.Title)
+		b.WriteString("| clients | valruns rps | peer rps | valruns / peer | limit: pgbench of the peer's INSERT, tps | valruns / limit | own SQL, tps | valruns p50 / p99 ms | peer p50 / p99 ms | target | result |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, n := range counts {
+			v, p, lim := r.rowAt("valruns", sc.Name, n), r.rowAt("peer", sc.Name, n), r.limitAt(n)
+			c, has := startCheck(sc, n, v, p)
+			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, rpsCell(v), rpsCell(p),
+				fraction(rpsOf(v), rpsOf(p), measured(v) && measured(p)), limitCell(lim),
+				fraction(rpsOf(v), rpsOf(lim), measured(v) && measured(lim)), limitCell(r.rowAt("pgbench", pgbenchStartScenario, n)),
+				latCell(v), latCell(p), verdictCells(c, has, v != nil || p != nil))
+		}
+	}
+	return section{Heading: curveHeading, Body: b.String(), Checks: r.curveChecks()}
+}
+
+// rpsCell is a run's rate, "not measured" (not run) or "FAILED".
+func rpsCell(x *row) string {
 	switch {
-	case !ran:
+	case x == nil:
 		return "not measured"
-	case failed != "":
+	case x.Failed != "":
 		return "FAILED"
 	}
-	return fmt.Sprintf("%.0f", v)
+	return fmt.Sprintf("%.0f", x.RPS)
+}
+
+func rpsOf(x *row) float64 {
+	if x == nil {
+		return 0
+	}
+	return x.RPS
 }
 
 // latCell is a run's p50 / p99, or "-".
@@ -270,8 +532,7 @@ func latCell(x *row) string {
 	return ms(x.P50) + " / " + ms(x.P99)
 }
 
-// limitCell is a pgbench run's tps, with the connections it had when
-// max_connections (or the usage slots) capped them.
+// limitCell is a pgbench run's tps, with its connections when capped.
 func limitCell(x *row) string {
 	s := rpsCell(x)
 	if measured(x) && x.CappedAt > 0 {
@@ -298,306 +559,4 @@ func verdictCells(c check, hasTarget, ran bool) string {
 		return "- | -"
 	}
 	return "- | not measured"
-}
-
-// curveMarkdown is the start curve's section: one table per scenario.
-func (r *results) curveMarkdown() string {
-	if len(r.curveRan()) == 0 {
-		return curveHeading + "\n\nNot run.\n"
-	}
-	var b strings.Builder
-	intro := fmt.Sprintf("Issue 30's curve: each scenario at every client count, `valruns serve` beside the peer, run back to back at each count "+
-		"(%s warm-up, %s measured, a fresh database each), and the database's limit at the same count: pgbench replaying the peer's start "+
-		"(its one `INSERT`, captured from the peer; `tools/bench/results/pgbench-peer.sql`), %s measured. "+
-		"\"valruns / limit\" is how far valruns' start is from it; \"own SQL\" is pgbench of valruns' captured start (1 organisation). "+
-		"pgbench's connections are capped by `max_connections` (shown when they were). A count that was not measured is never a PASS.\n",
-		r.Timing.Warm, r.Timing.Dur, r.PgTiming.Dur)
-	writeSectionStart(&b, curveHeading, intro, r.curveStartChecks())
-	counts := r.startCounts()
-	for _, sc := range startCurve {
-		fmt.Fprintf(&b, "\n### %s\n\n", sc.Title)
-		b.WriteString("| clients | valruns rps | peer rps | valruns / peer | limit: pgbench of the peer's INSERT, tps | valruns / limit | own SQL, tps | valruns p50 / p99 ms | peer p50 / p99 ms | target | result |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
-		for _, n := range counts {
-			v, p, lim := r.rowAt("valruns", sc.Name, n), r.rowAt("peer", sc.Name, n), r.limitAt(n)
-			own := r.rowAt("pgbench", pgbenchScenario(1), n)
-			c, has := startCheck(sc, n, v, p)
-			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, rpsCell(v), rpsCell(p),
-				fraction(rpsOf(v), rpsOf(p), measured(v) && measured(p)), limitCell(lim),
-				fraction(rpsOf(v), rpsOf(lim), measured(v) && measured(lim)), limitCell(own), latCell(v), latCell(p),
-				verdictCells(c, has, v != nil || p != nil))
-		}
-	}
-	return b.String()
-}
-
-func rpsOf(x *row) float64 {
-	if x == nil {
-		return 0
-	}
-	return x.RPS
-}
-
-// writeSectionStart writes a curve section's heading, its introduction and
-// the count of its checks by result.
-func writeSectionStart(b *strings.Builder, heading, intro string, cs []check) {
-	b.WriteString(heading + "\n\n" + intro)
-	n := map[string]int{}
-	for _, c := range cs {
-		n[c.result()]++
-	}
-	fmt.Fprintf(b, "\nTargets: %d PASS, %d MISS, %d not measured.\n", n["PASS"], n["MISS"], n["not measured"])
-}
-
-// e2ePair is a valruns mode and the peer's mode it is compared with.
-type e2ePair struct{ Valruns, Peer e2eMode }
-
-var e2ePairs = []e2ePair{{modeInline, peerInline}, {modeSeparate, peerSeparate}}
-
-func (p e2ePair) label() string { return fmt.Sprintf("`%s` vs %s", p.Valruns.Name, p.Peer.Name) }
-
-// e2eAt is the loop of side and mode at clients, failed or not (nil: not run).
-func (x *experimentLog) e2eAt(side, mode string, clients int) *e2eResult {
-	for i := range x.E2E {
-		if r := &x.E2E[i]; r.Side == side && r.Mode == mode && r.Clients == clients {
-			return r
-		}
-	}
-	return nil
-}
-
-func e2eMeasured(r *e2eResult) bool { return r != nil && r.Failed == "" }
-
-// e2eFinishedCheck: runs finished/s at least 1.5x the peer's at 8 and 32
-// clients, and valruns' finished at least 0.95x its started at every count.
-func e2eFinishedCheck(p e2ePair, clients int, v, peer *e2eResult) check {
-	ratio := clients == 8 || clients == ratioClients
-	c := check{Name: fmt.Sprintf("e2e runs finished/s, %s, %s", p.label(), clientsText(clients)), Target: "finished >= 0.95x started"}
-	if ratio {
-		c.Target = ">= 1.5x the peer, " + c.Target
-	}
-	if !e2eMeasured(v) || (ratio && (!e2eMeasured(peer) || peer.FinishedPerSec() == 0)) {
-		return notMeasured(c)
-	}
-	c.Pass = v.Ratio() >= 0.95
-	if ratio {
-		f := v.FinishedPerSec() / peer.FinishedPerSec()
-		c.Measured = fmt.Sprintf("%sx (%.0f / %.0f runs/s), ", ratioText(f, 1.5), v.FinishedPerSec(), peer.FinishedPerSec())
-		c.Pass = c.Pass && f >= 1.5
-	}
-	c.Measured += fmt.Sprintf("finished / started %.2f", v.Ratio())
-	return c
-}
-
-// e2eLatencyCheck: valruns' start-to-final (p50, or p99) at most max times
-// the peer's, at 1, 8 and 32 clients; false at other counts.
-func e2eLatencyCheck(p e2ePair, clients int, v, peer *e2eResult, what string, of e2eLatency, most float64) (check, bool) {
-	if clients != 1 && clients != 8 && clients != ratioClients {
-		return check{}, false
-	}
-	c := check{Name: fmt.Sprintf("e2e start-to-final %s, %s, %s", what, p.label(), clientsText(clients)),
-		Target: "<= " + times(most) + " the peer's"}
-	a, okV := latencyOf(v, of)
-	b, okP := latencyOf(peer, of)
-	if !okV || !okP || b == 0 {
-		return notMeasured(c), true
-	}
-	f := float64(a) / float64(b)
-	c.Measured = fmt.Sprintf("%sx (%s / %s ms)", ratioText(f, most), ms(a), ms(b))
-	c.Pass = f <= most
-	return c, true
-}
-
-// e2eLatency is a latency of a loop, and whether the loop has it.
-type e2eLatency func(*e2eResult) (time.Duration, bool)
-
-// latencyOf is of(r), false when r is missing, failed or without it.
-func latencyOf(r *e2eResult, of e2eLatency) (time.Duration, bool) {
-	if !e2eMeasured(r) {
-		return 0, false
-	}
-	return of(r)
-}
-
-// waitP50 and waitP99, the targets' figure: from the request sent to
-// finished_at, what a waiting client feels (none in an older loop).
-func waitP50(r *e2eResult) (time.Duration, bool) { return r.WaitP50, r.WaitFinal > 0 }
-func waitP99(r *e2eResult) (time.Duration, bool) { return r.WaitP99, r.WaitFinal > 0 }
-
-// finalP50 and finalP99 are from the runs' own timestamps: finished_at -
-// created_at.
-func finalP50(r *e2eResult) (time.Duration, bool) { return r.FinalP50, r.Final > 0 }
-func finalP99(r *e2eResult) (time.Duration, bool) { return r.FinalP99, r.Final > 0 }
-
-// e2eCounts are the counts of the end-to-end tables.
-func (x *experimentLog) e2eCounts() []int {
-	var ns []int
-	for _, r := range x.E2E {
-		if r.Side != "baseline" {
-			ns = append(ns, r.Clients)
-		}
-	}
-	return curveCounts(e2eLevels, ns...)
-}
-
-// curveChecks are the end-to-end curve's targets.
-func (x *experimentLog) curveChecks() []check {
-	var out []check
-	counts := x.e2eCounts()
-	for _, p := range e2ePairs {
-		for _, n := range counts {
-			out = append(out, e2eFinishedCheck(p, n, x.e2eAt("now", p.Valruns.Name, n), x.e2eAt("peer", p.Peer.Name, n)))
-		}
-	}
-	for _, lat := range []struct {
-		what string
-		of   e2eLatency
-		most float64
-	}{{"p50", waitP50, 1}, {"p99", waitP99, 2}} {
-		for _, p := range e2ePairs {
-			for _, n := range counts {
-				if c, ok := e2eLatencyCheck(p, n, x.e2eAt("now", p.Valruns.Name, n), x.e2eAt("peer", p.Peer.Name, n), lat.what, lat.of, lat.most); ok {
-					out = append(out, c)
-				}
-			}
-		}
-	}
-	return out
-}
-
-func e2eRate(r *e2eResult) string {
-	if r == nil {
-		return rateCell(false, "", 0)
-	}
-	return rateCell(true, r.Failed, r.FinishedPerSec())
-}
-
-// e2eCell is f of a measured loop, else "-".
-func e2eCell(r *e2eResult, f func(*e2eResult) string) string {
-	if !e2eMeasured(r) {
-		return "-"
-	}
-	return f(r)
-}
-
-// e2eCurveMarkdown is the end-to-end curve's section (empty when no loop
-// ran): runs finished/s, start-to-final p50 and p99, one table each, both
-// modes at every count. The limit is the start curve's pgbench of the
-// peer's INSERT at the same count, when it was measured in this run.
-func (r *results) e2eCurveMarkdown() string {
-	x := r.Exp
-	if x == nil || len(x.E2E) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	intro := fmt.Sprintf("Issue 30's curve end to end: the experiment log's loop of new-key starts (%s warm-up, %s measured, a fresh database each, "+
-		"see its section for the method) at each client count, valruns in each mode beside the peer in its matching mode, back to back. "+
-		"Runs finished/s come from the runs' own timestamps. Start to final, which the targets judge, runs from the moment the harness sent the request to the run's finished_at: "+
-		"what a waiting client feels. The runs' own finished_at - created_at is shown beside it but does not start at the same point on both sides: "+
-		"the peer stamps created_at in its INSERT, after its middleware, its idempotency library's Redis calls and its pool wait, valruns when it reads the request. "+
-		"Runs a 201 named that were still not final when the harness stopped waiting are counted (then the p99 is a floor). "+
-		"The limit is the start curve's pgbench of the peer's INSERT at the same count (\"not measured\" when this run did not measure it). "+
-		"A count that was not measured is never a PASS.\n", x.Warm, x.Dur)
-	writeSectionStart(&b, e2eCurveHeading, intro, x.curveChecks())
-	counts := x.e2eCounts()
-	type table struct {
-		title, head string
-		line        func(p e2ePair, n int, v, peer *e2eResult) string
-	}
-	tables := []table{
-		{"Runs finished/s", "| clients | modes | valruns finished/s | peer finished/s | valruns / peer | limit: pgbench of the peer's INSERT, tps | valruns / limit | finished / started, valruns / peer | start-to-final p50 / p99 ms (request sent to finished_at), valruns | peer | target | result |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-			func(p e2ePair, n int, v, peer *e2eResult) string {
-				lim := r.limitAt(n)
-				c := e2eFinishedCheck(p, n, v, peer)
-				return fmt.Sprintf("%s | %s | %s | %s | %s | %s | %s | %s | %s",
-					e2eRate(v), e2eRate(peer), fraction(fin(v), fin(peer), e2eMeasured(v) && e2eMeasured(peer)), limitCell(lim),
-					fraction(fin(v), rpsOf(lim), e2eMeasured(v) && measured(lim)),
-					pairCell(v, peer, func(r *e2eResult) string { return f2(r.Ratio()) }),
-					e2eCell(v, waitCell), e2eCell(peer, waitCell), verdictCells(c, true, v != nil || peer != nil))
-			}},
-		{"Start to final, p50", "| clients | modes | valruns p50 ms, request sent to final | peer p50 ms, request sent to final | valruns / peer | timestamps p50 ms (finished_at - created_at), valruns / peer | start-to-running p50 ms, valruns / peer | start answer p50 ms, valruns / peer | target | result |\n|---|---|---|---|---|---|---|---|---|---|\n",
-			func(p e2ePair, n int, v, peer *e2eResult) string {
-				c, has := e2eLatencyCheck(p, n, v, peer, "p50", waitP50, 1)
-				return fmt.Sprintf("%s | %s | %s | %s | %s", latencyCells(v, peer, waitP50), pairCell(v, peer, latencyCell(finalP50)),
-					pairCell(v, peer, runningCell), pairCell(v, peer, func(r *e2eResult) string { return ms(r.StartP50) }), verdictCells(c, has, v != nil || peer != nil))
-			}},
-		{"Start to final, p99", "| clients | modes | valruns p99 ms, request sent to final | peer p99 ms, request sent to final | valruns / peer | timestamps p99 ms (finished_at - created_at), valruns / peer | runs answered but not final when the harness stopped waiting, valruns / peer | target | result |\n|---|---|---|---|---|---|---|---|---|\n",
-			func(p e2ePair, n int, v, peer *e2eResult) string {
-				c, has := e2eLatencyCheck(p, n, v, peer, "p99", waitP99, 2)
-				return fmt.Sprintf("%s | %s | %s | %s", latencyCells(v, peer, waitP99), pairCell(v, peer, latencyCell(finalP99)),
-					pairCell(v, peer, waitUnfinishedCell), verdictCells(c, has, v != nil || peer != nil))
-			}},
-	}
-	for _, t := range tables {
-		fmt.Fprintf(&b, "\n### %s\n\n%s", t.title, t.head)
-		for _, n := range counts {
-			for _, p := range e2ePairs {
-				v, peer := x.e2eAt("now", p.Valruns.Name, n), x.e2eAt("peer", p.Peer.Name, n)
-				fmt.Fprintf(&b, "| %d | %s | %s |\n", n, p.label(), t.line(p, n, v, peer))
-			}
-		}
-	}
-	return b.String()
-}
-
-func fin(r *e2eResult) float64 {
-	if r == nil {
-		return 0
-	}
-	return r.FinishedPerSec()
-}
-
-// pairCell is "valruns / peer" of f.
-func pairCell(v, peer *e2eResult, f func(*e2eResult) string) string {
-	return e2eCell(v, f) + " / " + e2eCell(peer, f)
-}
-
-// latencyCells are a latency table's first cells: valruns', the peer's,
-// and their ratio.
-func latencyCells(v, peer *e2eResult, of e2eLatency) string {
-	a, okV := latencyOf(v, of)
-	b, okP := latencyOf(peer, of)
-	return e2eCell(v, latencyCell(of)) + " | " + e2eCell(peer, latencyCell(of)) + " | " + fraction(float64(a), float64(b), okV && okP)
-}
-
-// latencyCell is a cell of of, "-" when the loop does not have it.
-func latencyCell(of e2eLatency) func(*e2eResult) string {
-	return func(r *e2eResult) string {
-		d, ok := of(r)
-		if !ok {
-			return "-"
-		}
-		return ms(d)
-	}
-}
-
-// waitCell is the client-felt start to final, p50 / p99, or "-".
-func waitCell(r *e2eResult) string {
-	if r.WaitFinal == 0 {
-		return "-"
-	}
-	return ms(r.WaitP50) + " / " + ms(r.WaitP99)
-}
-
-// waitUnfinishedCell is how many runs answered in the window were not final
-// when the harness stopped waiting, or "-" (not measured).
-func waitUnfinishedCell(r *e2eResult) string {
-	if r.WaitFinal == 0 && r.WaitUnfinished == 0 {
-		return "-"
-	}
-	return fmt.Sprint(r.WaitUnfinished)
-}
-
-func runningCell(r *e2eResult) string {
-	if !r.HasRunning {
-		return "-"
-	}
-	return ms(r.RunningP50)
-}
-
-// printChecks writes checks to the terminal, one a line.
-func printChecks(cs []check) {
-	for _, c := range cs {
-		fmt.Printf("  %-12s %-70s %s (target %s)\n", c.result(), c.Name, c.Measured, c.Target)
-	}
 }

@@ -9,7 +9,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -218,13 +217,4 @@ func runLoadWith(ctx context.Context, clients int, warm, dur time.Duration, next
 	slices.Sort(res.Latencies)
 	res.Requests = len(res.Latencies)
 	return res
-}
-
-// ms3 is d in milliseconds with three decimals (CPU time per request).
-func ms3(d time.Duration) string {
-	return fmt.Sprintf("%.3f", float64(d.Microseconds())/1000)
-}
-
-func ms(d time.Duration) string {
-	return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000)
 }

@@ -18,7 +18,7 @@ type machine struct {
 	Postgres, Fsync, SyncCommit string
 	MaxConns, SharedBuffers     string
 	Go, Node, Pgbench, Redis    string
-	Commit                      string
+	RedisWhere, Commit          string
 	// LoadStart and LoadEnd are /proc/loadavg's 1-minute figure at the start
 	// and the end: well above 0 means something else shared the CPU.
 	LoadStart, LoadEnd string
@@ -90,6 +90,10 @@ func (e *env) machine(ctx context.Context, root string) machine {
 				m.Redis = v
 			}
 		}
+	}
+	m.RedisWhere = "a private redis-server started by the harness"
+	if e.redisProc == nil {
+		m.RedisWhere = "BENCH_REDIS_URL"
 	}
 	m.Commit = firstLine("git", "-C", root, "describe", "--always", "--dirty")
 	return m

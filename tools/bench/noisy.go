@@ -1,6 +1,6 @@
 package main
 
-// The noisy neighbour (issue 16): organisation A floods the service while
+// The noisy neighbour: organisation A floods the service while
 // organisation B starts a run now and then. B's start latency and B's runs'
 // start-to-final time, alone and next to A's flood and next to A's backlog
 // of slow runs, and A's own throughput alone, for each set of settings of
@@ -43,11 +43,8 @@ var defaultNoisyEnv = [][]string{
 	{"ORG_START_RATE=", "ORG_RUN_SHARE="},
 }
 
-// noisyLog is the section of RESULTS.md.
+// noisyLog is the noisy neighbour's results.
 type noisyLog struct {
-	Date        time.Time
-	Mode        string
-	Now         string // git describe of the working tree
 	Load        string // load average before and after
 	ServerEnv   []string
 	Clients     int           // A's flood
@@ -127,13 +124,9 @@ func (v noisyVariant) label() string {
 }
 
 // measureNoisy measures each variant in turn.
-func measureNoisy(ctx context.Context, e *env, p plan, root string) *noisyLog {
-	x := &noisyLog{Date: time.Now(), Mode: "full", Now: firstLine("git", "-C", root, "describe", "--always", "--dirty"),
-		Load: loadavg(), ServerEnv: e.serverEnv, Clients: p.NoisyClients, Warm: p.Noisy.Warm, Dur: p.Noisy.Dur,
+func measureNoisy(ctx context.Context, e *env, p plan) *noisyLog {
+	x := &noisyLog{Load: loadavg(), ServerEnv: e.serverEnv, Clients: p.NoisyClients, Warm: p.Noisy.Warm, Dur: p.Noisy.Dur,
 		BacklogRuns: p.NoisyRuns, BacklogB: p.NoisyB}
-	if p.Quick {
-		x.Mode = "quick"
-	}
 	for _, settings := range p.NoisyEnv {
 		if ctx.Err() != nil {
 			break
@@ -149,8 +142,7 @@ func measureNoisy(ctx context.Context, e *env, p plan, root string) *noisyLog {
 		e.noisyBacklog(ctx, &v, x.BacklogRuns, x.BacklogB)
 		sayB("A's backlog", v.Backlog)
 		say("noisy [%s]: A alone at %d clients", v.label(), x.Clients)
-		a := &side{Name: "A alone", bin: e.bin, tmpl: e.tmpl, org: e.orgs[0]}
-		v.AAlone = e.measureE2E(ctx, e2eTarget{side: a, mode: modeSeparate}, x.Clients, x.Warm, x.Dur, x.Dur+30*time.Second, settings...)
+		v.AAlone = e.measureE2E(ctx, modeSeparate, x.Clients, x.Warm, x.Dur, x.Dur+30*time.Second, settings...)
 		if r := v.AAlone; r.Failed == "" {
 			say("noisy A alone: %5.0f started/s %5.0f finished/s, %d answers 429", r.StartedPerSec(), r.FinishedPerSec(), r.Limited)
 		}
@@ -191,11 +183,7 @@ func (e *env) newRig(ctx context.Context, settings []string, worker bool) (*rig,
 	if r.db, err = e.fresh(ctx); err != nil {
 		return nil, err
 	}
-	if err := e.flushRedis(ctx); err != nil {
-		r.close(ctx)
-		return nil, err
-	}
-	if r.srv, r.base, err = e.startServer(ctx, r.db, false, settings...); err != nil {
+	if r.srv, r.base, err = e.startServer(ctx, e.dbURL(r.db), false, settings...); err != nil {
 		r.close(ctx)
 		return nil, err
 	}
@@ -213,7 +201,7 @@ func (e *env) newRig(ctx context.Context, settings []string, worker bool) (*rig,
 }
 
 func (r *rig) startWorker(ctx context.Context) (err error) {
-	r.wrk, err = r.e.startWorkerBin(ctx, r.e.bin, r.e.dbURL(r.db), r.settings...)
+	r.wrk, err = r.e.startWorker(ctx, r.e.dbURL(r.db), r.settings...)
 	return err
 }
 
@@ -231,7 +219,7 @@ func (r *rig) close(ctx context.Context) {
 // that finishB reads B's runs of.
 func (r *rig) paceB(ctx context.Context, mode string, warm, dur time.Duration) (res e2eResult, from, to time.Time) {
 	b := r.e.orgs[1]
-	res = e2eResult{Side: "B", Mode: mode, Clients: 1}
+	res = e2eResult{Mode: mode, Clients: 1}
 	url, body, run := r.base+b.startPath(), []byte(startBody), time.Now().UnixNano()
 	// The first start leaves after the window has surely opened (warm 0).
 	t0 := time.Now().Add(100 * time.Millisecond)
@@ -286,7 +274,7 @@ func (r *rig) finishB(ctx context.Context, res *e2eResult, from, to time.Time, w
 func (e *env) noisyAlone(ctx context.Context, settings []string, warm, dur time.Duration) e2eResult {
 	r, err := e.newRig(ctx, settings, true)
 	if err != nil {
-		return e2eResult{Side: "B", Mode: "alone", Failed: err.Error()}
+		return e2eResult{Mode: "alone", Failed: err.Error()}
 	}
 	defer r.close(ctx)
 	res, from, to := r.paceB(ctx, "alone", warm, dur)
@@ -300,7 +288,7 @@ func (e *env) noisyAlone(ctx context.Context, settings []string, warm, dur time.
 func (e *env) noisyFlood(ctx context.Context, v *noisyVariant, clients int, warm, dur time.Duration) {
 	r, err := e.newRig(ctx, v.Settings, true)
 	if err != nil {
-		v.Flood = e2eResult{Side: "B", Mode: "A floods", Failed: err.Error()}
+		v.Flood = e2eResult{Mode: "A floods", Failed: err.Error()}
 		return
 	}
 	defer r.close(ctx)
@@ -347,7 +335,7 @@ func heavyStart() []byte {
 // what B's runs take from start to final, behind A's backlog.
 func (e *env) noisyBacklog(ctx context.Context, v *noisyVariant, runs, bRuns int) {
 	mode := fmt.Sprintf("behind A's %d slow runs", runs)
-	fail := func(err error) { v.Backlog = e2eResult{Side: "B", Mode: mode, Failed: err.Error()} }
+	fail := func(err error) { v.Backlog = e2eResult{Mode: mode, Failed: err.Error()} }
 	r, err := e.newRig(ctx, v.Settings, false)
 	if err != nil {
 		fail(err)
@@ -356,14 +344,18 @@ func (e *env) noisyBacklog(ctx context.Context, v *noisyVariant, runs, bRuns int
 	defer r.close(ctx)
 	a := e.orgs[0]
 	hc := &http.Client{Timeout: 30 * time.Second}
-	wf, err := createWorkflowBody(hc, r.base, a.Token, heavyWorkflow())
+	wf, err := createWorkflow(hc, r.base, a.Token, heavyWorkflow())
 	if err != nil {
 		fail(err)
 		return
 	}
 	heavy := a
 	heavy.Workflow = wf
-	if err := startMany(ctx, r.base+heavy.startPath(), a.Token, heavyStart(), runs, 32); err != nil {
+	hs := make([]http.Header, runs)
+	for i := range hs {
+		hs[i] = headerFor(a.Token, fmt.Sprintf("heavy-%d-%d", time.Now().UnixNano(), i))
+	}
+	if err := sendAll(ctx, r.base+heavy.startPath(), heavyStart(), hs, 32); err != nil {
 		fail(fmt.Errorf("queueing A's %d slow runs: %w", runs, err))
 		return
 	}
@@ -393,7 +385,7 @@ func (x *noisyLog) checks() []check {
 			c.Measured = fmt.Sprintf("%.2fx (%s / %s ms)", r, ms(v.Flood.StartP99), ms(v.Alone.StartP99))
 			c.Pass = r <= 2
 		} else {
-			c.Measured = "no data"
+			c = notMeasured(c)
 		}
 		out = append(out, c)
 		c = check{Name: fmt.Sprintf("B's start-to-final p99 behind A's %d queued slow runs [%s]", x.BacklogRuns, v.label()), Target: "<= 2 s"}
@@ -404,7 +396,7 @@ func (x *noisyLog) checks() []check {
 			}
 			c.Pass = b.FinalP99 <= 2*time.Second && b.Unfinished == 0
 		} else {
-			c.Measured = "no data"
+			c = notMeasured(c)
 		}
 		out = append(out, c)
 		if i == 0 {
@@ -425,7 +417,7 @@ func (x *noisyLog) checks() []check {
 			c.Measured = fmt.Sprintf("%.2fx (%.0f / %.0f runs/s)", r, v.AAlone.FinishedPerSec(), first.AAlone.FinishedPerSec())
 			c.Pass = r >= 0.95
 		} else {
-			c.Measured = "no data"
+			c = notMeasured(c)
 		}
 		out = append(out, c)
 	}
@@ -440,10 +432,10 @@ func sameSetting(serverEnv []string, a, b noisyVariant, name string) bool {
 	return va == vb
 }
 
-// failure says what could not be measured or went wrong (nil: nothing).
-// A's 429s are the rate limit doing its work; anything else B or A got
-// that is not a 2xx is an error.
-func (x *noisyLog) failure() error {
+// failures are what could not be measured or went wrong. A's 429s are
+// the rate limit doing its work; anything else B or A got that is not a
+// 2xx is an error.
+func (x *noisyLog) failures() []string {
 	var errs []string
 	for _, v := range x.Variants {
 		errs = append(errs, v.Failed...)
@@ -465,32 +457,25 @@ func (x *noisyLog) failure() error {
 			errs = append(errs, fmt.Sprintf("A alone: %d answers were errors other than 429", a.Errors-a.Limited))
 		}
 	}
-	if len(errs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("the noisy-neighbour section is incomplete (%s)", strings.Join(errs, "; "))
+	return errs
 }
 
-// markdown is the section, starting with noisyHeading.
-func (x *noisyLog) markdown() string {
+// section is the noisy neighbour's section of the results.
+func (x *noisyLog) section() section {
 	var b strings.Builder
-	b.WriteString(noisyHeading + "\n\n")
-	fmt.Fprintf(&b, "Written by `make bench` or `make bench-noisy` (tools/bench/noisy.go) on %s, mode %s, valruns %s. Load average %s (1 min). ",
-		x.Date.UTC().Format("2006-01-02 15:04 MST"), x.Mode, x.Now, x.Load)
+	fmt.Fprintf(&b, "Load average %s (1 min). ", x.Load)
 	b.WriteString("Organisation A floods, organisation B starts a run every 0.5 s (~2 starts/s, new keys, the bench invoice workflow), on `valruns serve` + `valruns worker` (a fresh database each). ")
 	fmt.Fprintf(&b, "B's start latency is the 201's round trip; start-to-final is B's runs' `finished_at - created_at`. "+
 		"\"alone\": B's %s window with nothing else; \"A floods\": the same while A sends new-key starts from %d clients, closed loop; "+
 		"\"behind A's slow runs\": A first queues %d runs of the fault suite's heavy workflow (%d CEL scans of %d integers) with no worker running, then the worker starts and B starts %d runs. "+
-		"\"A alone\": A's closed loop of %d clients for %s, its runs started and finished per second (end to end, as the experiment log's e2e). "+
+		"\"A alone\": A's closed loop of %d clients for %s, its runs started and finished per second (end to end, as the curve's loops). "+
 		"A p99 over fewer than 100 samples is nearly the maximum.\n\n",
 		x.Dur, x.Clients, x.BacklogRuns, workload.SlowChecks, workload.SlowItems, x.BacklogB, x.Clients, x.Dur)
 	if len(x.ServerEnv) > 0 {
 		fmt.Fprintf(&b, "BENCH_SERVER_ENV for every process: `%s`.\n\n", strings.Join(x.ServerEnv, " "))
 	}
-	b.WriteString("| target | measured | goal | result |\n|---|---|---|---|\n")
-	for _, c := range x.checks() {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Measured, c.Target, c.result())
-	}
+	cs := x.checks()
+	b.WriteString(checkTable(cs))
 	for _, v := range x.Variants {
 		fmt.Fprintf(&b, "\n### Settings: %s\n\n`%s`\n\n", v.label(), v.effective(x.ServerEnv))
 		b.WriteString("| B | starts | start p50 ms | start p99 ms | start-to-final p50 ms | p99 ms | not final | errors | A meanwhile |\n|---|---|---|---|---|---|---|---|---|\n")
@@ -518,7 +503,7 @@ func (x *noisyLog) markdown() string {
 		fmt.Fprintf(&b, "\nA alone, %d clients: **%.0f starts/s, %.0f runs finished/s** (%.2f), start-to-final p50 %s / p99 %s ms, start answer p50 %s / p99 %s ms, %d answers 429, %d other errors.\n",
 			a.Clients, a.StartedPerSec(), a.FinishedPerSec(), a.Ratio(), ms(a.FinalP50), ms(a.FinalP99), ms(a.StartP50), ms(a.StartP99), a.Limited, a.Errors-a.Limited)
 	}
-	return b.String()
+	return section{Heading: noisyHeading, Body: b.String(), Checks: cs}
 }
 
 // floodText is what A did while B's window was open. A rate limit that

@@ -4,9 +4,8 @@ package main
 // the table shows how far the service is from what its own SQL allows.
 
 import (
-	"bytes"
+	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,16 +26,10 @@ import (
 	"github.com/valruns/valruns/models"
 )
 
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
-
 func readAll(resp *http.Response) []byte {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return b
-}
-
-func (e *env) connect(ctx context.Context, db string) (*pgx.Conn, error) {
-	return pgx.Connect(ctx, e.dbURL(db))
 }
 
 // captured is the result of the capture step.
@@ -51,7 +45,7 @@ type captured struct {
 // organisation, each after a warm-up request (auth cache, statement cache).
 func (e *env) captureStart(ctx context.Context, outDir string) captured {
 	serve := func(ctx context.Context, dbURL string) (*proc, string, error) {
-		return e.startServerURL(ctx, dbURL, false)
+		return e.startServer(ctx, dbURL, false)
 	}
 	return e.captureSQL(ctx, filepath.Join(outDir, "pgbench-start.sql"), serve, e.orgs)
 }
@@ -59,7 +53,10 @@ func (e *env) captureStart(ctx context.Context, outDir string) captured {
 // capturePeer records the peer's new-key starts the same way: its one
 // organisation, twice.
 func (e *env) capturePeer(ctx context.Context, outDir string) captured {
-	return e.captureSQL(ctx, filepath.Join(outDir, "pgbench-peer.sql"), e.startPeerURL, e.orgs[:1])
+	peer := func(ctx context.Context, dbURL string) (*proc, string, error) {
+		return e.startPeer(ctx, dbURL, false)
+	}
+	return e.captureSQL(ctx, filepath.Join(outDir, "pgbench-peer.sql"), peer, e.orgs[:1])
 }
 
 // captureSQL starts a server with start on a fresh database reached through
@@ -234,12 +231,12 @@ func parsePgbench(out string) pgbenchResult {
 // pgbench runs the script on database db.
 func (e *env) pgbench(ctx context.Context, db, script string, norgs, clients int, args ...string) pgbenchResult {
 	a := []string{"-n", "-M", "prepared", "-f", script, "-D", fmt.Sprintf("norgs=%d", norgs),
-		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads(clients)),
+		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(max(1, min(clients, runtime.NumCPU()))),
 		"-h", e.pg.Host, "-p", strconv.Itoa(int(e.pg.Port)), "-U", e.pg.User}
 	a = append(a, args...)
 	a = append(a, db)
 	cmd := exec.CommandContext(ctx, "pgbench", a...)
-	cmd.Env = append(os.Environ(), "PGPASSWORD="+e.pg.Password, "PGSSLMODE="+cmpOr(e.baseURL.Query().Get("sslmode"), "prefer"))
+	cmd.Env = append(os.Environ(), "PGPASSWORD="+e.pg.Password, "PGSSLMODE="+cmp.Or(e.baseURL.Query().Get("sslmode"), "prefer"))
 	out, err := cmd.CombinedOutput()
 	r := parsePgbench(string(out))
 	r.Clients = clients
@@ -261,15 +258,13 @@ func (e *env) availableConns(ctx context.Context) int {
 	return max(1, maxc-reserved-used-10)
 }
 
-func pgbenchScenario(norgs int) string {
-	if norgs == 1 {
-		return "new-key start SQL, 1 org"
-	}
-	return fmt.Sprintf("new-key start SQL, %d orgs", norgs)
-}
-
-// pgbenchPeerScenario is the peer's start replayed by pgbench.
-const pgbenchPeerScenario = "the peer's start SQL, 1 org"
+// The scenarios of pgbench's rows, and their scripts.
+const (
+	pgbenchPeerScenario  = "the peer's start SQL, 1 org"
+	pgbenchStartScenario = "new-key start SQL, 1 org"
+	peerScript           = "tools/bench/results/pgbench-peer.sql"
+	startScript          = "tools/bench/results/pgbench-start.sql"
+)
 
 // sqlScript is a captured start to replay with pgbench.
 type sqlScript struct {
@@ -281,7 +276,8 @@ type sqlScript struct {
 }
 
 // runPgbench measures the script at one concurrency on a fresh database.
-func (e *env) runPgbench(ctx context.Context, sc sqlScript, norgs, clients int, t timing) row {
+func (e *env) runPgbench(ctx context.Context, sc sqlScript, clients int, t timing) row {
+	norgs := 1
 	r := row{Section: "pgbench", Scenario: sc.Scenario, Clients: clients}
 	if sc.Path == "" {
 		r.Failed = "no script: the capture failed"
@@ -400,10 +396,4 @@ func (e *env) checkScript(ctx context.Context, script string, norgs int) error {
 		return fmt.Errorf("pgbench could not run the captured script: %s", pgbenchErrors(res.Output))
 	}
 	return nil
-}
-
-// jsonString is v as indented JSON (for the raw results file).
-func jsonString(v any) string {
-	b, _ := json.MarshalIndent(v, "", "  ")
-	return string(b)
 }

@@ -208,17 +208,20 @@ type procUsage struct {
 	PeakRSS int64         // kB: VmHWM at the end of the window (peak since start)
 }
 
-// usageMeter takes /proc readings at the window's open and close.
+// usageMeter takes /proc readings of a process at a window's open and
+// close; window is runLoad's OnWindow.
 type usageMeter struct {
 	pid      int
 	cpuStart time.Duration
 	usage    procUsage
 }
 
-func (m *usageMeter) open() { m.cpuStart, _ = cpuTime(m.pid) }
-
-func (m *usageMeter) close() {
+func (m *usageMeter) window(open bool) {
 	c, _ := cpuTime(m.pid)
+	if open {
+		m.cpuStart = c
+		return
+	}
 	m.usage.CPU = c - m.cpuStart
 	hwm, rss, _ := memKB(m.pid)
 	m.usage.PeakRSS = max(hwm, rss)

@@ -1,7 +1,7 @@
 package main
 
-// The profile (issue 30): where a start's time goes, and a run's, under a
-// closed loop of new-key starts at one client count (8 by default), on
+// The profile: where a start's time goes, and a run's, under a closed
+// loop of new-key starts at one client count (-profile-clients), on
 // `valruns serve` + `valruns worker`. From the processes' own histograms
 // (their /metrics, read before and after the window): a start's HTTP
 // request, its wait for a writer of the start batcher and the statement
@@ -46,10 +46,6 @@ type waitShare struct {
 	Share float64 // of the backend samples
 }
 
-// profileClients is the client count of the profile: a load most
-// deployments see, where valruns trailed the peer (issue 30).
-const profileClients = 8
-
 type profileResult struct {
 	Clients int
 	Window  time.Duration
@@ -76,41 +72,39 @@ type profileResult struct {
 	TopNote string
 }
 
-// measureProfile runs the profile on this binary (side now).
-func (e *env) measureProfile(ctx context.Context, now *side, clients int, warm, dur time.Duration, scratch string) (r profileResult) {
+// measureProfile runs the profile: new-key starts of orgs[0] from clients,
+// on serve + worker.
+func (e *env) measureProfile(ctx context.Context, clients int, warm, dur time.Duration, scratch string) (r profileResult) {
 	r.Clients = clients
 	fail := func(err error) profileResult {
 		r.Failed = err.Error()
 		say("profile: %v", err)
 		return r
 	}
-	db, err := e.freshFrom(ctx, now.tmpl)
+	db, err := e.fresh(ctx)
 	if err != nil {
 		return fail(err)
 	}
 	defer func() { _ = e.dropDB(ctx, db) }()
-	if err := e.flushRedis(ctx); err != nil {
-		return fail(err)
-	}
-	pprofAddr := fmt.Sprintf("127.0.0.1:%d", e.apiPort(7))
-	srv, base, err := e.startServerAt(ctx, now.bin, e.dbURL(db), false, e.apiPort(0), "PPROF_ADDR="+pprofAddr)
+	pprofAddr := fmt.Sprintf("127.0.0.1:%d", e.pprofPort())
+	srv, base, err := e.startServer(ctx, e.dbURL(db), false, "PPROF_ADDR="+pprofAddr)
 	if err != nil {
 		return fail(err)
 	}
 	defer srv.Stop(20 * time.Second)
-	worker, err := e.startWorkerAt(ctx, now.bin, e.dbURL(db), e.workerPort(0))
+	worker, err := e.startWorker(ctx, e.dbURL(db))
 	if err != nil {
 		return fail(err)
 	}
 	defer worker.Stop(20 * time.Second)
-	workerMetrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", e.workerPort(0))
+	workerMetrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", e.workerPort())
 	conn, err := e.connect(ctx, db)
 	if err != nil {
 		return fail(err)
 	}
 	defer conn.Close(context.Background())
 
-	org := now.org
+	org := e.orgs[0]
 	body := []byte(startBody)
 	run := time.Now().UnixNano()
 	next := func(c, i int) request {
@@ -123,9 +117,11 @@ func (e *env) measureProfile(ctx context.Context, now *side, clients int, warm, 
 		profile                 chan error
 		errs                    []error
 	)
-	sm, wm := meters([]*proc{srv}), meters([]*proc{worker})
+	sm, wm := &usageMeter{pid: srv.Pid()}, &usageMeter{pid: worker.Pid()}
 	pprofFile := filepath.Join(scratch, "profile-api.pprof")
 	res := runLoad(ctx, clients, warm, dur, next, nil, nil, func(open bool) {
+		sm.window(open)
+		wm.window(open)
 		if open {
 			apiBefore, err = scrape(base + "/metrics")
 			errs = append(errs, err)
@@ -133,8 +129,6 @@ func (e *env) measureProfile(ctx context.Context, now *side, clients int, warm, 
 			errs = append(errs, err)
 			pgBefore, err = backendsCPU(ctx, conn, db)
 			errs = append(errs, err)
-			sm.open()
-			wm.open()
 			sampler = e.sampleWaits(ctx, db)
 			profile = make(chan error, 1)
 			go func() {
@@ -142,8 +136,6 @@ func (e *env) measureProfile(ctx context.Context, now *side, clients int, warm, 
 			}()
 			return
 		}
-		sm.close()
-		wm.close()
 		sampler.finish()
 		pgAfter, err := backendsCPU(ctx, conn, db)
 		errs = append(errs, err)
@@ -152,14 +144,10 @@ func (e *env) measureProfile(ctx context.Context, now *side, clients int, warm, 
 		errs = append(errs, err)
 		workerAfter, err := scrape(workerMetrics)
 		errs = append(errs, err)
-		for name, m := range map[string]metricsText{"api-before": apiBefore, "api-after": apiAfter, "worker-before": workerBefore, "worker-after": workerAfter} {
-			_ = os.WriteFile(filepath.Join(scratch, "profile-metrics-"+name+".txt"), []byte(strings.Join(m, "\n")+"\n"), 0o644)
-		}
 		r.HTTP = apiAfter.hist(apiBefore, "valruns_http_request_duration_seconds", `route="/api/workflows/:id/start"`)
 		r.Waiting = apiAfter.hist(apiBefore, "valruns_start_phase_seconds", `phase="waiting_writer"`)
 		r.Statement = apiAfter.hist(apiBefore, "valruns_start_phase_seconds", `phase="statement"`)
-		batches := apiAfter.hist(apiBefore, "valruns_start_batch_starts", "")
-		if batches.Count > 0 {
+		if batches := apiAfter.hist(apiBefore, "valruns_start_batch_starts", ""); batches.Count > 0 {
 			r.BatchMean = r.Waiting.Count / batches.Count
 		}
 		r.Queued = apiAfter.hist(apiBefore, "valruns_run_start_to_queued_seconds", "")
@@ -173,19 +161,36 @@ func (e *env) measureProfile(ctx context.Context, now *side, clients int, warm, 
 	r.RPS = res.RPS()
 	if r.Starts > 0 {
 		n := time.Duration(r.Starts)
-		r.APICPU, r.WorkerCPU, r.PGCPU = sm.cpu()/n, wm.cpu()/n, r.PGCPU/n
+		r.APICPU, r.WorkerCPU, r.PGCPU = sm.usage.CPU/n, wm.usage.CPU/n, r.PGCPU/n
 	}
 	r.Waits, r.Samples = sampler.shares()
 	if err := <-profile; err != nil {
 		r.TopNote = "no CPU profile: " + err.Error()
 	} else {
 		r.Pprof = pprofFile
-		r.Top, err = pprofTop(ctx, now.bin, pprofFile, 25)
-		if err != nil {
+		if r.Top, err = pprofTop(ctx, e.bin, pprofFile, 25); err != nil {
 			r.TopNote = "the profile could not be read: " + err.Error()
 		}
 	}
 	return r
+}
+
+// backendsCPU sums the CPU time of the backends on db other than this
+// connection's: they were all started for the measured processes (read
+// from /proc, so PostgreSQL must run on this machine).
+func backendsCPU(ctx context.Context, conn *pgx.Conn, db string) (time.Duration, error) {
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, db)
+	if err != nil {
+		return 0, err
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	var sum time.Duration
+	for _, pid := range pids {
+		if c, err := cpuTime(pid); err == nil {
+			sum += c
+		}
+	}
+	return sum, err
 }
 
 // metricsText is a /metrics page: its sample lines.
@@ -416,15 +421,16 @@ func pprofTop(ctx context.Context, bin, file string, n int) ([]string, error) {
 	return lines, nil
 }
 
-// writeProfile writes the profile's section of the experiment log.
-func (x *experimentLog) writeProfile(b *strings.Builder) {
-	p := x.Profile
-	fmt.Fprintf(b, "\n### Where the time goes (%d clients, `serve` + `worker`)\n\n", p.Clients)
+// section is the profile's section of the results.
+func (p *profileResult) section() section {
+	s := section{Heading: "## Where the time goes"}
 	if p.Failed != "" {
-		fmt.Fprintf(b, "FAILED: %s\n", short(p.Failed, 300))
-		return
+		s.Body = "FAILED: " + short(p.Failed, 300) + "\n"
+		return s
 	}
-	fmt.Fprintf(b, "A closed loop of new-key starts, %d clients, %s measured: %d starts (%.0f/s). Each figure is the mean over the window (the median, interpolated in its histogram bucket, in brackets), read from the processes' own histograms before and after it.\n\n",
+	var sb strings.Builder
+	b := &sb
+	fmt.Fprintf(b, "A closed loop of new-key starts on `serve` + `worker`, %d clients, %s measured: %d starts (%.0f/s). Each figure is the mean over the window (the median, interpolated in its histogram bucket, in brackets), read from the processes' own histograms before and after it.\n\n",
 		p.Clients, p.Window.Round(time.Second), p.Starts, p.RPS)
 	d := func(h histStat) string {
 		if h.Count == 0 {
@@ -456,7 +462,9 @@ func (x *experimentLog) writeProfile(b *strings.Builder) {
 	b.WriteString("):\n\n")
 	if p.TopNote != "" {
 		b.WriteString(p.TopNote + "\n")
-		return
+	} else {
+		b.WriteString("```\n" + strings.Join(p.Top, "\n") + "\n```\n")
 	}
-	b.WriteString("```\n" + strings.Join(p.Top, "\n") + "\n```\n")
+	s.Body = b.String()
+	return s
 }

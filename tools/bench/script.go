@@ -806,11 +806,3 @@ func checkColons(script string) error {
 	}
 	return nil
 }
-
-func short(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
-}
