@@ -11,6 +11,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"slices"
@@ -113,7 +114,7 @@ type startStep struct {
 // valruns, peer), and after the new-key starts the pgbench limit (the
 // peer's INSERT) and valruns' start statement. Nothing runs until a step's
 // run is called.
-func startSteps(ctx context.Context, e *env, p plan, clients int, own, peerSQL sqlScript) []startStep {
+func startSteps(ctx context.Context, e *env, p plan, clients int) []startStep {
 	var steps []startStep
 	for _, sc := range startCurve {
 		for range max(p.Rounds, 1) {
@@ -124,7 +125,7 @@ func startSteps(ctx context.Context, e *env, p plan, clients int, own, peerSQL s
 			}
 		}
 		if sc.Kind == newKey && p.want("pgbench") {
-			for _, s := range []sqlScript{peerSQL, own} {
+			for _, s := range []sqlScript{peerSQL, startSQL} {
 				steps = append(steps, startStep{"pgbench", s.Scenario, func() row { return e.runPgbench(ctx, s, clients, p.PG) }})
 			}
 		}
@@ -134,11 +135,11 @@ func startSteps(ctx context.Context, e *env, p plan, clients int, own, peerSQL s
 
 // measureCurve runs the curve's steps at each count and records one row
 // per scenario and side: the merge of its rounds.
-func measureCurve(ctx context.Context, e *env, p plan, res *results, own, peerSQL sqlScript) error {
+func measureCurve(ctx context.Context, e *env, p plan, res *results) error {
 	for _, c := range p.Levels {
 		var order []string
 		rounds := map[string][]row{}
-		for _, step := range startSteps(ctx, e, p, c, own, peerSQL) {
+		for _, step := range startSteps(ctx, e, p, c) {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -326,7 +327,8 @@ func sendOnce(ctx context.Context, hc *http.Client, url string, body []byte, h h
 		if err != nil {
 			return err
 		}
-		b := readAll(resp)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
 		switch resp.StatusCode {
 		case http.StatusCreated:
 			return nil

@@ -120,7 +120,7 @@ func TestStartSteps(t *testing.T) {
 	t.Parallel()
 	names := func(p plan) []string {
 		var out []string
-		for _, s := range startSteps(t.Context(), nil, p, 8, sqlScript{Scenario: pgbenchStartScenario}, sqlScript{Scenario: pgbenchPeerScenario}) {
+		for _, s := range startSteps(t.Context(), nil, p, 8) {
 			out = append(out, s.Section+": "+s.Scenario)
 		}
 		return out

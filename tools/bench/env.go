@@ -30,6 +30,8 @@ import (
 // benchOrg is an organisation the load acts as.
 type benchOrg struct {
 	ID, Slug, Token, TokenID, Workflow string
+	// Quota is the quota its usage slots are balanced for (pgbench's).
+	Quota int64
 }
 
 // startPath is the start route of the org's workflow.
@@ -285,13 +287,14 @@ func (e *env) makeTemplate(ctx context.Context) error {
 			}
 		}
 		if err == nil {
-			err = conn.QueryRow(ctx, `SELECT id::text FROM api_tokens WHERE org_id = $1`, o.ID).Scan(&o.TokenID)
-		}
-		if err == nil {
 			o.Workflow, err = createWorkflow(hc, base, o.Token, workflowBody)
 		}
 		if err == nil {
 			err = sendOnce(ctx, hc, base+o.startPath(), []byte(startBody), headerFor(o.Token, ""))
+		}
+		if err == nil {
+			err = conn.QueryRow(ctx, `SELECT t.id::text, (SELECT coalesce(max(quota), 0) FROM usage_slots s WHERE s.org_id = t.org_id)
+				FROM api_tokens t WHERE t.org_id = $1`, o.ID).Scan(&o.TokenID, &o.Quota)
 		}
 		if err != nil {
 			return fmt.Errorf("organisation %s: %w", name, err)

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -228,43 +227,4 @@ func TestParseProc(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, hwm)
 	require.Positive(t, rss)
-}
-
-const pgbenchOutput = `pgbench (15.20 (Debian 15.20-0+deb12u1))
-transaction type: /tmp/x.sql
-scaling factor: 1
-query mode: prepared
-number of clients: 32
-number of threads: 2
-maximum number of tries: 1
-duration: 5 s
-number of transactions actually processed: 2201
-number of failed transactions: 3 (0.136%)
-latency average = 71.880 ms
-initial connection time = 52.310 ms
-tps = 440.184712 (without initial connection time)
-`
-
-func TestParsePgbench(t *testing.T) {
-	t.Parallel()
-	r := parsePgbench(pgbenchOutput)
-	require.InDelta(t, 440.184712, r.TPS, 1e-6)
-	require.Equal(t, 2201, r.Done)
-	require.Equal(t, 3, r.Failed)
-	require.Equal(t, 71880*time.Microsecond, r.Latency)
-	require.False(t, r.Aborted)
-	r = parsePgbench("pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom\npgbench: error: Run was aborted; the above results are incomplete.\n")
-	require.True(t, r.Aborted)
-	require.Equal(t, "pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom | pgbench: error: Run was aborted; the above results are incomplete.", pgbenchErrors(r.Output))
-}
-
-func TestReadTxLogs(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	// client_id transaction_no time script_no time_epoch time_us
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "tx.1"), []byte("0 0 1500 0 1700000000 1\n1 0 500 0 1700000000 2\n"), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "tx.1.1"), []byte("2 0 1000 0 1700000000 3\n"), 0o644))
-	lat, err := readTxLogs(dir)
-	require.NoError(t, err)
-	require.Equal(t, []time.Duration{500 * time.Microsecond, 1000 * time.Microsecond, 1500 * time.Microsecond}, lat)
 }

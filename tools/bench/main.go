@@ -52,7 +52,7 @@ type plan struct {
 }
 
 // parts are what -only may name, in the order they run.
-var parts = []string{"capture", "valruns", "peer", "pgbench", "e2e", "profile", "noisy", "cleanup"}
+var parts = []string{"valruns", "peer", "pgbench", "e2e", "profile", "noisy", "cleanup"}
 
 func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
 
@@ -203,8 +203,7 @@ func run(ctx context.Context) error {
 		res.Mode = "quick"
 	}
 
-	own, peerSQL := captureStarts(ctx, e, p, res, scratch)
-	if err := measureCurve(ctx, e, p, res, own, peerSQL); err != nil {
+	if err := measureCurve(ctx, e, p, res); err != nil {
 		return err
 	}
 	if p.want("e2e") {
@@ -254,32 +253,6 @@ func finish(res *results, o options, scratch string) error {
 		return fmt.Errorf("%s: see %s", strings.Join(errs, "; "), o.Out)
 	}
 	return nil
-}
-
-// captureStarts captures the SQL of a new-key start of valruns and of the
-// peer, and returns the pgbench scripts made from them.
-func captureStarts(ctx context.Context, e *env, p plan, res *results, scratch string) (start, peerSQL sqlScript) {
-	start = sqlScript{Scenario: pgbenchStartScenario, UsageSlots: true}
-	peerSQL = sqlScript{Scenario: pgbenchPeerScenario}
-	if !p.want("capture") && !p.want("pgbench") {
-		return start, peerSQL
-	}
-	for _, c := range []struct {
-		cp  *captured
-		sc  *sqlScript
-		run func(context.Context, string) captured
-	}{{&res.Capture, &start, e.captureStart}, {&res.PeerCapture, &peerSQL, e.capturePeer}} {
-		*c.cp = c.run(ctx, scratch)
-		if c.cp.Err == nil {
-			c.cp.Err = e.checkScript(ctx, c.cp.Path, 1)
-		}
-		if c.cp.Err != nil {
-			say("capture failed: %v", c.cp.Err)
-			continue
-		}
-		c.sc.Path = c.cp.Path
-	}
-	return start, peerSQL
 }
 
 // intsFlag is a flag of comma-separated positive numbers (nil: not given).

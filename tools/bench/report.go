@@ -27,8 +27,6 @@ type results struct {
 	Profile   *profileResult
 	Noisy     *noisyLog
 	Cleanup   *cleanupResult
-	// The captured SQL of a start, valruns' and the peer's.
-	Capture, PeerCapture captured
 }
 
 // check is one target: what was measured against it.
