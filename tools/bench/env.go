@@ -1,15 +1,14 @@
 package main
 
 // The benchmark's environment: a template database (migrated, with the
-// organisations, tokens and workflows every part uses) cloned afresh for
-// each measured run, a Redis that nothing else uses, and the processes it
-// starts: valruns serve and worker, the peer.
+// organisations, tokens and workflows every part uses), and the rig of
+// each measurement: a fresh clone of it, a private redis-server, and the
+// processes started on them (valruns serve and worker, the peer).
 
 import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,12 +18,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 )
 
 // benchOrg is an organisation the load acts as.
@@ -54,35 +53,17 @@ type env struct {
 	prefix, tmpl      string
 	seq               int
 	created           map[string]bool
-
-	redisURL  string
-	redisProc *proc
-	rdb       *redis.Client
-
-	port      int // the first of the harness's HTTP ports (BENCH_PORT)
-	serverEnv []string
-
-	// orgs[0] is the organisation of every load but the noisy
-	// neighbour's B, orgs[1].
+	port              int // BENCH_PORT: the API, then the peer, the worker's metrics, the API's pprof
+	serverEnv         []string
+	// orgs[0] is the organisation of every load but the noisy neighbour's B, orgs[1].
 	orgs []benchOrg
 }
-
-// Ports, from BENCH_PORT: valruns, the peer, the worker's metrics (or the
-// peer's worker.js health check), the API's pprof.
-func (e *env) apiPort() int    { return e.port }
-func (e *env) peerPort() int   { return e.port + 1 }
-func (e *env) workerPort() int { return e.port + 2 }
-func (e *env) pprofPort() int  { return e.port + 3 }
 
 // dbURL is DATABASE_URL naming database name.
 func (e *env) dbURL(name string) string {
 	u := *e.baseURL
 	u.Path = "/" + name
 	return u.String()
-}
-
-func (e *env) connect(ctx context.Context, db string) (*pgx.Conn, error) {
-	return pgx.Connect(ctx, e.dbURL(db))
 }
 
 func openEnv(ctx context.Context, root, bin, logDir string, port int) (*env, error) {
@@ -97,7 +78,7 @@ func openEnv(ctx context.Context, root, bin, logDir string, port int) (*env, err
 	}
 	e := &env{root: root, bin: bin, logDir: logDir, baseURL: u, pg: pg, port: port, created: map[string]bool{},
 		prefix: cmp.Or(os.Getenv("BENCH_DB_PREFIX"), "valruns_bench") + fmt.Sprintf("_%d", os.Getpid()), serverEnv: strings.Fields(os.Getenv("BENCH_SERVER_ENV"))}
-	for p := port; p <= e.pprofPort(); p++ {
+	for p := port; p <= port+3; p++ {
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
 			return nil, fmt.Errorf("port %d is taken: set BENCH_PORT to a base port B with B to B+3 free", p)
@@ -109,88 +90,47 @@ func openEnv(ctx context.Context, root, bin, logDir string, port int) (*env, err
 	if e.admin, err = pgx.Connect(ctx, admin.String()); err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL (DATABASE_URL with database postgres): %w", err)
 	}
-	if err := e.openRedis(ctx); err != nil {
-		e.close()
-		return nil, err
-	}
 	if err := e.makeTemplate(ctx); err != nil {
 		e.close()
-		return nil, fmt.Errorf("template database: %w", err)
+		return nil, err
 	}
 	return e, nil
 }
 
 // startRedis starts a private redis-server on a free port, its log in
-// logDir/name.log, and returns it with its URL.
-func startRedis(logDir, name string) (*proc, string, error) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		return nil, "", errors.New("redis-server is not installed: install it (apt-get install redis-server) or set BENCH_REDIS_URL")
-	}
+// logDir/redis-PORT.log, and waits until it accepts connections.
+func startRedis(logDir string) (*proc, string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, "", err
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
+	addr := ln.Addr().String()
 	_ = ln.Close()
-	p, err := startProc(name, logDir, logDir, childEnv(), "redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", logDir, "--daemonize", "no")
-	return p, fmt.Sprintf("redis://127.0.0.1:%d/0", port), err
-}
-
-// dialRedis connects to url and waits until it answers.
-func dialRedis(ctx context.Context, url string) (*redis.Client, error) {
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, err
-	}
-	rdb := redis.NewClient(opt)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		err = rdb.Ping(ctx).Err()
-		if err == nil || time.Now().After(deadline) {
-			break
+	_, port, _ := net.SplitHostPort(addr)
+	p, err := startProc("redis-"+port, logDir, logDir, childEnv(), "redis-server", "--port", port, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", logDir)
+	for deadline := time.Now().Add(10 * time.Second); err == nil; time.Sleep(20 * time.Millisecond) {
+		c, derr := net.Dial("tcp", addr)
+		if derr == nil {
+			_ = c.Close()
+			return p, "redis://" + addr + "/0", nil
+		} else if p.Exited() || time.Now().After(deadline) {
+			p.Stop(time.Second)
+			err = fmt.Errorf("redis-server on %s: %v\n%s", addr, derr, p.Tail())
 		}
 	}
-	if err != nil {
-		_ = rdb.Close()
-		return nil, fmt.Errorf("redis at %s: %w", url, err)
-	}
-	return rdb, nil
+	return nil, "", err
 }
-
-// openRedis uses BENCH_REDIS_URL (its database is flushed), or starts a
-// private redis-server, so the system's Redis never sees the benchmark.
-func (e *env) openRedis(ctx context.Context) (err error) {
-	if e.redisURL = os.Getenv("BENCH_REDIS_URL"); e.redisURL == "" {
-		if e.redisProc, e.redisURL, err = startRedis(e.logDir, "redis"); err != nil {
-			return err
-		}
-	}
-	if e.rdb, err = dialRedis(ctx, e.redisURL); err != nil {
-		return err
-	}
-	return e.flushRedis(ctx)
-}
-
-func (e *env) flushRedis(ctx context.Context) error { return e.rdb.FlushDB(ctx).Err() }
 
 func (e *env) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if e.admin != nil {
-		for name := range e.created {
-			if err := e.dropDB(ctx, name); err != nil {
-				fmt.Fprintf(os.Stderr, "bench: could not drop database %s: %v\n", name, err)
-			}
+	for name := range e.created {
+		if err := e.dropDB(ctx, name); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: could not drop database %s: %v\n", name, err)
 		}
-		_ = e.admin.Close(ctx)
 	}
-	if e.rdb != nil {
-		if e.redisProc == nil {
-			_ = e.rdb.FlushDB(ctx).Err()
-		}
-		_ = e.rdb.Close()
-	}
-	e.redisProc.Stop(5 * time.Second)
+	_ = e.admin.Close(ctx)
 }
 
 func (e *env) createDB(ctx context.Context, name, template string) error {
@@ -225,16 +165,7 @@ func (e *env) dropDB(ctx context.Context, name string) error {
 	return err
 }
 
-// fresh clones the template into a new database for one run, and empties
-// Redis.
-func (e *env) fresh(ctx context.Context) (string, error) {
-	e.seq++
-	name := fmt.Sprintf("%s_%d", e.prefix, e.seq)
-	if err := e.createDB(ctx, name, e.tmpl); err != nil {
-		return "", err
-	}
-	return name, e.flushRedis(ctx)
-}
+var orgCreated = regexp.MustCompile(`slug=(\S+) id=(\S+)`)
 
 // makeTemplate creates the template database with the binary's own
 // commands (migrate up, org create, token create), then through the API
@@ -245,31 +176,28 @@ func (e *env) makeTemplate(ctx context.Context) error {
 	if err := e.createDB(ctx, e.tmpl, ""); err != nil {
 		return err
 	}
-	url := e.dbURL(e.tmpl)
+	r := &rig{e: e, db: e.tmpl}
+	defer r.stop()
+	if err := r.open(ctx); err != nil {
+		return err
+	}
 	cli := func(args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, e.bin, args...)
-		cmd.Env = childEnv("DATABASE_URL="+url, "REDIS_URL="+e.redisURL)
+		cmd.Env = childEnv("DATABASE_URL="+e.dbURL(e.tmpl), "REDIS_URL="+r.redisURL)
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
 		if err != nil {
-			return "", fmt.Errorf("valruns %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+			return "", fmt.Errorf("template: valruns %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 		}
 		return string(out), nil
 	}
 	if _, err := cli("migrate", "up"); err != nil {
 		return err
 	}
-	srv, base, err := e.startServer(ctx, url, false)
-	if err != nil {
+	if _, err := r.start(ctx, "serve"); err != nil {
 		return err
 	}
-	defer srv.Stop(10 * time.Second)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
 	hc := &http.Client{Timeout: 30 * time.Second}
 	for _, name := range []string{"a", "b"} {
 		var o benchOrg
@@ -278,33 +206,26 @@ func (e *env) makeTemplate(ctx context.Context) error {
 			err = fmt.Errorf("valruns org create said %q, not slug=... id=...", out)
 		} else if err == nil {
 			o.Slug, o.ID = m[1], m[2]
-		}
-		if err == nil {
 			out, err = cli("token", "create", "--org", o.Slug)
-			fs := strings.Fields(out)
-			if err == nil && len(fs) > 0 {
-				o.Token = fs[len(fs)-1]
-			}
+			o.Token = strings.TrimSpace(out) // alone on stdout
 		}
 		if err == nil {
-			o.Workflow, err = createWorkflow(hc, base, o.Token, workflowBody)
+			o.Workflow, err = createWorkflow(hc, r.base, o.Token, workflowBody)
 		}
 		if err == nil {
-			err = sendOnce(ctx, hc, base+o.startPath(), []byte(startBody), headerFor(o.Token, ""))
+			err = sendOnce(ctx, hc, r.base+o.startPath(), []byte(startBody), headerFor(o.Token, ""))
 		}
 		if err == nil {
-			err = conn.QueryRow(ctx, `SELECT t.id::text, (SELECT coalesce(max(quota), 0) FROM usage_slots s WHERE s.org_id = t.org_id)
+			err = r.conn.QueryRow(ctx, `SELECT t.id::text, (SELECT coalesce(max(quota), 0) FROM usage_slots s WHERE s.org_id = t.org_id)
 				FROM api_tokens t WHERE t.org_id = $1`, o.ID).Scan(&o.TokenID, &o.Quota)
 		}
 		if err != nil {
-			return fmt.Errorf("organisation %s: %w", name, err)
+			return fmt.Errorf("template: organisation %s: %w", name, err)
 		}
 		e.orgs = append(e.orgs, o)
 	}
 	return nil
 }
-
-var orgCreated = regexp.MustCompile(`slug=(\S+) id=(\S+)`)
 
 // createWorkflow creates the workflow body defines, as token's organisation.
 func createWorkflow(hc *http.Client, base, token, body string) (string, error) {
@@ -323,83 +244,101 @@ func createWorkflow(hc *http.Client, base, token, body string) (string, error) {
 	return wf.ID, nil
 }
 
-// startServer runs `valruns serve` (with --worker when worker) on the
-// database at dbURL, with extra settings last, and waits until it is
-// ready. It returns the process and its base URL.
-func (e *env) startServer(ctx context.Context, dbURL string, worker bool, extra ...string) (*proc, string, error) {
-	addr := fmt.Sprintf("127.0.0.1:%d", e.apiPort())
-	// No start rate: the bench measures throughput beside an unlimited
-	// peer (BENCH_SERVER_ENV may set one). No drain at shutdown: no load
-	// balancer watches its /readyz, and it stops servers between runs.
-	kv := append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + addr, "REDIS_URL=" + e.redisURL, "ORG_START_RATE=0",
-		"SHUTDOWN_DRAIN=0"}, e.serverEnv...)
-	args := []string{"serve"}
-	if worker {
-		args = append(args, "--worker")
-	}
-	p, err := startProc("serve", e.logDir, e.root, childEnv(append(kv, extra...)...), e.bin, args...)
-	if err != nil {
-		return nil, "", err
-	}
-	base := "http://" + addr
-	if err := p.waitHTTP(base+"/readyz", 30*time.Second); err != nil {
-		p.Stop(5 * time.Second)
-		return nil, "", err
-	}
-	return p, base, nil
+// rig is one measurement's system: a fresh clone of the template, a
+// redis-server of its own, a connection to the database, and the
+// processes started on them.
+type rig struct {
+	e            *env
+	db, redisURL string
+	redis        *proc
+	conn         *pgx.Conn
+	base         string // the API's URL, or the peer's
+	procs        []*proc
 }
 
-// startWorker runs `valruns worker` on the database at dbURL, with extra
-// settings last (such as WORKER_CONCURRENCY=50).
-func (e *env) startWorker(ctx context.Context, dbURL string, extra ...string) (*proc, error) {
-	metrics := fmt.Sprintf("127.0.0.1:%d", e.workerPort())
-	kv := append([]string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + e.redisURL, "WORKER_METRICS_ADDR=" + metrics}, e.serverEnv...)
-	p, err := startProc("worker", e.logDir, e.root, childEnv(append(kv, extra...)...), e.bin, "worker")
-	if err != nil {
+func (e *env) newRig(ctx context.Context) (*rig, error) {
+	e.seq++
+	r := &rig{e: e, db: fmt.Sprintf("%s_%d", e.prefix, e.seq)}
+	if err := e.createDB(ctx, r.db, e.tmpl); err != nil {
 		return nil, err
 	}
-	if err := p.waitHTTP("http://"+metrics+"/healthz", 30*time.Second); err != nil {
-		p.Stop(5 * time.Second)
+	if err := r.open(ctx); err != nil {
+		r.close()
 		return nil, err
 	}
-	return p, nil
+	return r, nil
 }
 
-// startPeer runs the Node peer for orgs[0] on the database at dbURL, with
-// its BullMQ worker in the same process when worker (without, the start
-// curve leaves its queue to grow, as valruns' leaves queued runs).
-func (e *env) startPeer(ctx context.Context, dbURL string, worker bool) (*proc, string, error) {
-	kv := []string{"PORT=" + strconv.Itoa(e.peerPort()), "HOST=127.0.0.1", "DATABASE_URL=" + dbURL,
-		"REDIS_URL=" + e.redisURL, "ORG_ID=" + e.orgs[0].ID, "NODE_ENV=production"}
-	if worker {
-		kv = append(kv, "PEER_WORKER=1")
+// open starts the rig's Redis and connects to its database.
+func (r *rig) open(ctx context.Context) (err error) {
+	if r.redis, r.redisURL, err = startRedis(r.e.logDir); err == nil {
+		r.conn, err = pgx.Connect(ctx, r.e.dbURL(r.db))
 	}
-	p, err := startProc("peer", e.logDir, e.peerDir(), childEnv(kv...), "node", "server.js")
-	if err != nil {
-		return nil, "", err
-	}
-	base := fmt.Sprintf("http://127.0.0.1:%d", e.peerPort())
-	if err := p.waitHTTP(base+"/healthz", 30*time.Second); err != nil {
-		p.Stop(5 * time.Second)
-		return nil, "", err
-	}
-	return p, base, nil
+	return err
 }
 
-// startPeerWorker runs the peer's BullMQ worker as a process of its own
-// (node worker.js), its health check on the worker's port.
-func (e *env) startPeerWorker(ctx context.Context, dbURL string) (*proc, error) {
-	kv := []string{"HEALTH_PORT=" + strconv.Itoa(e.workerPort()), "HOST=127.0.0.1", "DATABASE_URL=" + dbURL,
-		"REDIS_URL=" + e.redisURL, "NODE_ENV=production"}
-	p, err := startProc("peer-worker", e.logDir, e.peerDir(), childEnv(kv...), "node", "worker.js")
+// start runs one of the rig's processes, with extra settings last (the
+// last of a name wins), and waits until it is ready: "serve [--worker]",
+// "worker", "peer [--worker]" (BullMQ's worker in its process),
+// "peer-worker" (node worker.js apart).
+func (r *rig) start(ctx context.Context, what string, extra ...string) (*proc, error) {
+	e, api, aside := r.e, fmt.Sprintf("127.0.0.1:%d", r.e.port), fmt.Sprintf("127.0.0.1:%d", r.e.port+2)
+	bin, dir, ready, args := e.bin, e.root, "http://"+aside+"/healthz", strings.Fields(what)
+	var kv []string
+	switch what {
+	case "serve", "serve --worker":
+		// No start rate beside an unlimited peer (BENCH_SERVER_ENV may set
+		// one); no drain at shutdown: no load balancer watches it.
+		r.base, ready = "http://"+api, "http://"+api+"/readyz"
+		kv = append([]string{"HTTP_ADDR=" + api, "ORG_START_RATE=0", "SHUTDOWN_DRAIN=0"}, e.serverEnv...)
+	case "worker":
+		kv = append([]string{"WORKER_METRICS_ADDR=" + aside}, e.serverEnv...)
+	case "peer", "peer --worker":
+		peer := fmt.Sprintf("127.0.0.1:%d", e.port+1)
+		bin, dir, args, r.base, ready = "node", e.peerDir(), []string{"server.js"}, "http://"+peer, "http://"+peer+"/healthz"
+		kv = []string{"PORT=" + strconv.Itoa(e.port+1), "HOST=127.0.0.1", "ORG_ID=" + e.orgs[0].ID, "NODE_ENV=production"}
+		if what == "peer --worker" {
+			kv = append(kv, "PEER_WORKER=1")
+		}
+	case "peer-worker":
+		bin, dir, args = "node", e.peerDir(), []string{"worker.js"}
+		kv = []string{"HEALTH_PORT=" + strconv.Itoa(e.port+2), "HOST=127.0.0.1", "NODE_ENV=production"}
+	default:
+		return nil, fmt.Errorf("no process %q", what)
+	}
+	kv = append(append([]string{"DATABASE_URL=" + e.dbURL(r.db), "REDIS_URL=" + r.redisURL}, kv...), extra...)
+	p, err := startProc(strings.Fields(what)[0], e.logDir, dir, childEnv(kv...), bin, args...)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.waitHTTP(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.workerPort()), 30*time.Second); err != nil {
-		p.Stop(5 * time.Second)
-		return nil, err
+	r.procs = append(r.procs, p)
+	return p, p.waitHTTP(ready, 30*time.Second)
+}
+
+// exited is an error when one of the rig's processes has ended.
+func (r *rig) exited() error {
+	for _, p := range r.procs {
+		if p.Exited() {
+			return fmt.Errorf("%s exited during the run: %v\n%s", p.name, p.err, p.Tail())
+		}
 	}
-	return p, nil
+	return nil
+}
+
+// stop stops the rig's processes, the last started first, and its Redis.
+func (r *rig) stop() {
+	for _, p := range slices.Backward(append([]*proc{r.redis}, r.procs...)) {
+		p.Stop(20 * time.Second)
+	}
+	if r.conn != nil {
+		_ = r.conn.Close(context.Background())
+	}
+}
+
+// close stops the rig and drops its database.
+func (r *rig) close() {
+	r.stop()
+	_ = r.e.dropDB(context.Background(), r.db)
 }
 
 // peerDir is the peer's directory (server.js, worker.js, node_modules),

@@ -1,15 +1,10 @@
-// Command bench is valruns' benchmark harness (`make bench`). It drives the
-// real binary (`valruns serve`, `valruns worker`) with a closed-loop load
-// generator, beside the peer a team would otherwise pick (tools/bench/peer:
-// Express + express-idempotency on Redis + pg) and the database's own limit
-// (pgbench), and writes tools/bench/RESULTS.md: one section per part, each
-// with its targets and PASS or MISS.
-//
-// It uses PostgreSQL at DATABASE_URL (databases valruns_bench_<pid>_*,
-// dropped at the end), a private redis-server (or BENCH_REDIS_URL, which
-// it flushes), and HTTP ports BENCH_PORT..BENCH_PORT+3 (default 18080).
-// It runs from the repository's root: scripts/bench.sh builds it into
-// bin/valruns-bench and runs it there.
+// Command bench is valruns' benchmark harness (`make bench`, from the
+// repository's root). It drives the real binary with a closed-loop load
+// beside the peer a team would otherwise pick (tools/bench/peer) and the
+// database's own limit (pgbench), and writes tools/bench/RESULTS.md: one
+// section per part, each with its targets and PASS or MISS. It uses
+// PostgreSQL at DATABASE_URL (databases valruns_bench_<pid>_*, dropped at
+// the end), private redis-servers, and ports BENCH_PORT..BENCH_PORT+3.
 package main
 
 import (
@@ -20,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,6 +45,11 @@ type plan struct {
 	NoisyEnv     [][]string
 	CleanupKeys  int
 	Only         map[string]bool
+	// Where a run reads and writes: the results' Markdown, the valruns
+	// binary, the scratch directory (logs, the CPU profile, results.json);
+	// BENCH_PORT, the first of its HTTP ports.
+	Out, Bin, Scratch string
+	Port              int
 }
 
 // parts are what -only may name, in the order they run.
@@ -84,55 +85,34 @@ func main() {
 	}
 }
 
-// options are where a run reads and writes, beside its plan.
-type options struct {
-	Out     string // the results' Markdown; a partial run replaces only its sections
-	Bin     string // the valruns binary
-	Scratch string // logs, the CPU profile and results.json
-	Port    int    // BENCH_PORT: the first of the harness's HTTP ports
-}
-
 // parseFlags plans a run from its arguments (and QUICK, BENCH_PORT): quick
 // or full, then each flag given overrides its part of that plan.
-func parseFlags(fs *flag.FlagSet, args []string) (plan, options, error) {
-	quick := fs.Bool("quick", os.Getenv("QUICK") != "" && os.Getenv("QUICK") != "0", "short runs, clients 1, 8 and 32 only (also QUICK=1)")
-	out := fs.String("out", "tools/bench/RESULTS.md", "where to write the results")
-	bin := fs.String("bin", "bin/valruns", "the valruns binary")
-	scratch := fs.String("scratch", "tools/bench/results", "logs, the CPU profile and results.json")
-	var levels, e2eClients intsFlag
-	fs.Var(&levels, "clients", "comma-separated client counts of the start curve (default 1,4,8,16,32,64,128; quick 1,8,32)")
-	rounds := fs.Int("rounds", 0, "rounds of each start scenario, valruns and the peer in turn (default 2; quick 1)")
-	dur := fs.Duration("duration", 0, "measured time of each start run and pgbench run (default 6s and 5s; quick 2s)")
+func parseFlags(fs *flag.FlagSet, args []string) (plan, error) {
+	quick := os.Getenv("QUICK") != "" && os.Getenv("QUICK") != "0" || slices.Contains(args, "-quick") || slices.Contains(args, "--quick")
+	p := makePlan(quick)
+	fs.Bool("quick", quick, "short runs, clients 1, 8 and 32 only (also QUICK=1)")
+	fs.StringVar(&p.Out, "out", "tools/bench/RESULTS.md", "where to write the results")
+	fs.StringVar(&p.Bin, "bin", "bin/valruns", "the valruns binary")
+	fs.StringVar(&p.Scratch, "scratch", "tools/bench/results", "logs, the CPU profile and results.json")
 	only := fs.String("only", "", "comma-separated parts to run: "+strings.Join(parts, ",")+" (default all)")
-	fs.Var(&e2eClients, "e2e-clients", "comma-separated client counts of end to end (default 1,8,32,128; quick 1,8,32)")
-	e2eDur := fs.Duration("e2e-duration", 0, "measured time of each end-to-end loop (default 15s; quick 5s)")
-	profileClients := fs.Int("profile-clients", 0, "clients of the profile (default 8)")
-	noisyDur := fs.Duration("noisy-duration", 0, "noisy neighbour: measured time of each window (default 60s; quick 10s)")
-	noisyRuns := fs.Int("noisy-runs", 0, "noisy neighbour: A's slow runs queued ahead of B's (default 1000; quick 200)")
-	noisyClients := fs.Int("noisy-clients", 0, "noisy neighbour: clients of A's flood (default 64)")
+	fs.Var((*intsFlag)(&p.Levels), "clients", "comma-separated client counts of the start curve")
+	fs.IntVar(&p.Rounds, "rounds", p.Rounds, "rounds of each start scenario, valruns and the peer in turn")
+	fs.DurationVar(&p.HTTP.Dur, "duration", p.HTTP.Dur, "measured time of each start run (and pgbench run)")
+	fs.Var((*intsFlag)(&p.E2ELevels), "e2e-clients", "comma-separated client counts of end to end")
+	fs.DurationVar(&p.E2E.Dur, "e2e-duration", p.E2E.Dur, "measured time of each end-to-end loop")
+	fs.IntVar(&p.ProfileClients, "profile-clients", p.ProfileClients, "clients of the profile")
+	fs.DurationVar(&p.Noisy.Dur, "noisy-duration", p.Noisy.Dur, "noisy neighbour: measured time of each window")
+	fs.IntVar(&p.NoisyRuns, "noisy-runs", p.NoisyRuns, "noisy neighbour: A's slow runs queued ahead of B's")
+	fs.IntVar(&p.NoisyClients, "noisy-clients", p.NoisyClients, "noisy neighbour: clients of A's flood")
 	var noisyEnv settingsFlag
-	fs.Var(&noisyEnv, "noisy-env", "noisy neighbour: one variant's settings for serve and worker, space-separated NAME=value (NAME=: the service's default); repeat for more variants "+
-		"(default: \"ORG_START_RATE=0 ORG_RUN_SHARE=1000000\", \"ORG_START_RATE=0 ORG_RUN_SHARE=\", \"ORG_START_RATE= ORG_RUN_SHARE=\")")
-	cleanupKeys := fs.Int("cleanup-keys", 0, "expired keys the cleanup deletes (default 1000000; quick 100000)")
+	fs.Var(&noisyEnv, "noisy-env", "noisy neighbour: one variant's settings for serve and worker, space-separated NAME=value "+
+		"(NAME=: the service's default); repeat for more variants (default: the three of defaultNoisyEnv)")
+	fs.IntVar(&p.CleanupKeys, "cleanup-keys", p.CleanupKeys, "expired keys the cleanup deletes")
 	if err := fs.Parse(args); err != nil {
-		return plan{}, options{}, err
+		return plan{}, err
 	}
-
-	p := makePlan(*quick)
-	override(&p.HTTP.Dur, *dur)
-	override(&p.PG.Dur, *dur)
-	override(&p.Rounds, *rounds)
-	override(&p.E2E.Dur, *e2eDur)
-	override(&p.ProfileClients, *profileClients)
-	override(&p.Noisy.Dur, *noisyDur)
-	override(&p.NoisyRuns, *noisyRuns)
-	override(&p.NoisyClients, *noisyClients)
-	override(&p.CleanupKeys, *cleanupKeys)
-	if levels != nil {
-		p.Levels = levels
-	}
-	if e2eClients != nil {
-		p.E2ELevels = e2eClients
+	if fs.Lookup("duration").Value.String() != fs.Lookup("duration").DefValue {
+		p.PG.Dur = p.HTTP.Dur
 	}
 	if noisyEnv != nil {
 		p.NoisyEnv = noisyEnv
@@ -140,67 +120,48 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, options, error) {
 	if *only != "" {
 		p.Only = map[string]bool{}
 		for _, f := range strings.Split(*only, ",") {
-			f = strings.TrimSpace(f)
-			if !strings.Contains(","+strings.Join(parts, ",")+",", ","+f+",") {
-				return plan{}, options{}, fmt.Errorf("-only %q: want some of %s", f, strings.Join(parts, ","))
+			if f = strings.TrimSpace(f); !slices.Contains(parts, f) {
+				return plan{}, fmt.Errorf("-only %q: want some of %s", f, strings.Join(parts, ","))
 			}
 			p.Only[f] = true
 		}
 	}
-	o := options{Out: *out, Bin: *bin, Scratch: *scratch, Port: 18080}
+	p.Port = 18080
 	if v := os.Getenv("BENCH_PORT"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return plan{}, options{}, fmt.Errorf("BENCH_PORT=%q: want a port number", v)
+		var err error
+		if p.Port, err = strconv.Atoi(v); err != nil {
+			return plan{}, fmt.Errorf("BENCH_PORT=%q: want a port number", v)
 		}
-		o.Port = n
 	}
-	return p, o, nil
-}
-
-// override sets a part of the plan to a flag's value when the flag was
-// given: 0, the flag's default, keeps the plan's (and so does a negative).
-func override[T int | time.Duration](dst *T, v T) {
-	if v > 0 {
-		*dst = v
-	}
+	return p, nil
 }
 
 // run is one run of the harness: measure each part the plan wants, in
 // order, then write and judge the results.
 func run(ctx context.Context) error {
-	p, o, err := parseFlags(flag.CommandLine, os.Args[1:])
+	p, err := parseFlags(flag.CommandLine, os.Args[1:])
 	if err != nil {
 		return err
 	}
-	binPath, err := filepath.Abs(o.Bin)
-	if err != nil {
-		return err
-	}
-	if _, err := os.Stat(binPath); err != nil {
-		return fmt.Errorf("%s: build it first (make build)", o.Bin)
-	}
-	root, err := os.Getwd()
-	if err != nil {
-		return err
-	}
-	scratch, err := filepath.Abs(o.Scratch)
-	if err != nil {
-		return err
+	root, _ := os.Getwd()
+	bin, _ := filepath.Abs(p.Bin)
+	scratch, _ := filepath.Abs(p.Scratch)
+	if _, err := os.Stat(bin); err != nil {
+		return fmt.Errorf("%s: build it first (make build)", p.Bin)
 	}
 	if err := os.MkdirAll(filepath.Join(scratch, "logs"), 0o755); err != nil {
 		return err
 	}
 	began := time.Now()
-	say("setting up: template database, Redis")
-	e, err := openEnv(ctx, root, binPath, filepath.Join(scratch, "logs"), o.Port)
+	say("setting up: the template database")
+	e, err := openEnv(ctx, root, bin, filepath.Join(scratch, "logs"), p.Port)
 	if err != nil {
 		return err
 	}
 	defer e.close()
-	res := &results{Mode: "full", Date: began, Levels: p.Levels, Timing: p.HTTP, PgTiming: p.PG, Machine: e.machine(ctx, root), Partial: len(p.Only) > 0}
+	res := &results{Mode: "full", Date: began, Timing: p.HTTP, PgTiming: p.PG, Machine: e.machine(), Commit: firstLine("git", "-C", root, "describe", "--always", "--dirty"), Partial: len(p.Only) > 0}
 	if p.Quick {
-		res.Mode = "quick"
+		res.Mode = "quick (short runs, to check the harness: do not quote these numbers)"
 	}
 
 	if err := measureCurve(ctx, e, p, res); err != nil {
@@ -210,7 +171,6 @@ func run(ctx context.Context) error {
 		res.E2E, res.E2ETiming = measureE2ECurve(ctx, e, p), p.E2E
 	}
 	if p.want("profile") && ctx.Err() == nil {
-		say("profile: where the time goes, %d clients", p.ProfileClients)
 		r := e.measureProfile(ctx, p.ProfileClients, p.E2E.Warm, p.E2E.Dur, scratch)
 		res.Profile = &r
 	}
@@ -218,26 +178,25 @@ func run(ctx context.Context) error {
 		res.Noisy = measureNoisy(ctx, e, p)
 	}
 	if p.want("cleanup") && ctx.Err() == nil {
-		say("cleanup: %d expired keys", p.CleanupKeys)
-		c := e.measureCleanup(ctx, p.CleanupKeys, cleanupClients, p.HTTP)
+		c := e.measureCleanup(ctx, p.CleanupKeys, p.HTTP)
 		res.Cleanup = &c
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
 	res.Elapsed = time.Since(began)
-	res.Machine.LoadEnd = loadavg()
-	return finish(res, o, scratch)
+	res.Machine = append(res.Machine, [2]string{"load average (1 min) after", loadavg()})
+	return finish(res, p.Out, scratch)
 }
 
 // finish writes the results (Markdown and results.json), prints every
 // target, and returns an error when an answer was wrong or a run failed.
-func finish(res *results, o options, scratch string) error {
-	old, err := os.ReadFile(o.Out)
+func finish(res *results, out, scratch string) error {
+	old, err := os.ReadFile(out)
 	if err != nil && !os.IsNotExist(err) {
 		return err
 	}
-	if err := os.WriteFile(o.Out, []byte(res.markdown(string(old))), 0o644); err != nil {
+	if err := os.WriteFile(out, []byte(res.markdown(string(old))), 0o644); err != nil {
 		return err
 	}
 	raw, _ := json.MarshalIndent(res, "", "  ")
@@ -248,17 +207,22 @@ func finish(res *results, o options, scratch string) error {
 			fmt.Printf("  %-12s %-70s %s (target %s)\n", c.result(), c.Name, c.Measured, c.Target)
 		}
 	}
-	fmt.Printf("\nwrote %s in %s\n", o.Out, res.Elapsed.Round(time.Second))
+	fmt.Printf("\nwrote %s in %s\n", out, res.Elapsed.Round(time.Second))
 	if errs := res.failures(); len(errs) > 0 {
-		return fmt.Errorf("%s: see %s", strings.Join(errs, "; "), o.Out)
+		return fmt.Errorf("%s: see %s", strings.Join(errs, "; "), out)
 	}
 	return nil
 }
 
-// intsFlag is a flag of comma-separated positive numbers (nil: not given).
+// intsFlag is a flag of comma-separated positive numbers.
 type intsFlag []int
 
-func (f *intsFlag) String() string { return fmt.Sprint([]int(*f)) }
+func (f *intsFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return fmt.Sprint([]int(*f))
+}
 
 func (f *intsFlag) Set(v string) error {
 	*f = nil
@@ -288,6 +252,4 @@ func (f *settingsFlag) Set(v string) error {
 	return nil
 }
 
-func say(format string, args ...any) {
-	fmt.Printf("bench: "+format+"\n", args...)
-}
+func say(format string, args ...any) { fmt.Printf("bench: "+format+"\n", args...) }

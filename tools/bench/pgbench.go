@@ -14,10 +14,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/valruns/valruns/models"
 )
@@ -43,80 +44,53 @@ var (
 	startSQL = sqlScript{Scenario: pgbenchStartScenario, Path: startScript, Slots: true}
 )
 
-// pgbenchResult is one pgbench run's summary.
-type pgbenchResult struct {
-	TPS     float64
-	Latency time.Duration // average
-	Done    int
-	Failed  int
-	Aborted bool
-	Output  string
-}
-
 var (
-	tpsRe     = regexp.MustCompile(`(?m)^tps = ([0-9.]+) \(without initial connection time\)`)
-	latRe     = regexp.MustCompile(`(?m)^latency average = ([0-9.]+) ms`)
-	doneRe    = regexp.MustCompile(`(?m)^number of transactions actually processed: ([0-9]+)`)
-	failedRe  = regexp.MustCompile(`(?m)^number of failed transactions: ([0-9]+)`)
-	abortedRe = regexp.MustCompile(`(?m)aborted|Run was aborted`)
+	tpsRe    = regexp.MustCompile(`(?m)^tps = ([0-9.]+) \(without initial connection time\)`)
+	failedRe = regexp.MustCompile(`(?m)^number of failed transactions: ([0-9]+)`)
 )
 
-// parsePgbench reads pgbench's summary.
-func parsePgbench(out string) pgbenchResult {
-	r := pgbenchResult{Output: out, Aborted: abortedRe.MatchString(out)}
-	if m := tpsRe.FindStringSubmatch(out); m != nil {
-		r.TPS, _ = strconv.ParseFloat(m[1], 64)
-	}
-	if m := latRe.FindStringSubmatch(out); m != nil {
-		f, _ := strconv.ParseFloat(m[1], 64)
-		r.Latency = time.Duration(f * float64(time.Millisecond))
-	}
-	if m := doneRe.FindStringSubmatch(out); m != nil {
-		r.Done, _ = strconv.Atoi(m[1])
-	}
-	if m := failedRe.FindStringSubmatch(out); m != nil {
-		r.Failed, _ = strconv.Atoi(m[1])
-	}
-	return r
-}
-
 // pgbench runs the script on database db with clients connections, the
-// bench organisation's ids as its variables.
-func (e *env) pgbench(ctx context.Context, db, script string, clients int, args ...string) pgbenchResult {
+// bench organisation's ids as its variables: its tps and failed
+// transactions, or PostgreSQL's errors when it was aborted.
+func (e *env) pgbench(ctx context.Context, db, script string, clients int, args ...string) (tps float64, failed int, err error) {
 	o := e.orgs[0]
 	a := []string{"-n", "-M", "prepared", "-f", filepath.Join(e.root, script),
 		"-D", "org=" + o.ID, "-D", "wf=" + o.Workflow, "-D", "token=" + o.TokenID, "-D", "quota=" + strconv.FormatInt(o.Quota, 10),
 		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(max(1, min(clients, runtime.NumCPU()))),
 		"-h", e.pg.Host, "-p", strconv.Itoa(int(e.pg.Port)), "-U", e.pg.User}
-	a = append(append(a, args...), db)
-	cmd := exec.CommandContext(ctx, "pgbench", a...)
+	cmd := exec.CommandContext(ctx, "pgbench", append(append(a, args...), db)...)
 	cmd.Env = append(os.Environ(), "PGPASSWORD="+e.pg.Password, "PGSSLMODE="+cmp.Or(e.baseURL.Query().Get("sslmode"), "prefer"))
 	out, err := cmd.CombinedOutput()
-	r := parsePgbench(string(out))
-	r.Aborted = r.Aborted || err != nil
-	return r
+	tps, failed, aborted := parsePgbench(string(out))
+	if err != nil || aborted {
+		err = fmt.Errorf("pgbench %s: %s", script, pgbenchErrors(string(out)))
+	}
+	return tps, failed, err
+}
+
+// parsePgbench reads pgbench's summary.
+func parsePgbench(out string) (tps float64, failed int, aborted bool) {
+	if m := tpsRe.FindStringSubmatch(out); m != nil {
+		tps, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if m := failedRe.FindStringSubmatch(out); m != nil {
+		failed, _ = strconv.Atoi(m[1])
+	}
+	return tps, failed, strings.Contains(out, "aborted")
 }
 
 // checkScript runs the script on database db for a few transactions and
 // fails when PostgreSQL refuses it, or when they did not each write a run
 // (valruns' start gone to its slow path writes nothing).
-func (e *env) checkScript(ctx context.Context, db string, s sqlScript) error {
-	conn, err := e.connect(ctx, db)
-	if err != nil {
-		return err
+func (e *env) checkScript(ctx context.Context, conn *pgx.Conn, db string, s sqlScript) error {
+	var before, after int
+	_ = conn.QueryRow(ctx, `SELECT count(*) FROM validation_runs`).Scan(&before)
+	if _, failed, err := e.pgbench(ctx, db, s.Path, 2, "-t", "5"); err != nil || failed > 0 {
+		return cmp.Or(err, fmt.Errorf("pgbench %s: %d transactions failed", s.Path, failed))
 	}
-	defer conn.Close(context.Background())
-	runs := func() (n int) {
-		_ = conn.QueryRow(ctx, `SELECT count(*) FROM validation_runs`).Scan(&n)
-		return n
-	}
-	before := runs()
-	res := e.pgbench(ctx, db, s.Path, 2, "-t", "5")
-	if res.Aborted || res.Done != 10 || res.Failed > 0 {
-		return fmt.Errorf("pgbench could not run %s: %s", s.Path, pgbenchErrors(res.Output))
-	}
-	if n := runs() - before; n != 10 {
-		return fmt.Errorf("%s: 10 transactions wrote %d runs, want 10", s.Path, n)
+	_ = conn.QueryRow(ctx, `SELECT count(*) FROM validation_runs`).Scan(&after)
+	if after-before != 10 {
+		return fmt.Errorf("%s: 10 transactions wrote %d runs, want 10", s.Path, after-before)
 	}
 	return nil
 }
@@ -141,12 +115,12 @@ func (e *env) runPgbench(ctx context.Context, s sqlScript, clients int, t timing
 		r.Failed = err.Error()
 		return r
 	}
-	db, err := e.fresh(ctx)
+	rg, err := e.newRig(ctx)
 	if err != nil {
 		return fail(err)
 	}
-	defer func() { _ = e.dropDB(ctx, db) }()
-	if err := e.checkScript(ctx, db, s); err != nil {
+	defer rg.close()
+	if err := e.checkScript(ctx, rg.conn, rg.db, s); err != nil {
 		return fail(err)
 	}
 	c := min(clients, e.availableConns(ctx))
@@ -160,49 +134,11 @@ func (e *env) runPgbench(ctx context.Context, s sqlScript, clients int, t timing
 		r.CappedAt = c
 	}
 	secs := func(d time.Duration) string { return strconv.Itoa(max(1, int(d.Round(time.Second).Seconds()))) }
-	_ = e.pgbench(ctx, db, s.Path, c, "-T", secs(t.Warm))
-	logDir, err := os.MkdirTemp("", "valruns-pgbench-")
-	if err != nil {
+	_, _, _ = e.pgbench(ctx, rg.db, s.Path, c, "-T", secs(t.Warm))
+	if r.RPS, r.Errors, err = e.pgbench(ctx, rg.db, s.Path, c, "-T", secs(t.Dur)); err != nil {
 		return fail(err)
 	}
-	defer os.RemoveAll(logDir)
-	res := e.pgbench(ctx, db, s.Path, c, "-T", secs(t.Dur), "-l", "--log-prefix", filepath.Join(logDir, "tx"))
-	r.RPS, r.Errors = res.TPS, res.Failed
-	if lat, err := readTxLogs(logDir); err == nil && len(lat) > 0 {
-		r.P50, r.P99, r.P999 = percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 0.999)
-	} else {
-		r.P50 = res.Latency
-		r.Notes = append(r.Notes, "latency is pgbench's average (p50 column)")
-	}
-	if res.Aborted || res.TPS == 0 {
-		r.Failed = "pgbench: " + short(pgbenchErrors(res.Output), 400)
-	}
 	return r
-}
-
-// readTxLogs reads the transaction latencies of pgbench's -l logs (third
-// field: microseconds), sorted.
-func readTxLogs(dir string) ([]time.Duration, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "tx*"))
-	if err != nil {
-		return nil, err
-	}
-	var lat []time.Duration
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if fs := strings.Fields(line); len(fs) >= 3 {
-				if us, err := strconv.ParseInt(fs[2], 10, 64); err == nil {
-					lat = append(lat, time.Duration(us)*time.Microsecond)
-				}
-			}
-		}
-	}
-	slices.Sort(lat)
-	return lat, nil
 }
 
 // pgbenchErrors is the first error lines of pgbench's output (or its last

@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -45,10 +43,13 @@ func TestScriptsRunInPgbench(t *testing.T) {
 		return n
 	}
 
-	require.NoError(t, e.checkScript(ctx, name, peerSQL))
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	require.NoError(t, e.checkScript(ctx, conn, name, peerSQL))
 	require.Equal(t, 10, count(`SELECT count(*) FROM validation_runs`))
 
-	require.NoError(t, e.checkScript(ctx, name, startSQL))
+	require.NoError(t, e.checkScript(ctx, conn, name, startSQL))
 	require.Equal(t, 20, count(`SELECT count(*) FROM validation_runs`))
 	require.Equal(t, 10, count(`SELECT count(*) FROM idempotency_keys`))
 	require.Equal(t, 10, count(`SELECT count(*) FROM idempotency_keys k JOIN validation_runs r ON r.id = k.validation_run_id
@@ -57,7 +58,7 @@ func TestScriptsRunInPgbench(t *testing.T) {
 
 	// Its slow path writes nothing: a check that it went there fails.
 	require.NoError(t, db.Exec(`DELETE FROM usage_slots`).Error)
-	require.ErrorContains(t, e.checkScript(ctx, name, startSQL), "10 transactions wrote 0 runs, want 10")
+	require.ErrorContains(t, e.checkScript(ctx, conn, name, startSQL), "10 transactions wrote 0 runs, want 10")
 }
 
 const pgbenchOutput = `pgbench (15.20 (Debian 15.20-0+deb12u1))
@@ -77,24 +78,12 @@ tps = 440.184712 (without initial connection time)
 
 func TestParsePgbench(t *testing.T) {
 	t.Parallel()
-	r := parsePgbench(pgbenchOutput)
-	require.InDelta(t, 440.184712, r.TPS, 1e-6)
-	require.Equal(t, 2201, r.Done)
-	require.Equal(t, 3, r.Failed)
-	require.Equal(t, 71880*time.Microsecond, r.Latency)
-	require.False(t, r.Aborted)
-	r = parsePgbench("pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom\npgbench: error: Run was aborted; the above results are incomplete.\n")
-	require.True(t, r.Aborted)
-	require.Equal(t, "pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom | pgbench: error: Run was aborted; the above results are incomplete.", pgbenchErrors(r.Output))
-}
-
-func TestReadTxLogs(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	// client_id transaction_no time script_no time_epoch time_us
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "tx.1"), []byte("0 0 1500 0 1700000000 1\n1 0 500 0 1700000000 2\n"), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "tx.1.1"), []byte("2 0 1000 0 1700000000 3\n"), 0o644))
-	lat, err := readTxLogs(dir)
-	require.NoError(t, err)
-	require.Equal(t, []time.Duration{500 * time.Microsecond, 1000 * time.Microsecond, 1500 * time.Microsecond}, lat)
+	tps, failed, aborted := parsePgbench(pgbenchOutput)
+	require.InDelta(t, 440.184712, tps, 1e-6)
+	require.Equal(t, 3, failed)
+	require.False(t, aborted)
+	out := "pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom\npgbench: error: Run was aborted; the above results are incomplete.\n"
+	_, _, aborted = parsePgbench(out)
+	require.True(t, aborted)
+	require.Equal(t, "pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom | pgbench: error: Run was aborted; the above results are incomplete.", pgbenchErrors(out))
 }

@@ -6,18 +6,17 @@ package main
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 )
 
 type results struct {
 	Mode     string
+	Commit   string // git describe of the working tree
 	Date     time.Time
 	Elapsed  time.Duration
-	Machine  machine
+	Machine  [][2]string
 	Partial  bool // -only: the run replaces its sections of the results
-	Levels   []int
 	Timing   timing
 	PgTiming timing
 	// Rows are the start curve's runs, pgbench's included.
@@ -55,6 +54,20 @@ func notMeasured(c check) check {
 	return c
 }
 
+// ratio is c measured as a / b against bound: at least bound, or at most
+// when most; not measured when !ok or b is 0. figures say what a and b are.
+func ratio(c check, ok bool, a, b, bound float64, most bool, figures string) check {
+	if !ok || b == 0 {
+		return notMeasured(c)
+	}
+	f := a / b
+	c.Measured, c.Pass = fmt.Sprintf("%sx (%s)", ratioText(f, bound), figures), f >= bound
+	if most {
+		c.Pass = f <= bound
+	}
+	return c
+}
+
 // section is a part of RESULTS.md: its heading, its text, its targets.
 type section struct {
 	Heading string
@@ -65,24 +78,16 @@ type section struct {
 // sections are the parts this run measured, in order.
 func (r *results) sections() []section {
 	var out []section
-	if len(r.curveRan()) > 0 || len(r.Rows) > 0 {
-		out = append(out, r.curveSection())
+	add := func(ran bool, s func() section) {
+		if ran {
+			out = append(out, s())
+		}
 	}
-	if len(r.E2E) > 0 {
-		out = append(out, r.e2eSection())
-	}
-	if r.Profile != nil {
-		out = append(out, r.Profile.section())
-	}
-	if r.Noisy != nil {
-		out = append(out, r.Noisy.section())
-	}
-	if r.Cleanup != nil {
-		out = append(out, r.Cleanup.section())
-	}
-	if len(r.Rows) > 0 {
-		out = append(out, r.runsSection())
-	}
+	add(len(r.Rows) > 0, r.curveSection)
+	add(len(r.E2E) > 0, r.e2eSection)
+	add(r.Profile != nil, r.Profile.section)
+	add(r.Noisy != nil, r.Noisy.section)
+	add(r.Cleanup != nil, r.Cleanup.section)
 	return out
 }
 
@@ -108,11 +113,7 @@ func (r *results) markdown(old string) string {
 // targets by result, its body.
 func (s section) text(r *results) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s\n\nMeasured %s at %s, mode %s", s.Heading, r.Date.UTC().Format("2006-01-02 15:04 MST"), r.Machine.Commit, r.Mode)
-	if r.Mode == "quick" {
-		b.WriteString(" (short runs, to check the harness: do not quote these numbers)")
-	}
-	b.WriteString(".")
+	fmt.Fprintf(&b, "%s\n\nMeasured %s at %s, mode %s.", s.Heading, r.Date.UTC().Format("2006-01-02 15:04 MST"), r.Commit, r.Mode)
 	if len(s.Checks) > 0 {
 		n := map[string]int{}
 		for _, c := range s.Checks {
@@ -135,63 +136,27 @@ func checkTable(cs []check) string {
 }
 
 func (r *results) machineSection() section {
-	m := r.Machine
 	var b strings.Builder
 	b.WriteString("| | |\n|---|---|\n")
-	fmt.Fprintf(&b, "| CPU | %s, %d cores |\n| RAM | %s |\n| kernel | %s |\n", m.CPU, m.Cores, m.RAM, m.Kernel)
-	fmt.Fprintf(&b, "| load average (1 min) | %s before the run, %s after (well above 0 before: other work shared the CPU) |\n", m.LoadStart, m.LoadEnd)
-	fmt.Fprintf(&b, "| PostgreSQL | %s, fsync=%s, synchronous_commit=%s, max_connections=%s, shared_buffers=%s |\n", m.Postgres, m.Fsync, m.SyncCommit, m.MaxConns, m.SharedBuffers)
-	fmt.Fprintf(&b, "| Go | %s |\n| Node | %s |\n| pgbench | %s |\n| Redis | %s (%s) |\n", m.Go, m.Node, m.Pgbench, m.Redis, m.RedisWhere)
-	fmt.Fprintf(&b, "| this run | %s |\n", r.Elapsed.Round(time.Second))
-	b.WriteString("\nThe load generator, the servers, PostgreSQL and Redis share these cores: a client's CPU is the server's loss.\n")
-	return section{Heading: "## Machine", Body: b.String()}
-}
-
-// runsSection lists every run of the start curve with all its figures.
-func (r *results) runsSection() section {
-	var b strings.Builder
-	b.WriteString("The start curve's runs. Closed loop: each client sends its next request when the previous answer has arrived, on a keep-alive connection. " +
-		"rps counts expected answers inside the measured window; CPU ms/req is the server process's user+system time in the window (/proc/PID/stat) over its requests; " +
-		"peak RSS is VmHWM. errors: transport errors; unexpected: a 2xx that was not what the scenario expects (a replay that executed, a new key answered as a replay). " +
-		"pgbench rows: tps, and the latency of its transactions.\n\n")
-	b.WriteString("| target | scenario | clients | rps | p50 ms | p99 ms | p99.9 ms | errors | non-2xx | unexpected | CPU ms/req | peak RSS MB | notes |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	rows := slices.Clone(r.Rows)
-	order := map[string]int{"valruns": 0, "peer": 1, "pgbench": 2}
-	slices.SortStableFunc(rows, func(a, b row) int {
-		if d := order[a.Section] - order[b.Section]; d != 0 {
-			return d
-		}
-		if a.Scenario != b.Scenario {
-			return strings.Compare(a.Scenario, b.Scenario)
-		}
-		return a.Clients - b.Clients
-	})
-	for _, x := range rows {
-		if x.Failed != "" {
-			fmt.Fprintf(&b, "| %s | %s | %d | FAILED |||||||| %s |\n", x.Section, x.Scenario, x.Clients, cell(short(x.Failed, 300)))
-			continue
-		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %s | %d | %d | %d | %s | %s | %s |\n",
-			x.Section, x.Scenario, x.Clients, x.RPS, ms(x.P50), ms(x.P99), ms(x.P999),
-			x.Errors, x.Non2xx, x.Unexpect, ms3(x.CPUPerReq), mb(x.PeakRSSKB), cell(strings.Join(x.Notes, "; ")))
+	for _, kv := range r.Machine {
+		fmt.Fprintf(&b, "| %s | %s |\n", kv[0], cell(kv[1]))
 	}
-	return section{Heading: "## All runs", Body: b.String()}
+	fmt.Fprintf(&b, "| this run | %s |\n\nThe load generator, the servers, PostgreSQL and Redis share these cores: a client's CPU is the server's loss; "+
+		"a load average well above 0 before the run means other work shared them.\n", r.Elapsed.Round(time.Second))
+	return section{Heading: "## Machine", Body: b.String()}
 }
 
 // failures are what makes the run fail: a run that could not be made, an
 // answer that was not as expected.
 func (r *results) failures() []string {
 	var errs []string
-	n := 0
 	for _, x := range r.Rows {
-		n += x.Errors + x.Non2xx + x.Unexpect
 		if x.Failed != "" {
-			errs = append(errs, fmt.Sprintf("%s %s at %d failed", x.Section, x.Scenario, x.Clients))
+			errs = append(errs, fmt.Sprintf("%s %s at %d failed: %s", x.Section, x.Scenario, x.Clients, short(x.Failed, 200)))
+		} else if x.Errors+x.Non2xx+x.Unexpect > 0 {
+			errs = append(errs, fmt.Sprintf("%s %s at %d: %d transport errors, %d non-2xx, %d unexpected (%s)",
+				x.Section, x.Scenario, x.Clients, x.Errors, x.Non2xx, x.Unexpect, strings.Join(x.Notes, "; ")))
 		}
-	}
-	if n > 0 {
-		errs = append(errs, fmt.Sprintf("%d answers of the start curve were errors, non-2xx or unexpected (they must be 0)", n))
 	}
 	for _, x := range r.E2E {
 		if x.Failed != "" {
@@ -213,37 +178,19 @@ func (r *results) failures() []string {
 }
 
 // spliceSection replaces the section of doc that starts with heading (up
-// to the next heading of the same level, or the end) by section, or
-// appends section when doc has none.
+// to the next heading of its level, or the end) by section, or appends
+// section when doc has none.
 func spliceSection(doc, heading, section string) string {
 	section = strings.TrimRight(section, "\n") + "\n"
-	lines := strings.SplitAfter(doc, "\n")
-	level := heading[:strings.IndexByte(heading, ' ')+1] // "## "
-	start, end := -1, len(lines)
-	inFence := false
-	for i, l := range lines {
-		t := strings.TrimRight(l, "\n")
-		if strings.HasPrefix(t, "```") {
-			inFence = !inFence
-		}
-		if inFence {
-			continue
-		}
-		if start < 0 && t == heading {
-			start = i
-		} else if start >= 0 && strings.HasPrefix(t, level) {
-			end = i
-			break
-		}
-	}
-	if start < 0 {
+	i := strings.Index(doc, "\n"+heading+"\n")
+	if i < 0 {
 		return strings.TrimRight(doc, "\n") + "\n\n" + section
 	}
-	rest := strings.Join(lines[end:], "")
-	if rest != "" {
-		section += "\n"
+	rest := doc[i+1+len(heading):]
+	if j := strings.Index(rest, "\n"+heading[:strings.IndexByte(heading, ' ')+1]); j >= 0 {
+		return doc[:i+1] + section + rest[j:]
 	}
-	return strings.Join(lines[:start], "") + section + rest
+	return doc[:i+1] + section
 }
 
 // ratioText writes v with two decimals, or three when two would round it
@@ -253,13 +200,6 @@ func ratioText(v, target float64) string {
 		return s
 	}
 	return fmt.Sprintf("%.3f", v)
-}
-
-func mb(kb int64) string {
-	if kb == 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.0f", float64(kb)/1024)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
