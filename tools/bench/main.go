@@ -34,8 +34,9 @@ type plan struct {
 	// End to end: the loops' client counts and windows.
 	E2ELevels []int
 	E2E       timing
-	// ProfileClients: the load of the profile.
+	// ProfileClients: the load of the profile; Idle: the idle window.
 	ProfileClients int
+	Idle           time.Duration
 	// The noisy neighbour: its windows, A's flood clients, A's slow runs
 	// queued ahead of B's, B's runs behind them, the settings of each variant.
 	Noisy        timing
@@ -53,7 +54,7 @@ type plan struct {
 }
 
 // parts are what -only may name, in the order they run.
-var parts = []string{"valruns", "peer", "pgbench", "e2e", "profile", "noisy", "cleanup"}
+var parts = []string{"valruns", "peer", "pgbench", "e2e", "idle", "profile", "noisy", "cleanup"}
 
 func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
 
@@ -61,13 +62,13 @@ func makePlan(quick bool) plan {
 	if quick {
 		return plan{Quick: true, Levels: []int{1, 8, 32}, Rounds: 1,
 			HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second}, PG: timing{Warm: time.Second, Dur: 2 * time.Second},
-			E2ELevels: []int{1, 8, 32}, E2E: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: 8,
+			E2ELevels: []int{1, 8, 32}, E2E: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: 8, Idle: 10 * time.Second,
 			Noisy: timing{Warm: time.Second, Dur: 10 * time.Second}, NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv,
 			CleanupKeys: 100_000}
 	}
 	return plan{Levels: []int{1, 4, 8, 16, 32, 64, 128}, Rounds: 2,
 		HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second}, PG: timing{Warm: time.Second, Dur: 5 * time.Second},
-		E2ELevels: []int{1, 8, 32, 128}, E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: 8,
+		E2ELevels: []int{1, 8, 32, 128}, E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: 8, Idle: time.Minute,
 		Noisy: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv,
 		CleanupKeys: 1_000_000}
 }
@@ -101,6 +102,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, error) {
 	fs.Var((*intsFlag)(&p.E2ELevels), "e2e-clients", "comma-separated client counts of end to end")
 	fs.DurationVar(&p.E2E.Dur, "e2e-duration", p.E2E.Dur, "measured time of each end-to-end loop")
 	fs.IntVar(&p.ProfileClients, "profile-clients", p.ProfileClients, "clients of the profile")
+	fs.DurationVar(&p.Idle, "idle-duration", p.Idle, "the window of each idle process")
 	fs.DurationVar(&p.Noisy.Dur, "noisy-duration", p.Noisy.Dur, "noisy neighbour: measured time of each window")
 	fs.IntVar(&p.NoisyRuns, "noisy-runs", p.NoisyRuns, "noisy neighbour: A's slow runs queued ahead of B's")
 	fs.IntVar(&p.NoisyClients, "noisy-clients", p.NoisyClients, "noisy neighbour: clients of A's flood")
@@ -169,6 +171,9 @@ func run(ctx context.Context) error {
 	}
 	if p.want("e2e") {
 		res.E2E, res.E2ETiming = measureE2ECurve(ctx, e, p), p.E2E
+	}
+	if p.want("idle") && ctx.Err() == nil {
+		res.Idle = measureIdle(ctx, e, p.Idle)
 	}
 	if p.want("profile") && ctx.Err() == nil {
 		r := e.measureProfile(ctx, p.ProfileClients, p.E2E.Warm, p.E2E.Dur, scratch)

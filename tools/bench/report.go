@@ -23,6 +23,7 @@ type results struct {
 	Rows      []row
 	E2E       []e2eResult
 	E2ETiming timing
+	Idle      []idleResult
 	Profile   *profileResult
 	Noisy     *noisyLog
 	Cleanup   *cleanupResult
@@ -85,6 +86,7 @@ func (r *results) sections() []section {
 	}
 	add(len(r.Rows) > 0, r.curveSection)
 	add(len(r.E2E) > 0, r.e2eSection)
+	add(len(r.Idle) > 0, func() section { return idleSection(r.Idle) })
 	add(r.Profile != nil, r.Profile.section)
 	add(r.Noisy != nil, r.Noisy.section)
 	add(r.Cleanup != nil, r.Cleanup.section)
@@ -163,6 +165,11 @@ func (r *results) failures() []string {
 			errs = append(errs, fmt.Sprintf("e2e %s at %d failed", x.Mode, x.Clients))
 		} else if x.Errors > 0 {
 			errs = append(errs, fmt.Sprintf("e2e %s at %d: %d answers were errors", x.Mode, x.Clients, x.Errors))
+		}
+	}
+	for _, x := range r.Idle {
+		if x.Failed != "" {
+			errs = append(errs, "idle "+x.Mode+" failed")
 		}
 	}
 	if r.Profile != nil && r.Profile.Failed != "" {
