@@ -65,7 +65,7 @@ func (e *env) cleanup(ctx context.Context, c *cleanupResult, t timing) error {
 		return err
 	}
 	starts := func(name string, warm, dur time.Duration, stop <-chan struct{}, opened func()) row {
-		r, m := row{Section: "valruns", Scenario: name, Clients: cleanupClients}, &usageMeter{pid: srv.Pid()}
+		r, m := row{Section: "valruns", Scenario: name, Clients: cleanupClients}, &usageMeter{pid: srv.cmd.Process.Pid}
 		next := func(c, i int) request {
 			return request{http.MethodPost, url, headerFor(org.Token, fmt.Sprintf("%s-%d-%d-%d", name, run, c, i)), []byte(startBody)}
 		}

@@ -129,7 +129,7 @@ func (e *env) runHTTP(ctx context.Context, scenario string, peer bool, clients i
 		if err != nil {
 			return err
 		}
-		m := &usageMeter{pid: srv.Pid()}
+		m := &usageMeter{pid: srv.cmd.Process.Pid}
 		r.fill(runLoad(ctx, clients, t.Warm, t.Dur, next, loadOptions{Check: check, OnWindow: m.window}), m)
 		return rg.exited()
 	}()

@@ -70,9 +70,6 @@ func startProc(name, logDir, dir string, env []string, bin string, args ...strin
 	return p, nil
 }
 
-// Pid is the child's process id.
-func (p *proc) Pid() int { return p.cmd.Process.Pid }
-
 // Exited reports whether the child has ended.
 func (p *proc) Exited() bool {
 	select {

@@ -77,7 +77,7 @@ func (e *env) profile(ctx context.Context, r *profileResult, warm, dur time.Dura
 		errs = append(errs, err)
 		return m
 	}
-	sm, wm := &usageMeter{pid: srv.Pid()}, &usageMeter{pid: worker.Pid()}
+	sm, wm := &usageMeter{pid: srv.cmd.Process.Pid}, &usageMeter{pid: worker.cmd.Process.Pid}
 	res := runLoad(ctx, r.Clients, warm, dur, next, loadOptions{OnWindow: func(open bool) {
 		sm.window(open)
 		wm.window(open)
@@ -182,9 +182,9 @@ func (p *profileResult) section() section {
 		}
 		return ms(h.Mean)
 	}
-	fmt.Fprintf(&b, "A closed loop of new-key starts on `serve` + `worker`, %d clients, %s measured: %d starts (%.0f/s). "+
+	fmt.Fprintf(&b, "A closed loop of new-key starts on `serve` + `worker`, %s, %s measured: %d starts (%.0f/s). "+
 		"Each figure is the mean over the window, from the processes' own histograms read before and after it.\n\n",
-		p.Clients, p.Window.Round(time.Second), p.Starts, float64(p.Starts)/max(p.Window.Seconds(), 1e-9))
+		clientsText(p.Clients), p.Window.Round(time.Second), p.Starts, float64(p.Starts)/max(p.Window.Seconds(), 1e-9))
 	b.WriteString("| a start | ms |\n|---|---|\n")
 	fmt.Fprintf(&b, "| the HTTP request, in the API | %s |\n| waiting for a writer | %s |\n", d(p.HTTP), d(p.Waiting))
 	fmt.Fprintf(&b, "| its statement (a connection, PostgreSQL, the commit; %.1f starts per statement) | %s |\n", p.BatchMean, d(p.Statement))
