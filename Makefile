@@ -102,28 +102,23 @@ fuzz-spec: services build
 reliability:
 	$(GO) test -race -count=1 -v -timeout 20m -run TestReliability ./reliability/
 
-# bench: the curve (issue 30: starts at 1 to 128 clients, end to end at 1 to
-# 128) of valruns beside the Node peer and the database limit (pgbench of the
-# captured start SQL), then the experiment log (PostgreSQL work per run, end
-# to end, backlog drain, beside the baseline BENCH_BASELINE, default
-# 0b107b5) and the noisy neighbour; writes tools/bench/RESULTS.md (about 40 min).
-# QUICK=1: clients 1, 8 and 32, short runs (about 10 min).
+# bench: the benchmark (tools/bench/README.md): the start curve at 1 to 128
+# clients beside the Node peer and the database's limit (pgbench of the
+# hand-written scripts in tools/bench/sql), end to end, idle, the profile, the
+# noisy neighbour and the cleanup; writes tools/bench/RESULTS.md (about 35
+# min). QUICK=1: clients 1, 8 and 32, short runs (checks the harness).
 QUICK ?=
 bench: services
 	@QUICK=$(QUICK) scripts/bench.sh
 
-# bench-e2e: the experiment log and the end-to-end curve alone (about 15 min;
-# QUICK=1 about 4 min); replaces their sections of tools/bench/RESULTS.md. BENCH_ARGS passes harness flags,
-# e.g. BENCH_ARGS='-e2e-duration 30s -drain-runs 20000 -baseline HEAD~3'.
+# bench-e2e, bench-noisy: end to end alone, the noisy neighbour alone; each
+# replaces its section of tools/bench/RESULTS.md. BENCH_ARGS passes harness
+# flags, e.g. BENCH_ARGS='-e2e-clients 1,8' or
+# BENCH_ARGS='-noisy-env "ORG_START_RATE=0" -noisy-env "ORG_START_RATE= ORG_RUN_SHARE=40"'.
 BENCH_ARGS ?=
 bench-e2e: services
 	@QUICK=$(QUICK) scripts/bench.sh e2e -- $(BENCH_ARGS)
 
-# bench-noisy: the noisy neighbour alone (issue 16; about 15 min, QUICK=1 about
-# 3): B's start latency and start-to-final alone, while A floods and behind A's
-# slow runs, and A's throughput alone, for each -noisy-env variant; replaces its
-# section of tools/bench/RESULTS.md. BENCH_ARGS passes harness flags, e.g.
-# BENCH_ARGS='-noisy-env "ORG_START_RATE=0" -noisy-env "ORG_START_RATE= ORG_RUN_SHARE=40"'.
 bench-noisy: services
 	@QUICK=$(QUICK) scripts/bench.sh noisy -- $(BENCH_ARGS)
 

@@ -1,29 +1,22 @@
 #!/usr/bin/env bash
-# bench.sh: the benchmark behind `make bench`. It measures valruns (the real
-# binary, driven over HTTP) beside the peer a user would otherwise pick
-# (tools/bench/peer: Express + express-idempotency + Redis + pg) and beside the
-# database's own limit (pgbench replaying the SQL a start sends, captured at
-# run time), and writes tools/bench/RESULTS.md with the ratios and their targets.
+# bench.sh: the benchmark behind `make bench` (tools/bench/README.md). It
+# measures valruns (the real binary, driven over HTTP) beside the peer a user
+# would otherwise pick (tools/bench/peer) and beside the database's own limit
+# (pgbench running hand-written scripts of a start's statements), and writes
+# tools/bench/RESULTS.md with each part's targets.
 #
-#   scripts/bench.sh            full run: the curve at 1, 4, 8, 16, 32, 64 and 128 clients, the
-#                               experiment log and the noisy neighbour (about 40 minutes on 2 cores;
-#                               it prints its estimate first)
-#   QUICK=1 scripts/bench.sh    short runs at 1, 8 and 32 clients (about 10 minutes)
-#   scripts/bench.sh e2e        the experiment log only (make bench-e2e): PostgreSQL work
-#                               per run, end to end (the end-to-end curve), backlog drain, beside
-#                               the baseline (BENCH_BASELINE, default 0b107b5); replaces those
-#                               sections of tools/bench/RESULTS.md (QUICK=1: short, about 4 minutes)
-#   scripts/bench.sh noisy      the noisy neighbour only (make bench-noisy): B's starts and runs
-#                               alone, while A floods and behind A's slow runs, and A's own
-#                               throughput, per set of settings (-noisy-env); replaces that
-#                               section of tools/bench/RESULTS.md (about 15 minutes; QUICK=1: about 3)
+#   scripts/bench.sh            full run: the start curve at 1 to 128 clients, end to end,
+#                               idle, the profile, the noisy neighbour, the cleanup
+#   QUICK=1 scripts/bench.sh    short runs at 1, 8 and 32 clients (checks the harness)
+#   scripts/bench.sh e2e        end to end only (make bench-e2e); replaces its section
+#   scripts/bench.sh noisy      the noisy neighbour only (make bench-noisy); replaces its section
 #   scripts/bench.sh go         the Go micro-benchmarks of the handlers (make bench-go)
-#   scripts/bench.sh -- ARGS    pass ARGS to the harness (e.g. -- -only valruns,peer -clients 8,32)
+#   scripts/bench.sh -- ARGS    pass ARGS to the harness (e.g. -- -only idle -idle-duration 5s)
 #
 # It needs PostgreSQL at DATABASE_URL (make services starts one), pgbench,
-# Node.js with npm, and redis-server (or BENCH_REDIS_URL, a Redis database
-# the benchmark may flush). scripts/install-bench-tools.sh installs the missing
-# packages with apt-get when running as root; otherwise it says what to install.
+# Node.js with npm, and redis-server: scripts/install-bench-tools.sh installs
+# the missing packages with apt-get when running as root; otherwise it says
+# what to install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,7 +55,7 @@ go | micro)
 	exit 0
 	;;
 e2e)
-	parts=(-only pgwork,e2e,drain,scale)
+	parts=(-only e2e)
 	shift
 	[ "${1:-}" != -- ] || shift
 	;;
@@ -80,7 +73,7 @@ noisy)
 *) die "usage: $0 [go | e2e | noisy | -- HARNESS-ARGS]" ;;
 esac
 
-# pgbench, node and npm, redis-server (unless BENCH_REDIS_URL) and the peer's packages.
+# pgbench, node and npm, redis-server and the peer's packages.
 scripts/install-bench-tools.sh || die "the benchmark's tools are missing (see above)"
 
 say "building bin/valruns and bin/valruns-bench ..."

@@ -10,8 +10,6 @@
 #   scripts/install-bench-tools.sh           everything
 #   scripts/install-bench-tools.sh pgbench   only pgbench (and so on: node, redis-server, peer, tsclient, speclint)
 #   scripts/install-bench-tools.sh fuzzspec  Portman and newman for make fuzz-spec (not in "everything")
-#
-# Set BENCH_REDIS_URL to a Redis the benchmark may flush and redis-server is not needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -76,7 +74,7 @@ for w in "${what[@]}"; do
 	case "$w" in
 	pgbench) need pgbench postgresql-client ;;
 	node) need node nodejs npm ;;
-	redis-server) [ -n "${BENCH_REDIS_URL:-}" ] || need redis-server redis-server ;;
+	redis-server) need redis-server redis-server ;;
 	peer) peer ;;
 	tsclient) tsclient ;;
 	speclint) speclint ;;

@@ -1,8 +1,8 @@
 package main
 
-// The cleanup measurement: N expired keys deleted by `valruns cleanup`,
-// alone (keys/s) and while new-key starts arrive (their p99 beside the p99
-// of the same load without a cleanup).
+// The cleanup: N expired keys deleted by `valruns cleanup` alone (its time
+// and the WAL it wrote), then new-key starts at 32 clients while it
+// deletes N more, beside the same starts without it.
 
 import (
 	"context"
@@ -11,175 +11,162 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
-type cleanupResult struct {
-	Keys         int
-	InsertTime   time.Duration
-	Alone        time.Duration // wall time of `valruns cleanup` with nothing else running
-	AloneDeleted int
-	Baseline     row // new-key starts, 32 clients, expired keys present, no cleanup
-	During       row // the same load while `valruns cleanup` runs
-	DuringTime   time.Duration
-	DuringKeys   int
-	Failed       string
-}
+// cleanupClients is the load beside the cleanup.
+const cleanupClients = 32
 
-// KeysPerSec is the deletion rate of the cleanup alone.
-func (c cleanupResult) KeysPerSec() float64 {
-	if c.Alone <= 0 {
-		return 0
-	}
-	return float64(c.AloneDeleted) / c.Alone.Seconds()
+type cleanupResult struct {
+	Keys                  int
+	Alone, DuringTime     time.Duration // the cleanup's wall time, alone and beside the starts
+	AloneKeys, DuringKeys int
+	AloneWAL              int64 // bytes of WAL written meanwhile (the whole server's)
+	Without, During       row   // new-key starts, expired keys present, without and during a cleanup
+	Failed                string
 }
 
 var deletedRe = regexp.MustCompile(`deleted ([0-9]+) expired`)
 
-// insertExpired copies a real key row (written by the server) n times as
-// expired keys, in one statement. Copying the row keeps every column the
-// server fills, whatever the schema has become; only the identity, the
-// key, the run link and the times are replaced.
-func (e *env) insertExpired(ctx context.Context, db, protoKey string, n int) (time.Duration, error) {
-	conn, err := e.connect(ctx, db)
-	if err != nil {
-		return 0, err
+func (e *env) measureCleanup(ctx context.Context, keys int, t timing) cleanupResult {
+	c := cleanupResult{Keys: keys}
+	if err := e.cleanup(ctx, &c, t); err != nil {
+		c.Failed = err.Error()
+		say("cleanup failed: %v", err)
 	}
-	defer conn.Close(context.Background())
-	t0 := time.Now()
-	tag, err := conn.Exec(ctx, `
-INSERT INTO idempotency_keys
-SELECT r.* FROM idempotency_keys k, generate_series(1, $1::int) g,
-LATERAL jsonb_populate_record(k, jsonb_build_object(
-	'id', gen_random_uuid(), 'key', 'expired-' || g, 'validation_run_id', NULL,
-	'created_at', now() - interval '2 days', 'expires_at', now() - interval '1 day')) r
-WHERE k.key = $2`, n, protoKey)
-	if err != nil {
-		return 0, fmt.Errorf("insert expired keys: %w", err)
-	}
-	if tag.RowsAffected() != int64(n) {
-		return 0, fmt.Errorf("insert expired keys: %d rows, want %d", tag.RowsAffected(), n)
-	}
-	d := time.Since(t0)
-	if _, err := conn.Exec(ctx, `VACUUM ANALYZE idempotency_keys`); err != nil {
-		return d, err
-	}
-	return d, nil
+	return c
 }
 
-// runCleanupCmd runs `valruns cleanup` on db and returns its wall time and count.
-func (e *env) runCleanupCmd(ctx context.Context, db string) (*exec.Cmd, func() (time.Duration, int, error)) {
-	cmd := exec.CommandContext(ctx, e.bin, "cleanup")
-	cmd.Env = childEnv(append([]string{"DATABASE_URL=" + e.dbURL(db)}, e.serverEnv...)...)
-	var out []byte
-	var err error
-	t0 := time.Now()
-	done := make(chan struct{})
-	go func() {
-		out, err = cmd.CombinedOutput()
-		close(done)
-	}()
-	return cmd, func() (time.Duration, int, error) {
-		<-done
-		d := time.Since(t0)
-		if err != nil {
-			return d, 0, fmt.Errorf("valruns cleanup: %v: %s", err, out)
-		}
-		m := deletedRe.FindSubmatch(out)
-		if m == nil {
-			return d, 0, fmt.Errorf("valruns cleanup printed no count: %s", out)
-		}
-		n, _ := strconv.Atoi(string(m[1]))
-		return d, n, nil
-	}
-}
-
-func (e *env) measureCleanup(ctx context.Context, keys, clients int, t timing) (res cleanupResult) {
-	res.Keys = keys
-	fail := func(err error) cleanupResult {
-		res.Failed = err.Error()
-		return res
-	}
-	db, err := e.fresh(ctx)
+func (e *env) cleanup(ctx context.Context, c *cleanupResult, t timing) error {
+	rg, err := e.newRig(ctx)
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	defer func() { _ = e.dropDB(ctx, db) }()
-	srv, base, err := e.startServer(ctx, db, false)
+	defer rg.close()
+	srv, err := rg.start(ctx, "serve")
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	defer srv.Stop(20 * time.Second)
-	hc := newHTTPClient(1)
-	proto := fmt.Sprintf("cleanup-proto-%d", time.Now().UnixNano())
-	if err := sendOnce(ctx, hc, base+e.orgs[0].startPath(), []byte(startBody), headerFor(e.orgs[0].Token, proto)); err != nil {
-		return fail(err)
+	org, run := e.orgs[0], time.Now().UnixNano()
+	proto, url := fmt.Sprintf("cleanup-proto-%d", run), rg.base+org.startPath()
+	if err := sendAll(ctx, url, []byte(startBody), []http.Header{headerFor(org.Token, proto)}); err != nil {
+		return err
 	}
-
-	// Alone.
-	if res.InsertTime, err = e.insertExpired(ctx, db, proto, keys); err != nil {
-		return fail(err)
+	if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {
+		return err
 	}
-	_, wait := e.runCleanupCmd(ctx, db)
-	if res.Alone, res.AloneDeleted, err = wait(); err != nil {
-		return fail(err)
+	if c.Alone, c.AloneKeys, c.AloneWAL, err = e.runCleanup(ctx, rg); err != nil {
+		return err
 	}
-
-	// Under load: the same number of keys again, then the starts without
-	// and with a cleanup running.
-	if _, err = e.insertExpired(ctx, db, proto, keys); err != nil {
-		return fail(err)
+	if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {
+		return err
 	}
-	url := base + e.orgs[0].startPath()
-	run := time.Now().UnixNano()
-	next := func(tag string) requestFunc {
-		return func(c, i int) request {
-			return request{http.MethodPost, url, headerFor(e.orgs[0].Token, fmt.Sprintf("%s-%d-%d-%d", tag, run, c, i)), []byte(startBody)}
+	starts := func(name string, warm, dur time.Duration, stop <-chan struct{}, opened func()) row {
+		r, m := row{Section: "valruns", Scenario: name, Clients: cleanupClients}, &usageMeter{pid: srv.cmd.Process.Pid}
+		next := func(c, i int) request {
+			return request{http.MethodPost, url, headerFor(org.Token, fmt.Sprintf("%s-%d-%d-%d", name, run, c, i)), []byte(startBody)}
 		}
-	}
-	measure := func(name, tag string, warm, dur time.Duration) row {
-		r := row{Section: "valruns", Scenario: name, Clients: clients}
-		m := &usageMeter{pid: srv.Pid()}
-		lr := runLoad(ctx, clients, warm, dur, next(tag), nil, nil, func(open bool) {
-			if open {
-				m.open()
-			} else {
-				m.close()
+		r.fill(runLoad(ctx, cleanupClients, warm, dur, next, loadOptions{Stop: stop, OnWindow: func(open bool) {
+			m.window(open)
+			if open && opened != nil {
+				opened()
 			}
-		})
-		r.fillServer(lr, m)
+		}}), m)
 		return r
 	}
-	res.Baseline = measure("new key, expired keys present, no cleanup", "base", t.Warm, t.Dur)
-
-	stop := make(chan struct{})
-	var cleanupErr error
-	started := make(chan struct{})
-	go func() {
-		<-started
-		_, wait := e.runCleanupCmd(ctx, db)
-		res.DuringTime, res.DuringKeys, cleanupErr = wait()
-		close(stop)
-	}()
+	c.Without = starts("new key, no cleanup", t.Warm, t.Dur, nil, nil)
 	// The window opens when the cleanup starts and closes when it ends
 	// (or after 3 minutes; the cleanup is then still waited for).
-	res.During = func() row {
-		r := row{Section: "valruns", Scenario: "new key, during cleanup", Clients: clients}
-		m := &usageMeter{pid: srv.Pid()}
-		lr := runLoad(ctx, clients, t.Warm/2, 3*time.Minute, next("during"), nil, stop, func(open bool) {
-			if open {
-				m.open()
-				close(started)
-			} else {
-				m.close()
-			}
-		})
-		r.fillServer(lr, m)
-		return r
+	stop, started, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		<-started
+		var err error
+		c.DuringTime, c.DuringKeys, _, err = e.runCleanup(ctx, rg)
+		close(stop)
+		done <- err
 	}()
-	<-stop
-	if cleanupErr != nil {
-		return fail(cleanupErr)
+	c.During = starts("new key, during cleanup", t.Warm/2, 3*time.Minute, stop, func() { close(started) })
+	say("cleanup: %d keys in %.1f s alone; starts %.0f rps without it, %.0f during", c.AloneKeys, c.Alone.Seconds(), c.Without.RPS, c.During.RPS)
+	return <-done
+}
+
+// insertExpired copies a real key row (the key proto) n times as expired
+// keys, in one statement: every column the server fills, whatever the
+// schema has become.
+func insertExpired(ctx context.Context, conn *pgx.Conn, n int, proto string) error {
+	tag, err := conn.Exec(ctx, `INSERT INTO idempotency_keys
+		SELECT r.* FROM idempotency_keys k, generate_series(1, $1::int) g,
+		LATERAL jsonb_populate_record(k, jsonb_build_object(
+			'id', gen_random_uuid(), 'key', 'expired-' || g, 'validation_run_id', NULL,
+			'created_at', now() - interval '2 days', 'expires_at', now() - interval '1 day')) r
+		WHERE k.key = $2`, n, proto)
+	if err == nil && tag.RowsAffected() != int64(n) {
+		err = fmt.Errorf("%d rows, want %d", tag.RowsAffected(), n)
 	}
-	return res
+	if err == nil {
+		_, err = conn.Exec(ctx, `VACUUM ANALYZE idempotency_keys`)
+	}
+	return err
+}
+
+// runCleanup runs `valruns cleanup` on the rig: its wall time, the keys it
+// deleted, and the WAL written meanwhile.
+func (e *env) runCleanup(ctx context.Context, rg *rig) (d time.Duration, n int, wal int64, err error) {
+	var lsn string
+	if err = rg.conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		return
+	}
+	cmd := exec.CommandContext(ctx, e.bin, "cleanup")
+	cmd.Env = childEnv(append([]string{"DATABASE_URL=" + e.dbURL(rg.db)}, e.serverEnv...)...)
+	t0 := time.Now()
+	out, err := cmd.CombinedOutput()
+	d = time.Since(t0)
+	m := deletedRe.FindSubmatch(out)
+	if err != nil || m == nil {
+		return d, 0, 0, fmt.Errorf("valruns cleanup: %v: %s", err, out)
+	}
+	n, _ = strconv.Atoi(string(m[1]))
+	err = rg.conn.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, lsn).Scan(&wal)
+	return
+}
+
+// checks are the cleanup's targets: its speed alone, and what it costs the
+// starts (issue 49).
+func (c *cleanupResult) checks() []check {
+	ok := c.Failed == "" && c.Alone > 0
+	alone := check{Name: "cleanup of expired keys, alone", Target: ">= 50000 keys/s"}
+	if k := float64(c.AloneKeys) / c.Alone.Seconds(); ok {
+		alone.Measured, alone.Pass = fmt.Sprintf("%.0f keys/s (%d keys in %.2f s)", k, c.AloneKeys, c.Alone.Seconds()), k >= 50000
+	} else {
+		alone = notMeasured(alone)
+	}
+	return []check{alone,
+		ratio(check{Name: "new-key starts during the cleanup / without it, 32 clients", Target: ">= 0.95x rps"}, ok, c.During.RPS, c.Without.RPS, 0.95, false,
+			fmt.Sprintf("%.0f / %.0f rps", c.During.RPS, c.Without.RPS)),
+		ratio(check{Name: "new-key start p99.9 during the cleanup / without it, 32 clients", Target: "<= 1.5x"}, ok, float64(c.During.P999), float64(c.Without.P999), 1.5, true,
+			fmt.Sprintf("%s / %s ms", ms(c.During.P999), ms(c.Without.P999))),
+	}
+}
+
+func (c *cleanupResult) section() section {
+	s := section{Heading: "## Cleanup", Checks: c.checks()}
+	if c.Failed != "" {
+		s.Body = "FAILED: " + short(c.Failed, 400) + "\n"
+		return s
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d expired keys (copies of a key row the server wrote), deleted by `valruns cleanup` alone: %d keys in %.2f s, "+
+		"%.1f MB of WAL (`pg_current_wal_lsn()` before and after: the whole server's). Then as many again while new-key starts arrive from %d clients: "+
+		"%d keys in %.2f s; the window of the starts \"during\" is the cleanup's.\n\n",
+		c.Keys, c.AloneKeys, c.Alone.Seconds(), float64(c.AloneWAL)/(1<<20), cleanupClients, c.DuringKeys, c.DuringTime.Seconds())
+	b.WriteString(checkTable(s.Checks))
+	b.WriteString("\n| starts | rps | p50 ms | p99 ms | p99.9 ms | errors | non-2xx | CPU ms/req |\n|---|---|---|---|---|---|---|---|\n")
+	for _, x := range []row{c.Without, c.During} {
+		fmt.Fprintf(&b, "| %s | %.0f | %s | %s | %s | %d | %d | %s |\n", x.Scenario, x.RPS, ms(x.P50), ms(x.P99), ms(x.P999), x.Errors, x.Non2xx, ms3(x.CPUPerReq))
+	}
+	s.Body = b.String()
+	return s
 }

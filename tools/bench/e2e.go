@@ -1,79 +1,71 @@
 package main
 
-// End to end: what a user of a validation service feels. A closed loop of
-// new-key starts for a while, then the runs' own timestamps in the
-// database say how many runs were started and finished per second and how
-// long a run took from its start (created_at) to its final state
-// (finished_at), and to running (started_at). The start to final a waiting
-// client feels runs from when the harness sent the request to the run's
-// finished_at: the two sides stamp created_at at different points.
+// End to end: a closed loop of new-key starts, then the runs' own
+// timestamps say how many runs finished per second and how long a run
+// took from created_at to finished_at. The start to final a waiting client
+// feels, which the targets judge, runs from when the harness sent the
+// request to the run's finished_at: the two sides stamp created_at at
+// different points.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
-	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// e2eMode is how the runs are executed.
+// e2eMode is what runs the runs: the rig's processes.
 type e2eMode struct {
-	Name     string
-	Separate bool // a separate worker process beside the API
+	Name  string
+	Procs []string
 }
 
 var (
-	modeInline   = e2eMode{Name: "serve --worker"}
-	modeSeparate = e2eMode{Name: "serve + worker", Separate: true}
-	peerInline   = e2eMode{Name: "peer, one process"}
-	peerSeparate = e2eMode{Name: "peer + worker.js", Separate: true}
+	modeInline   = e2eMode{"serve --worker", []string{"serve --worker"}}
+	modeSeparate = e2eMode{"serve + worker", []string{"serve", "worker"}}
+	peerInline   = e2eMode{"peer, one process", []string{"peer --worker"}}
+	peerSeparate = e2eMode{"peer + worker.js", []string{"peer", "peer-worker"}}
+	// e2ePairs: each valruns mode beside the peer's matching mode.
+	e2ePairs = [][2]e2eMode{{modeInline, peerInline}, {modeSeparate, peerSeparate}}
 )
 
-// e2eResult is one end-to-end loop.
+func pairLabel(p [2]e2eMode) string { return fmt.Sprintf("`%s` vs %s", p[0].Name, p[1].Name) }
+
+// e2eResult is one end-to-end loop (or the noisy neighbour's B).
 type e2eResult struct {
-	Side    string // now, baseline, peer
 	Mode    string
 	Clients int
-	// APIs and Workers: the processes of each kind (Workers 0: in the API).
-	APIs, Workers int
-	Window        time.Duration
-	// From the load generator: the 201s inside the window and their latency.
+	Window  time.Duration
+	// The 201s inside the window, their latency, the other answers.
 	Answers            int
 	StartP50, StartP99 time.Duration
 	Errors             int // transport errors, non-2xx and unexpected answers
 	Limited            int // of Errors: 429 answers (an organisation's start rate)
-	// From the database.
-	Started  int // runs created inside the window
-	Finished int // runs that reached a final state inside the window (any run)
-	// Of the runs created inside the window, after the drain wait:
-	Final, Unfinished    int
-	FinalP50, FinalP99   time.Duration // created_at -> finished_at
-	RunningP50           time.Duration // created_at -> started_at (0 when not recorded)
-	HasRunning           bool
-	DrainedAfter         time.Duration // from the window's end to the last run's finished_at
-	ServerCPU, WorkerCPU time.Duration // per run started
-	PeakRSSKB            int64         // the largest API process's
-	DBConns              int           // the most connections the database saw
-	Failed               string
-
-	// From the request sent to finished_at, over the runs the window's
-	// 201s named: what a waiting client feels. WaitFinal counts those final
-	// after the drain wait (the percentiles are theirs), WaitUnfinished the
-	// others; both 0: not measured (a loop from before this figure).
+	// Runs created, and final, inside the window; of those created, after
+	// the drain wait: final or not, and their finished_at - created_at.
+	Started, Finished  int
+	Final, Unfinished  int
+	FinalP50, FinalP99 time.Duration
+	// What a waiting client feels: from the request sent to finished_at,
+	// over the runs the window's 201s named, final or not.
 	WaitFinal, WaitUnfinished int
 	WaitP50, WaitP99          time.Duration
+	Failed                    string
 }
 
-func (r e2eResult) StartedPerSec() float64  { return perSec(r.Started, r.Window) }
-func (r e2eResult) FinishedPerSec() float64 { return perSec(r.Finished, r.Window) }
+func (r e2eResult) StartedPerSec() float64 { return float64(r.Started) / max(r.Window.Seconds(), 1e-9) }
+func (r e2eResult) FinishedPerSec() float64 {
+	return float64(r.Finished) / max(r.Window.Seconds(), 1e-9)
+}
 
-// Ratio is runs finished over runs started in the window (1 when the
-// worker keeps up; below it, a backlog grows).
+// Ratio is runs finished over runs started in the window (below 1: a backlog grows).
 func (r e2eResult) Ratio() float64 {
 	if r.Started == 0 {
 		return 0
@@ -81,168 +73,85 @@ func (r e2eResult) Ratio() float64 {
 	return float64(r.Finished) / float64(r.Started)
 }
 
-func perSec(n int, d time.Duration) float64 {
-	if d <= 0 {
-		return 0
+// measureE2ECurve runs the loops: at each count, each valruns mode then
+// the peer's matching mode, back to back.
+func measureE2ECurve(ctx context.Context, e *env, p plan) []e2eResult {
+	var out []e2eResult
+	for _, n := range p.E2ELevels {
+		for _, pair := range e2ePairs {
+			for _, m := range pair {
+				if ctx.Err() != nil {
+					return out
+				}
+				r := e.measureE2E(ctx, m, n, p.E2E.Warm, p.E2E.Dur, p.E2E.Dur+30*time.Second)
+				out = append(out, r)
+				say("e2e %-18s c=%-3d %5.0f started/s %5.0f finished/s, start to final p50 / p99 %s ms, %d not final",
+					r.Mode, r.Clients, r.StartedPerSec(), r.FinishedPerSec(), waitCell(r), r.WaitUnfinished)
+			}
+		}
 	}
-	return float64(n) / d.Seconds()
+	return out
 }
 
-// e2eTarget is what a loop runs against.
-type e2eTarget struct {
-	side *side // nil for the peer
-	peer bool
-	mode e2eMode
-	// apis and workers: how many API processes (the load spread over them
-	// by client) and, in a separate mode, worker processes (0: one each).
-	apis, workers int
-}
-
-// counts is the target's API and worker processes.
-func (t e2eTarget) counts() (apis, workers int) {
-	apis, workers = max(t.apis, 1), 0
-	if t.mode.Separate {
-		workers = max(t.workers, 1)
-	}
-	return apis, workers
-}
-
-// measureE2E runs the closed loop of new-key starts against t for dur
-// (after warm), then waits up to drainWait for the window's runs to end,
-// and reads their times.
-func (e *env) measureE2E(ctx context.Context, t e2eTarget, clients int, warm, dur, drainWait time.Duration, extra ...string) (r e2eResult) {
-	r = e2eResult{Mode: t.mode.Name, Clients: clients}
-	r.APIs, r.Workers = t.counts()
-	tmpl, org := e.tmpl, e.orgs[0]
-	if t.peer {
-		r.Side = "peer"
-	} else {
-		r.Side = t.side.Name
-		tmpl, org = t.side.tmpl, t.side.org
-	}
-	fail := func(err error) e2eResult {
+// measureE2E runs the closed loop of new-key starts of orgs[0] in mode m
+// for dur (after warm), then waits up to drainWait for the window's runs
+// to end, and reads their times. extra are settings of the processes.
+func (e *env) measureE2E(ctx context.Context, m e2eMode, clients int, warm, dur, drainWait time.Duration, extra ...string) e2eResult {
+	r := e2eResult{Mode: m.Name, Clients: clients}
+	if err := e.loopE2E(ctx, m, warm, dur, drainWait, extra, &r); err != nil {
 		r.Failed = err.Error()
-		fmt.Fprintf(os.Stderr, "bench: e2e %s %s: %v\n", r.Side, r.Mode, err)
-		return r
+		fmt.Fprintf(os.Stderr, "bench: e2e %s: %v\n", r.Mode, err)
 	}
-	db, err := e.freshFrom(ctx, tmpl)
-	if err != nil {
-		return fail(err)
-	}
-	defer func() { _ = e.dropDB(ctx, db) }()
-	if err := e.flushRedis(ctx); err != nil {
-		return fail(err)
-	}
-	var srvs, workers []*proc
-	var bases []string
-	defer func() {
-		for _, p := range append(srvs, workers...) {
-			p.Stop(20 * time.Second)
-		}
-	}()
-	for i := range r.APIs {
-		var srv *proc
-		var base string
-		switch {
-		case t.peer:
-			srv, base, err = e.startPeerOpts(ctx, e.dbURL(db), org, !t.mode.Separate)
-		default:
-			srv, base, err = e.startServerAt(ctx, t.side.bin, e.dbURL(db), !t.mode.Separate, e.apiPort(i), extra...)
-		}
-		if err != nil {
-			return fail(err)
-		}
-		srvs, bases = append(srvs, srv), append(bases, base)
-	}
-	for j := range r.Workers {
-		var worker *proc
-		if t.peer {
-			worker, err = e.startPeerWorker(ctx, e.dbURL(db))
-		} else {
-			worker, err = e.startWorkerAt(ctx, t.side.bin, e.dbURL(db), e.workerPort(j), extra...)
-		}
-		if err != nil {
-			return fail(err)
-		}
-		workers = append(workers, worker)
-	}
-	conn, err := e.connect(ctx, db)
-	if err != nil {
-		return fail(err)
-	}
-	defer conn.Close(context.Background())
+	return r
+}
 
-	token := org.Token
-	if t.peer {
-		token = ""
+func (e *env) loopE2E(ctx context.Context, m e2eMode, warm, dur, drainWait time.Duration, extra []string, r *e2eResult) error {
+	rg, err := e.newRig(ctx)
+	if err != nil {
+		return err
 	}
-	body := []byte(startBody)
-	run := time.Now().UnixNano()
+	defer rg.close()
+	for _, what := range m.Procs {
+		if _, err := rg.start(ctx, what, extra...); err != nil {
+			return err
+		}
+	}
+	token := e.orgs[0].Token
+	if strings.HasPrefix(m.Procs[0], "peer") {
+		token = "" // the peer has no authentication
+	}
+	url, body, run := rg.base+e.orgs[0].startPath(), []byte(startBody), time.Now().UnixNano()
 	next := func(c, i int) request {
-		return request{"POST", bases[c%len(bases)] + org.startPath(), headerFor(token, fmt.Sprintf("e2e-%d-%d-%d", run, c, i)), body}
+		return request{http.MethodPost, url, headerFor(token, fmt.Sprintf("e2e-%d-%d-%d", run, c, i)), body}
 	}
-	sm, wm := meters(srvs), meters(workers)
-	var conns *connsSampler
 	var from, to time.Time
 	var clockErr error
 	var sent sentRuns
-	res := runLoadWith(ctx, clients, warm, dur, next, loadOptions{Observe: sent.observe, OnWindow: func(open bool) {
+	res := runLoad(ctx, r.Clients, warm, dur, next, loadOptions{Observe: sent.observe, OnWindow: func(open bool) {
 		if open {
-			from = dbNow(ctx, conn, &clockErr)
-			sm.open()
-			wm.open()
-			conns = e.sampleConns(ctx, db)
-			return
+			from = dbNow(ctx, rg.conn, &clockErr)
+		} else {
+			to = dbNow(ctx, rg.conn, &clockErr)
 		}
-		to = dbNow(ctx, conn, &clockErr)
-		sm.close()
-		wm.close()
-		conns.finish()
 	}})
-	if clockErr != nil {
-		return fail(clockErr)
+	if err := cmp.Or(clockErr, rg.exited()); err != nil {
+		return err
 	}
-	for _, srv := range srvs {
-		if srv.Exited() {
-			return fail(fmt.Errorf("the server exited during the run: %v\n%s", srv.err, srv.Tail()))
-		}
-	}
-	r.Window = to.Sub(from)
-	r.Answers = res.Requests
+	r.Window, r.Answers = to.Sub(from), res.Requests
 	r.StartP50, r.StartP99 = res.Percentile(.5), res.Percentile(.99)
-	r.Errors = res.Errors + res.Non2xx + res.Unexpected
-	r.Limited = res.Statuses[http.StatusTooManyRequests]
-	r.PeakRSSKB = sm.peakRSS()
-	r.DBConns = conns.max
-
-	if err := conn.QueryRow(ctx, `SELECT
-		count(*) FILTER (WHERE created_at >= $1 AND created_at < $2),
-		count(*) FILTER (WHERE finished_at >= $1 AND finished_at < $2)
-		FROM validation_runs`, from, to).Scan(&r.Started, &r.Finished); err != nil {
-		return fail(err)
-	}
-	if r.Started > 0 {
-		r.ServerCPU = sm.cpu() / time.Duration(r.Started)
-		if len(workers) > 0 {
-			r.WorkerCPU = wm.cpu() / time.Duration(r.Started)
-		}
+	r.Errors, r.Limited = res.Errors+res.Non2xx+res.Unexpected, res.Statuses[http.StatusTooManyRequests]
+	if err := rg.conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE created_at >= $1 AND created_at < $2),
+		count(*) FILTER (WHERE finished_at >= $1 AND finished_at < $2) FROM validation_runs`, from, to).Scan(&r.Started, &r.Finished); err != nil {
+		return err
 	}
 	// The drain: the window's runs end after the load has stopped.
-	if err := waitWindowFinal(ctx, conn, from, to, "", drainWait); err != nil {
-		return fail(err)
-	}
-	if err := e2eTimes(ctx, conn, from, to, "", &r); err != nil {
-		return fail(err)
+	if err := e2eTimes(ctx, rg.conn, from, to, "", drainWait, r); err != nil {
+		return err
 	}
 	if sent.noID > 0 {
-		return fail(fmt.Errorf("%d of the window's 201s named no run id", sent.noID))
+		return fmt.Errorf("%d of the window's 201s named no run id", sent.noID)
 	}
-	finished, err := finishedAt(ctx, conn, sent.ids())
-	if err != nil {
-		return fail(err)
-	}
-	waitTimes(sent.runs, finished, &r)
-	return r
+	return waitTimes(ctx, rg.conn, sent.runs, r)
 }
 
 // sentRun is a run a 201 in the window named, and when its request was sent.
@@ -263,9 +172,7 @@ func (s *sentRuns) observe(a answer) {
 	if a.Status != http.StatusCreated {
 		return
 	}
-	var run struct {
-		ID string `json:"id"`
-	}
+	var run struct{ ID string }
 	_ = json.Unmarshal(a.Body, &run)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -276,50 +183,22 @@ func (s *sentRuns) observe(a answer) {
 	s.runs = append(s.runs, sentRun{ID: run.ID, Sent: a.Sent})
 }
 
-func (s *sentRuns) ids() []string {
-	ids := make([]string, len(s.runs))
-	for i, r := range s.runs {
-		ids[i] = r.ID
-	}
-	return ids
-}
-
-// finishedAt reads the finished_at of those of the runs ids that are
-// final; a run not final (or not found) is absent.
-func finishedAt(ctx context.Context, conn *pgx.Conn, ids []string) (map[string]time.Time, error) {
-	rows, err := conn.Query(ctx, `SELECT id::text, finished_at FROM validation_runs
-		WHERE id = ANY($1::uuid[]) AND finished_at IS NOT NULL`, ids)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]time.Time{}
-	var id string
-	var at time.Time
-	_, err = pgx.ForEachRow(rows, []any{&id, &at}, func() error {
-		out[id] = at
-		return nil
-	})
-	return out, err
-}
-
 // waitTimes sets r's client-felt start to final, from each run's request
-// sent to its finished_at, over the runs final; the others are counted in
-// WaitUnfinished. The harness, the servers and PostgreSQL share the
-// machine's wall clock, so wall times are compared.
-func waitTimes(runs []sentRun, finished map[string]time.Time, r *e2eResult) {
-	var waits []time.Duration
-	unfinished := 0
-	for _, s := range runs {
-		at, ok := finished[s.ID]
-		if !ok {
-			unfinished++
-			continue
-		}
-		waits = append(waits, at.Round(0).Sub(s.Sent.Round(0)))
+// sent to its finished_at (the harness, the servers and PostgreSQL share
+// the machine's clock), over the runs final; the others are counted.
+func waitTimes(ctx context.Context, conn *pgx.Conn, runs []sentRun, r *e2eResult) error {
+	ids, sent := make([]string, len(runs)), make([]time.Time, len(runs))
+	for i, s := range runs {
+		ids[i], sent[i] = s.ID, s.Sent
 	}
-	slices.Sort(waits)
-	r.WaitFinal, r.WaitUnfinished = len(waits), unfinished
-	r.WaitP50, r.WaitP99 = percentile(waits, .5), percentile(waits, .99)
+	var p50, p99 float64
+	err := conn.QueryRow(ctx, `SELECT count(r.finished_at),
+		coalesce(percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM r.finished_at - s.sent)), 0),
+		coalesce(percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM r.finished_at - s.sent)), 0)
+		FROM unnest($1::uuid[], $2::timestamptz[]) s(id, sent) LEFT JOIN validation_runs r ON r.id = s.id`, ids, sent).Scan(&r.WaitFinal, &p50, &p99)
+	r.WaitUnfinished = len(runs) - r.WaitFinal
+	r.WaitP50, r.WaitP99 = time.Duration(p50*float64(time.Second)), time.Duration(p99*float64(time.Second))
+	return err
 }
 
 // dbNow is the database's clock (the runs' timestamps are read from it);
@@ -332,111 +211,144 @@ func dbNow(ctx context.Context, conn *pgx.Conn, errp *error) time.Time {
 	return ts
 }
 
-// waitWindowFinal waits up to wait for the runs created in [from, to) (of
-// organisation org, "" for all) to be final.
-func waitWindowFinal(ctx context.Context, conn *pgx.Conn, from, to time.Time, org string, wait time.Duration) error {
-	deadline := time.Now().Add(wait)
-	for {
-		var left int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM validation_runs
-			WHERE created_at >= $1 AND created_at < $2 AND finished_at IS NULL AND ($3 = '' OR org_id::text = $3)`,
-			from, to, org).Scan(&left); err != nil {
+// e2eTimes waits up to wait for the runs created in [from, to) (of
+// organisation org, "" for all) to be final, then reads how many are and
+// their finished_at - created_at.
+func e2eTimes(ctx context.Context, conn *pgx.Conn, from, to time.Time, org string, wait time.Duration, r *e2eResult) error {
+	const window = ` FROM validation_runs WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR org_id::text = $3)`
+	for deadline := time.Now().Add(wait); ; time.Sleep(200 * time.Millisecond) {
+		if err := conn.QueryRow(ctx, `SELECT count(*)`+window+` AND finished_at IS NULL`, from, to, org).Scan(&r.Unfinished); err != nil {
 			return err
 		}
-		if left == 0 || time.Now().After(deadline) || ctx.Err() != nil {
-			return nil
+		if r.Unfinished == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			break
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
+	var p50, p99 float64
+	err := conn.QueryRow(ctx, `SELECT count(finished_at),
+		coalesce(percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)), 0),
+		coalesce(percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)), 0)`+window+` AND finished_at IS NOT NULL`,
+		from, to, org).Scan(&r.Final, &p50, &p99)
+	r.FinalP50, r.FinalP99 = time.Duration(p50*float64(time.Second)), time.Duration(p99*float64(time.Second))
+	return err
 }
 
-// e2eTimes reads the start-to-final and start-to-running times of the runs
-// created in [from, to) (of organisation org, "" for all) from their own
-// timestamps.
-func e2eTimes(ctx context.Context, conn *pgx.Conn, from, to time.Time, org string, r *e2eResult) error {
-	var p50, p99, run50, last *float64
-	err := conn.QueryRow(ctx, `SELECT
-		count(*) FILTER (WHERE finished_at IS NOT NULL),
-		count(*) FILTER (WHERE finished_at IS NULL),
-		percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) FILTER (WHERE finished_at IS NOT NULL),
-		percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) FILTER (WHERE finished_at IS NOT NULL),
-		percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)) FILTER (WHERE started_at IS NOT NULL),
-		extract(epoch FROM max(finished_at) - $2::timestamptz)
-		FROM validation_runs WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR org_id::text = $3)`, from, to, org).
-		Scan(&r.Final, &r.Unfinished, &p50, &p99, &run50, &last)
-	if err != nil {
-		return err
+// e2eAt is the loop of mode at clients, failed or not (nil: not run).
+func (r *results) e2eAt(mode string, clients int) *e2eResult {
+	for i := range r.E2E {
+		if x := &r.E2E[i]; x.Mode == mode && x.Clients == clients {
+			return x
+		}
 	}
-	r.FinalP50, r.FinalP99 = secs(p50), secs(p99)
-	r.RunningP50, r.HasRunning = secs(run50), run50 != nil
-	r.DrainedAfter = max(0, secs(last))
 	return nil
 }
 
-func secs(f *float64) time.Duration {
-	if f == nil {
+func e2eMeasured(r *e2eResult) bool { return r != nil && r.Failed == "" }
+
+// e2eChecks are the end-to-end targets: runs finished/s at least 1.5x the
+// peer's at 8 and 32 clients and valruns' finished at least 0.95x its
+// started at every count; the client-felt start to final p50 at most the
+// peer's and p99 at most 2x at 1, 8 and 32.
+func (r *results) e2eChecks() []check {
+	var out []check
+	counts := curveCounts(makePlan(false).E2ELevels, r.e2eRan()...)
+	for _, p := range e2ePairs {
+		for _, n := range counts {
+			v, peer := r.e2eAt(p[0].Name, n), r.e2eAt(p[1].Name, n)
+			c := check{Name: fmt.Sprintf("e2e runs finished/s, %s, %s", pairLabel(p), clientsText(n)), Target: "finished >= 0.95x started"}
+			if n == 8 || n == 32 {
+				c.Target = ">= 1.5x the peer, " + c.Target
+			}
+			if !e2eMeasured(v) {
+				out = append(out, notMeasured(c))
+				continue
+			}
+			own := fmt.Sprintf("finished / started %.2f", v.Ratio())
+			if n == 8 || n == 32 {
+				c = ratio(c, e2eMeasured(peer), v.FinishedPerSec(), fin(peer), 1.5, false, fmt.Sprintf("%.0f / %.0f runs/s", v.FinishedPerSec(), fin(peer)))
+				c.Measured += ", " + own
+			} else {
+				c.Measured, c.Pass = own, true
+			}
+			c.Pass = c.Pass && v.Ratio() >= 0.95
+			out = append(out, c)
+		}
+	}
+	for _, p99 := range []bool{false, true} {
+		what, most := "p50", 1.0
+		if p99 {
+			what, most = "p99", 2.0
+		}
+		for _, p := range e2ePairs {
+			for _, n := range counts {
+				if n != 1 && n != 8 && n != 32 {
+					continue
+				}
+				c := check{Name: fmt.Sprintf("e2e start-to-final %s, %s, %s", what, pairLabel(p), clientsText(n)), Target: "<= " + times(most) + " the peer's"}
+				a, okV := waitOf(r.e2eAt(p[0].Name, n), p99)
+				b, okP := waitOf(r.e2eAt(p[1].Name, n), p99)
+				out = append(out, ratio(c, okV && okP, float64(a), float64(b), most, true, fmt.Sprintf("%s / %s ms", ms(a), ms(b))))
+			}
+		}
+	}
+	return out
+}
+
+// waitOf is a measured loop's client-felt start to final, p50 or p99.
+func waitOf(r *e2eResult, p99 bool) (time.Duration, bool) {
+	if !e2eMeasured(r) || r.WaitFinal == 0 {
+		return 0, false
+	}
+	if p99 {
+		return r.WaitP99, true
+	}
+	return r.WaitP50, true
+}
+
+func (r *results) e2eRan() []int {
+	var ns []int
+	for _, x := range r.E2E {
+		ns = append(ns, x.Clients)
+	}
+	return ns
+}
+
+// e2eSection is end to end: the targets, and one row per loop.
+func (r *results) e2eSection() section {
+	var b strings.Builder
+	fmt.Fprintf(&b, "A closed loop of new-key starts (%s warm-up, %s measured, a fresh database each) at each client count, "+
+		"valruns in each mode beside the peer in its matching mode, back to back; then the harness waits for the window's runs to end. "+
+		"Runs finished per second come from the runs' own timestamps. Start to final, which the targets judge, runs from the moment the harness sent the request to the run's finished_at: "+
+		"what a waiting client feels. The runs' own finished_at - created_at (\"timestamps\") does not start at the same point on both sides: "+
+		"the peer stamps created_at in its INSERT, after its middleware, its idempotency library's Redis calls and its pool wait, valruns when it reads the request. "+
+		"Runs a 201 named that were not final when the harness stopped waiting are counted (then the p99 is a floor). "+
+		"The peer's start enqueues a BullMQ job after its INSERT; its worker (ajv, no CEL) writes status, times and findings in one statement.\n\n",
+		r.E2ETiming.Warm, r.E2ETiming.Dur)
+	cs := r.e2eChecks()
+	b.WriteString(checkTable(cs))
+	b.WriteString("\n| clients | mode | runs finished/s | finished / started | start to final p50 / p99 ms | timestamps p50 ms | not final |\n|---|---|---|---|---|---|---|\n")
+	for _, x := range r.E2E {
+		if x.Failed != "" {
+			fmt.Fprintf(&b, "| %d | %s | FAILED: %s | | | | |\n", x.Clients, x.Mode, cell(short(x.Failed, 300)))
+			continue
+		}
+		fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %s | %s | %d |\n", x.Clients, x.Mode, x.FinishedPerSec(), x.Ratio(), waitCell(x), ms(x.FinalP50), x.WaitUnfinished)
+	}
+	return section{Heading: "## The curve: end to end", Body: b.String(), Checks: cs}
+}
+
+// fin is a measured loop's runs finished per second, else 0.
+func fin(x *e2eResult) float64 {
+	if !e2eMeasured(x) {
 		return 0
 	}
-	return time.Duration(*f * float64(time.Second))
+	return x.FinishedPerSec()
 }
 
-// maxAPIs and maxWorkers are the most processes of each kind a loop runs
-// (the scale table's): their ports are checked free at the start.
-const maxAPIs, maxWorkers = 4, 2
-
-// apiPort is the port of API process i: e.port for the first, e.port+10+i
-// for the others.
-func (e *env) apiPort(i int) int {
-	if i == 0 {
-		return e.port
+// waitCell is the client-felt start to final, p50 / p99, or "-".
+func waitCell(r e2eResult) string {
+	if r.WaitFinal == 0 {
+		return "-"
 	}
-	return e.port + 10 + i
-}
-
-// workerPort is the metrics port of worker j: e.port+2 for the first,
-// e.port+20+j for the others.
-func (e *env) workerPort(j int) int {
-	if j == 0 {
-		return e.port + 2
-	}
-	return e.port + 20 + j
-}
-
-// meterSet measures several processes over one window.
-type meterSet []*usageMeter
-
-func meters(ps []*proc) meterSet {
-	var m meterSet
-	for _, p := range ps {
-		m = append(m, &usageMeter{pid: p.Pid()})
-	}
-	return m
-}
-
-func (m meterSet) open() {
-	for _, u := range m {
-		u.open()
-	}
-}
-
-func (m meterSet) close() {
-	for _, u := range m {
-		u.close()
-	}
-}
-
-// cpu is the processes' CPU time over the window, together.
-func (m meterSet) cpu() (d time.Duration) {
-	for _, u := range m {
-		d += u.usage.CPU
-	}
-	return d
-}
-
-// peakRSS is the largest process's peak resident memory.
-func (m meterSet) peakRSS() (kb int64) {
-	for _, u := range m {
-		kb = max(kb, u.usage.PeakRSS)
-	}
-	return kb
+	return ms(r.WaitP50) + " / " + ms(r.WaitP99)
 }

@@ -1,13 +1,12 @@
 package main
 
 // The closed-loop load generator: N clients on keep-alive connections, each
-// sending its next request when the previous answer has arrived, as
-// retrying API clients do. Answers are read to the end; latencies of the
-// requests that complete inside the measured window are kept whole and
-// sorted for the percentiles.
+// sending its next request when the previous answer has arrived. The
+// latencies of the requests completed in the window are kept whole.
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -21,10 +20,9 @@ import (
 
 // request is one request a client sends.
 type request struct {
-	Method string
-	URL    string
-	Header http.Header
-	Body   []byte
+	Method, URL string
+	Header      http.Header
+	Body        []byte
 }
 
 // requestFunc makes client c's i-th request (i counts from 0, warm-up included).
@@ -36,7 +34,6 @@ type checkFunc func(resp *http.Response) string
 
 // loadResult is one measured window.
 type loadResult struct {
-	Clients    int
 	Duration   time.Duration
 	Requests   int // completed inside the window
 	Errors     int // transport errors (connection refused, reset, timeout)
@@ -48,12 +45,7 @@ type loadResult struct {
 }
 
 // RPS is completed requests per second.
-func (r loadResult) RPS() float64 {
-	if r.Duration <= 0 {
-		return 0
-	}
-	return float64(r.Requests) / r.Duration.Seconds()
-}
+func (r loadResult) RPS() float64 { return float64(r.Requests) / max(r.Duration.Seconds(), 1e-9) }
 
 // Percentile is the q-quantile (0 < q <= 1) latency, nearest rank.
 func (r loadResult) Percentile(q float64) time.Duration { return percentile(r.Latencies, q) }
@@ -62,22 +54,16 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
 	}
-	rank := int(q*float64(len(sorted))+0.999999999) - 1
-	rank = max(0, min(rank, len(sorted)-1))
-	return sorted[rank]
+	return sorted[max(0, min(int(q*float64(len(sorted))+0.999999999)-1, len(sorted)-1))]
 }
 
 // newHTTPClient is a keep-alive client with one connection per load client.
 func newHTTPClient(clients int) *http.Client {
-	tr := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        clients * 2,
-		MaxIdleConnsPerHost: clients * 2,
-		MaxConnsPerHost:     clients,
-		IdleConnTimeout:     time.Minute,
-		DisableCompression:  true,
-	}
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext:  (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns: clients * 2, MaxIdleConnsPerHost: clients * 2, MaxConnsPerHost: clients,
+		IdleConnTimeout: time.Minute, DisableCompression: true,
+	}}
 }
 
 // answer is a 2xx answer counted in the measured window, as an observer
@@ -96,135 +82,193 @@ type loadOptions struct {
 	// OnWindow is called when the measured window opens and when it closes.
 	OnWindow func(open bool)
 	// Observe is handed each 2xx answer counted in the window, from the
-	// clients' goroutines at once. Only with it are bodies read into
-	// memory; without it they are discarded.
+	// clients' goroutines at once (only then are bodies kept).
 	Observe func(answer)
 }
 
-// runLoad warms up for warm, then measures for dur (or until stop is
-// closed, when stop is not nil and closes first). onWindow, when set, is
-// called when the measured window opens and when it closes.
-func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next requestFunc, check checkFunc, stop <-chan struct{}, onWindow func(open bool)) loadResult {
-	return runLoadWith(ctx, clients, warm, dur, next, loadOptions{Check: check, Stop: stop, OnWindow: onWindow})
-}
-
-// runLoadWith is runLoad with its options in a struct, and an observer.
-func runLoadWith(ctx context.Context, clients int, warm, dur time.Duration, next requestFunc, o loadOptions) loadResult {
-	hc := newHTTPClient(clients)
-	defer hc.CloseIdleConnections()
-
-	var (
-		measuring atomic.Bool
-		done      atomic.Bool
-		mu        sync.Mutex
-		res       = loadResult{Clients: clients, Statuses: map[int]int{}}
-		wg        sync.WaitGroup
-	)
-	perClient := make([][]time.Duration, clients)
+// runLoad runs clients for warm, then measures for dur (or until o.Stop
+// is closed).
+func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next requestFunc, o loadOptions) loadResult {
+	l := &loader{ctx: ctx, hc: newHTTPClient(clients), next: next, o: o, res: loadResult{Statuses: map[int]int{}}, lat: make([][]time.Duration, clients)}
+	defer l.hc.CloseIdleConnections()
+	var wg sync.WaitGroup
 	for c := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			lat := make([]time.Duration, 0, 4096)
-			var body bytes.Buffer
-			for i := 0; !done.Load(); i++ {
-				rq := next(c, i)
-				hr, err := http.NewRequestWithContext(ctx, rq.Method, rq.URL, bytes.NewReader(rq.Body))
-				if err != nil {
-					panic(err)
-				}
-				hr.Header = rq.Header
-				t0 := time.Now()
-				resp, err := hc.Do(hr)
-				var status int
-				var verdict string
-				if err == nil {
-					if o.Observe != nil {
-						body.Reset()
-						_, err = body.ReadFrom(resp.Body)
-					} else {
-						_, err = io.Copy(io.Discard, resp.Body)
-					}
-					_ = resp.Body.Close()
-					status = resp.StatusCode
-					if status/100 == 2 && o.Check != nil {
-						verdict = o.Check(resp)
-					}
-				}
-				d := time.Since(t0)
-				if !measuring.Load() || done.Load() {
-					if err != nil && ctx.Err() != nil {
-						break
-					}
-					continue
-				}
-				if err != nil || status/100 != 2 || verdict != "" {
-					mu.Lock()
-					switch {
-					case err != nil:
-						res.Errors++
-						if res.FirstError == "" {
-							res.FirstError = err.Error()
-						}
-					case status/100 != 2:
-						res.Non2xx++
-						res.Statuses[status]++
-					default:
-						res.Unexpected++
-						if res.FirstError == "" {
-							res.FirstError = verdict
-						}
-					}
-					mu.Unlock()
-					if err != nil {
-						time.Sleep(10 * time.Millisecond) // do not spin on a dead server
-					}
-					continue
-				}
-				lat = append(lat, d)
-				if o.Observe != nil {
-					o.Observe(answer{Status: status, Sent: t0.Round(0), Body: body.Bytes()})
-				}
-			}
-			perClient[c] = lat
-		}()
+		wg.Go(func() { l.client(c) })
 	}
-
 	wait := func(d time.Duration) {
-		t := time.NewTimer(d)
-		defer t.Stop()
 		select {
-		case <-t.C:
+		case <-time.After(d):
 		case <-o.Stop:
 		case <-ctx.Done():
 		}
 	}
-	wait(warm)
-	measuring.Store(true)
-	if o.OnWindow != nil {
-		o.OnWindow(true)
+	window := func(open bool) {
+		if o.OnWindow != nil {
+			o.OnWindow(open)
+		}
 	}
+	wait(warm)
+	l.measuring.Store(true)
+	window(true)
 	start := time.Now()
 	wait(dur)
-	done.Store(true)
-	res.Duration = time.Since(start)
-	if o.OnWindow != nil {
-		o.OnWindow(false)
-	}
+	l.done.Store(true)
+	l.res.Duration = time.Since(start)
+	window(false)
 	wg.Wait()
-	for _, l := range perClient {
-		res.Latencies = append(res.Latencies, l...)
+	l.res.Latencies = slices.Concat(l.lat...)
+	slices.Sort(l.res.Latencies)
+	l.res.Requests = len(l.res.Latencies)
+	return l.res
+}
+
+// loader is runLoad's state, shared by its clients.
+type loader struct {
+	ctx             context.Context
+	hc              *http.Client
+	next            requestFunc
+	o               loadOptions
+	measuring, done atomic.Bool
+	mu              sync.Mutex
+	res             loadResult
+	lat             [][]time.Duration // by client
+}
+
+// client is client c's loop: a request, its answer read to the end, its
+// latency kept when it was inside the window, the next request.
+func (l *loader) client(c int) {
+	var body bytes.Buffer
+	for i := 0; !l.done.Load(); i++ {
+		rq := l.next(c, i)
+		hr, err := http.NewRequestWithContext(l.ctx, rq.Method, rq.URL, bytes.NewReader(rq.Body))
+		if err != nil {
+			panic(err)
+		}
+		hr.Header = rq.Header
+		t0 := time.Now()
+		resp, err := l.hc.Do(hr)
+		var status int
+		var verdict string
+		if err == nil {
+			body.Reset()
+			if l.o.Observe != nil {
+				_, err = body.ReadFrom(resp.Body)
+			} else {
+				_, err = io.Copy(io.Discard, resp.Body)
+			}
+			_ = resp.Body.Close()
+			if status = resp.StatusCode; status/100 == 2 && l.o.Check != nil {
+				verdict = l.o.Check(resp)
+			}
+		}
+		d := time.Since(t0)
+		switch {
+		case !l.measuring.Load() || l.done.Load():
+			if err != nil && l.ctx.Err() != nil {
+				return
+			}
+		case err == nil && status/100 == 2 && verdict == "":
+			l.lat[c] = append(l.lat[c], d)
+			if l.o.Observe != nil {
+				l.o.Observe(answer{Status: status, Sent: t0.Round(0), Body: body.Bytes()})
+			}
+		default:
+			l.failed(status, verdict, err)
+		}
 	}
-	slices.Sort(res.Latencies)
-	res.Requests = len(res.Latencies)
-	return res
 }
 
-// ms3 is d in milliseconds with three decimals (CPU time per request).
-func ms3(d time.Duration) string {
-	return fmt.Sprintf("%.3f", float64(d.Microseconds())/1000)
+// failed counts an answer that was not as expected.
+func (l *loader) failed(status int, verdict string, err error) {
+	l.mu.Lock()
+	switch {
+	case err != nil:
+		l.res.Errors++
+		l.res.FirstError = cmp.Or(l.res.FirstError, err.Error())
+	case status/100 != 2:
+		l.res.Non2xx++
+		l.res.Statuses[status]++
+	default:
+		l.res.Unexpected++
+		l.res.FirstError = cmp.Or(l.res.FirstError, verdict)
+	}
+	l.mu.Unlock()
+	if err != nil {
+		time.Sleep(10 * time.Millisecond) // do not spin on a dead server
+	}
 }
 
-func ms(d time.Duration) string {
-	return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000)
+// headerFor is the header of a request with token and key ("" for none).
+func headerFor(token, key string) http.Header {
+	h := http.Header{"Content-Type": {"application/json"}}
+	if token != "" {
+		h.Set("Authorization", "Bearer "+token)
+	}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	return h
+}
+
+// replayCheck judges a 2xx of valruns: a finished key must be answered as
+// a replay (replayed), a new key must not.
+func replayCheck(replayed bool) checkFunc {
+	return func(resp *http.Response) string {
+		switch got := resp.Header.Get("Idempotent-Replayed") == "true"; {
+		case got && !replayed:
+			return "a new key was answered as a replay"
+		case !got && replayed:
+			return "a finished key was executed again (no Idempotent-Replayed: true)"
+		}
+		return ""
+	}
+}
+
+// sendAll sends one start with each header, each answered 201 (sendOnce).
+func sendAll(ctx context.Context, url string, body []byte, hs []http.Header) error {
+	hc := newHTTPClient(1)
+	defer hc.CloseIdleConnections()
+	for _, h := range hs {
+		if err := sendOnce(ctx, hc, url, body, h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendOnce sends a start until it is answered 201: a 503 (the box too busy
+// to hand out a connection in time), a 409 (its own retry still in flight)
+// or a 429 (the organisation's start rate, which stores nothing) is retried
+// with the same key after a while, as a client would.
+func sendOnce(ctx context.Context, hc *http.Client, url string, body []byte, h http.Header) error {
+	for try := 1; ; try++ {
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		r.Header = h.Clone()
+		resp, err := hc.Do(r)
+		if err != nil {
+			return err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusCreated:
+			return nil
+		case http.StatusServiceUnavailable, http.StatusConflict, http.StatusTooManyRequests:
+			if try < 20 {
+				sleep(ctx, 300*time.Millisecond)
+				continue
+			}
+		}
+		return fmt.Errorf("first request of a key: %d %s", resp.StatusCode, short(string(b), 200))
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
 }

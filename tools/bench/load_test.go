@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,7 +60,7 @@ func TestRunLoadIsClosedLoop(t *testing.T) {
 		}
 		return ""
 	}
-	res := runLoad(context.Background(), 4, 50*time.Millisecond, 300*time.Millisecond, next, check, nil, nil)
+	res := runLoad(context.Background(), 4, 50*time.Millisecond, 300*time.Millisecond, next, loadOptions{Check: check})
 	require.LessOrEqual(t, maxInFlight.Load(), int64(4))
 	require.LessOrEqual(t, len(conns), 4, "one keep-alive connection per client")
 	require.Positive(t, res.Requests)
@@ -96,7 +94,7 @@ func TestRunLoadObserves(t *testing.T) {
 	var seen []answer
 	w := newWindowed(2)
 	before := time.Now()
-	res := runLoadWith(context.Background(), 2, 0, time.Minute, w.next(func(c, i int) request {
+	res := runLoad(context.Background(), 2, 0, time.Minute, w.next(func(c, i int) request {
 		return request{Method: http.MethodPost, URL: srv.URL, Header: http.Header{}}
 	}), loadOptions{Stop: w.stop, OnWindow: w.onWindow, Observe: func(a answer) {
 		a.Body = slices.Clone(a.Body) // valid only during the call
@@ -160,7 +158,7 @@ func TestRunLoadCountsTransportErrors(t *testing.T) {
 	next := w.next(func(c, i int) request {
 		return request{Method: http.MethodGet, URL: "http://" + addr + "/", Header: http.Header{}}
 	})
-	res := runLoad(context.Background(), 2, 0, time.Minute, next, nil, w.stop, w.onWindow)
+	res := runLoad(context.Background(), 2, 0, time.Minute, next, loadOptions{Stop: w.stop, OnWindow: w.onWindow})
 	require.Positive(t, res.Errors)
 	require.Zero(t, res.Requests)
 	require.Contains(t, res.FirstError, "refused")
@@ -174,7 +172,7 @@ func TestRunLoadStopsEarly(t *testing.T) {
 	defer srv.Close()
 	w := newWindowed(2)
 	next := w.next(func(c, i int) request { return request{Method: http.MethodGet, URL: srv.URL, Header: http.Header{}} })
-	res := runLoad(context.Background(), 2, 0, time.Minute, next, nil, w.stop, w.onWindow)
+	res := runLoad(context.Background(), 2, 0, time.Minute, next, loadOptions{Stop: w.stop, OnWindow: w.onWindow})
 	require.Less(t, res.Duration, time.Minute)
 	require.Positive(t, res.Requests)
 }
@@ -203,12 +201,6 @@ func TestParseProc(t *testing.T) {
 	_, err = parseStatCPU("garbage")
 	require.Error(t, err)
 
-	status := "Name:\tvalruns\nVmPeak:\t  900000 kB\nVmHWM:\t   81234 kB\nVmRSS:\t   70000 kB\nThreads:\t12\n"
-	hwm, rss, err := parseStatusMem(bufio.NewScanner(strings.NewReader(status)))
-	require.NoError(t, err)
-	require.Equal(t, int64(81234), hwm)
-	require.Equal(t, int64(70000), rss)
-
 	// This very process, read from /proc: its CPU time grows while it works.
 	before, err := cpuTime(os.Getpid())
 	require.NoError(t, err)
@@ -224,47 +216,4 @@ func TestParseProc(t *testing.T) {
 	after, err := cpuTime(os.Getpid())
 	require.NoError(t, err)
 	require.Greater(t, after, before, "busy for a while (%d)", x)
-	hwm, rss, err = memKB(os.Getpid())
-	require.NoError(t, err)
-	require.Positive(t, hwm)
-	require.Positive(t, rss)
-}
-
-const pgbenchOutput = `pgbench (15.20 (Debian 15.20-0+deb12u1))
-transaction type: /tmp/x.sql
-scaling factor: 1
-query mode: prepared
-number of clients: 32
-number of threads: 2
-maximum number of tries: 1
-duration: 5 s
-number of transactions actually processed: 2201
-number of failed transactions: 3 (0.136%)
-latency average = 71.880 ms
-initial connection time = 52.310 ms
-tps = 440.184712 (without initial connection time)
-`
-
-func TestParsePgbench(t *testing.T) {
-	t.Parallel()
-	r := parsePgbench(pgbenchOutput)
-	require.InDelta(t, 440.184712, r.TPS, 1e-6)
-	require.Equal(t, 2201, r.Done)
-	require.Equal(t, 3, r.Failed)
-	require.Equal(t, 71880*time.Microsecond, r.Latency)
-	require.False(t, r.Aborted)
-	r = parsePgbench("pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom\npgbench: error: Run was aborted; the above results are incomplete.\n")
-	require.True(t, r.Aborted)
-	require.Equal(t, "pgbench: error: client 0 script 0 aborted in command 3 query 0: ERROR:  boom | pgbench: error: Run was aborted; the above results are incomplete.", pgbenchErrors(r.Output))
-}
-
-func TestReadTxLogs(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	// client_id transaction_no time script_no time_epoch time_us
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "tx.1"), []byte("0 0 1500 0 1700000000 1\n1 0 500 0 1700000000 2\n"), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "tx.1.1"), []byte("2 0 1000 0 1700000000 3\n"), 0o644))
-	lat, err := readTxLogs(dir)
-	require.NoError(t, err)
-	require.Equal(t, []time.Duration{500 * time.Microsecond, 1000 * time.Microsecond, 1500 * time.Microsecond}, lat)
 }

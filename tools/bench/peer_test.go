@@ -141,7 +141,9 @@ func TestPeerWorkerWritesTheResult(t *testing.T) {
 				req.Header = headerFor("", "")
 				resp, err := http.DefaultClient.Do(req)
 				require.NoError(t, err)
-				b := readAll(resp)
+				b, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				_ = resp.Body.Close()
 				require.Equal(t, http.StatusCreated, resp.StatusCode, string(b))
 				var run struct{ ID string }
 				require.NoError(t, json.Unmarshal(b, &run))

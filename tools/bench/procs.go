@@ -1,10 +1,9 @@
 package main
 
-// Child processes (valruns serve, valruns worker, the Node peer) and what
-// /proc says about them: CPU time (utime + stime) and resident memory.
+// Child processes (valruns serve and worker, the peer, redis-server), what
+// /proc says about them (CPU time, resident memory), and the machine.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -69,9 +70,6 @@ func startProc(name, logDir, dir string, env []string, bin string, args ...strin
 	return p, nil
 }
 
-// Pid is the child's process id.
-func (p *proc) Pid() int { return p.cmd.Process.Pid }
-
 // Exited reports whether the child has ended.
 func (p *proc) Exited() bool {
 	select {
@@ -96,31 +94,17 @@ func (p *proc) Stop(timeout time.Duration) {
 	}
 }
 
-// Wait waits for the child to end by itself.
-func (p *proc) Wait(ctx context.Context) error {
-	select {
-	case <-p.done:
-		return p.err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // Tail is the end of the child's log, for error messages.
 func (p *proc) Tail() string {
 	b, _ := os.ReadFile(p.log)
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 15 {
-		lines = lines[len(lines)-15:]
-	}
-	return strings.Join(lines, "\n")
+	return strings.Join(lines[max(0, len(lines)-15):], "\n")
 }
 
 // waitHTTP waits until url answers 200, or the child ends, or timeout.
 func (p *proc) waitHTTP(url string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
 	hc := &http.Client{Timeout: time.Second}
-	for time.Now().Before(deadline) {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if p.Exited() {
 			return fmt.Errorf("%s exited: %v\n%s", p.name, p.err, p.Tail())
 		}
@@ -130,14 +114,9 @@ func (p *proc) waitHTTP(url string, timeout time.Duration) error {
 				return nil
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("%s did not answer %s within %s\n%s", p.name, url, timeout, p.Tail())
 }
-
-// clockTicks is USER_HZ, the unit of /proc/PID/stat times: 100 on every
-// Linux architecture Go supports except alpha and ia64, which it does not.
-const clockTicks = 100
 
 // cpuTime is the process's user + system CPU time so far.
 func cpuTime(pid int) (time.Duration, error) {
@@ -148,78 +127,75 @@ func cpuTime(pid int) (time.Duration, error) {
 	return parseStatCPU(string(b))
 }
 
-// parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat line.
+// parseStatCPU reads utime and stime (fields 14 and 15, in USER_HZ: 100 on
+// every Linux architecture Go supports) of a /proc/PID/stat line.
 func parseStatCPU(stat string) (time.Duration, error) {
-	// The command name (field 2) is in parentheses and may hold spaces.
+	// The command name (field 2) is in parentheses and may hold spaces;
+	// after it, f[0] is field 3.
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
 		return 0, errors.New("malformed /proc stat")
 	}
 	f := strings.Fields(stat[i+1:])
-	// f[0] is field 3 (state); utime is field 14, stime field 15.
 	if len(f) < 13 {
 		return 0, errors.New("short /proc stat")
 	}
 	ut, err1 := strconv.ParseInt(f[11], 10, 64)
 	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, err
-	}
-	return time.Duration(ut+st) * time.Second / clockTicks, nil
+	return time.Duration(ut+st) * time.Second / 100, errors.Join(err1, err2)
 }
 
-// memKB reads VmHWM (peak resident set) and VmRSS of a process, in kB.
-func memKB(pid int) (hwm, rss int64, err error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	defer f.Close()
-	return parseStatusMem(bufio.NewScanner(f))
-}
-
-func parseStatusMem(sc *bufio.Scanner) (hwm, rss int64, err error) {
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(val)
-		if len(f) == 0 {
-			continue
-		}
-		n, perr := strconv.ParseInt(f[0], 10, 64)
-		if perr != nil {
-			continue
-		}
-		switch name {
-		case "VmHWM":
-			hwm = n
-		case "VmRSS":
-			rss = n
-		}
-	}
-	return hwm, rss, sc.Err()
-}
-
-// procUsage is a process's CPU over a window and its peak memory.
-type procUsage struct {
-	CPU     time.Duration // CPU time spent inside the window
-	PeakRSS int64         // kB: VmHWM at the end of the window (peak since start)
-}
-
-// usageMeter takes /proc readings at the window's open and close.
+// usageMeter is a process's CPU time over a window; window is runLoad's
+// OnWindow.
 type usageMeter struct {
-	pid      int
-	cpuStart time.Duration
-	usage    procUsage
+	pid        int
+	start, CPU time.Duration
 }
 
-func (m *usageMeter) open() { m.cpuStart, _ = cpuTime(m.pid) }
-
-func (m *usageMeter) close() {
+func (m *usageMeter) window(open bool) {
 	c, _ := cpuTime(m.pid)
-	m.usage.CPU = c - m.cpuStart
-	hwm, rss, _ := memKB(m.pid)
-	m.usage.PeakRSS = max(hwm, rss)
+	if open {
+		m.start = c
+		return
+	}
+	m.CPU = c - m.start
+}
+
+// machine is what the numbers were measured on, as table rows.
+func (e *env) machine() [][2]string {
+	grep := func(path, re string) string {
+		b, _ := os.ReadFile(path)
+		if m := regexp.MustCompile(re).FindSubmatch(b); m != nil {
+			return string(m[1])
+		}
+		return "?"
+	}
+	var pg string
+	_ = e.admin.QueryRow(context.Background(), `SELECT current_setting('server_version') || ', fsync=' || current_setting('fsync') ||
+		', synchronous_commit=' || current_setting('synchronous_commit') || ', max_connections=' || current_setting('max_connections') ||
+		', shared_buffers=' || current_setting('shared_buffers')`).Scan(&pg)
+	return [][2]string{
+		{"CPU", fmt.Sprintf("%s, %d cores", grep("/proc/cpuinfo", `(?m)^model name\s*:\s*(.+)$`), runtime.NumCPU())},
+		{"RAM", grep("/proc/meminfo", `(?m)^MemTotal:\s+([0-9]+ kB)`)},
+		{"kernel", firstLine("uname", "-sr")}, {"PostgreSQL", pg}, {"Go", runtime.Version()}, {"Node", firstLine("node", "--version")},
+		{"pgbench", firstLine("pgbench", "--version")}, {"Redis", firstLine("redis-server", "--version")},
+		{"load average (1 min) before the run", loadavg()},
+	}
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
+func firstLine(name string, args ...string) string {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return "not available"
+	}
+	s, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return s
 }
