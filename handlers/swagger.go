@@ -43,16 +43,22 @@ func swaggerUI() gin.HandlerFunc {
 			c.Data(http.StatusOK, "application/javascript; charset=utf-8", swaggerInitializer)
 		case !swaggerUIFiles[name]:
 			problem.Abort(c, http.StatusNotFound, problem.NotFound, "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
-		case c.Request.Method == http.MethodHead:
-			// gin-swagger answers only GET (405 otherwise). It sees a GET
-			// copy; net/http still drops the body, as it keeps the HEAD.
-			head := c.Request
-			c.Request = head.Clone(head.Context())
-			c.Request.Method = http.MethodGet
-			ui(c)
-			c.Request = head
 		default:
+			// gin-swagger picks the file by matching its name in the
+			// RequestURI, query included, and takes the text before it as
+			// the prefix of every file it serves, once (sync.Once): a first
+			// request of /swagger/index.html?x=/zz/swagger-ui.css broke the
+			// UI's files for everyone until a restart. It sees a copy of
+			// the request naming the file alone, always under /swagger/.
+			// And it answers only GET (405 otherwise): a HEAD's copy is a
+			// GET, whose body net/http drops as it keeps the HEAD.
+			orig := c.Request
+			c.Request = orig.Clone(orig.Context())
+			c.Request.Method = http.MethodGet
+			c.Request.RequestURI = "/swagger/" + name
+			c.Request.URL.Path, c.Request.URL.RawPath, c.Request.URL.RawQuery = "/swagger/"+name, "", ""
 			ui(c)
+			c.Request = orig
 		}
 	}
 }
