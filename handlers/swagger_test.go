@@ -415,13 +415,21 @@ func TestSwaggerIndexRoute(t *testing.T) {
 	require.Equal(t, "valruns", idx.Name)
 	require.Equal(t, loadSpecFile(t).Spec().Info.Version, idx.Version)
 	require.Equal(t, handlers.IndexLinks{
-		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/doc.json", OpenAPI3: "/swagger/openapi.json", Workflows: "/api/workflows/",
-		Health: "/healthz", Metrics: "/metrics", Problems: "/problems/",
+		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/openapi.json", OpenAPI3: "/swagger/openapi.json", Swagger2: "/swagger/doc.json",
+		Workflows: "/api/workflows/", Health: "/healthz", Metrics: "/metrics", Problems: "/problems/",
 	}, idx.Links)
-	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.OpenAPI3, idx.Links.Health, idx.Links.Metrics, idx.Links.Problems} {
+	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.OpenAPI3, idx.Links.Swagger2, idx.Links.Health, idx.Links.Metrics, idx.Links.Problems} {
 		require.Equal(t, http.StatusOK, get(t, link).Code, link)
 	}
 	require.Equal(t, http.StatusUnauthorized, get(t, idx.Links.Workflows).Code, "the API needs a token")
+	var spec struct {
+		OpenAPI, Swagger string
+	}
+	require.NoError(t, json.Unmarshal(get(t, idx.Links.OpenAPI).Body.Bytes(), &spec))
+	require.True(t, strings.HasPrefix(spec.OpenAPI, "3."), "the openapi link is the OpenAPI 3 document: %+v", spec)
+	spec.OpenAPI = ""
+	require.NoError(t, json.Unmarshal(get(t, idx.Links.Swagger2).Body.Bytes(), &spec))
+	require.Equal(t, "2.0", spec.Swagger)
 }
 
 // docs/ holds exactly what make docs writes.
