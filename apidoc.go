@@ -3,10 +3,13 @@ package main
 // The general information of the OpenAPI (Swagger 2.0) spec that swag
 // generates into docs/ (make docs); the operations are annotated on the
 // handlers. host is deliberately absent, so Swagger UI sends requests to
-// whatever address served the page.
+// whatever address served the page. @version is the release, its one
+// source: CHANGELOG.md's newest release (TestReleaseIsChangelogs), which
+// `valruns version` prints (internal/cli.Release) and GET / answers; raise
+// it with the CHANGELOG, then make docs.
 
 //	@title			valruns API
-//	@version		1.0.0
+//	@version		0.1.0
 //	@description	valruns starts **validation runs** of **workflows**: create a workflow (a JSON Schema and CEL assertions), start a run of it over a JSON submission, and poll the run until it has `passed`, `failed` or ended in `error`.
 //	@description
 //	@description	**Authorize** with `Bearer vr_...`, an API token of your organisation. **Send an `Idempotency-Key`** with every POST: a retry with the same key and body gets the first answer back, and nothing is done twice. **Errors** are problem documents whose `type` is the page of their `code` ([/problems/](/problems/) lists them).

@@ -17,7 +17,7 @@ const docTemplate = `{
     "paths": {
         "/": {
             "get": {
-                "description": "A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health, metrics and the problem codes. No authentication.",
+                "description": "A small JSON index: the service's name and release and links to the Swagger UI, the spec (OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml, Swagger 2.0 at /swagger/doc.json), the API, health, metrics and the problem codes. No authentication.",
                 "produces": [
                     "application/json"
                 ],
@@ -41,11 +41,12 @@ const docTemplate = `{
                         "examples": {
                             "application/json": {
                                 "name": "valruns",
-                                "version": "1.0.0",
+                                "version": "0.1.0",
                                 "links": {
                                     "swagger_ui": "/swagger/index.html",
-                                    "openapi": "/swagger/doc.json",
+                                    "openapi": "/swagger/openapi.json",
                                     "openapi3": "/swagger/openapi.json",
+                                    "swagger2": "/swagger/doc.json",
                                     "workflows": "/api/workflows/",
                                     "health": "/healthz",
                                     "metrics": "/metrics",
@@ -5309,12 +5310,14 @@ const docTemplate = `{
                     "$ref": "#/definitions/handlers.IndexLinks"
                 },
                 "name": {
+                    "description": "Name is the service's name.",
                     "type": "string",
                     "example": "valruns"
                 },
                 "version": {
+                    "description": "Version is the release (CHANGELOG.md's newest, what ` + "`" + `valruns version` + "`" + `\nprints): the spec's info.version.",
                     "type": "string",
-                    "example": "1.0.0"
+                    "example": "0.1.0"
                 }
             }
         },
@@ -5326,6 +5329,7 @@ const docTemplate = `{
                 "openapi",
                 "openapi3",
                 "problems",
+                "swagger2",
                 "swagger_ui",
                 "workflows"
             ],
@@ -5341,12 +5345,12 @@ const docTemplate = `{
                     "example": "/metrics"
                 },
                 "openapi": {
-                    "description": "OpenAPI is the Swagger 2.0 spec.",
+                    "description": "OpenAPI is the spec, OpenAPI 3.0 (also /swagger/openapi.yaml): the one\nSwagger UI shows.",
                     "type": "string",
-                    "example": "/swagger/doc.json"
+                    "example": "/swagger/openapi.json"
                 },
                 "openapi3": {
-                    "description": "OpenAPI3 is the same spec as OpenAPI 3 (also /swagger/openapi.yaml).",
+                    "description": "OpenAPI3 is the same as OpenAPI, kept for the clients of 0.1.0, whose\nopenapi link was the Swagger 2.0 spec.",
                     "type": "string",
                     "example": "/swagger/openapi.json"
                 },
@@ -5354,6 +5358,11 @@ const docTemplate = `{
                     "description": "Problems lists the problem codes, each linked to its page.",
                     "type": "string",
                     "example": "/problems/"
+                },
+                "swagger2": {
+                    "description": "Swagger2 is the same spec as Swagger 2.0, as swag generates it.",
+                    "type": "string",
+                    "example": "/swagger/doc.json"
                 },
                 "swagger_ui": {
                     "description": "SwaggerUI is the interactive documentation.",
@@ -6688,7 +6697,7 @@ const docTemplate = `{
 
 // SwaggerInfo holds exported Swagger Info so clients can modify it
 var SwaggerInfo = &swag.Spec{
-	Version:          "1.0.0",
+	Version:          "0.1.0",
 	Host:             "",
 	BasePath:         "/",
 	Schemes:          []string{},

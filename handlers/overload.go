@@ -51,6 +51,9 @@ func newAdmission(maxRequests int, maxBytes, maxBody int64, wait time.Duration, 
 			Help: "Requests answered 503 overloaded, by the bound they found full (requests, body_bytes).",
 		}, []string{"bound"}),
 	}
+	for _, bound := range []string{"requests", "body_bytes"} {
+		a.refused.WithLabelValues(bound) // exported from the start, at 0
+	}
 	if maxRequests > 0 {
 		a.requests = semaphore.NewWeighted(int64(maxRequests))
 	}

@@ -43,16 +43,22 @@ func swaggerUI() gin.HandlerFunc {
 			c.Data(http.StatusOK, "application/javascript; charset=utf-8", swaggerInitializer)
 		case !swaggerUIFiles[name]:
 			problem.Abort(c, http.StatusNotFound, problem.NotFound, "No route matches "+c.Request.Method+" "+c.Request.URL.Path+".")
-		case c.Request.Method == http.MethodHead:
-			// gin-swagger answers only GET (405 otherwise). It sees a GET
-			// copy; net/http still drops the body, as it keeps the HEAD.
-			head := c.Request
-			c.Request = head.Clone(head.Context())
-			c.Request.Method = http.MethodGet
-			ui(c)
-			c.Request = head
 		default:
+			// gin-swagger picks the file by matching its name in the
+			// RequestURI, query included, and takes the text before it as
+			// the prefix of every file it serves, once (sync.Once): a first
+			// request of /swagger/index.html?x=/zz/swagger-ui.css broke the
+			// UI's files for everyone until a restart. It sees a copy of
+			// the request naming the file alone, always under /swagger/.
+			// And it answers only GET (405 otherwise): a HEAD's copy is a
+			// GET, whose body net/http drops as it keeps the HEAD.
+			orig := c.Request
+			c.Request = orig.Clone(orig.Context())
+			c.Request.Method = http.MethodGet
+			c.Request.RequestURI = "/swagger/" + name
+			c.Request.URL.Path, c.Request.URL.RawPath, c.Request.URL.RawQuery = "/swagger/"+name, "", ""
 			ui(c)
+			c.Request = orig
 		}
 	}
 }
@@ -99,8 +105,11 @@ var specJSON = sync.OnceValue(func() []byte {
 // Index is the body of GET /: where to find the API and its documentation.
 // Links are paths, valid on whatever address the service listens on.
 type Index struct {
-	Name    string     `json:"name" validate:"required" example:"valruns"`
-	Version string     `json:"version" validate:"required" example:"1.0.0"`
+	// Name is the service's name.
+	Name string `json:"name" validate:"required" example:"valruns"`
+	// Version is the release (CHANGELOG.md's newest, what `valruns version`
+	// prints): the spec's info.version.
+	Version string     `json:"version" validate:"required" example:"0.1.0"`
 	Links   IndexLinks `json:"links" validate:"required"`
 }
 
@@ -108,10 +117,14 @@ type Index struct {
 type IndexLinks struct {
 	// SwaggerUI is the interactive documentation.
 	SwaggerUI string `json:"swagger_ui" validate:"required" example:"/swagger/index.html"`
-	// OpenAPI is the Swagger 2.0 spec.
-	OpenAPI string `json:"openapi" validate:"required" example:"/swagger/doc.json"`
-	// OpenAPI3 is the same spec as OpenAPI 3 (also /swagger/openapi.yaml).
+	// OpenAPI is the spec, OpenAPI 3.0 (also /swagger/openapi.yaml): the one
+	// Swagger UI shows.
+	OpenAPI string `json:"openapi" validate:"required" example:"/swagger/openapi.json"`
+	// OpenAPI3 is the same as OpenAPI, kept for the clients of 0.1.0, whose
+	// openapi link was the Swagger 2.0 spec.
 	OpenAPI3 string `json:"openapi3" validate:"required" example:"/swagger/openapi.json"`
+	// Swagger2 is the same spec as Swagger 2.0, as swag generates it.
+	Swagger2 string `json:"swagger2" validate:"required" example:"/swagger/doc.json"`
 	// Workflows is where the API starts.
 	Workflows string `json:"workflows" validate:"required" example:"/api/workflows/"`
 	// Health is the liveness probe (/readyz is the readiness probe).
@@ -126,7 +139,7 @@ type IndexLinks struct {
 //
 //	@Summary		API index
 //	@ID			index
-//	@Description	A small JSON index: the service's name and version and links to the Swagger UI, the spec (Swagger 2.0, and OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml), the API, health, metrics and the problem codes. No authentication.
+//	@Description	A small JSON index: the service's name and release and links to the Swagger UI, the spec (OpenAPI 3 at /swagger/openapi.json and /swagger/openapi.yaml, Swagger 2.0 at /swagger/doc.json), the API, health, metrics and the problem codes. No authentication.
 //	@Tags			meta
 //	@Produce		json
 //	@Success		200	{object}	Index
@@ -137,8 +150,9 @@ func index(c *gin.Context) {
 		Version: docs.SwaggerInfo.Version,
 		Links: IndexLinks{
 			SwaggerUI: "/swagger/index.html",
-			OpenAPI:   "/swagger/doc.json",
+			OpenAPI:   "/swagger/openapi.json",
 			OpenAPI3:  "/swagger/openapi.json",
+			Swagger2:  "/swagger/doc.json",
 			Workflows: "/api/workflows/",
 			Health:    "/healthz",
 			Metrics:   "/metrics",

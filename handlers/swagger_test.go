@@ -1,6 +1,7 @@
 package handlers_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"net"
@@ -414,13 +415,21 @@ func TestSwaggerIndexRoute(t *testing.T) {
 	require.Equal(t, "valruns", idx.Name)
 	require.Equal(t, loadSpecFile(t).Spec().Info.Version, idx.Version)
 	require.Equal(t, handlers.IndexLinks{
-		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/doc.json", OpenAPI3: "/swagger/openapi.json", Workflows: "/api/workflows/",
-		Health: "/healthz", Metrics: "/metrics", Problems: "/problems/",
+		SwaggerUI: "/swagger/index.html", OpenAPI: "/swagger/openapi.json", OpenAPI3: "/swagger/openapi.json", Swagger2: "/swagger/doc.json",
+		Workflows: "/api/workflows/", Health: "/healthz", Metrics: "/metrics", Problems: "/problems/",
 	}, idx.Links)
-	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.OpenAPI3, idx.Links.Health, idx.Links.Metrics, idx.Links.Problems} {
+	for _, link := range []string{idx.Links.SwaggerUI, idx.Links.OpenAPI, idx.Links.OpenAPI3, idx.Links.Swagger2, idx.Links.Health, idx.Links.Metrics, idx.Links.Problems} {
 		require.Equal(t, http.StatusOK, get(t, link).Code, link)
 	}
 	require.Equal(t, http.StatusUnauthorized, get(t, idx.Links.Workflows).Code, "the API needs a token")
+	var spec struct {
+		OpenAPI, Swagger string
+	}
+	require.NoError(t, json.Unmarshal(get(t, idx.Links.OpenAPI).Body.Bytes(), &spec))
+	require.True(t, strings.HasPrefix(spec.OpenAPI, "3."), "the openapi link is the OpenAPI 3 document: %+v", spec)
+	spec.OpenAPI = ""
+	require.NoError(t, json.Unmarshal(get(t, idx.Links.Swagger2).Body.Bytes(), &spec))
+	require.Equal(t, "2.0", spec.Swagger)
 }
 
 // docs/ holds exactly what make docs writes.
@@ -525,5 +534,47 @@ func TestSpecDescriptionsUnescaped(t *testing.T) {
 			}
 		}
 		walk("", doc)
+	}
+}
+
+// TestSwaggerUIFirstRequestCannotBreakIt: gin-swagger learns the prefix of
+// the files it serves from the first request it sees, query included. A
+// fresh router whose first UI request is a crafted one still serves
+// index.html, the CSS and the JS, each as a router that saw only plain
+// requests does: the crafted request is index.html's too.
+func TestSwaggerUIFirstRequestCannotBreakIt(t *testing.T) {
+	t.Parallel()
+	files := []string{"index.html", "index.css", "swagger-ui.css", "swagger-ui-bundle.js", "swagger-ui-standalone-preset.js", "favicon-32x32.png"}
+	serve := func(h http.Handler, target string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+		return rec
+	}
+	plain := handlers.New(handlers.Deps{})
+	want := map[string]*httptest.ResponseRecorder{}
+	for _, f := range files {
+		want[f] = serve(plain, "/swagger/"+f)
+		require.Equal(t, http.StatusOK, want[f].Code, f)
+	}
+	for _, crafted := range []string{
+		"/swagger/index.html?x=/zz/swagger-ui.css",
+		"/swagger/index.html?swagger-ui-bundle.js",
+		"/swagger/index.html?a=index.css&b=/x/y/favicon-32x32.png",
+		"/swagger/%69ndex.html?x=/zz/swagger-ui.js",
+	} {
+		t.Run(crafted, func(t *testing.T) {
+			t.Parallel()
+			h := handlers.New(handlers.Deps{}) // a fresh router: nothing learnt yet
+			rec := serve(h, crafted)
+			require.Equal(t, http.StatusOK, rec.Code)
+			require.Equal(t, want["index.html"].Header().Get("Content-Type"), rec.Header().Get("Content-Type"))
+			require.Equal(t, want["index.html"].Body.String(), rec.Body.String(), "the crafted request is answered index.html")
+			for _, f := range files {
+				got := serve(h, "/swagger/"+f)
+				require.Equal(t, http.StatusOK, got.Code, "%s after %s: %.200s", f, crafted, got.Body)
+				require.Equal(t, want[f].Header().Get("Content-Type"), got.Header().Get("Content-Type"), f)
+				require.True(t, bytes.Equal(want[f].Body.Bytes(), got.Body.Bytes()), "%s: not the file", f)
+			}
+		})
 	}
 }

@@ -15,8 +15,12 @@ import (
 )
 
 // traceRequests gives each request a server span named by its route
-// ("POST /api/workflows/{id}/start/"), the child of the client's W3C
-// traceparent when it sends one. Only installed when tracing is on.
+// ("POST /api/workflows/{id}/start/"), or by its method alone when no
+// route matched, the child of the client's W3C traceparent when it sends
+// one. Only installed when tracing is on, before authentication: what a
+// client without a token sends lands on the span bounded (url.path:
+// urlPathMax bytes, valid UTF-8; the method: a closed set; tracestate:
+// telemetry.Propagator's bound); no other header and no query is recorded.
 func traceRequests(tp trace.TracerProvider) gin.HandlerFunc {
 	tracer := telemetry.Tracer(tp)
 	var names sync.Map // method + " " + gin route -> span name
@@ -30,7 +34,7 @@ func traceRequests(tp trace.TracerProvider) gin.HandlerFunc {
 			name, _ = names.LoadOrStore(key, spanName(method, route))
 		}
 		ctx := telemetry.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		attrs := []attribute.KeyValue{attribute.String("http.request.method", method), attribute.String("url.path", r.URL.Path)}
+		attrs := []attribute.KeyValue{attribute.String("http.request.method", method), attribute.String("url.path", telemetry.Clip(r.URL.Path, urlPathMax))}
 		if route != "" {
 			attrs = append(attrs, attribute.String("http.route", docRoute(route)))
 		}
@@ -45,6 +49,11 @@ func traceRequests(tp trace.TracerProvider) gin.HandlerFunc {
 		}
 	}
 }
+
+// urlPathMax bounds the url.path of a request's span: above the longest
+// path a route answers (an idempotency key's, with its key of up to 255
+// bytes, about 300), far below the megabyte a client may send.
+const urlPathMax = 512
 
 // spanMethod is the request's method from a closed set: a client cannot
 // grow the span names without bound.

@@ -11,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 )
 
@@ -108,6 +110,9 @@ type startReq struct {
 	done   chan struct{}
 	res    OneResult
 	err    error
+	// span is the request's span, when it is recorded (tracing on):
+	// the statement's spans join its trace (tracedBatch).
+	span trace.Span
 }
 
 // startBatcher sends waiting starts in batches. Writers exist only while
@@ -327,7 +332,9 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 	for _, r := range batch {
 		cols.add(r.p, r.k)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout+txGrace)
+	tctx, end := tracedBatch(batch)
+	defer end()
+	ctx, cancel := context.WithTimeout(tctx, b.timeout+txGrace)
 	defer cancel()
 	settings := []any{strconv.FormatInt(max(b.timeout.Milliseconds(), 1), 10), clientCheckMS}
 	early := map[int]bool{} // the starts answered by their key's lock or row
@@ -457,6 +464,39 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 	return rest, nil
 }
 
+// tracedBatch is the context a batch's statement runs in, without the
+// requests' deadlines (the statement has its own), for the spans of the
+// pool's tracer: they are made under a recorded span only. A lone start's
+// statement is a child of its request's span; a statement that carries
+// the starts of several requests is a trace of its own, its root span
+// "start batch" linking each traced request's span, as a batch task does.
+// end ends that root span. Tracing off: no span, nothing allocated.
+func tracedBatch(batch []*startReq) (ctx context.Context, end func()) {
+	ctx, end = context.Background(), func() {}
+	var links []trace.Link
+	var first trace.Span
+	for _, r := range batch {
+		if r.span != nil {
+			if first == nil {
+				first = r.span
+			}
+			links = append(links, trace.Link{SpanContext: r.span.SpanContext()})
+		}
+	}
+	switch {
+	case first == nil:
+		return ctx, end
+	case len(batch) == 1:
+		return trace.ContextWithSpan(ctx, first), end
+	}
+	ctx, span := first.TracerProvider().Tracer(tracerScope).Start(ctx, "start batch", trace.WithNewRoot(),
+		trace.WithLinks(links...), trace.WithAttributes(attribute.Int("valruns.batch.starts", len(batch))))
+	return ctx, func() { span.End() }
+}
+
+// tracerScope is the instrumentation scope of the models package's own spans.
+const tracerScope = "github.com/valruns/valruns/models"
+
 // The start's statements (sql/start_locks.sql, sql/start_batch.sql).
 var (
 	startLocksSQL = statement("start_locks")
@@ -488,6 +528,9 @@ const txGrace = 2 * time.Second
 // statement has its own deadline, and its outcome must be known to answer.
 func (s *RunStore) StartOne(ctx context.Context, p StartParams, k *KeyWrite) (OneResult, error) {
 	r := &startReq{queued: time.Now(), p: p, k: k, done: make(chan struct{})}
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		r.span = span
+	}
 	s.batcher.submit(r)
 	<-r.done
 	return r.res, r.err

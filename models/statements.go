@@ -3,6 +3,7 @@ package models
 import (
 	"embed"
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -30,13 +31,62 @@ func statement(name string) string {
 	usedStatements[name] = true
 	text := Statement(name)
 	statementNames[text] = name
+	shape := placeholderShape(text)
+	if other, ok := statementNames[shape]; ok && other != name {
+		panic(fmt.Sprintf("models: statements %q and %q differ only in their placeholders", other, name))
+	}
+	statementNames[shape] = name
 	return text
 }
 
 // StatementName is the name of the file (sql/NAME.sql) whose statement sql
 // is, as the models package sends it; "" for any other SQL. Tracing names
 // a statement's span by it, rather than sending its text with every span.
-func StatementName(sql string) string { return statementNames[sql] }
+// A statement sent through GORM reaches the driver with its placeholders
+// rewritten (? and @name as $1, $2..., a slice's ? as ($1,$2)): it is
+// found by its text with every placeholder alike (placeholderShape).
+func StatementName(sql string) string {
+	if name, ok := statementNames[sql]; ok {
+		return name
+	}
+	if !strings.ContainsAny(sql, "$@?") {
+		return ""
+	}
+	return statementNames[placeholderShape(sql)]
+}
+
+// placeholderShape is sql with each placeholder ($1, ?, @name) written ?,
+// and a parenthesised list of them, as GORM expands a slice, as one.
+func placeholderShape(sql string) string {
+	var b strings.Builder
+	b.Grow(len(sql))
+	for i := 0; i < len(sql); i++ {
+		c := sql[i]
+		j := i + 1
+		switch {
+		case c == '$' && j < len(sql) && isDigit(sql[j]):
+			for j < len(sql) && isDigit(sql[j]) {
+				j++
+			}
+		case c == '@' && j < len(sql) && (sql[j] == '_' || sql[j] >= 'a' && sql[j] <= 'z' || sql[j] >= 'A' && sql[j] <= 'Z'):
+			for j < len(sql) && (sql[j] == '_' || isDigit(sql[j]) || sql[j] >= 'a' && sql[j] <= 'z' || sql[j] >= 'A' && sql[j] <= 'Z') {
+				j++
+			}
+		case c == '?':
+		default:
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('?')
+		i = j - 1
+	}
+	return placeholderList.ReplaceAllString(b.String(), "?")
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// placeholderList is a parenthesised list of placeholders.
+var placeholderList = regexp.MustCompile(`\(\s*\?(?:\s*,\s*\?)*\s*\)`)
 
 // Statement is the statement named name as the models package sends it,
 // for tests that check which statements a request sends. It only reads:

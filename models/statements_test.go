@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
 )
 
 var (
@@ -21,6 +23,46 @@ func TestStatementNameOfOtherSQL(t *testing.T) {
 	t.Parallel()
 	require.Empty(t, StatementName("SELECT 1"))
 	require.Empty(t, StatementName(Statement("start_batch")+" "), "the text as sent, exactly")
+}
+
+// A statement sent through GORM reaches pgx, and so the tracer, with its
+// placeholders rewritten: it keeps its name (a span named "authenticate",
+// not "SELECT o.id AS org_id, ..."). Each file's statement is rendered as
+// GORM sends it, with an argument for each placeholder.
+func TestStatementNameAsGORMSendsIt(t *testing.T) {
+	t.Parallel()
+	db, err := gorm.Open(postgres.New(postgres.Config{DSN: "host=unused.invalid"}), &gorm.Config{DryRun: true, DisableAutomaticPing: true}) // no connection
+	require.NoError(t, err)
+	names, err := fs.Glob(sqlFiles, "sql/*.sql")
+	require.NoError(t, err)
+	gormed := 0
+	for _, path := range names {
+		name := strings.TrimSuffix(strings.TrimPrefix(path, "sql/"), ".sql")
+		text := Statement(name)
+		var args []any
+		for range strings.Count(text, "?") {
+			args = append(args, 1)
+		}
+		if named := namedParam.FindAllStringSubmatch(text, -1); len(named) > 0 {
+			m := map[string]any{}
+			for _, n := range named {
+				m[n[1]] = 1
+			}
+			args = append(args, m)
+		}
+		if len(args) == 0 {
+			continue // sent to pgx as written
+		}
+		gormed++
+		sent := db.Raw(text, args...).Statement.SQL.String()
+		require.NotEqual(t, text, sent, "%s: GORM rewrote its placeholders", name)
+		require.Equal(t, name, StatementName(sent), "%s as GORM sends it:\n%s", name, sent)
+	}
+	require.NotZero(t, gormed)
+	// A slice GORM expands into a list of placeholders.
+	sent := db.Raw(authenticateSQL, []any{[]byte("a"), []byte("b")}).Statement.SQL.String()
+	require.Contains(t, sent, "($1,$2)")
+	require.Equal(t, "authenticate", StatementName(sent))
 }
 
 // Every file under sql/ is a statement the package sends, and its leading

@@ -26,6 +26,10 @@ type metrics struct {
 	gateWaiting      prometheus.Gauge
 }
 
+// taskTypes are the worker's task types: the closed set of
+// valruns_tasks_processed_total's and valruns_tasks_failed_total's label.
+var taskTypes = []string{TypeRunExecute, TypeRunBatch, TypeCleanup, TypeWebhookDeliver}
+
 // finalStatuses are the statuses a run ends in: the closed set of
 // valruns_run_start_to_final_seconds's label.
 var finalStatuses = []string{"passed", "failed", "error"}
@@ -78,7 +82,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Runs waiting at the fair-share gate for their organisation's turn to enter the queue, all organisations; read from Redis every 10 s.",
 		}),
 	}
-	// Every label value of a closed set is exported from the start, at 0.
+	// Every label value of a closed set is exported from the start, at 0:
+	// a rate, or an alert's ratio, over a series that appears at its first
+	// event misses that event.
+	for _, t := range taskTypes {
+		m.processed.WithLabelValues(t)
+		m.failed.WithLabelValues(t)
+	}
 	for _, r := range []string{"queued", "lease_expired", "held_unclaimed"} {
 		m.redelivered.WithLabelValues(r)
 	}

@@ -227,6 +227,7 @@ func TestWebhookDeliveredAfterTwoFailures(t *testing.T) {
 	}
 	eventuallyMetric(t, w.Registry, 1, "valruns_webhook_attempts_total", "outcome", "delivered")
 	eventuallyMetric(t, w.Registry, 2, "valruns_webhook_attempts_total", "outcome", "retried")
+	eventuallyMetric(t, w.Registry, 3, "valruns_tasks_processed_total", "type", tasks.TypeWebhookDeliver)
 }
 
 // A receiver that is down (nothing listens) for the first attempts, then

@@ -314,16 +314,21 @@ func (w *Worker) Mux() *asynq.ServeMux {
 	mux.Handle(TypeRunExecute, w.runs)
 	mux.HandleFunc(TypeRunBatch, w.runs.ProcessBatch)
 	mux.Handle(TypeCleanup, w.cleanup)
-	mux.Use(func(next asynq.Handler) asynq.Handler {
-		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			err := next.ProcessTask(ctx, t)
-			if err == nil {
-				w.runs.m.processed.WithLabelValues(t.Type()).Inc()
-			}
-			return err
-		})
-	})
+	mux.Use(w.countProcessed)
 	return mux
+}
+
+// countProcessed counts each task its handler did without error
+// (valruns_tasks_processed_total; the servers' ErrorHandler counts the
+// others).
+func (w *Worker) countProcessed(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		err := next.ProcessTask(ctx, t)
+		if err == nil {
+			w.runs.m.processed.WithLabelValues(t.Type()).Inc()
+		}
+		return err
+	})
 }
 
 // Ping checks Redis.
@@ -354,6 +359,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.hooks != nil {
 		mux := asynq.NewServeMux()
 		mux.Handle(TypeWebhookDeliver, w.hooks)
+		mux.Use(w.countProcessed)
 		if err := w.hookSrv.Start(mux); err != nil {
 			w.server.Shutdown()
 			return fmt.Errorf("start webhook task server: %w", err)

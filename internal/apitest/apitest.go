@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/valruns/valruns/config"
@@ -89,6 +90,9 @@ type Options struct {
 	// that runs ended, and its tick).
 	RunsEnded    <-chan struct{}
 	RunPollEvery time.Duration
+	// Tracing gives each request a span (handlers.Deps.Tracing); nil:
+	// tracing is off.
+	Tracing trace.TracerProvider
 }
 
 // New builds the API on a fresh database.
@@ -119,7 +123,7 @@ func New(t testing.TB, opts ...Options) *Env {
 	e.SetHandOff(o.HandOff)
 	e.Handler = handlers.New(handlers.Deps{Config: cfg, DB: db, Registry: reg, Log: log, Redis: o.Redis, RateLimitTimeout: rlt,
 		RateLimitHoldMax: o.RateLimitHoldMax, Ready: o.Ready,
-		RunsEnded: o.RunsEnded, RunPollEvery: o.RunPollEvery, HandOff: func(q *models.QueuedRun) {
+		RunsEnded: o.RunsEnded, RunPollEvery: o.RunPollEvery, Tracing: o.Tracing, HandOff: func(q *models.QueuedRun) {
 			if f := e.handOff.Load(); f != nil {
 				(*f)(q)
 			}

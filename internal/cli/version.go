@@ -7,13 +7,17 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+
+	"github.com/valruns/valruns/docs"
 )
 
-// Release is the release this source is: the newest release of CHANGELOG.md
-// (TestReleaseIsChangelogs checks that they agree). Raise both together when
-// releasing, and tag the commit v<Release> and client/v<Release> (the Go
-// client is a module of its own, tagged with its directory).
-const Release = "0.1.0"
+// Release is the release this source is: the spec's info.version, set by
+// apidoc.go's @version (its one source, which GET / answers too), and the
+// newest release of CHANGELOG.md (TestReleaseIsChangelogs checks that they
+// agree). Raise both together when releasing, run make docs, and tag the
+// commit v<Release> and client/v<Release> (the Go client is a module of
+// its own, tagged with its directory).
+var Release = docs.SwaggerInfo.Version
 
 // gitRevision and gitModified are the git revision and whether the
 // checkout had uncommitted changes ("true"), set by scripts/build.sh with

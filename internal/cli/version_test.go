@@ -50,7 +50,7 @@ func TestReleaseIsChangelogs(t *testing.T) {
 		newest = m[1]
 		break
 	}
-	require.Equal(t, Release, newest, "CHANGELOG.md's newest release and internal/cli.Release differ: raise both together")
+	require.Equal(t, Release, newest, "CHANGELOG.md's newest release and apidoc.go's @version (internal/cli.Release) differ: raise both together, then make docs")
 	require.Regexp(t, `(?m)^\[`+regexp.QuoteMeta(Release)+`\]: https://`, string(b), "CHANGELOG.md links its newest release")
 }
 

@@ -25,6 +25,8 @@ type Span struct {
 	SpanID       string
 	ParentSpanID string // "" for a root span
 	Kind         string
+	// TraceState is the span's W3C tracestate ("" when none).
+	TraceState string
 	// Links are the trace ids the span links to.
 	Links []string
 	Attrs map[string]string // string, int and bool attributes, as text
@@ -112,7 +114,8 @@ func (r *Receiver) traces(w http.ResponseWriter, req *http.Request) {
 					continue
 				}
 				sp := Span{Service: service, Name: s.GetName(), TraceID: hex.EncodeToString(s.GetTraceId()),
-					SpanID: hex.EncodeToString(s.GetSpanId()), Kind: s.GetKind().String(), Attrs: attrs(s.GetAttributes())}
+					SpanID: hex.EncodeToString(s.GetSpanId()), Kind: s.GetKind().String(), TraceState: s.GetTraceState(),
+					Attrs: attrs(s.GetAttributes())}
 				if p := s.GetParentSpanId(); len(p) > 0 {
 					sp.ParentSpanID = hex.EncodeToString(p)
 				}

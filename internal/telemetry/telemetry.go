@@ -66,8 +66,9 @@ func Endpoint() string {
 // _TIMEOUT, _COMPRESSION, _CERTIFICATE and their _TRACES_ forms), the
 // batch processor OTEL_BSP_*, the sampler OTEL_TRACES_SAMPLER and
 // OTEL_TRACES_SAMPLER_ARG, the resource OTEL_SERVICE_NAME (default
-// "valruns") and OTEL_RESOURCE_ATTRIBUTES. shutdown flushes the spans not
-// yet sent; call it on exit.
+// "valruns") and OTEL_RESOURCE_ATTRIBUTES, and the span limits their
+// OTEL_*_LIMIT variables (spanLimits: valruns bounds an attribute's length
+// by default). shutdown flushes the spans not yet sent; call it on exit.
 func Setup(ctx context.Context, cfg Config) (tp trace.TracerProvider, shutdown func(context.Context) error, err error) {
 	nothing := func(context.Context) error { return nil }
 	if v := os.Getenv("OTEL_SDK_DISABLED"); v != "" {
@@ -100,6 +101,10 @@ func Setup(ctx context.Context, cfg Config) (tp trace.TracerProvider, shutdown f
 	if err := checkSampler(); err != nil {
 		return nil, nothing, err
 	}
+	limits, err := spanLimits()
+	if err != nil {
+		return nil, nothing, err
+	}
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
 		return nil, nothing, &ConfigError{"OTEL_EXPORTER_OTLP_ENDPOINT", Endpoint(), err.Error()}
@@ -117,7 +122,7 @@ func Setup(ctx context.Context, cfg Config) (tp trace.TracerProvider, shutdown f
 	// No WithSampler: the SDK takes OTEL_TRACES_SAMPLER (checked above),
 	// parentbased_always_on by default, so an incoming traceparent's
 	// sampled flag is honoured.
-	provider := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	provider := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithRawSpanLimits(limits))
 	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -150,6 +155,39 @@ func checkSampler() error {
 		"parentbased_always_on, parentbased_always_off or parentbased_traceidratio"}
 }
 
+// AttributeValueLengthDefault is the longest a span attribute's value
+// may be, in characters, when neither OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT
+// nor OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT is set: the SDK's own default is
+// unlimited, so one long value (an error's text, a client's string) would
+// go to the collector whole, and a collector refuses an export request
+// past its size limit with every span in it.
+const AttributeValueLengthDefault = 4096
+
+// spanLimitVars are the span limits' variables the SDK reads
+// (sdktrace.NewSpanLimits); it ignores a value that is not a whole number,
+// which would leave a length unlimited without a word.
+var spanLimitVars = []string{"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+	"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT",
+	"OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT"}
+
+// spanLimits are the SDK's span limits from the environment (counts 128
+// by default; a negative value means unlimited), with an attribute's value
+// length AttributeValueLengthDefault when no variable sets it.
+func spanLimits() (sdktrace.SpanLimits, error) {
+	for _, name := range spanLimitVars {
+		if v := os.Getenv(name); v != "" {
+			if _, err := strconv.Atoi(v); err != nil {
+				return sdktrace.SpanLimits{}, &ConfigError{name, v, "want a whole number (negative: no limit)"}
+			}
+		}
+	}
+	l := sdktrace.NewSpanLimits()
+	if os.Getenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT") == "" && os.Getenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT") == "" {
+		l.AttributeValueLengthLimit = AttributeValueLengthDefault
+	}
+	return l, nil
+}
+
 func cmpEnv(names ...string) string {
 	for _, n := range names {
 		if v := strings.TrimSpace(os.Getenv(n)); v != "" {
@@ -160,8 +198,52 @@ func cmpEnv(names ...string) string {
 }
 
 // Propagator reads and writes the W3C trace context (traceparent,
-// tracestate) and baggage: on HTTP requests and in queued tasks.
-var Propagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+// tracestate) and baggage: on HTTP requests and in queued tasks. A
+// tracestate is kept to TraceStateMax bytes: every span of the trace
+// carries it, in this process and in the worker.
+var Propagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPropagator(boundedTraceContext{}, propagation.Baggage{})
+
+// TraceStateMax bounds the tracestate a trace keeps from a client: the
+// 512 bytes W3C Trace Context asks every vendor to propagate, where a
+// tracestate can be 32 entries of 513 bytes.
+const TraceStateMax = 512
+
+// boundedTraceContext is the W3C trace context, its tracestate cut to
+// TraceStateMax as the W3C says a vendor may: entries longer than 128 bytes
+// go first, then entries from the end.
+type boundedTraceContext struct{ propagation.TraceContext }
+
+func (b boundedTraceContext) Extract(ctx context.Context, carrier propagation.TextMapCarrier) context.Context {
+	ctx = b.TraceContext.Extract(ctx, carrier)
+	if len(carrier.Get("tracestate")) <= TraceStateMax {
+		return ctx
+	}
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return ctx
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc.WithTraceState(boundTraceState(sc.TraceState())))
+}
+
+func boundTraceState(ts trace.TraceState) trace.TraceState {
+	var keys []string
+	size := -1 // n entries take n-1 commas
+	ts.Walk(func(k, v string) bool {
+		n := len(k) + 1 + len(v)
+		if n > 128 {
+			ts = ts.Delete(k)
+			return true
+		}
+		keys = append(keys, k)
+		size += n + 1
+		return true
+	})
+	for i := len(keys) - 1; i >= 0 && size > TraceStateMax; i-- {
+		size -= len(keys[i]) + 1 + len(ts.Get(keys[i])) + 1
+		ts = ts.Delete(keys[i])
+	}
+	return ts
+}
 
 // Inject is the trace context of ctx's span as a carrier for a task; nil
 // when ctx has none (tracing off: nothing is allocated).
@@ -236,15 +318,33 @@ func StatementSpanName(sql string, named func(sql string) string) string {
 		}
 	}
 	line, _, _ := strings.Cut(strings.TrimSpace(sql), "\n")
-	line = strings.TrimSpace(line)
-	if len(line) <= spanNameMax {
-		return line
+	return Clip(strings.TrimSpace(line), spanNameMax)
+}
+
+// Clip is s for a span: valid UTF-8 (OTLP's strings must be: one invalid
+// string fails the export of every span sent with it) and at most max
+// bytes, cut at a character's start and then marked "...".
+func Clip(s string, max int) string {
+	if len(s) <= max && utf8.ValidString(s) {
+		return s
 	}
-	cut := spanNameMax
-	for cut > 0 && !utf8.RuneStart(line[cut]) {
-		cut--
+	cut := func(s string) (string, bool) {
+		if len(s) <= max {
+			return s, false
+		}
+		i := max
+		for i > 0 && i > max-utf8.UTFMax && !utf8.RuneStart(s[i]) {
+			i--
+		}
+		return s[:i], true
 	}
-	return line[:cut] + "..."
+	s, clipped := cut(s)
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s, again := cut(s) // a replacement is longer than the byte it replaced
+	if clipped || again {
+		s += "..."
+	}
+	return s
 }
 
 // requestIDKey holds a request's id in a context.

@@ -5,13 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/valruns/valruns/internal/otlptest"
@@ -22,7 +25,10 @@ import (
 func clearEnv(t *testing.T) {
 	for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 		"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER",
-		"OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"} {
+		"OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
+		"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+		"OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+		"OTEL_SPAN_LINK_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT"} {
 		t.Setenv(name, "")
 	}
 }
@@ -57,6 +63,8 @@ func TestSetupRefusesBadValues(t *testing.T) {
 		{"OTEL_TRACES_SAMPLER", "sometimes", "OTEL_TRACES_SAMPLER"},
 		{"OTEL_TRACES_EXPORTER", "zipkin", "OTEL_TRACES_EXPORTER"},
 		{"OTEL_SDK_DISABLED", "maybe", "OTEL_SDK_DISABLED"},
+		{"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "4k", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"},
+		{"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "lots", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"},
 	} {
 		t.Run(c.name+"="+c.value, func(t *testing.T) {
 			clearEnv(t)
@@ -83,6 +91,12 @@ func TestSetupRefusesBadValues(t *testing.T) {
 // exportOne sets tracing up from the environment (with the receiver as
 // endpoint), makes one span and flushes it; it returns what the receiver got.
 func exportOne(t *testing.T, env map[string]string) []otlptest.Span {
+	return exportSpan(t, env, nil)
+}
+
+// exportSpan is exportOne with set, when not nil, setting the span's
+// attributes.
+func exportSpan(t *testing.T, env map[string]string, set func(trace.Span)) []otlptest.Span {
 	r, err := otlptest.Start(true)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
@@ -95,6 +109,9 @@ func exportOne(t *testing.T, env map[string]string) []otlptest.Span {
 	require.NoError(t, err)
 	require.NotNil(t, tp)
 	_, span := telemetry.Tracer(tp).Start(context.Background(), "one")
+	if set != nil {
+		set(span)
+	}
 	span.End()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -111,6 +128,57 @@ func TestSetupExportsOverOTLPHTTP(t *testing.T) {
 	spans = exportOne(t, nil)
 	require.Len(t, spans, 1)
 	require.Equal(t, "valruns", spans[0].Service, "the default service name")
+}
+
+// TestSpanLimits: an attribute's value is cut to
+// AttributeValueLengthDefault characters when no variable says otherwise
+// (the SDK alone would send it whole), and the OTEL_*_LIMIT variables,
+// general and span-specific, are honoured.
+func TestSpanLimits(t *testing.T) {
+	long := strings.Repeat("x", 1<<20)
+	many := func(span trace.Span) {
+		span.SetAttributes(attribute.String("long", long))
+		for i := range 200 {
+			span.SetAttributes(attribute.Int(fmt.Sprintf("n%03d", i), i))
+		}
+	}
+	for _, c := range []struct {
+		name          string
+		env           map[string]string
+		length, count int
+	}{
+		{"defaults", nil, telemetry.AttributeValueLengthDefault, 128},
+		{"general", map[string]string{"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100", "OTEL_ATTRIBUTE_COUNT_LIMIT": "10"}, 100, 10},
+		{"span-specific first", map[string]string{"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100",
+			"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "50", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "5"}, 50, 5},
+		{"no limit asked for", map[string]string{"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "-1"}, len(long), 128},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			spans := exportSpan(t, c.env, many)
+			require.Len(t, spans, 1)
+			require.Equal(t, c.length, len(spans[0].Attrs["long"]), "the long value's length")
+			require.Equal(t, c.count, len(spans[0].Attrs), "the attributes kept")
+		})
+	}
+}
+
+func TestClip(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"/api/runs/", 10, "/api/runs/"},
+		{"/api/runs/x", 10, "/api/runs/..."},
+		{"/é", 2, "/..."},              // not half of é
+		{"/\xff\xfe/", 10, "/\uFFFD/"}, // OTLP strings must be UTF-8
+		{"\xff\xff\xff\xff", 2, "..."}, // U+FFFD is 3 bytes
+		{strings.Repeat("\x80", 1<<20), 8, "\uFFFD..."},
+	} {
+		got := telemetry.Clip(c.in, c.max)
+		require.Equal(t, c.want, got, "%q", c.in)
+		require.True(t, utf8.ValidString(got))
+	}
 }
 
 func TestSamplerAlwaysOffSendsNoSpan(t *testing.T) {
