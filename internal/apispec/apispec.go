@@ -198,13 +198,10 @@ func Apply(spec *Value, f *File) error {
 	return nil
 }
 
+// applyOperation adds one operation's examples to op, its object in spec:
+// each recorded response's, then the request's.
 func applyOperation(spec, op *Value, o *Operation) error {
-	produces := map[string]bool{}
-	if p := op.Get("produces"); p != nil {
-		for _, item := range p.Array {
-			produces[item.Str()] = true
-		}
-	}
+	produces := operationProduces(op)
 	responses := op.Get("responses")
 	statuses := make([]string, 0, len(o.Responses))
 	for s := range o.Responses {
@@ -212,7 +209,6 @@ func applyOperation(spec, op *Value, o *Operation) error {
 	}
 	sort.Strings(statuses)
 	for _, status := range statuses {
-		r := o.Responses[status]
 		resp := responses.Get(status)
 		if resp == nil {
 			return fmt.Errorf("status %s is not documented", status)
@@ -220,49 +216,84 @@ func applyOperation(spec, op *Value, o *Operation) error {
 		if resp.Get("examples") != nil {
 			return fmt.Errorf("status %s has examples already (Apply runs on swag's output)", status)
 		}
-		types, err := r.MediaTypes(produces)
-		if err != nil {
+		if err := applyResponse(resp, o.Responses[status], produces); err != nil {
 			return fmt.Errorf("status %s: %w", status, err)
-		}
-		examples := &Value{Kind: '{', Object: []Member{}}
-		for _, mt := range types {
-			if !produces[mt] {
-				return fmt.Errorf("status %s: %s is not one of the operation's produces", status, mt)
-			}
-			body := r.Body
-			if !strings.HasSuffix(mt, "json") {
-				// A text answer is recorded as a JSON string; the spec's
-				// example of it is that string.
-				var s string
-				if err := json.Unmarshal(body, &s); err != nil {
-					return fmt.Errorf("status %s: a %s example must be a JSON string: %w", status, mt, err)
-				}
-			}
-			v, err := Decode(body, true)
-			if err != nil {
-				return fmt.Errorf("status %s: example: %w", status, err)
-			}
-			examples.Set(mt, v)
-		}
-		if len(types) > 0 {
-			resp.Set("examples", examples)
-		}
-		if r.Situation != "" {
-			desc := resp.Get("description").Str()
-			resp.Set("description", String(desc+ExampleSeparator+r.Situation+"."))
 		}
 	}
 	if o.Request == nil {
 		return nil
 	}
-	if _, ok := o.Request.Headers["Idempotency-Key"]; ok {
+	return applyRequest(spec, op, o.Request)
+}
+
+// operationProduces is the set of media types op says it produces.
+func operationProduces(op *Value) map[string]bool {
+	produces := map[string]bool{}
+	if p := op.Get("produces"); p != nil {
+		for _, item := range p.Array {
+			produces[item.Str()] = true
+		}
+	}
+	return produces
+}
+
+// applyResponse sets resp's examples, one per media type of r, and adds to
+// its description what the example answered.
+func applyResponse(resp *Value, r *Response, produces map[string]bool) error {
+	types, err := r.MediaTypes(produces)
+	if err != nil {
+		return err
+	}
+	examples := &Value{Kind: '{', Object: []Member{}}
+	for _, mt := range types {
+		v, err := responseExample(r, mt, produces)
+		if err != nil {
+			return err
+		}
+		examples.Set(mt, v)
+	}
+	if len(types) > 0 {
+		resp.Set("examples", examples)
+	}
+	if r.Situation != "" {
+		desc := resp.Get("description").Str()
+		resp.Set("description", String(desc+ExampleSeparator+r.Situation+"."))
+	}
+	return nil
+}
+
+// responseExample is r's body as the example of media type mt.
+func responseExample(r *Response, mt string, produces map[string]bool) (*Value, error) {
+	if !produces[mt] {
+		return nil, fmt.Errorf("%s is not one of the operation's produces", mt)
+	}
+	body := r.Body
+	if !strings.HasSuffix(mt, "json") {
+		// A text answer is recorded as a JSON string; the spec's
+		// example of it is that string.
+		var s string
+		if err := json.Unmarshal(body, &s); err != nil {
+			return nil, fmt.Errorf("a %s example must be a JSON string: %w", mt, err)
+		}
+	}
+	v, err := Decode(body, true)
+	if err != nil {
+		return nil, fmt.Errorf("example: %w", err)
+	}
+	return v, nil
+}
+
+// applyRequest sets the x-example of op's header parameters and the example
+// of its body's schema, a definition of spec.
+func applyRequest(spec, op *Value, req *Request) error {
+	if _, ok := req.Headers["Idempotency-Key"]; ok {
 		// Swagger UI would fill it in for every visitor: they would share
 		// one key, and all but the first get 422s.
 		return fmt.Errorf("request header Idempotency-Key: the spec must not give a fixed key as an example")
 	}
 	params := op.Get("parameters")
-	names := make([]string, 0, len(o.Request.Headers))
-	for name := range o.Request.Headers {
+	names := make([]string, 0, len(req.Headers))
+	for name := range req.Headers {
 		names = append(names, name)
 	}
 	sort.Strings(names)
@@ -271,25 +302,26 @@ func applyOperation(spec, op *Value, o *Operation) error {
 		if p == nil {
 			return fmt.Errorf("request header %s is not a parameter", name)
 		}
-		p.Set("x-example", String(o.Request.Headers[name]))
+		p.Set("x-example", String(req.Headers[name]))
 	}
-	if o.Request.Body != nil {
-		p := param(params, "body", "")
-		if p == nil {
-			return fmt.Errorf("request body: the operation has no body parameter")
-		}
-		ref := p.Get("schema").Get("$ref").Str()
-		name, ok := strings.CutPrefix(ref, "#/definitions/")
-		def := spec.Get("definitions").Get(name)
-		if !ok || def == nil {
-			return fmt.Errorf("request body: schema %q is not a definition", ref)
-		}
-		v, err := Decode(o.Request.Body, true)
-		if err != nil {
-			return fmt.Errorf("request body: %w", err)
-		}
-		def.Set("example", v)
+	if req.Body == nil {
+		return nil
 	}
+	p := param(params, "body", "")
+	if p == nil {
+		return fmt.Errorf("request body: the operation has no body parameter")
+	}
+	ref := p.Get("schema").Get("$ref").Str()
+	name, ok := strings.CutPrefix(ref, "#/definitions/")
+	def := spec.Get("definitions").Get(name)
+	if !ok || def == nil {
+		return fmt.Errorf("request body: schema %q is not a definition", ref)
+	}
+	v, err := Decode(req.Body, true)
+	if err != nil {
+		return fmt.Errorf("request body: %w", err)
+	}
+	def.Set("example", v)
 	return nil
 }
 
