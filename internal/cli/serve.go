@@ -18,6 +18,8 @@ import (
 	"github.com/valruns/valruns/tasks"
 )
 
+// cmdServe runs the HTTP API, and with --worker the worker too, until ctx
+// ends; then it drains and shuts down (see the flag's help).
 func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("serve", "serve [--worker]", out,
 		"Runs the HTTP API on HTTP_ADDR until SIGINT or SIGTERM. Then /readyz answers 503 while requests are\n"+
@@ -46,37 +48,11 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	// answer at once instead of holding up the shutdown.
 	var draining atomic.Bool
 	stopping := make(chan struct{})
-	deps := handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker), Stop: stopping,
-		Ready: func(ctx context.Context) error {
-			if draining.Load() {
-				return errDraining
-			}
-			if worker != nil {
-				return worker.w.Ready(ctx)
-			}
-			return nil
-		},
-		Tracing: a.tracing}
-	if deps.Redis, err = rateLimitRedis(a); err != nil {
-		return err
-	}
-	defer deps.Redis.Close()
-	// The long-poll looks as soon as a worker says runs ended.
-	deps.RunsEnded = tasks.WatchRunsEnded(ctx, deps.Redis)
-	dispatcher, err := startDispatcher(a, deps.Registry)
+	deps, dispatcher, err := serveDeps(ctx, a, worker, &draining, stopping)
 	if err != nil {
 		return err
 	}
-	deps.HandOff = dispatcher.HandOff
-	if worker != nil {
-		// Single-node mode: a run goes straight to this process's worker
-		// when it is idle, else to the queue.
-		deps.HandOff = func(r *models.QueuedRun) {
-			if !worker.w.RunHere(r) {
-				dispatcher.HandOff(r)
-			}
-		}
-	}
+	defer deps.Redis.Close()
 	srv := &http.Server{
 		Handler:           handlers.New(deps),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -94,16 +70,67 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	draining.Store(true)
 	drain(a, srv)
 	close(stopping)
-	a.log.Info("shutting down", "timeout", a.cfg.ShutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
-	defer cancel()
-	err = srv.Shutdown(sctx) // in-flight requests finish; their transactions commit
-	// Then every run they started goes to the queue, within the same
-	// deadline: a graceful stop leaves none to the sweeper.
-	dispatcher.Shutdown(sctx)
+	err = shutdownServer(a, srv, dispatcher)
 	if worker != nil {
 		worker.stop()
 	}
+	return err
+}
+
+// serveDeps builds what the handlers need: the readiness check (false
+// while draining), the Redis client of the rate limits and of the
+// runs-ended signal, and the hand-off of started runs through the
+// dispatcher it starts. worker is nil unless serve runs one.
+func serveDeps(ctx context.Context, a *app, worker *workerProcess, draining *atomic.Bool, stopping chan struct{}) (handlers.Deps, *tasks.Dispatcher, error) {
+	deps := handlers.Deps{Config: a.cfg, DB: a.db, Log: a.log, Registry: newRegistry(worker), Stop: stopping,
+		Ready: func(ctx context.Context) error {
+			if draining.Load() {
+				return errDraining
+			}
+			if worker != nil {
+				return worker.w.Ready(ctx)
+			}
+			return nil
+		},
+		Tracing: a.tracing}
+	var err error
+	if deps.Redis, err = rateLimitRedis(a); err != nil {
+		return deps, nil, err
+	}
+	// The long-poll looks as soon as a worker says runs ended.
+	deps.RunsEnded = tasks.WatchRunsEnded(ctx, deps.Redis)
+	dispatcher, err := startDispatcher(a, deps.Registry)
+	if err != nil {
+		deps.Redis.Close()
+		return deps, nil, err
+	}
+	deps.HandOff = handOff(dispatcher, worker)
+	return deps, dispatcher, nil
+}
+
+// handOff is where a started run goes: the dispatcher's queue or, in
+// single-node mode, straight to this process's worker when it is idle.
+func handOff(dispatcher *tasks.Dispatcher, worker *workerProcess) func(*models.QueuedRun) {
+	if worker == nil {
+		return dispatcher.HandOff
+	}
+	return func(r *models.QueuedRun) {
+		if !worker.w.RunHere(r) {
+			dispatcher.HandOff(r)
+		}
+	}
+}
+
+// shutdownServer stops srv within SHUTDOWN_TIMEOUT: in-flight requests finish
+// and their transactions commit, then every run they started goes to the
+// queue within the same deadline, so a graceful stop leaves none to the
+// sweeper.
+func shutdownServer(a *app, srv *http.Server, dispatcher *tasks.Dispatcher) error {
+	a.log.Info("shutting down", "timeout", a.cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	dispatcher.Shutdown(sctx)
 	return err
 }
 
