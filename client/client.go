@@ -199,38 +199,14 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 	if c.baseErr != nil {
 		return nil, 0, c.baseErr
 	}
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
 	// wrote: some attempt's request went out on a connection. net/http
 	// itself may resend a request that has an Idempotency-Key on a fresh
 	// connection, so an attempt's own error does not tell.
 	var wrote atomic.Bool
 	traced := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) }})
-	tmpl, err := http.NewRequestWithContext(traced, method, c.base+path, rd)
+	tmpl, err := c.newRequest(traced, method, path, body, hdr)
 	if err != nil {
-		return nil, 0, fmt.Errorf("valruns: %w", err)
-	}
-	for k, v := range hdr {
-		tmpl.Header[k] = v
-	}
-	if c.token != "" {
-		tmpl.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	tmpl.Header.Set("User-Agent", c.userAgent)
-	tmpl.Header.Set("Accept", "application/json, application/problem+json")
-	if body != nil {
-		tmpl.Header.Set("Content-Type", "application/json")
-	}
-	// net/http refuses such a header before sending anything, on every
-	// attempt: say so once instead of retrying.
-	for name, vs := range tmpl.Header {
-		for _, v := range vs {
-			if !validHeaderValue(v) {
-				return nil, 0, fmt.Errorf("valruns: the %s header holds a control character", name)
-			}
-		}
+		return nil, 0, err
 	}
 
 	sent := false // some attempt may have reached the server
@@ -278,6 +254,39 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 		case <-t.C:
 		}
 	}
+}
+
+// newRequest is the request every attempt of do clones: body (nil: none),
+// the caller's headers and the client's own. A header net/http would refuse
+// is an error here, once, instead of on every attempt.
+func (c *Client) newRequest(ctx context.Context, method, path string, body []byte, hdr http.Header) (*http.Request, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	tmpl, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return nil, fmt.Errorf("valruns: %w", err)
+	}
+	for k, v := range hdr {
+		tmpl.Header[k] = v
+	}
+	if c.token != "" {
+		tmpl.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	tmpl.Header.Set("User-Agent", c.userAgent)
+	tmpl.Header.Set("Accept", "application/json, application/problem+json")
+	if body != nil {
+		tmpl.Header.Set("Content-Type", "application/json")
+	}
+	for name, vs := range tmpl.Header {
+		for _, v := range vs {
+			if !validHeaderValue(v) {
+				return nil, fmt.Errorf("valruns: the %s header holds a control character", name)
+			}
+		}
+	}
+	return tmpl, nil
 }
 
 // validHeaderValue reports whether net/http will send v: no control
