@@ -18,8 +18,23 @@ func (s *RunStore) StartBatch(ps []StartParams, ks []*KeyWrite) ([]OneResult, er
 	return out, err
 }
 
-// StartWritersForTest is how many statements of starts the batcher runs at
-// once before a light organisation's start goes by an express writer.
+// SendBatchForTest sends the starts ps (with their key rows ks) as one
+// statement, as a writer does, and returns each start's result and error.
+func (s *RunStore) SendBatchForTest(ps []StartParams, ks []*KeyWrite) ([]OneResult, []error) {
+	batch := make([]*startReq, len(ps))
+	for i := range ps {
+		batch[i] = &startReq{p: ps[i], k: ks[i], done: make(chan struct{})}
+	}
+	s.batcher.send(batch)
+	res, errs := make([]OneResult, len(ps)), make([]error, len(ps))
+	for i, r := range batch {
+		<-r.done
+		res[i], errs[i] = r.res, r.err
+	}
+	return res, errs
+}
+
+// StartWritersForTest is the most statements of starts under way at once.
 const StartWritersForTest = startWriters
 
 // StartBatchMaxForTest is the most starts one statement carries.
@@ -30,7 +45,7 @@ const StartBatchMaxForTest = startBatchMax
 func (s *RunStore) SetStartStallForTest(d time.Duration) { s.batcher.stallAfter = d }
 
 // QueuedStartsForTest is how many starts wait in the batcher's queue for a
-// writer (not those being written, nor those gone by an express writer).
+// writer (not those being written).
 func (s *RunStore) QueuedStartsForTest() int {
 	s.batcher.mu.Lock()
 	defer s.batcher.mu.Unlock()

@@ -17,7 +17,7 @@ import (
 // one round trip, like a pgx batch, except that the results of a statement
 // sent with flush come back as soon as it has run, while the statements
 // after it still run: the start's key locks are answered before the start
-// itself waits on anything (startBatcher.exec). pgx's batch cannot do that:
+// itself waits on anything (batchWrite.send). pgx's batch cannot do that:
 // the server flushes its answers only at the batch's Sync.
 //
 // Statements are prepared once per connection, named like pgx's statement

@@ -25,7 +25,7 @@ type RunStore struct {
 
 // NewRunStore returns a RunStore on db.
 func NewRunStore(db *gorm.DB) *RunStore {
-	return &RunStore{db: db, batcher: &startBatcher{db: db, timeout: 30 * time.Second, stallAfter: startStall, orgs: map[string]int{}}}
+	return &RunStore{db: db, batcher: &startBatcher{db: db, timeout: 30 * time.Second, stallAfter: startStall}}
 }
 
 // SetStartTimeout bounds each statement of the start's fast path (the
@@ -90,14 +90,15 @@ var (
 )
 
 // Start creates the queued run p on tx, billed to its usage of the period:
-// a start in a transaction, for what the one-step path (StartOne) leaves to
-// one. Nearly always one statement that takes no lock another start of the
-// organisation needs (a usage slot no other transaction holds, FOR UPDATE
-// SKIP LOCKED, see migration 0002). Only when no slot could be claimed that
-// way (an unknown workflow, a new month, a changed quota, the quota's edge,
-// or more starts of one organisation in flight than slots) does it check
-// the workflow, and claim a slot, waiting for other starts and rebalancing
-// the slots if need be (refused past the quota). If it refuses, nothing is
+// a start in a transaction, for the starts the one-step path (StartOne)
+// leaves to one (OneResult.Slow says which). Nearly always one statement
+// that takes no lock another start of the organisation needs (a usage slot
+// no other transaction holds, FOR UPDATE SKIP LOCKED, see migration 0002).
+// Only when no slot could be claimed that way (an unknown workflow, a new
+// month, a changed quota, the quota's edge, or more starts of one
+// organisation in flight than slots) does it check the workflow, and claim
+// a slot, waiting for other starts and rebalancing the slots if need be
+// (refused past the quota). If it refuses, nothing is
 // written, so the caller can answer 404 or 429 on the same transaction.
 //
 // Returns ErrNotFound when the workflow is not the organisation's,
@@ -208,13 +209,11 @@ func nullable(s string) *string {
 }
 
 // uuidArg is id as a uuid parameter: pgx encodes an array of pgtype.UUID
-// in under half a microsecond, and an array of strings, which it parses by
-// way of its text codec, in 4 to 6 microseconds on a quiet machine (4 or 5
-// arrays per batch of starts, 1 per batch of ends). An id that is not a
-// UUID (never: run ids are made here, the others were read from the
-// database or checked by the handler) is null: then the start goes by the
-// slow path (no workflow, no organisation) or fails on the run's NOT NULL
-// id, as a string failed to encode.
+// far faster than an array of strings, which it parses by way of its text
+// codec. An id that is not a UUID (never: run ids are made here, the others
+// were read from the database or checked by the handler) is null: then the
+// start goes by the slow path (no workflow, no organisation) or fails on
+// the run's NOT NULL id, as a string failed to encode.
 func uuidArg(id string) pgtype.UUID {
 	u, err := uuid.Parse(id)
 	return pgtype.UUID{Bytes: u, Valid: err == nil}

@@ -4,32 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 )
 
-// The start's fast path. A start is nearly always one statement in one
-// round trip, in autocommit: it takes the key's lock, checks the key and
-// the workflow, bills a usage slot, and writes the key row with its answer
-// and the run, all or nothing. Concurrent starts share that statement: a
-// few writers each send whatever starts are waiting, up to startBatchMax,
-// as one statement over arrays (startBatchSQL). PostgreSQL's work per start
-// then shrinks to its rows, without a statement, a round trip and a commit
-// (one WAL flush) of its own; at low load a start goes alone, at once.
-//
-// The answer is rendered before the SQL: the run's id (UUIDv7, so new runs
-// land at the right edge of the primary key) and creation time are made
-// here. Whatever the statement cannot decide alone (an unknown workflow, a
-// new month or quota to rebalance, the quota's edge, an error), it leaves
-// to the transactional slow path (RunStore.Start on a RequestTx).
+// A start is written by one statement of starts (start_batch.sql, after
+// start_locks.sql when a start has a key), sent in autocommit by the start
+// batcher: it takes the key's lock, checks the key and the workflow, bills
+// a usage slot, and writes the key row with its answer and the run, all or
+// nothing. Concurrent starts share that statement, as a group commit
+// shares a flush; a lone start is a batch of one. The run's id and time
+// are made here, before the SQL, so that the answer is rendered first.
+// What the statement cannot decide goes to the transactional path
+// (OneResult.Slow says which starts those are).
 
 // NewRunID makes a run's id: a UUIDv7, time-ordered.
 func NewRunID() string { return uuid.Must(uuid.NewV7()).String() }
@@ -51,8 +46,8 @@ type KeyWrite struct {
 	TTL                            time.Duration
 }
 
-// OneResult is what the fast path did with one start; exactly one of Done,
-// InFlight, Stored and Slow holds.
+// OneResult is what the start's statement did with one start; exactly one
+// of Done, InFlight, Stored and Slow holds.
 type OneResult struct {
 	// Done: the run (and its key row) committed; Expires is when the key
 	// expires, Replaced whether it took over an expired row.
@@ -63,7 +58,17 @@ type OneResult struct {
 	InFlight bool
 	// Stored is the live key row that answers the request.
 	Stored *StoredKey
-	// Slow: nothing was written; take the transactional path.
+	// Slow: nothing was written; the start goes to the transactional path
+	// (RunStore.Start in a RequestTx). Only these starts need it: a
+	// workflow that is not the organisation's (its 404 is stored with the
+	// key); no usage slot with room for the organisation's starts of the
+	// statement (a new month or quota, whose slots must be rebalanced; the
+	// quota's edge, whose 429 is stored; every slot held elsewhere); and a
+	// statement refused as a whole for what one of its starts did (a key
+	// another request finished after the statement looked, a deadlock),
+	// which each start's own transaction then decides alone. Besides
+	// these, only a start whose body is refused with an answer to store
+	// takes that path, decided before any statement.
 	Slow bool
 }
 
@@ -71,35 +76,17 @@ const (
 	// startBatchMax is the most starts one statement carries.
 	startBatchMax = 64
 	// startWriters is the most statements of starts under way at once.
-	// One writer sends while the starts wait in no more than a batch: the
-	// starts that arrive while its statement runs go together in its next,
-	// as a group commit would. PostgreSQL's work is mostly per statement
-	// (its executor, its commit), so on a busy database fewer, fuller
-	// statements start more runs: on two cores, one writer started 1.1-1.4x
-	// the starts of four at 4, 8 and 32 clients. Another writer joins when a
-	// full batch waits behind the writers at work, or when every writer at
-	// work has been on its statement longer than startStall.
+	// One writer is normally at work: PostgreSQL's work is mostly per
+	// statement (its executor, its commit), so fewer, fuller statements
+	// start more runs. Another writer joins only when a full batch waits
+	// behind the writers at work, or when each of them has stalled.
 	startWriters = 4
 	// startStall is how long a statement of starts runs before its writer
 	// counts as stalled (a lock, a slow disk): a start that then finds no
 	// other writer at work gets one of its own, so that one stuck statement
 	// does not hold every start. Far longer than a statement takes under
-	// load (a few milliseconds), so that it never splits batches.
+	// load, so that it never splits batches.
 	startStall = 50 * time.Millisecond
-	// expressWriters is how many more statements may be under way for the
-	// starts of organisations that have none queued or being written,
-	// while a crowding organisation's starts keep the writers busy and the
-	// start would wait in the queue: each goes alone, at once, instead of
-	// waiting behind that organisation's batches (issue 16: one tenant's
-	// flood must not set another's start latency).
-	expressWriters = 2
-	// crowdingStarts is how many starts an organisation has queued or
-	// being written when it crowds the batcher. While none does, every
-	// start waits its turn in the queue, however many organisations share
-	// it: when many organisations each send a few starts, express
-	// statements of one start each would only add statements, and
-	// PostgreSQL's work, where one batch serves all.
-	crowdingStarts = 4
 )
 
 type startReq struct {
@@ -115,37 +102,18 @@ type startReq struct {
 	span trace.Span
 }
 
-// startBatcher sends waiting starts in batches. Writers exist only while
-// there is work, and as few as keep up (startWriters): a start that finds
-// no writer at work (none, or each stalled: startStall) starts one, and so
-// does a start that completes a full batch in the queue; a writer ends
-// when it finds nothing waiting, or less than a full batch while another
-// writer is at work. A start of an organisation with nothing in the
-// batcher that would wait in the queue while another organisation crowds
-// it (crowdingStarts) goes alone, by an express writer, when fewer than
-// expressWriters are.
+// startBatcher sends the starts waiting in its queue, up to startBatchMax
+// per statement. Writers exist only while starts wait: normally one, whose
+// next statement carries the starts that arrived while its last one ran.
+// A start that finds no writer at work (none, or each stalled) starts one,
+// and so does a start that completes a full batch, up to startWriters. A
+// writer ends when the queue is empty, or holds less than a full batch
+// while another writer is at work.
 //
-// It is not the worker's generic batcher (tasks/batcher.go), and could not
-// be without that one growing the start path's rules into its API (models
-// cannot import tasks, so it would also have to move to a package both
-// import). The generic one takes the first max items in arrival order and
-// releases every caller of a batch together, once its flush returns. A
-// batch of starts differs in three ways:
-//   - it is chosen, not cut: two starts of one key never share a
-//     statement (the second waits for the next, where it finds the first's
-//     row or lock), so a writer skips queued starts and leaves them queued
-//     out of order;
-//   - its starts are answered one by one, as soon as each is decided: those
-//     answered by start_locks.sql (a live row, a lock held elsewhere) go on
-//     before start_batch.sql has run, and after a failed statement each
-//     start is retried, and answered, alone;
-//   - admission depends on what is in it: orgs counts each organisation's
-//     starts until they are answered, and a light organisation's start
-//     skips the queue by an express writer when every writer is busy and
-//     another organisation crowds the batcher.
-//
-// The one shape the two share, writers that exist only while work waits, is
-// a dozen lines.
+// Fairness between organisations is decided by how a batch is formed
+// (formBatch): organisations take turns, so one organisation's backlog does
+// not hold another's start for more than a statement. A batch's starts are
+// answered one by one, as soon as each is decided (answer).
 type startBatcher struct {
 	db      *gorm.DB
 	timeout time.Duration
@@ -154,36 +122,16 @@ type startBatcher struct {
 	mu         sync.Mutex
 	queue      []*startReq
 	// active counts the writers, stalled those of them whose statement
-	// has run longer than startStall.
+	// has run longer than stallAfter.
 	active, stalled int
-	express         int
-	// orgs counts each organisation's starts queued or being written;
-	// crowding is how many organisations have crowdingStarts or more.
-	orgs     map[string]int
-	crowding int
 	// observe, when set, is told about each statement (SetStartObserver).
 	observe func(waited []time.Duration, statement time.Duration)
 }
 
 func (b *startBatcher) submit(r *startReq) {
 	b.mu.Lock()
-	light := b.orgs[r.p.OrgID] == 0
-	if b.orgs[r.p.OrgID]++; b.orgs[r.p.OrgID] == crowdingStarts {
-		b.crowding++
-	}
-	spawn := b.active < startWriters && (b.active == b.stalled || len(b.queue)+1 >= startBatchMax)
-	if light && b.crowding > 0 && !spawn && b.express < expressWriters {
-		b.express++
-		b.mu.Unlock()
-		go func() {
-			b.send([]*startReq{r})
-			b.mu.Lock()
-			b.express--
-			b.mu.Unlock()
-		}()
-		return
-	}
 	b.queue = append(b.queue, r)
+	spawn := b.active < startWriters && (b.active == b.stalled || len(b.queue) >= startBatchMax)
 	if spawn {
 		b.active++
 	}
@@ -193,55 +141,104 @@ func (b *startBatcher) submit(r *startReq) {
 	}
 }
 
+// write is a writer: it sends batch after batch until next ends it.
 func (b *startBatcher) write() {
 	var st *writerStall // the last statement's
 	for {
-		b.mu.Lock()
-		if st != nil {
-			st.ended = true
-			if st.stalled {
-				b.stalled--
-			}
-		}
-		// Less than a full batch waits for the next writer at work to end
-		// its statement: fuller statements, fewer of them.
-		if len(b.queue) == 0 || b.active-b.stalled > 1 && len(b.queue) < startBatchMax {
-			b.active--
-			b.mu.Unlock()
+		batch, this := b.next(st)
+		if batch == nil {
 			return
 		}
-		// Two starts of one key never share a statement: the second waits
-		// for the next one, where it finds the first's row (or its lock).
-		batch := make([]*startReq, 0, min(len(b.queue), startBatchMax))
-		locks := map[int64]bool{}
-		rest := b.queue[:0]
-		for _, r := range b.queue {
-			dup := r.k != nil && locks[r.k.LockID]
-			if dup || len(batch) == startBatchMax {
-				rest = append(rest, r)
-				continue
-			}
-			if r.k != nil {
-				locks[r.k.LockID] = true
-			}
-			batch = append(batch, r)
-		}
-		clear(b.queue[len(rest):])
-		b.queue = rest
-		this := &writerStall{}
 		st = this
-		b.mu.Unlock()
 		timer := time.AfterFunc(b.stallAfter, func() { b.stalledWriter(this) })
 		b.send(batch)
 		timer.Stop()
 	}
 }
 
+// next ends a writer's last statement (nil: none yet) and forms its next
+// batch, or ends the writer (nil). Less than a full batch is left for the
+// next writer at work to end its statement: fuller statements, fewer.
+func (b *startBatcher) next(last *writerStall) ([]*startReq, *writerStall) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if last != nil {
+		last.ended = true
+		if last.stalled {
+			b.stalled--
+		}
+	}
+	if len(b.queue) == 0 || b.active-b.stalled > 1 && len(b.queue) < startBatchMax {
+		b.active--
+		return nil, nil
+	}
+	var batch []*startReq
+	batch, b.queue = formBatch(b.queue, startBatchMax)
+	return batch, &writerStall{}
+}
+
+// formBatch takes up to max starts from queue, organisations in turn (in
+// the order of their oldest start, each its oldest start first), and
+// returns them with the rest of the queue, in order, in queue's array. An
+// organisation alone fills the batch; with others waiting, it gets its
+// share and they get theirs. Two starts of one key never share a
+// statement: the later stays queued, and finds the first's row or lock in
+// the next.
+func formBatch(queue []*startReq, max int) (batch, rest []*startReq) {
+	// Each organisation's starts, by their places in the queue.
+	var turns [][]int
+	turnOf := map[string]int{}
+	for i, r := range queue {
+		t, ok := turnOf[r.p.OrgID]
+		if !ok {
+			t = len(turns)
+			turnOf[r.p.OrgID] = t
+			turns = append(turns, nil)
+		}
+		turns[t] = append(turns[t], i)
+	}
+	taken := make([]bool, len(queue))
+	locks := map[int64]bool{}
+	// take moves the oldest start of turn t that can go into the batch.
+	take := func(t int) bool {
+		for len(turns[t]) > 0 {
+			i := turns[t][0]
+			turns[t] = turns[t][1:]
+			if k := queue[i].k; k != nil {
+				if locks[k.LockID] {
+					continue
+				}
+				locks[k.LockID] = true
+			}
+			taken[i] = true
+			batch = append(batch, queue[i])
+			return true
+		}
+		return false
+	}
+	for more := true; more && len(batch) < max; {
+		more = false
+		for t := range turns {
+			if len(batch) < max && take(t) {
+				more = true
+			}
+		}
+	}
+	rest = queue[:0]
+	for i, r := range queue {
+		if !taken[i] {
+			rest = append(rest, r)
+		}
+	}
+	clear(queue[len(rest):])
+	return batch, rest
+}
+
 // writerStall is a writer's statement, for the timer that counts it
 // stalled (guarded by the batcher's mu).
 type writerStall struct{ stalled, ended bool }
 
-// stalledWriter counts a statement that has run startStall as stalled;
+// stalledWriter counts a statement that has run stallAfter as stalled;
 // when no writer is then at work and starts wait, one more takes them.
 func (b *startBatcher) stalledWriter(st *writerStall) {
 	b.mu.Lock()
@@ -261,10 +258,11 @@ func (b *startBatcher) stalledWriter(st *writerStall) {
 	}
 }
 
-// send runs one batch; when it fails for another reason than an
-// unreachable database or an outcome it cannot know, each start not yet
-// answered is tried alone, so one bad start (or a key another request
-// finished meanwhile) fails alone.
+// send writes one batch and answers its starts. A statement refused as a
+// whole wrote nothing: its starts go to the transactional path
+// (OneResult.Slow), which decides each alone, unless the refusal would
+// meet each of them again there (the database unreachable or out of time,
+// an outcome unknown): then it is their answer.
 func (b *startBatcher) send(batch []*startReq) {
 	began := time.Now()
 	rest, err := b.exec(batch)
@@ -275,60 +273,30 @@ func (b *startBatcher) send(batch []*startReq) {
 		}
 		b.observe(waited, time.Since(began))
 	}
-	if err != nil && len(rest) > 1 && !IsUnavailable(err) && !errors.Is(err, ErrOutcomeUnknown) {
-		for _, r := range rest {
-			for try := 1; ; try++ {
-				left, err := b.exec([]*startReq{r})
-				if len(left) == 0 {
-					break // answered by its key's lock or row
-				}
-				if err == nil || !isDeadlock(err) || try == 5 {
-					r.err = err
-					b.answer([]*startReq{r})
-					break
-				}
-			}
-		}
-		return
-	}
 	for _, r := range rest {
-		if err != nil {
+		switch {
+		case err == nil:
+		case IsUnavailable(err) || IsTimeout(err):
 			r.err = err
+		default:
+			r.res = OneResult{Slow: true}
 		}
 	}
 	b.answer(rest)
 }
 
-// answer forgets the starts of a statement that has ended, then lets
-// their requests go on: forgotten first, so that a client's next start,
-// sent once it has its answer, is counted afresh.
-func (b *startBatcher) answer(batch []*startReq) {
-	if len(batch) == 0 {
-		return
-	}
-	b.mu.Lock()
-	for _, r := range batch {
-		if b.orgs[r.p.OrgID] == crowdingStarts {
-			b.crowding--
-		}
-		if b.orgs[r.p.OrgID]--; b.orgs[r.p.OrgID] <= 0 {
-			delete(b.orgs, r.p.OrgID)
-		}
-	}
-	b.mu.Unlock()
-	for _, r := range batch {
+// answer lets the requests of decided starts go on.
+func (b *startBatcher) answer(starts []*startReq) {
+	for _, r := range starts {
 		close(r.done)
 	}
 }
 
-// exec runs a batch: with keyed starts, first their keys' locks
-// (startLocksSQL), whose answers let the starts whose key is taken or
-// answered go on at once (answered here), then the others (startBatchSQL),
-// in one implicit transaction and one round trip (pipe). It returns the
-// starts it did not answer, with the error that stopped them.
+// exec sends one statement of starts (batchWrite) and reads what it
+// decided. It returns the starts not answered early by their keys, with
+// the error that refused the statement.
 func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
-	n := len(batch)
-	cols := newStartColumns(n)
+	cols := newStartColumns(len(batch))
 	for _, r := range batch {
 		cols.add(r.p, r.k)
 	}
@@ -336,132 +304,169 @@ func (b *startBatcher) exec(batch []*startReq) (rest []*startReq, err error) {
 	defer end()
 	ctx, cancel := context.WithTimeout(tctx, b.timeout+txGrace)
 	defer cancel()
-	settings := []any{strconv.FormatInt(max(b.timeout.Milliseconds(), 1), 10), clientCheckMS}
-	early := map[int]bool{} // the starts answered by their key's lock or row
-	seen := 0
-	sent := false
-	err = withConn(ctx, b.db, func(c *pgx.Conn) error {
-		// The answers have their own short deadline (DATABASE_ANSWER_TIMEOUT),
-		// as a request transaction's first round trip does: a hung
-		// database is a 503 in seconds.
-		actx, cancel := stallBound(ctx, optionsOf(b.db).AnswerTimeout)
-		defer cancel()
-		q := startPipe(actx, c, !optionsOf(b.db).TransactionPooler)
-		err := q.query(startSettingsSQL, settings, func(pgx.Rows) error { return nil }, false)
-		if err == nil && cols.keyed {
-			// The keys' locks first, flushed: a start whose key another
-			// request holds, or whose key's row answers it, is answered
-			// before this batch waits on anything (a lock, a full disk).
-			err = q.query(startLocksSQL, []any{cols.orgs, cols.endpoints, cols.keys, cols.locks}, func(rows pgx.Rows) error {
-				var answered []*startReq
-				for rows.Next() {
-					var (
-						i    *int64
-						held *bool
-						st   StoredKey
-					)
-					if err := scanKey(rows, &st, &i, &held); err != nil {
-						return err
-					}
-					if i == nil {
-						continue // the settings' row: no start answered yet
-					}
-					if *i < 1 || int(*i) > n {
-						return fmt.Errorf("start batch: key %d of %d", *i, n)
-					}
-					r := batch[*i-1]
-					switch {
-					case st.Found() && !st.Expired:
-						st.OrgID, st.Endpoint = r.p.OrgID, r.k.Endpoint
-						r.res = OneResult{Stored: &st}
-					case !*held:
-						r.res = OneResult{InFlight: true}
-					default:
-						continue
-					}
-					early[int(*i)] = true
-					answered = append(answered, r)
-				}
-				if err := rows.Err(); err != nil {
-					return err
-				}
-				b.answer(answered)
-				return nil
-			}, true)
-		}
-		if err == nil && len(early) < n {
-			err = q.query(startBatchSQL, cols.args(), func(rows pgx.Rows) error {
-				for rows.Next() {
-					var (
-						i                          int64
-						outcome                    string
-						expires, created, lexpires *time.Time
-						replaced                   *bool
-						key, method, path, reqID   *string
-						status                     *int
-						st                         StoredKey
-					)
-					if err := rows.Scan(&i, &outcome, &expires, &replaced, &key, &st.RequestHash, &method,
-						&path, &status, &st.ResponseBody, &st.ResponseHeaders, &st.ValidationRunID,
-						&reqID, &created, &lexpires); err != nil {
-						return err
-					}
-					if i < 1 || int(i) > n {
-						return fmt.Errorf("start batch: row %d of %d", i, n)
-					}
-					seen++
-					if early[int(i)] {
-						continue
-					}
-					res := &batch[i-1].res
-					switch outcome {
-					case "done":
-						res.Done = true
-						if expires != nil {
-							res.Expires = *expires
-						}
-						res.Replaced = replaced != nil && *replaced
-					case "stored":
-						st.OrgID, st.Endpoint = batch[i-1].p.OrgID, batch[i-1].k.Endpoint
-						st.Key, st.RequestMethod, st.RequestPath, st.RequestID = *key, *method, *path, *reqID
-						st.ResponseStatus, st.CreatedAt, st.ExpiresAt = *status, *created, *lexpires
-						res.Stored = &st
-					case "inflight":
-						res.InFlight = true
-					default:
-						res.Slow = true
-					}
-				}
-				return rows.Err()
-			}, false)
-		}
-		err = q.sync(err)
-		sent = q.sent
-		return stalled(ctx, actx, err)
-	})
+	w := &batchWrite{b: b, batch: batch, early: make([]bool, len(batch))}
+	err = withConn(ctx, b.db, func(c *pgx.Conn) error { return w.send(ctx, c, cols) })
 	for i, r := range batch {
-		if !early[i+1] {
+		if !w.early[i] {
 			rest = append(rest, r)
 		}
 	}
+	return rest, w.refusal(rest, err)
+}
+
+// batchWrite is one statement of starts under way.
+type batchWrite struct {
+	b     *startBatcher
+	batch []*startReq
+	// early marks the starts answered by their keys' locks or rows.
+	early []bool
+	// rows counts start_batch.sql's rows; sent: a statement reached the
+	// server, so that a lost answer leaves the outcome unknown.
+	rows int
+	sent bool
+}
+
+// send pipes the batch's statements in one implicit transaction and one
+// round trip: its settings; its keys' locks, flushed, so that a start
+// whose key is taken or answered goes on before the batch waits on
+// anything (a lock, a full disk); then the starts.
+func (w *batchWrite) send(ctx context.Context, c *pgx.Conn, cols *startColumns) error {
+	opt := optionsOf(w.b.db)
+	// The answers have their own short deadline (DATABASE_ANSWER_TIMEOUT),
+	// as a request transaction's first round trip does: a hung database
+	// is a 503 in seconds.
+	actx, cancel := stallBound(ctx, opt.AnswerTimeout)
+	defer cancel()
+	q := startPipe(actx, c, !opt.TransactionPooler)
+	settings := []any{strconv.FormatInt(max(w.b.timeout.Milliseconds(), 1), 10), clientCheckMS}
+	err := q.query(startSettingsSQL, settings, func(pgx.Rows) error { return nil }, false)
+	if err == nil && cols.keyed {
+		err = q.query(startLocksSQL, cols.keyArgs(), w.readLocks, true)
+	}
+	if err == nil && slices.Contains(w.early, false) {
+		err = q.query(startBatchSQL, cols.args(), w.readStarts, false)
+	}
+	err = q.sync(err)
+	w.sent = q.sent
+	return stalled(ctx, actx, err)
+}
+
+// start is the batch's start numbered i (1-based), as the statements
+// number them.
+func (w *batchWrite) start(i int64) (*startReq, error) {
+	if i < 1 || int(i) > len(w.batch) {
+		return nil, fmt.Errorf("start batch: row %d of %d", i, len(w.batch))
+	}
+	return w.batch[i-1], nil
+}
+
+// readLocks reads start_locks.sql's rows and answers at once each start
+// whose key has a live row, or whose key's lock another request holds.
+func (w *batchWrite) readLocks(rows pgx.Rows) error {
+	var answered []*startReq
+	for rows.Next() {
+		var (
+			i    *int64
+			held *bool
+			st   StoredKey
+		)
+		if err := scanKey(rows, &st, &i, &held); err != nil {
+			return err
+		}
+		if i == nil {
+			continue // the settings' row: no start answered yet
+		}
+		r, err := w.start(*i)
+		if err != nil {
+			return err
+		}
+		switch {
+		case st.Found() && !st.Expired:
+			st.OrgID, st.Endpoint = r.p.OrgID, r.k.Endpoint
+			r.res = OneResult{Stored: &st}
+		case !*held:
+			r.res = OneResult{InFlight: true}
+		default:
+			continue
+		}
+		w.early[*i-1] = true
+		answered = append(answered, r)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	w.b.answer(answered)
+	return nil
+}
+
+// readStarts reads start_batch.sql's rows into the results of the starts
+// not answered early.
+func (w *batchWrite) readStarts(rows pgx.Rows) error {
+	for rows.Next() {
+		var (
+			i                          int64
+			outcome                    string
+			expires, created, lexpires *time.Time
+			replaced                   *bool
+			key, method, path, reqID   *string
+			status                     *int
+			st                         StoredKey
+		)
+		if err := rows.Scan(&i, &outcome, &expires, &replaced, &key, &st.RequestHash, &method,
+			&path, &status, &st.ResponseBody, &st.ResponseHeaders, &st.ValidationRunID,
+			&reqID, &created, &lexpires); err != nil {
+			return err
+		}
+		r, err := w.start(i)
+		if err != nil {
+			return err
+		}
+		w.rows++
+		if w.early[i-1] {
+			continue
+		}
+		switch outcome {
+		case "done":
+			r.res = OneResult{Done: true, Replaced: replaced != nil && *replaced}
+			if expires != nil {
+				r.res.Expires = *expires
+			}
+		case "stored":
+			st.OrgID, st.Endpoint = r.p.OrgID, r.k.Endpoint
+			st.Key, st.RequestMethod, st.RequestPath, st.RequestID = *key, *method, *path, *reqID
+			st.ResponseStatus, st.CreatedAt, st.ExpiresAt = *status, *created, *lexpires
+			r.res = OneResult{Stored: &st}
+		case "inflight":
+			r.res = OneResult{InFlight: true}
+		default:
+			r.res = OneResult{Slow: true}
+		}
+	}
+	return rows.Err()
+}
+
+// refusal is the error that refused the statement, as the starts' callers
+// read it; the starts not answered early (rest) then have no result.
+func (w *batchWrite) refusal(rest []*startReq, err error) error {
 	switch {
 	case err != nil:
 		for _, r := range rest {
 			r.res = OneResult{}
 		}
-		if sent && inDoubt(err) {
+		if w.sent && inDoubt(err) {
 			// The statement reached the server, and its answer did not
-			// come back: it may have committed (ErrOutcomeUnknown).
-			return rest, fmt.Errorf("start run: %w: %w", ErrOutcomeUnknown, err)
+			// come back: it may have committed.
+			return fmt.Errorf("start run: %w: %w", ErrOutcomeUnknown, err)
 		}
 		if errors.Is(err, ErrStalled) {
-			return rest, fmt.Errorf("start run: %w", err)
+			return fmt.Errorf("start run: %w", err)
 		}
-		return rest, fmt.Errorf("start run: %w", translate(err))
-	case len(rest) > 0 && seen != n:
-		return rest, fmt.Errorf("start run: %d answers for %d starts", seen, n)
+		return fmt.Errorf("start run: %w", translate(err))
+	case len(rest) > 0 && w.rows != len(w.batch):
+		// Committed, with a start's answer missing: what it wrote is unknown.
+		return fmt.Errorf("start run: %w: %d answers for %d starts", ErrOutcomeUnknown, w.rows, len(w.batch))
 	}
-	return rest, nil
+	return nil
 }
 
 // tracedBatch is the context a batch's statement runs in, without the
@@ -506,17 +511,11 @@ var (
 // startSettingsSQL sets a batch of starts: its statement_timeout, its
 // client_connection_check_interval, and a generic plan for startLocksSQL
 // and startBatchSQL, all local to the batch's implicit transaction.
-//
-// The generic plan: PostgreSQL plans a prepared statement afresh at each
-// execution (a custom plan) while it estimates a custom plan cheaper than
-// the generic one, and for both statements it always does. Planning
-// startBatchSQL took 0.56 ms at each execution, longer than executing it
-// for a lone start (0.3 ms); its generic plan is made once per connection
-// and costs 0.06 ms to reuse (EXPLAIN ANALYZE EXECUTE, twelve lone
-// starts). startLocksSQL was planned afresh too, at every keyed batch,
-// while it set the plan_cache_mode itself (its own plan was made before
-// that). Every plan either can take is index lookups per start, whatever
-// the batch's size (TestStartBatchPlanIsGeneric).
+// PostgreSQL would otherwise plan both afresh at each execution (it always
+// estimates a custom plan cheaper than the generic one), and planning the
+// start statement costs more than executing it for a lone start. Every
+// plan either can take is index lookups per start, whatever the batch's
+// size (TestStartBatchPlanIsGeneric).
 var startSettingsSQL = statement("start_settings")
 
 // txGrace lets a statement's statement_timeout fire before its context's
@@ -534,67 +533,4 @@ func (s *RunStore) StartOne(ctx context.Context, p StartParams, k *KeyWrite) (On
 	s.batcher.submit(r)
 	<-r.done
 	return r.res, r.err
-}
-
-// startColumns are a batch's starts as start_batch.sql takes them: one
-// array per column ($1 to $24), one element per start, in the batch's
-// order.
-type startColumns struct {
-	ids, orgs, wfs, tokens                   []pgtype.UUID // a null token: none
-	subs, metas, reqIDs                      []string
-	created, periods                         []time.Time
-	quotas, ttls                             []int64
-	locks                                    []*int64
-	offs, statuses                           []int32
-	keys, endpoints                          []*string
-	methods, paths, headers, krids, ips, uas []string
-	hashes, bodies                           [][]byte
-	// keyed: a start of the batch has a key.
-	keyed bool
-}
-
-func newStartColumns(n int) *startColumns {
-	return &startColumns{
-		ids: make([]pgtype.UUID, 0, n), orgs: make([]pgtype.UUID, 0, n), wfs: make([]pgtype.UUID, 0, n),
-		tokens: make([]pgtype.UUID, 0, n), subs: make([]string, 0, n),
-		metas: make([]string, 0, n), reqIDs: make([]string, 0, n), created: make([]time.Time, 0, n),
-		periods: make([]time.Time, 0, n), quotas: make([]int64, 0, n), ttls: make([]int64, 0, n),
-		locks: make([]*int64, 0, n), offs: make([]int32, 0, n), statuses: make([]int32, 0, n),
-		keys: make([]*string, 0, n), endpoints: make([]*string, 0, n),
-		methods: make([]string, 0, n), paths: make([]string, 0, n), headers: make([]string, 0, n),
-		krids: make([]string, 0, n), ips: make([]string, 0, n), uas: make([]string, 0, n),
-		hashes: make([][]byte, 0, n), bodies: make([][]byte, 0, n),
-	}
-}
-
-// add appends a start: its run p and its key row k (nil: no key).
-func (c *startColumns) add(p StartParams, k *KeyWrite) {
-	meta := "{}"
-	if len(p.Metadata) > 0 {
-		meta = string(p.Metadata)
-	}
-	c.ids, c.orgs, c.wfs = append(c.ids, uuidArg(p.ID)), append(c.orgs, uuidArg(p.OrgID)), append(c.wfs, uuidArg(p.WorkflowID))
-	c.subs, c.metas, c.reqIDs = append(c.subs, string(p.Submission)), append(c.metas, meta), append(c.reqIDs, truncate(p.RequestID, 200))
-	c.created, c.periods = append(c.created, p.CreatedAt), append(c.periods, UsagePeriod(p.CreatedAt))
-	c.quotas, c.offs, c.tokens = append(c.quotas, p.Quota), append(c.offs, int32(slotOffset())), append(c.tokens, uuidArg(p.TokenID))
-	if k == nil {
-		c.keys, c.endpoints, c.locks = append(c.keys, nil), append(c.endpoints, nil), append(c.locks, nil)
-		c.hashes, c.methods, c.paths, c.statuses = append(c.hashes, []byte{}), append(c.methods, "-"), append(c.paths, "-"), append(c.statuses, 0)
-		c.bodies, c.headers, c.krids = append(c.bodies, []byte{}), append(c.headers, "{}"), append(c.krids, "-")
-		c.ips, c.uas, c.ttls = append(c.ips, ""), append(c.uas, ""), append(c.ttls, 0)
-		return
-	}
-	c.keyed = true
-	c.keys, c.endpoints, c.locks = append(c.keys, &k.Key), append(c.endpoints, &k.Endpoint), append(c.locks, &k.LockID)
-	c.hashes, c.methods, c.paths = append(c.hashes, k.RequestHash), append(c.methods, k.Method), append(c.paths, truncate(k.Path, 2000))
-	c.statuses, c.bodies, c.headers = append(c.statuses, int32(k.Status)), append(c.bodies, k.Body), append(c.headers, string(k.Headers))
-	c.krids, c.ips, c.uas = append(c.krids, truncate(k.RequestID, 200)), append(c.ips, truncate(k.ClientIP, 100)), append(c.uas, truncate(k.UserAgent, 1000))
-	c.ttls = append(c.ttls, k.TTL.Microseconds())
-}
-
-// args are start_batch.sql's parameters.
-func (c *startColumns) args() []any {
-	return []any{c.ids, c.created, c.orgs, c.wfs, c.subs, c.metas, c.quotas, c.tokens, c.reqIDs, c.keys, c.endpoints,
-		c.locks, c.hashes, c.methods, c.paths, c.statuses, c.bodies, c.headers, c.krids, c.ips, c.uas, c.ttls, c.periods,
-		c.offs, int32(UsageSlots)}
 }

@@ -211,12 +211,16 @@ func requireDone(t *testing.T, chs []chan startOutcome) {
 	}
 }
 
-// TestStartExpressLane: while every writer of the batcher is busy with one
-// organisation's starts (each statement waits on a key row another
-// transaction inserted and holds), a start of an organisation with nothing
-// in the batcher goes at once, alone, and commits; a further start of the
-// busy organisation waits its turn. Ordering only: nothing is timed.
-func TestStartExpressLane(t *testing.T) {
+// While every writer is busy (each statement waits on a key row another
+// transaction holds), one organisation queues more than a batch of starts,
+// then another organisation one start. Once the writers are free, that
+// start goes in the first statement formed, beside the first
+// organisation's oldest starts, not behind its backlog: fairness is how a
+// batch is formed. Statements are told apart by the transaction that wrote
+// the runs (xmin); nothing is timed. Fails with the batch cut from the
+// queue's head: the start then shares the second statement with the
+// backlog's tail.
+func TestStartBacklogDoesNotHoldAnotherOrganisation(t *testing.T) {
 	t.Parallel()
 	f := newUsageFixture(t)
 	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots, for A
@@ -229,50 +233,72 @@ func TestStartExpressLane(t *testing.T) {
 		orgs[i], wfs[i] = f.org, f.wf
 	}
 	held := f.busyWriters(t, holder, orgs, wfs)
-	queued := f.startAsync(f.params(f.org, f.wf, 0), keyWrite(f.org, "queued"))
-	light := f.startAsync(f.params(b, bwf, 0), keyWrite(b, "light"))
-	select {
-	case o := <-light:
-		require.NoError(t, o.err)
-		require.True(t, o.res.Done, "B's start commits: %+v", o.res)
-	case <-time.After(30 * time.Second):
-		t.Fatal("B's start waited behind A's busy writers")
+	backlog := models.StartBatchMaxForTest + 10
+	var starts []chan startOutcome
+	for range backlog {
+		starts = append(starts, f.startAsync(f.params(f.org, f.wf, 0), nil))
 	}
-	select {
-	case o := <-queued:
-		t.Fatalf("A's start went ahead while every writer was busy: %+v %v", o.res, o.err)
-	default:
-	}
+	require.Eventually(t, func() bool { return f.runs.QueuedStartsForTest() == backlog }, 30*time.Second, 10*time.Millisecond)
+	light := f.params(b, bwf, 0)
+	starts = append(starts, f.startAsync(light, keyWrite(b, "light")))
+	require.Eventually(t, func() bool { return f.runs.QueuedStartsForTest() == backlog+1 }, 30*time.Second, 10*time.Millisecond)
+
 	require.NoError(t, holder.Rollback().Error)
-	requireDone(t, append(held, queued))
+	requireDone(t, append(held, starts...))
+	var beside int64
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs
+		WHERE org_id = ? AND xmin = (SELECT xmin FROM validation_runs WHERE id = ?)`, f.org, light.ID).Scan(&beside).Error)
+	require.EqualValues(t, models.StartBatchMaxForTest-1, beside,
+		"the light organisation's start went in the first statement, with A's oldest starts")
 }
 
-// TestStartNoExpressAmongEquals: while every writer is busy with starts of
-// as many organisations, one each (none crowds the batcher), a start of
-// another organisation waits in the queue like any other, for the next
-// batch: an express statement would only add one. Ordering only.
-func TestStartNoExpressAmongEquals(t *testing.T) {
+// A statement refused as a whole (here, a key row another transaction
+// committed after the statement took the key's lock) writes nothing, and
+// sends each of its starts to the transactional path, which decides it
+// alone: the key's row answers its start, the other start commits.
+func TestRefusedStatementGoesToTheTransactionalPath(t *testing.T) {
 	t.Parallel()
 	f := newUsageFixture(t)
-	orgs, wfs := make([]string, models.StartWritersForTest), make([]string, models.StartWritersForTest)
-	for i := range orgs {
-		orgs[i], wfs[i] = f.newOrg(t, fmt.Sprintf("org-%d", i))
-	}
-	other, owf := f.newOrg(t, "other")
-
+	ctx := context.Background()
+	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots
+	before := f.usage(t, f.now)
 	holder := f.db.Begin()
 	defer holder.Rollback()
-	held := f.busyWriters(t, holder, orgs, wfs)
-	queued := f.startAsync(f.params(other, owf, 0), keyWrite(other, "queued"))
-	require.Eventually(t, func() bool { return f.runs.QueuedStartsForTest() == 1 }, 30*time.Second, 10*time.Millisecond,
-		"the other organisation's start is not queued")
-	select {
-	case o := <-queued:
-		t.Fatalf("the start went by an express writer: %+v %v", o.res, o.err)
-	default:
+	holdKey(t, holder, f.org, "raced")
+
+	ps := []models.StartParams{f.params(f.org, f.wf, 0), f.params(f.org, f.wf, 0)}
+	type outcome struct {
+		res  []models.OneResult
+		errs []error
 	}
-	require.NoError(t, holder.Rollback().Error)
-	requireDone(t, append(held, queued))
+	ch := make(chan outcome, 1)
+	go func() {
+		res, errs := f.runs.SendBatchForTest(ps, []*models.KeyWrite{keyWrite(f.org, "raced"), nil})
+		ch <- outcome{res, errs}
+	}()
+	require.Eventually(t, func() bool { return f.lockWaits(t) == 1 }, 30*time.Second, 10*time.Millisecond,
+		"the statement does not wait on the key's row")
+	require.NoError(t, holder.Commit().Error)
+	o := <-ch
+	for i := range ps {
+		require.NoError(t, o.errs[i], "start %d", i)
+		require.True(t, o.res[i].Slow, "start %d goes to the transactional path: %+v", i, o.res[i])
+	}
+	require.Equal(t, before, f.usage(t, f.now), "the refused statement billed nothing")
+
+	tx, stored, err := models.BeginRequest(ctx, f.db, 10*time.Second, &models.KeyRef{OrgID: f.org, Endpoint: "workflow_start",
+		Key: "raced", LockID: models.LockID(f.org, "workflow_start", "raced")})
+	require.NoError(t, err)
+	require.Nil(t, tx, "the key's row answers the keyed start")
+	require.Equal(t, "held", stored.RequestID)
+	tx, _, err = models.BeginRequest(ctx, f.db, 10*time.Second, nil)
+	require.NoError(t, err)
+	require.NoError(t, f.runs.Start(tx, ps[1]))
+	require.NoError(t, tx.Commit(ctx))
+	var n int64
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs WHERE id IN ?`, []string{ps[0].ID, ps[1].ID}).Scan(&n).Error)
+	require.EqualValues(t, 1, n, "the keyed start wrote no run; the other one")
+	require.Equal(t, before+1, f.usage(t, f.now))
 }
 
 // TestStartsWaitForTheWriterAtWork: while a writer's statement runs (here

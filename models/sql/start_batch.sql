@@ -1,4 +1,4 @@
--- start_batch.sql: the runs of a batch of starts (models.startBatcher.exec),
+-- start_batch.sql: the runs of a batch of starts (models.batchWrite.send),
 -- after start_locks.sql (keyed starts) or startSettingsSQL, in the same
 -- implicit transaction. One element of each array per start, in order;
 -- the answer has one row per start, numbered by i (1-based).
@@ -20,8 +20,8 @@
 -- A key row that another request committed after this snapshot makes the
 -- INSERT fail (unique_violation on idempotency_keys_pkey), or the takeover
 -- find no expired row and write nothing (then idempotency_key_taken raises
--- the same error): the statement writes nothing, and each start is tried
--- alone.
+-- the same error): the statement writes nothing, and each start goes to
+-- the transactional path, which decides it alone.
 --
 -- Parameters (arrays, one element per start; startColumns builds them):
 --   $1 id uuid             $2 created_at timestamptz   $3 org uuid

@@ -1,8 +1,8 @@
--- start_locks.sql: the keys of a batch of starts (models.startBatcher.exec),
--- sent after start_settings.sql when the batch has keyed starts (so it
--- is planned generically too: startSettingsSQL says why), it takes its
--- keyed starts' locks, as start_batch.sql would otherwise do. A start whose key has a live row is answered by it (that
--- row is returned; a replay takes no lock, so replays never contend);
+-- start_locks.sql: the keys of a batch of starts (models.batchWrite.send),
+-- sent after start_settings.sql when the batch has keyed starts (so it is
+-- planned generically too: startSettingsSQL says why). A start whose key
+-- has a live row is answered by it (that row is returned; a replay takes
+-- no lock, so replays never contend);
 -- otherwise it tries the key's lock (pg_try_advisory_xact_lock, held to
 -- the implicit transaction's end), and one taken elsewhere is returned as
 -- not held. Which starts hold their lock is left for start_batch.sql in the

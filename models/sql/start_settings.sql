@@ -1,5 +1,5 @@
 -- start_settings.sql: the first statement of every batch of starts
--- (startBatcher.exec): the batch's statement_timeout and
+-- (models.batchWrite.send): the batch's statement_timeout and
 -- client_connection_check_interval, and a generic plan for the statements
 -- after it (start_locks.sql, start_batch.sql), all local to the batch's
 -- implicit transaction. Why the generic plan: see startSettingsSQL.
