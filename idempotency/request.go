@@ -21,7 +21,8 @@ type Request struct {
 	// middleware. The handler must not write to it: it returns its answer.
 	Gin *gin.Context
 	// Body is the raw request body: a JSON object (or empty when the
-	// wrapper allows it), whose numbers each fit models' columns.
+	// wrapper allows it), each of whose numbers has a bounded canonical
+	// form (canonjson.MaxNumberLength).
 	Body []byte
 	// Key is the request's Idempotency-Key ("" without one). A handler
 	// stores it on what it creates, to link the two.
@@ -31,7 +32,7 @@ type Request struct {
 }
 
 // readKey reads the Idempotency-Key header; false when it answered 400.
-func (k *call) readKey() bool {
+func (k *call[T]) readKey() bool {
 	raw, present := k.c.Request.Header[HeaderKey]
 	switch {
 	case present:
@@ -60,7 +61,7 @@ func (k *call) readKey() bool {
 // fingerprint; false when it answered (4xx, nothing stored): a body that is
 // too large, not JSON, empty, not an object, or holding a number the
 // database cannot store as sent.
-func (k *call) readBody() bool {
+func (k *call[T]) readBody() bool {
 	body, err := io.ReadAll(k.c.Request.Body)
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -135,6 +136,6 @@ func routePath(c *gin.Context) string {
 }
 
 // request is what the route's functions get of the request.
-func (k *call) request() Request {
+func (k *call[T]) request() Request {
 	return Request{Gin: k.c, Body: k.body, RequestID: k.requestID, Key: k.key}
 }

@@ -9,11 +9,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
 
@@ -92,12 +90,10 @@ type Response struct {
 	Body   []byte
 	Header http.Header
 	// ResourceID, when set, is the id of what the request created, stored
-	// on the key row with the answer so that a key leads to its resource.
-	// The key store decides what it may hold: models.KeyStore keeps it in
-	// the row's link column (models.IdempotencyKey.ValidationRunID), a
-	// uuid with a foreign key (ON DELETE SET NULL) to the service's one
-	// linked table, so there it must be the id of a row of that table, or
-	// empty. A route whose resources live elsewhere leaves it empty.
+	// on the key's row with the answer (Key.ResourceID) so that a key
+	// leads to its resource. The wrapper does not read it; the Store
+	// decides what it may hold, and a route whose resources the Store
+	// cannot link leaves it empty.
 	ResourceID string
 	// Refused marks a 4xx that refuses the request as a check before the
 	// handler would have (Refuse): like a 5xx, the work is rolled back and
@@ -108,7 +104,7 @@ type Response struct {
 	// the transaction, such as waking a consumer of what it staged.
 	AfterCommit func()
 	// InDoubt, when set, is called instead when the commit was sent and
-	// its outcome is unknown (models.ErrOutcomeUnknown: the request is
+	// its outcome is unknown (the Failure OutcomeUnknown: the request is
 	// answered 503, saying so): the handler may find out later whether its
 	// work committed and then do what AfterCommit would have done.
 	InDoubt func()
@@ -142,21 +138,20 @@ func Refuse(req Request, d problem.Details) Response {
 	return resp
 }
 
-// answerCommitted answers with resp, whose work has committed (with its
-// key row, which expires at expires and replaced an expired one when
-// replaced, if the request has a key).
-func (k *call) answerCommitted(resp Response, expires time.Time, replaced bool) {
+// answerCommitted answers with resp, whose work has committed (res), with
+// its key's row when the request has a key.
+func (k *call[T]) answerCommitted(resp Response, res Result) {
 	if k.key != "" {
 		k.outcome = OutcomeNew
-		if replaced {
+		if res.Replaced {
 			k.outcome = OutcomeExpiredReused
 		}
 		k.w.recent.add(k.lockID)
-		k.w.answers.put(k.savedAnswer(resp, expires))
+		k.w.answers.put(&answer{row: res.Key, header: replayHeader(storedHeaderMap(resp.Header))})
 		if resp.Header == nil {
 			resp.Header = http.Header{}
 		}
-		resp.Header.Set(HeaderKeyExpires, expires.UTC().Format(http.TimeFormat))
+		resp.Header.Set(HeaderKeyExpires, res.Key.ExpiresAt.UTC().Format(http.TimeFormat))
 	}
 	if resp.AfterCommit != nil {
 		resp.AfterCommit()
@@ -164,45 +159,67 @@ func (k *call) answerCommitted(resp Response, expires time.Time, replaced bool) 
 	k.write(resp.Status, resp.Header, resp.Body)
 }
 
-// replayCommitted answers with the key row another request committed
-// after this one looked (its own work was not written).
-func (k *call) replayCommitted(ctx context.Context) {
-	stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
-	if err != nil {
-		k.fail(err)
-		return
+// answerUnstored answers with resp, an answer that is not stored (see
+// storable), its work rolled back: a 5xx passed on (a retry executes
+// afresh), a refusal, or 413 for an answer over the largest stored.
+func (k *call[T]) answerUnstored(resp Response) {
+	switch {
+	case resp.Status >= 500:
+		k.outcome = OutcomeError
+		k.write(resp.Status, resp.Header, resp.Body)
+	case resp.Status < 200:
+		k.fail(fmt.Errorf("handler answered %d", resp.Status))
+	case resp.Refused:
+		k.outcome = OutcomeRejected
+		k.write(resp.Status, resp.Header, resp.Body)
+	default:
+		k.reject(http.StatusRequestEntityTooLarge, problem.ResponseTooLarge, fmt.Sprintf(
+			"The answer to this request would be %d bytes, over the limit of %d; nothing was done. Send a smaller request.",
+			len(resp.Body), k.maxAnswer()))
 	}
-	k.replay(stored)
+}
+
+// replayCommitted answers with the key's row another request committed
+// after this one looked (its own work was not written).
+func (k *call[T]) replayCommitted(ctx context.Context) {
+	res, err := k.w.store.Lookup(ctx, k.keyRef())
+	switch {
+	case err != nil:
+		k.fail(err)
+	case res.Key == nil:
+		k.fail(errors.New("the key's row that took the key is gone"))
+	default:
+		k.replay(res.Key, res.Kind == KeyAnswered)
+	}
 }
 
 // failCommit answers an error of the commit of resp's work (fail), and
 // tells the handler when that commit's outcome is unknown (Response.InDoubt).
-func (k *call) failCommit(err error, resp Response) {
-	if errors.Is(err, models.ErrOutcomeUnknown) && resp.InDoubt != nil {
+func (k *call[T]) failCommit(err error, resp Response) {
+	if k.w.store.Failure(err) == OutcomeUnknown && resp.InDoubt != nil {
 		resp.InDoubt()
 	}
 	k.fail(err)
 }
 
-func (k *call) keyRow(resp Response) *models.IdempotencyKey {
+// keyRow is the key's row that stores resp, as a commit writes it: nil
+// without a key.
+func (k *call[T]) keyRow(resp Response) *Key {
+	if k.key == "" {
+		return nil
+	}
 	hb, _ := json.Marshal(storedHeaderMap(resp.Header)) // map[string]string cannot fail
-	row := &models.IdempotencyKey{
-		OrgID: k.tenant, Endpoint: k.scope, Key: k.key, RequestHash: k.hash[:],
-		RequestMethod: k.c.Request.Method, RequestPath: k.c.Request.URL.Path,
-		ResponseStatus: resp.Status, ResponseBody: resp.Body, ResponseHeaders: hb,
+	return &Key{Tenant: k.tenant, Scope: k.scope, Key: k.key, LockID: k.lockID, RequestHash: k.hash[:],
+		Method: k.c.Request.Method, Path: k.c.Request.URL.Path,
 		RequestID: k.requestID, ClientIP: k.c.ClientIP(), UserAgent: k.c.Request.UserAgent(),
-	}
-	if resp.ResourceID != "" {
-		row.ValidationRunID = &resp.ResourceID
-	}
-	return row
+		Status: resp.Status, Headers: hb, Body: resp.Body, ResourceID: resp.ResourceID, TTL: k.w.cfg.TTL}
 }
 
 // sameRequest reports whether the stored fingerprint is this request's.
 // Keys stored before fingerprints covered the route with normalised ids
 // (at most IDEMPOTENCY_TTL ago) were fingerprinted with the path as sent:
 // they match that too, so a retry across the upgrade still replays.
-func (k *call) sameRequest(stored []byte) bool {
+func (k *call[T]) sameRequest(stored []byte) bool {
 	if bytes.Equal(stored, k.hash[:]) {
 		return true
 	}
@@ -211,22 +228,22 @@ func (k *call) sameRequest(stored []byte) bool {
 }
 
 // differences names what of the fingerprint differs between this request
-// and the one its key was first used for (ans): "method", "path", "body", or
+// and the one its key was first used for (row): "method", "path", "body", or
 // several, as in "path and body". The fingerprint is one hash, so each part
 // is compared on its own: the method and the path (its ids made canonical,
 // as a fingerprint's are) as stored, and the body by whether the stored hash
 // is that of this body with the stored method and path.
-func (k *call) differences(ans *storedAnswer) string {
+func (k *call[T]) differences(row *Key) string {
 	var parts []string
-	if ans.method != k.c.Request.Method {
+	if row.Method != k.c.Request.Method {
 		parts = append(parts, "method")
 	}
-	path := canonicalPath(ans.path)
-	if path != routePath(k.c) && ans.path != k.c.Request.URL.Path {
+	path := canonicalPath(row.Path)
+	if path != routePath(k.c) && row.Path != k.c.Request.URL.Path {
 		parts = append(parts, "path")
 	}
-	same, legacy := Fingerprint(ans.method, path, k.canonical), Fingerprint(ans.method, ans.path, k.canonical)
-	if !bytes.Equal(ans.requestHash, same[:]) && !bytes.Equal(ans.requestHash, legacy[:]) || len(parts) == 0 {
+	same, legacy := Fingerprint(row.Method, path, k.canonical), Fingerprint(row.Method, row.Path, k.canonical)
+	if !bytes.Equal(row.RequestHash, same[:]) && !bytes.Equal(row.RequestHash, legacy[:]) || len(parts) == 0 {
 		parts = append(parts, "body") // len 0: a hash that differs means some part does
 	}
 	if len(parts) == 1 {
@@ -259,52 +276,43 @@ func storedHeaderMap(h http.Header) map[string]string {
 	return headers
 }
 
-// savedAnswer is the answer resp as this request stored it with its key,
-// which expires at expires: what a replay of it reads from the database.
-func (k *call) savedAnswer(resp Response, expires time.Time) *storedAnswer {
-	return &storedAnswer{lockID: k.lockID, tenant: k.tenant, scope: k.scope, key: k.key,
-		requestHash: k.hash[:], method: k.c.Request.Method, path: k.c.Request.URL.Path, status: resp.Status, header: replayHeader(storedHeaderMap(resp.Header)),
-		body: resp.Body, requestID: k.requestID, expiresAt: expires}
-}
-
-// replay answers with a finished key's row, read from the database, and
-// caches a live one's answer for the retries to come.
-func (k *call) replay(stored *models.StoredKey) {
+// replay answers with a finished key's row, read from the store, and caches
+// a live one's answer for the retries to come.
+func (k *call[T]) replay(row *Key, live bool) {
 	var headers map[string]string
-	if err := json.Unmarshal(stored.ResponseHeaders, &headers); err != nil {
+	if err := json.Unmarshal(row.Headers, &headers); err != nil {
 		k.w.recent.add(k.lockID)
 		k.fail(fmt.Errorf("stored headers: %w", err))
 		return
 	}
-	ans := &storedAnswer{lockID: k.lockID, tenant: k.tenant, scope: k.scope, key: k.key,
-		requestHash: stored.RequestHash, method: stored.RequestMethod, path: stored.RequestPath, status: stored.ResponseStatus, header: replayHeader(headers),
-		body: stored.ResponseBody, requestID: stored.RequestID, expiresAt: stored.ExpiresAt}
-	if stored.Found() && !stored.Expired {
+	row.Tenant, row.Scope, row.Key, row.LockID = k.tenant, k.scope, k.key, k.lockID
+	ans := &answer{row: row, header: replayHeader(headers)}
+	if live {
 		k.w.answers.put(ans)
 	}
 	k.replayAnswer(ans)
 }
 
-// replayAnswer answers with a finished key's answer, from the database or
-// the cache alike: the stored answer when the request is the same, 422 when
+// replayAnswer answers with a finished key's answer, from the store or the
+// cache alike: the stored answer when the request is the same, 422 when
 // the key was used for another request.
-func (k *call) replayAnswer(ans *storedAnswer) {
+func (k *call[T]) replayAnswer(ans *answer) {
 	k.w.recent.add(k.lockID)
-	k.c.Header(HeaderKeyExpires, ans.expiresAt.UTC().Format(http.TimeFormat))
-	if !k.sameRequest(ans.requestHash) {
+	k.c.Header(HeaderKeyExpires, ans.row.ExpiresAt.UTC().Format(http.TimeFormat))
+	if !k.sameRequest(ans.row.RequestHash) {
 		k.outcome = OutcomeMismatch
 		k.problem(http.StatusUnprocessableEntity, problem.IdempotencyKeyReused,
-			"Idempotency key has already been used with a different request "+k.differences(ans)+".")
+			"Idempotency key has already been used with a different request "+k.differences(ans.row)+".")
 		return
 	}
 	k.outcome = OutcomeReplayed
 	h := k.c.Writer.Header()
 	h.Add(HeaderReplayed, "true")
-	h.Add(HeaderOriginalRequest, ans.requestID)
-	k.write(ans.status, ans.header, ans.body)
+	h.Add(HeaderOriginalRequest, ans.row.RequestID)
+	k.write(ans.row.Status, ans.header, ans.row.Body)
 }
 
-func (k *call) write(status int, h http.Header, body []byte) {
+func (k *call[T]) write(status int, h http.Header, body []byte) {
 	for name, vs := range h {
 		for _, v := range vs {
 			k.c.Writer.Header().Add(name, v)
@@ -317,7 +325,7 @@ func (k *call) write(status int, h http.Header, body []byte) {
 
 // inProgress answers 409: the first request with this key has not finished,
 // so this one cannot be compared with it yet.
-func (k *call) inProgress() {
+func (k *call[T]) inProgress() {
 	k.outcome = OutcomeInProgress
 	k.c.Writer.Header().Del(HeaderPreferenceApplied) // if it waited, in vain
 	k.c.Header("Retry-After", strconv.Itoa(k.w.cfg.RetryAfter))
@@ -325,12 +333,12 @@ func (k *call) inProgress() {
 }
 
 // reject answers a request refused before any work: nothing is stored.
-func (k *call) reject(status int, code problem.Code, detail string) {
+func (k *call[T]) reject(status int, code problem.Code, detail string) {
 	k.outcome = OutcomeRejected
 	k.problem(status, code, detail)
 }
 
-func (k *call) problem(status int, code problem.Code, detail string) {
+func (k *call[T]) problem(status int, code problem.Code, detail string) {
 	problem.Abort(k.c, status, code, detail)
 }
 
@@ -338,12 +346,12 @@ func (k *call) problem(status int, code problem.Code, detail string) {
 // afresh, except when the work's outcome is unknown, which the answer says
 // (a retry with the same key then replays, or does the work). Every such
 // answer carries Retry-After.
-func (k *call) fail(err error) {
+func (k *call[T]) fail(err error) {
 	k.outcome = OutcomeError
 	k.c.Writer.Header().Del(HeaderPreferenceApplied)
 	k.c.Header("Retry-After", strconv.Itoa(k.w.cfg.RetryAfter))
-	switch {
-	case errors.Is(err, models.ErrOutcomeUnknown):
+	switch k.w.store.Failure(err) {
+	case OutcomeUnknown:
 		k.w.cfg.Log.WarnContext(k.c.Request.Context(), "idempotent request: outcome unknown",
 			"scope", k.scope, "error", err, "request_id", k.requestID)
 		detail := OutcomeUnknownDetail
@@ -351,11 +359,11 @@ func (k *call) fail(err error) {
 			detail = OutcomeUnknownNoKeyDetail
 		}
 		k.problem(http.StatusServiceUnavailable, problem.ServiceUnavailable, detail)
-	case models.IsUnavailable(err):
+	case Unavailable:
 		k.w.cfg.Log.WarnContext(k.c.Request.Context(), "idempotent request: database unavailable",
 			"scope", k.scope, "error", err, "request_id", k.requestID)
 		k.problem(http.StatusServiceUnavailable, problem.ServiceUnavailable, "The database is unavailable; nothing was done. Retry the request.")
-	case models.IsTimeout(err):
+	case Timeout:
 		k.problem(http.StatusServiceUnavailable, problem.RequestTimeout, "The request did not finish in time and was rolled back; retry it.")
 	default:
 		k.w.cfg.Log.ErrorContext(k.c.Request.Context(), "idempotent request failed",

@@ -15,7 +15,7 @@ type flight struct{ done chan struct{} }
 
 // Waiting is how many requests wait at once on a key in flight
 // (`Prefer: wait`), for a gauge.
-func (w *Wrapper) Waiting() int { return w.waiters.count() }
+func (w *Wrapper[T]) Waiting() int { return w.waiters.count() }
 
 // waitSlots are the places of requests waiting on a key in flight, shared
 // among tenants (see Config.MaxWaiters).
@@ -65,17 +65,17 @@ func (s *waitSlots) count() int {
 // later duplicate must never overtake the first while it waits). The
 // claim ends with the work (unclaim), waking this process's requests
 // waiting on the key.
-func (k *call) claim() stage {
+func (k *call[T]) claim() stage[T] {
 	f := &flight{done: make(chan struct{})}
 	if _, held := k.w.flights.LoadOrStore(k.lockID, f); held {
-		return stage{kind: stageInFlight}
+		return stage[T]{kind: stageInFlight}
 	}
 	k.flight = f
-	return stage{kind: stagePrepare}
+	return stage[T]{kind: stagePrepare}
 }
 
 // unclaim ends this request's claim on its key, if it holds one.
-func (k *call) unclaim() {
+func (k *call[T]) unclaim() {
 	if k.flight == nil {
 		return
 	}
@@ -86,7 +86,7 @@ func (k *call) unclaim() {
 
 // leave gives back what the request held while it was served: its claim
 // and its waiting slot.
-func (k *call) leave() {
+func (k *call[T]) leave() {
 	k.unclaim()
 	if k.waited > 0 {
 		k.w.waiters.give(k.tenant)
@@ -96,28 +96,28 @@ func (k *call) leave() {
 // await handles a key another request holds: 409 at once, unless the
 // request asked to wait (Prefer: wait) and may; then it waits for the
 // first to finish, or a while, and looks again, until its wait is over.
-func (k *call) await() stage {
+func (k *call[T]) await() stage[T] {
 	k.unclaim()
 	k.w.recent.add(k.lockID)
 	if k.waited == 0 {
 		wait := k.preferredWait()
 		if wait == 0 || !k.w.waiters.take(k.tenant) { // no wait asked, or enough requests wait already
 			k.inProgress()
-			return stage{kind: stageAnswered}
+			return stage[T]{kind: stageAnswered}
 		}
 		k.waited, k.deadline = wait, time.Now().Add(wait)
 		k.c.Header(HeaderPreferenceApplied, AppliedWait(wait))
 	}
 	if !k.waitForFlight(k.deadline) {
 		k.inProgress()
-		return stage{kind: stageAnswered}
+		return stage[T]{kind: stageAnswered}
 	}
-	return stage{kind: stageLook} // the cheap look, until the key is free
+	return stage[T]{kind: stageLook} // the cheap look, until the key is free
 }
 
 // preferredWait is how long the request may wait for its key's first
 // request: the Prefer header's wait within Config.MaxWait.
-func (k *call) preferredWait() time.Duration {
+func (k *call[T]) preferredWait() time.Duration {
 	return PreferredWait(k.c.Request.Header, k.w.cfg.MaxWait)
 }
 
@@ -164,7 +164,7 @@ func AppliedWait(d time.Duration) string {
 // waitForFlight waits for the key's first request to finish, or a while
 // before looking again (it may be in another process), and reports
 // whether there is time left.
-func (k *call) waitForFlight(deadline time.Time) bool {
+func (k *call[T]) waitForFlight(deadline time.Time) bool {
 	left := time.Until(deadline)
 	if left <= 0 {
 		return false

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -15,78 +14,45 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-	"gorm.io/gorm"
 
-	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
 
-// Handler does a request's work on tx, the request's one transaction (its
-// DB is a GORM session on it), and returns the answer. It may only touch
-// PostgreSQL through tx: foreign work
-// (a queue, an email) is staged in a table and done after commit. Whatever
-// it wrote commits with its answer, 2xx or 4xx, so a handler that answers
-// 4xx must do so before writing. An error, a 5xx, a panic or a refusal
-// (Refuse) rolls back everything: nothing happened, nothing is stored, the
-// key is free.
-type Handler func(tx *models.RequestTx, req Request) (Response, error)
+// Handler does a request's work on tx, the request's one transaction, and
+// returns the answer. It may only write through tx: foreign work (a queue,
+// an email) is staged in a table and done after commit. Whatever it wrote
+// commits with its answer, 2xx or 4xx, so a handler that answers 4xx must
+// do so before writing. An error, a 5xx, a panic or a refusal (Refuse)
+// rolls back everything: nothing happened, nothing is stored, the key is
+// free.
+type Handler[T Tx] func(tx T, req Request) (Response, error)
 
 // Prepared is a request read from its body, ready to be done: in one step
 // by Commit when it can, else in the request's transaction by Handle. What
 // the Preparer decoded travels in the two functions' closures, so the body
 // is decoded once.
-type Prepared struct {
+type Prepared[T Tx] struct {
 	// Handle does the request in its transaction (see Handler); it is
 	// required. A Preparer that refuses the body returns a Handle that
 	// answers the refusal, which is then stored like any answer.
-	Handle Handler
+	Handle Handler[T]
 	// Commit, when set, does the request in one step, without a
-	// transaction of its own: it writes the work together with the key row
-	// (key; nil without a key, and the row's ResourceID is Commit's to
-	// write), all or nothing, and says what happened: unless it answers
-	// Committed, nothing was written.
-	Commit func(ctx context.Context, key *models.KeyWrite) (CommitResult, error)
+	// transaction of its own: it writes the work together with the key's
+	// row (key; nil without a key), all or nothing, as a Tx's Commit does
+	// (ErrKeyTaken included), or answers NotDone having written nothing.
+	Commit func(ctx context.Context, key *Key) (Result, error)
 	// Response is the answer once Commit has committed. An answer that is
 	// not stored (1xx, 5xx, Refused) or a body over the limit sends the
 	// request to Handle instead.
 	Response Response
 }
 
-// CommitResult is what a Prepared's Commit did with its request.
-type CommitResult struct {
-	// Kind says what happened; its zero value, NeedsTransaction, that
-	// nothing was written.
-	Kind CommitKind
-	// Expires is when the key expires (Committed, with a key).
-	Expires time.Time
-	// Replaced: the key row took over an expired one (Committed, with a key).
-	Replaced bool
-	// Stored is the key's live row, which answers the request (KeyAnswered).
-	Stored *models.StoredKey
-}
-
-// CommitKind is what a Prepared's Commit did.
-type CommitKind int
-
-const (
-	// NeedsTransaction: nothing was written; the request is done in its
-	// transaction (Prepared.Handle) instead.
-	NeedsTransaction CommitKind = iota
-	// Committed: the work committed, with the key row when there is a key.
-	Committed
-	// KeyInFlight: nothing was written; another request holds the key.
-	KeyInFlight
-	// KeyAnswered: nothing was written; the key's live row (Stored)
-	// answers the request.
-	KeyAnswered
-)
-
 // Preparer reads a request's body, before anything is written, into a
 // Prepared. An error is answered 5xx, nothing stored. It is called once per
 // attempt at the request's work: again only when the request waited for
 // another request with its key (Prefer: wait) that then left the key free,
 // so what it makes (ids, times) is fresh each time.
-type Preparer func(req Request) (Prepared, error)
+type Preparer[T Tx] func(req Request) (Prepared[T], error)
 
 // Config configures a Wrapper; its zero value takes the defaults, except
 // where a field says what 0 means.
@@ -142,9 +108,8 @@ type Config struct {
 
 // Wrapper makes handlers idempotent. Build one with New and wrap routes
 // with Wrap.
-type Wrapper struct {
-	db      *gorm.DB
-	keys    *models.KeyStore
+type Wrapper[T Tx] struct {
+	store   Store[T]
 	cfg     Config
 	waiters *waitSlots   // the requests waiting on a key in flight, per tenant
 	flights sync.Map     // lock id -> *flight, for keyed requests executing in this process
@@ -155,8 +120,9 @@ type Wrapper struct {
 // recentKeysSize bounds recentKeys: up to twice this many keys (16 bytes each).
 const recentKeysSize = 1 << 16
 
-// New returns a Wrapper running transactions on db.
-func New(db *gorm.DB, keys *models.KeyStore, cfg Config) *Wrapper {
+// New returns a Wrapper keeping its keys, and doing its routes' work, in
+// store.
+func New[T Tx](store Store[T], cfg Config) *Wrapper[T] {
 	cfg.TTL = cmp.Or(cfg.TTL, 24*time.Hour)
 	cfg.TxTimeout = cmp.Or(cfg.TxTimeout, 30*time.Second)
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, 1)
@@ -170,13 +136,13 @@ func New(db *gorm.DB, keys *models.KeyStore, cfg Config) *Wrapper {
 	if cfg.Tenant == nil {
 		panic("idempotency: Config.Tenant is required")
 	}
-	return &Wrapper{db: db, keys: keys, cfg: cfg, waiters: newWaitSlots(cfg.MaxWaiters, cfg.MaxWaitersPerTenant), recent: newRecentKeys(recentKeysSize),
-		answers: newAnswerCache()}
+	return &Wrapper[T]{store: store, cfg: cfg, waiters: newWaitSlots(cfg.MaxWaiters, cfg.MaxWaitersPerTenant),
+		recent: newRecentKeys(recentKeysSize), answers: newAnswerCache()}
 }
 
 // call is one request going through the wrapper.
-type call struct {
-	w         *Wrapper
+type call[T Tx] struct {
+	w         *Wrapper[T]
 	c         *gin.Context
 	scope     string
 	tenant    string
@@ -203,16 +169,15 @@ type call struct {
 
 // Wrap returns a gin handler running h idempotently under scope (such as
 // note_create): keys are unique per (tenant, scope, key).
-func (w *Wrapper) Wrap(scope string, h Handler) gin.HandlerFunc {
+func (w *Wrapper[T]) Wrap(scope string, h Handler[T]) gin.HandlerFunc {
 	return w.wrap(scope, handleOnly(h), false)
 }
 
 // WrapPrepared is Wrap for a route whose common case is done in one step
 // (see Prepared): prep reads each request once, and whatever its Commit
-// cannot decide alone (NeedsTransaction), or a Prepared without Commit,
-// goes to its Handle in a transaction, as with Wrap. The contract is the
-// same either way.
-func (w *Wrapper) WrapPrepared(scope string, prep Preparer) gin.HandlerFunc {
+// leaves NotDone, or a Prepared without Commit, goes to its Handle in a
+// transaction, as with Wrap. The contract is the same either way.
+func (w *Wrapper[T]) WrapPrepared(scope string, prep Preparer[T]) gin.HandlerFunc {
 	return w.wrap(scope, prep, false)
 }
 
@@ -220,19 +185,19 @@ func (w *Wrapper) WrapPrepared(scope string, prep Preparer) gin.HandlerFunc {
 // rotation): a request without one reaches h, whatever AllowEmptyBody says.
 // The route and its ids are the request's fingerprint (and a body, if one
 // is sent).
-func (w *Wrapper) WrapNoBody(scope string, h Handler) gin.HandlerFunc {
+func (w *Wrapper[T]) WrapNoBody(scope string, h Handler[T]) gin.HandlerFunc {
 	return w.wrap(scope, handleOnly(h), true)
 }
 
 // handleOnly is the Preparer of a route that is always done in a
 // transaction: h reads the body there.
-func handleOnly(h Handler) Preparer {
-	return func(Request) (Prepared, error) { return Prepared{Handle: h}, nil }
+func handleOnly[T Tx](h Handler[T]) Preparer[T] {
+	return func(Request) (Prepared[T], error) { return Prepared[T]{Handle: h}, nil }
 }
 
-func (w *Wrapper) wrap(scope string, prep Preparer, noBody bool) gin.HandlerFunc {
+func (w *Wrapper[T]) wrap(scope string, prep Preparer[T], noBody bool) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		k := &call{w: w, c: c, scope: scope, tenant: w.cfg.Tenant(c), requestID: c.GetString(problem.RequestIDKey), noBody: noBody}
+		k := &call[T]{w: w, c: c, scope: scope, tenant: w.cfg.Tenant(c), requestID: c.GetString(problem.RequestIDKey), noBody: noBody}
 		if k.requestID == "" {
 			k.requestID = uuid.NewString()
 		}
@@ -247,14 +212,14 @@ func (w *Wrapper) wrap(scope string, prep Preparer, noBody bool) gin.HandlerFunc
 }
 
 // stage is where a request stands: what the wrapper does with it next.
-type stage struct {
+type stage[T Tx] struct {
 	kind stageKind
 	// stored is the key's live row that answers the request (stageReplay).
-	stored *models.StoredKey
+	stored *Key
 	// answer is the key's answer in this process's cache (stageCached).
-	answer *storedAnswer
+	answer *answer
 	// handle is the prepared request's transactional work (stageTransact).
-	handle Handler
+	handle Handler[T]
 }
 
 type stageKind int
@@ -270,14 +235,17 @@ const (
 	stageInFlight                  // another request holds the key: wait, or answer 409
 )
 
+// answered is the stage of a request that has its answer.
+func answered[T Tx]() stage[T] { return stage[T]{kind: stageAnswered} }
+
 // serve answers the request: it reads the key and the body, then goes from
 // stage to stage, each function doing one and naming the next, until one
 // has answered. A keyed request's path is cached (a key whose answer this
 // process holds), or look (for a key this process answered lately), claim,
-// prepare, then transact when the one step cannot decide it; any of them
-// may find the key answered (replay) or held (inFlight, which waits and
-// looks again, or answers 409).
-func (k *call) serve(prep Preparer) {
+// prepare, then transact when the one step leaves the request NotDone; any
+// of them may find the key answered (replay) or held (inFlight, which waits
+// and looks again, or answers 409).
+func (k *call[T]) serve(prep Preparer[T]) {
 	if !k.readKey() || !k.readBody() {
 		return
 	}
@@ -299,11 +267,11 @@ func (k *call) serve(prep Preparer) {
 		case stageTransact:
 			s = k.transact(ctx, s.handle)
 		case stageReplay:
-			k.replay(s.stored)
-			s = stage{kind: stageAnswered}
+			k.replay(s.stored, true)
+			s = answered[T]()
 		case stageCached:
 			k.replayAnswer(s.answer)
-			s = stage{kind: stageAnswered}
+			s = answered[T]()
 		case stageInFlight:
 			s = k.await()
 		}
@@ -312,178 +280,146 @@ func (k *call) serve(prep Preparer) {
 
 // first is a request's first stage. A request without a key has nothing to
 // look up or claim. A key whose answer this process holds (answerCache) is
-// replayed from it, with no database read. Another key this process
+// replayed from it, with no read of the store. Another key this process
 // answered lately probably comes back as a retry: it is looked up first,
 // with one read and no transaction (a replay, a 422, or a 409 while in
-// flight, seen in pg_locks by the same statement). A first attempt goes
-// straight to its work, which takes the key's lock (or finds its row)
-// before anything else.
-func (k *call) first() stage {
+// flight). A first attempt goes straight to its work, which takes the key's
+// lock (or finds its row) before anything else.
+func (k *call[T]) first() stage[T] {
 	if k.key == "" {
 		k.outcome = OutcomeNoKey
-		return stage{kind: stagePrepare}
+		return stage[T]{kind: stagePrepare}
 	}
-	k.lockID = models.LockID(k.tenant, k.scope, k.key)
+	k.lockID = LockID(k.tenant, k.scope, k.key)
 	if ans := k.cached(); ans != nil {
-		return stage{kind: stageCached, answer: ans}
+		return stage[T]{kind: stageCached, answer: ans}
 	}
 	if k.w.recent.has(k.lockID) {
-		return stage{kind: stageLook}
+		return stage[T]{kind: stageLook}
 	}
-	return stage{kind: stageClaim}
+	return stage[T]{kind: stageClaim}
 }
 
 // cached is the key's answer in this process's cache, or nil.
-func (k *call) cached() *storedAnswer {
+func (k *call[T]) cached() *answer {
 	return k.w.answers.get(k.lockID, k.tenant, k.scope, k.key)
+}
+
+// keyRef is the request's key as a store looks it up and locks it: nil
+// without a key.
+func (k *call[T]) keyRef() *Key {
+	if k.key == "" {
+		return nil
+	}
+	return &Key{Tenant: k.tenant, Scope: k.scope, Key: k.key, LockID: k.lockID}
 }
 
 // look reads the key's row, without a transaction: it answers the request,
 // or says whether the key is held or free to claim. After a wait, the
 // answer may be in this process's cache already (its first request ran
 // here), and then nothing is read.
-func (k *call) look(ctx context.Context) stage {
+func (k *call[T]) look(ctx context.Context) stage[T] {
 	if ans := k.cached(); ans != nil {
-		return stage{kind: stageCached, answer: ans}
+		return stage[T]{kind: stageCached, answer: ans}
 	}
-	stored, err := k.w.keys.Lookup(ctx, k.tenant, k.scope, k.key)
+	res, err := k.w.store.Lookup(ctx, k.keyRef())
 	switch {
 	case err != nil:
 		k.fail(err)
-		return stage{kind: stageAnswered}
-	case stored.Found() && !stored.Expired:
-		return stage{kind: stageReplay, stored: stored}
-	case stored.InFlight:
-		return stage{kind: stageInFlight}
+		return answered[T]()
+	case res.Kind == KeyAnswered:
+		return stage[T]{kind: stageReplay, stored: res.Key}
+	case res.Kind == KeyInFlight:
+		return stage[T]{kind: stageInFlight}
 	}
-	return stage{kind: stageClaim}
+	return stage[T]{kind: stageClaim}
 }
 
 // prepare reads the request (prep) and does it in one step when the route
-// can (Prepared.Commit); whatever that one step cannot decide goes on to the
+// can (Prepared.Commit); what that step leaves NotDone goes on to the
 // transaction, with what prep read.
-func (k *call) prepare(ctx context.Context, prep Preparer) stage {
+func (k *call[T]) prepare(ctx context.Context, prep Preparer[T]) stage[T] {
 	p, err := prep(k.request())
 	if err != nil {
 		k.fail(err)
-		return stage{kind: stageAnswered}
+		return answered[T]()
 	}
-	resp := p.Response
-	if p.Commit == nil || resp.Status < 200 || resp.Status >= 500 || resp.Refused || int64(len(resp.Body)) > k.maxAnswer() {
-		return stage{kind: stageTransact, handle: p.Handle}
+	if p.Commit == nil || !k.storable(p.Response) {
+		return stage[T]{kind: stageTransact, handle: p.Handle}
 	}
-	res, err := p.Commit(ctx, k.keyWrite(resp))
-	switch {
-	case errors.Is(err, models.ErrConflict) && k.key != "":
-		k.replayCommitted(ctx)
-		return stage{kind: stageAnswered}
-	case err != nil:
-		k.failCommit(err, resp)
-		return stage{kind: stageAnswered}
+	res, err := p.Commit(ctx, k.keyRow(p.Response))
+	if err == nil && res.Kind == NotDone {
+		return stage[T]{kind: stageTransact, handle: p.Handle}
 	}
-	switch res.Kind {
-	case Committed:
-		k.answerCommitted(resp, res.Expires, res.Replaced)
-		return stage{kind: stageAnswered}
-	case KeyInFlight:
-		return stage{kind: stageInFlight}
-	case KeyAnswered:
-		return stage{kind: stageReplay, stored: res.Stored}
-	}
-	return stage{kind: stageTransact, handle: p.Handle} // NeedsTransaction
+	return k.settle(ctx, p.Response, res, err)
 }
-
-// keyWrite is the key row a Prepared's Commit writes with the answer resp
-// (nil without a key).
-func (k *call) keyWrite(resp Response) *models.KeyWrite {
-	if k.key == "" {
-		return nil
-	}
-	row := k.keyRow(resp)
-	return &models.KeyWrite{Endpoint: k.scope, Key: k.key, LockID: k.lockID, RequestHash: row.RequestHash,
-		Method: row.RequestMethod, Path: row.RequestPath, Status: row.ResponseStatus, Body: row.ResponseBody,
-		Headers: row.ResponseHeaders, RequestID: row.RequestID, ClientIP: row.ClientIP, UserAgent: row.UserAgent,
-		TTL: k.w.cfg.TTL}
-}
-
-// maxAnswer is the largest answer stored: four times the largest body.
-func (k *call) maxAnswer() int64 { return 4 * k.w.cfg.MaxBodyBytes }
 
 // transact does the request with h in its one transaction. With a key,
-// the transaction's first round trip reads the key's row and takes its
-// advisory lock, and the last saves the key row with the answer along with
-// the COMMIT; when a live row already answers the request, or another
-// request holds the key's lock, nothing is done (replay, inFlight).
-func (k *call) transact(ctx context.Context, h Handler) stage {
-	var ref *models.KeyRef
+// Begin's first round trip reads the key's row and takes its lock, and the
+// Commit saves the key's row with the answer along with the work; when a
+// live row already answers the request, or another request holds the
+// key's lock, nothing is done.
+func (k *call[T]) transact(ctx context.Context, h Handler[T]) stage[T] {
+	tx, res, err := k.w.store.Begin(ctx, k.w.cfg.TxTimeout, k.keyRef())
+	if err != nil || res.Kind != NotDone {
+		return k.settle(ctx, Response{}, res, err)
+	}
 	if k.key != "" {
-		ref = &models.KeyRef{OrgID: k.tenant, Endpoint: k.scope, Key: k.key, LockID: k.lockID}
-	}
-	tx, stored, err := models.BeginRequest(ctx, k.w.db, k.w.cfg.TxTimeout, ref)
-	switch {
-	case err != nil:
-		k.fail(err)
-		return stage{kind: stageAnswered}
-	case tx == nil && stored.Found() && !stored.Expired:
-		return stage{kind: stageReplay, stored: stored}
-	case tx == nil:
-		return stage{kind: stageInFlight}
-	}
-	if ref != nil {
 		defer k.w.recent.add(k.lockID)
 	}
 	defer tx.Rollback() // after a commit, nothing to do
 
-	resp, err := k.handle(tx, h)
+	resp, err := k.handle(ctx, tx, h)
 	switch {
 	case err != nil:
 		k.fail(err)
-		return stage{kind: stageAnswered}
-	case resp.Status >= 500:
-		// Rolled back, passed on, not stored: a retry executes afresh.
+		return answered[T]()
+	case !k.storable(resp):
 		tx.Rollback()
-		k.outcome = OutcomeError
-		k.write(resp.Status, resp.Header, resp.Body)
-		return stage{kind: stageAnswered}
-	case resp.Status < 200:
-		k.fail(fmt.Errorf("handler answered %d", resp.Status))
-		return stage{kind: stageAnswered}
-	case resp.Refused:
-		tx.Rollback()
-		k.outcome = OutcomeRejected
-		k.write(resp.Status, resp.Header, resp.Body)
-		return stage{kind: stageAnswered}
-	case int64(len(resp.Body)) > k.maxAnswer():
-		tx.Rollback()
-		k.reject(http.StatusRequestEntityTooLarge, problem.ResponseTooLarge, fmt.Sprintf(
-			"The answer to this request would be %d bytes, over the limit of %d; nothing was done. Send a smaller request.",
-			len(resp.Body), k.maxAnswer()))
-		return stage{kind: stageAnswered}
+		k.answerUnstored(resp)
+		return answered[T]()
 	}
-	var expires time.Time
-	if ref == nil {
-		err = tx.Commit(ctx)
-	} else {
-		expires, err = tx.CommitWithKey(ctx, k.keyRow(resp), k.w.cfg.TTL)
-	}
+	res, err = tx.Commit(ctx, k.keyRow(resp))
+	return k.settle(ctx, resp, res, err)
+}
+
+// settle answers with what a step did: the commit of resp's work
+// (Committed, or an error), or the key found answered or held, which it
+// hands on to the replay or to the wait.
+func (k *call[T]) settle(ctx context.Context, resp Response, res Result, err error) stage[T] {
 	switch {
-	case errors.Is(err, models.ErrConflict):
-		// A request holding the lock before us committed this key after
-		// our fast-path read: our work is rolled back; answer with theirs.
+	case errors.Is(err, ErrKeyTaken) && k.key != "":
+		// Another request committed this key after this one looked: this
+		// one's work is not written; answer with the other's.
 		k.replayCommitted(ctx)
 	case err != nil:
 		k.failCommit(err, resp)
+	case res.Kind == KeyAnswered:
+		return stage[T]{kind: stageReplay, stored: res.Key}
+	case res.Kind == KeyInFlight:
+		return stage[T]{kind: stageInFlight}
+	case res.Kind == Committed:
+		k.answerCommitted(resp, res)
 	default:
-		k.answerCommitted(resp, expires, ref != nil && stored.Found())
+		k.fail(fmt.Errorf("idempotency: a commit wrote nothing (result kind %d)", res.Kind))
 	}
-	return stage{kind: stageAnswered}
+	return answered[T]()
 }
 
+// storable reports whether resp is an answer stored with its key: 2xx or
+// 4xx, not refused, and not over the largest answer stored.
+func (k *call[T]) storable(resp Response) bool {
+	return resp.Status >= 200 && resp.Status < 500 && !resp.Refused && int64(len(resp.Body)) <= k.maxAnswer()
+}
+
+// maxAnswer is the largest answer stored: four times the largest body.
+func (k *call[T]) maxAnswer() int64 { return 4 * k.w.cfg.MaxBodyBytes }
+
 // handle calls h on tx; a panic is an error (logged with its stack).
-func (k *call) handle(tx *models.RequestTx, h Handler) (resp Response, err error) {
+func (k *call[T]) handle(ctx context.Context, tx T, h Handler[T]) (resp Response, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			k.w.cfg.Log.ErrorContext(tx.Context(), "panic in idempotent handler",
+			k.w.cfg.Log.ErrorContext(ctx, "panic in idempotent handler",
 				"scope", k.scope, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = fmt.Errorf("panic: %v", p)
 		}
