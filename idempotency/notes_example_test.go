@@ -1,10 +1,9 @@
 package idempotency_test
 
-// An example to copy: the wrapper protecting a route of another service,
-// POST /notes, which creates a note in a table of its own. Nothing here
-// knows about the rest of valruns; the wrapper needs only a GORM pool on
-// PostgreSQL with the idempotency_keys table (migrations/), a key store
-// on it, and a way to tell the request's tenant.
+// The wrapper protecting a route of another service, POST /notes, which
+// creates a note in a table of its own, with valruns' Store on PostgreSQL
+// (models.KeyStore, over the idempotency_keys table of migrations/): the
+// contract holds there as it does in ExampleWrapper_Wrap's memory.
 
 import (
 	"encoding/json"
