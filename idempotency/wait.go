@@ -103,14 +103,14 @@ func (k *call[T]) await() stage[T] {
 		wait := k.preferredWait()
 		if wait == 0 || !k.w.waiters.take(k.tenant) { // no wait asked, or enough requests wait already
 			k.inProgress()
-			return stage[T]{kind: stageAnswered}
+			return answered[T]()
 		}
 		k.waited, k.deadline = wait, time.Now().Add(wait)
 		k.c.Header(HeaderPreferenceApplied, AppliedWait(wait))
 	}
 	if !k.waitForFlight(k.deadline) {
 		k.inProgress()
-		return stage[T]{kind: stageAnswered}
+		return answered[T]()
 	}
 	return stage[T]{kind: stageLook} // the cheap look, until the key is free
 }

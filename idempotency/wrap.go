@@ -59,12 +59,12 @@ type Preparer[T Tx] func(req Request) (Prepared[T], error)
 type Config struct {
 	// TTL is how long a stored answer is replayed; 0 means 24h.
 	TTL time.Duration
-	// TxTimeout bounds the request transaction, which ignores client
-	// hang-ups; 0 means 30s. It is the transaction's own statement_timeout
-	// (SET LOCAL): the server cancels a statement that hangs, the connection
-	// stays healthy and the rollback frees the key before the 503 is
-	// answered. The transaction's context deadline, TxTimeout plus txGrace,
-	// is the backstop for a transaction of many slow statements.
+	// TxTimeout bounds the request's work, which ignores client hang-ups;
+	// 0 means 30s. The store's Begin bounds each statement by it (on
+	// PostgreSQL, the transaction's own statement_timeout: the server
+	// cancels a statement that hangs, and the rollback frees the key before
+	// the 503 is answered). The work's context deadline, TxTimeout plus
+	// txGrace, is the backstop for a transaction of many slow statements.
 	TxTimeout time.Duration
 	// KeyRequired: a request without a key is 400 idempotency_key_missing.
 	KeyRequired bool
@@ -84,8 +84,8 @@ type Config struct {
 	// request is 409 at once, as without the preference).
 	MaxWait time.Duration
 	// MaxWaiters caps the requests waiting at once in this process; past it
-	// a request is 409 at once. 0 means 64. A waiter holds no database
-	// connection while it waits: it looks again now and then, and is woken
+	// a request is 409 at once. 0 means 64. A waiter holds nothing of the
+	// store while it waits: it looks again now and then, and is woken
 	// at once when the first request executes in this same process.
 	//
 	// The slots are shared fairly among tenants: one tenant holds at most
