@@ -92,7 +92,7 @@ func orgGone(c *gin.Context) {
 // orgChecked makes h answer models.ErrOrgGone as orgGone does, refused as
 // the token check would have refused it: rolled back, nothing stored
 // under the key.
-func orgChecked(h idempotency.Handler) idempotency.Handler {
+func orgChecked(h idempotency.Handler[*models.RequestTx]) idempotency.Handler[*models.RequestTx] {
 	return func(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 		resp, err := h(tx, req)
 		if !errors.Is(err, models.ErrOrgGone) {
@@ -108,8 +108,8 @@ func orgChecked(h idempotency.Handler) idempotency.Handler {
 // can: a one-step start never writes a row of the organisation's own (it
 // goes to Handle when the workflow is missing), so only Handle meets
 // models.ErrOrgGone.
-func orgCheckedPrepared(prep idempotency.Preparer) idempotency.Preparer {
-	return func(req idempotency.Request) (idempotency.Prepared, error) {
+func orgCheckedPrepared(prep idempotency.Preparer[*models.RequestTx]) idempotency.Preparer[*models.RequestTx] {
+	return func(req idempotency.Request) (idempotency.Prepared[*models.RequestTx], error) {
 		p, err := prep(req)
 		if p.Handle != nil {
 			p.Handle = orgChecked(p.Handle)

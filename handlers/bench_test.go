@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/valruns/valruns/handlers"
+	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
-	"github.com/valruns/valruns/models"
 )
 
 // BenchmarkStart measures one start request through the real router and
@@ -63,7 +63,7 @@ func BenchmarkStart(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer tx.Rollback()
-		if _, err := tx.Exec(`SELECT pg_advisory_xact_lock($1)`, models.LockID(org.ID, handlers.ScopeWorkflowStart, "busy")); err != nil {
+		if _, err := tx.Exec(`SELECT pg_advisory_xact_lock($1)`, idempotency.LockID(org.ID, handlers.ScopeWorkflowStart, "busy")); err != nil {
 			b.Fatal(err)
 		}
 		for b.Loop() {

@@ -104,10 +104,22 @@ func (f *idemFixture) counts(t *testing.T, orgID string) idemCounts {
 	}
 }
 
-// keyRow reads a stored key; nil when there is none.
-func idemKeyRow(t *testing.T, e *apitest.Env, orgID, endpoint, key string) *models.IdempotencyKey {
+// storedKey is a row of idempotency_keys as the tests read it, by SQL.
+type storedKey struct {
+	OrgID, Endpoint, Key, RequestMethod, RequestPath, RequestID, ClientIP, UserAgent string
+	RequestHash, ResponseBody                                                        []byte
+	ResponseHeaders                                                                  models.JSON
+	ResponseStatus                                                                   int
+	ValidationRunID                                                                  *string
+	CreatedAt, ExpiresAt                                                             time.Time
+}
+
+func (storedKey) TableName() string { return "idempotency_keys" }
+
+// idemKeyRow reads a stored key; nil when there is none.
+func idemKeyRow(t *testing.T, e *apitest.Env, orgID, endpoint, key string) *storedKey {
 	t.Helper()
-	var rows []models.IdempotencyKey
+	var rows []storedKey
 	require.NoError(t, e.DB.Where("org_id = ? AND endpoint = ? AND key = ?", orgID, endpoint, key).Find(&rows).Error)
 	if len(rows) == 0 {
 		return nil
@@ -185,7 +197,7 @@ func idemHoldKeyLock(t *testing.T, e *apitest.Env, orgID, scope, key string) (re
 	t.Cleanup(func() { _ = db.Close() })
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	_, err = tx.Exec(`SELECT pg_advisory_xact_lock($1)`, models.LockID(orgID, scope, key))
+	_, err = tx.Exec(`SELECT pg_advisory_xact_lock($1)`, idempotency.LockID(orgID, scope, key))
 	require.NoError(t, err)
 	var once sync.Once
 	release = func() { once.Do(func() { _ = tx.Rollback() }) }
@@ -719,7 +731,7 @@ func TestIdempotencyContract(t *testing.T) {
 				nf := f.e.Do(http.MethodPost, idemStartPath("3f0e7b1c-2a4d-4e5f-8a9b-0c1d2e3f4a5b"), f.org.Token, idemBody, idemKey("hdr-2")...)
 				require.Equal(t, http.StatusNotFound, nf.Status)
 
-				var all []models.IdempotencyKey
+				var all []storedKey
 				require.NoError(t, f.e.DB.Find(&all).Error)
 				require.Len(t, all, 2)
 				for _, k := range all {

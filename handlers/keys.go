@@ -82,7 +82,9 @@ func (h *keyHandlers) get(c *gin.Context) {
 		problem.Write(c, notFound("Idempotency key"))
 		return
 	}
-	k, err := h.keys.Lookup(c.Request.Context(), principalOf(c).OrgID, scope, key)
+	orgID := principalOf(c).OrgID
+	res, err := h.keys.Lookup(c.Request.Context(), &idempotency.Key{Tenant: orgID, Scope: scope, Key: key,
+		LockID: idempotency.LockID(orgID, scope, key)})
 	switch {
 	case errors.Is(err, models.ErrNotFound):
 		problem.Write(c, notFound("Idempotency key"))
@@ -92,23 +94,27 @@ func (h *keyHandlers) get(c *gin.Context) {
 		return
 	}
 	out := IdempotencyKey{Scope: scope, Key: key}
+	k := res.Key
 	switch {
-	case k.InFlight:
+	case res.Kind == idempotency.KeyInFlight:
 		out.State = KeyInProgress
 		c.Header("Retry-After", "1")
 		c.PureJSON(http.StatusOK, out)
 		return
-	case !k.Found():
+	case k == nil:
 		problem.Write(c, notFound("Idempotency key"))
 		return
-	case k.Expired:
-		out.State = KeyExpired
-	default:
+	case res.Kind == idempotency.KeyAnswered:
 		out.State = KeyFinished
+	default: // a row past its expiry
+		out.State = KeyExpired
 	}
 	created, expires := k.CreatedAt.UTC(), k.ExpiresAt.UTC()
 	out.CreatedAt, out.ExpiresAt = &created, &expires
-	out.RequestID, out.RequestMethod, out.RequestPath = k.RequestID, k.RequestMethod, k.RequestPath
-	out.ResponseStatus, out.ValidationRunID = k.ResponseStatus, k.ValidationRunID
+	out.RequestID, out.RequestMethod, out.RequestPath = k.RequestID, k.Method, k.Path
+	out.ResponseStatus = k.Status
+	if k.ResourceID != "" {
+		out.ValidationRunID = &k.ResourceID
+	}
 	c.PureJSON(http.StatusOK, out)
 }

@@ -139,7 +139,7 @@ func NewRouter(d Deps) *gin.Engine {
 	usage := &usageHandlers{usage: models.NewUsageStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota}
 	keys := &keyHandlers{keys: models.NewKeyStore(d.DB)}
 	hooks := &webhookHandlers{endpoints: models.NewWebhookStore(d.DB), allowPrivate: d.Config.WebhookAllowPrivateTargets}
-	idem := idempotency.New(d.DB, models.NewKeyStore(d.DB), idempotency.Config{
+	idem := idempotency.New(models.NewKeyStore(d.DB), idempotency.Config{
 		TTL:          d.Config.IdempotencyTTL,
 		TxTimeout:    d.Config.IdempotencyTxTimeout,
 		KeyRequired:  d.Config.IdempotencyKeyRequired,

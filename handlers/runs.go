@@ -195,43 +195,29 @@ func (h *runHandlers) start(tx *models.RequestTx, req idempotency.Request, p mod
 
 // prepare reads a start's body, once, into the run to create. Its Commit is
 // the one-step path (models.RunStore.StartOne), the common case; a start
-// that path cannot decide goes to start, in a transaction, with what was
+// that path leaves NotDone goes to start, in a transaction, with what was
 // read. A body refused with a problem is answered in a transaction too, so
 // that the problem is stored with the key.
-func (h *runHandlers) prepare(req idempotency.Request) (idempotency.Prepared, error) {
+func (h *runHandlers) prepare(req idempotency.Request) (idempotency.Prepared[*models.RequestTx], error) {
 	p, d := h.startParams(req)
 	if d != nil {
-		return idempotency.Prepared{Handle: func(_ *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+		return idempotency.Prepared[*models.RequestTx]{Handle: func(_ *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 			return idempotency.Problem(req, *d), nil
 		}}, nil
 	}
 	resp, err := h.created(req.Gin.Request.Context(), p)
 	if err != nil {
-		return idempotency.Prepared{}, err
+		return idempotency.Prepared[*models.RequestTx]{}, err
 	}
-	return idempotency.Prepared{
+	return idempotency.Prepared[*models.RequestTx]{
 		Response: resp,
-		Commit: func(ctx context.Context, k *models.KeyWrite) (idempotency.CommitResult, error) {
-			res, err := h.runs.StartOne(ctx, p, k)
-			return commitResult(res), err
+		Commit: func(ctx context.Context, k *idempotency.Key) (idempotency.Result, error) {
+			return h.runs.StartOne(ctx, p, k)
 		},
 		Handle: func(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 			return h.start(tx, req, p)
 		},
 	}, nil
-}
-
-// commitResult is what the one-step start did, as the wrapper takes it.
-func commitResult(r models.OneResult) idempotency.CommitResult {
-	switch {
-	case r.Done:
-		return idempotency.CommitResult{Kind: idempotency.Committed, Expires: r.Expires, Replaced: r.Replaced}
-	case r.InFlight:
-		return idempotency.CommitResult{Kind: idempotency.KeyInFlight}
-	case r.Stored != nil:
-		return idempotency.CommitResult{Kind: idempotency.KeyAnswered, Stored: r.Stored}
-	}
-	return idempotency.CommitResult{Kind: idempotency.NeedsTransaction} // r.Slow
 }
 
 // startParams reads a start's body into the run to create, or the problem

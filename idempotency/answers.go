@@ -9,7 +9,7 @@ import (
 )
 
 // The bounds of answerCache. A replay the cache answers reads nothing from
-// PostgreSQL; one it misses costs the one read (KeyStore.Lookup) a replay
+// the store; one it misses costs the one read (Store.Lookup) a replay
 // always cost, so the bounds trade memory for reads, never correctness.
 const (
 	// answerCacheEntries and answerCacheBytes bound the cache: at most this
@@ -25,7 +25,7 @@ const (
 	// (an organisation's removal, docs/operations.md) is seen within it.
 	answerCacheMaxAge = 2 * time.Minute
 	// answerCacheSkew: an entry is never served later than this before
-	// its key's expires_at (the database's clock) by this process's clock,
+	// its key's ExpiresAt (the store's clock) by this process's clock,
 	// a margin for the two clocks' difference.
 	answerCacheSkew = time.Minute
 )
@@ -36,19 +36,19 @@ const answerOverhead = 256
 
 // answerCache holds, by lock id, the stored answers of finished keys that
 // this process saved (the first answer) or read (a replay from the
-// database) lately, so that a retry is answered from memory: the replay
+// store) lately, so that a retry is answered from memory: the replay
 // fast path without its read.
 //
-// It is safe because a live key's row never changes: save_key.sql only
-// overwrites a row past expires_at, and a row is deleted only past it (the
-// cleanup) or by an operator removing its organisation. So an entry is
-// served only before expires_at (less answerCacheSkew) and for at most
+// It is safe because a live key's row never changes: a commit replaces a
+// row only past its ExpiresAt (else ErrKeyTaken), and a store deletes one
+// only past it (a cleanup) or when an operator removes its tenant. So an
+// entry is served only before ExpiresAt (less answerCacheSkew) and for at most
 // answerCacheMaxAge; it holds only final answers (2xx and 4xx committed with
 // their key), never a key in flight or an answer that is not stored (a 5xx,
 // a refusal before the handler, a rate limit answered before the wrapper).
 type answerCache struct {
 	mu      sync.Mutex
-	entries map[int64]*list.Element // of *storedAnswer
+	entries map[int64]*list.Element // of *answer
 	order   *list.List              // oldest first
 	bytes   int
 	// The bounds and the clock: the constants above and time.Now, except
@@ -58,20 +58,11 @@ type answerCache struct {
 	now                             func() time.Time
 }
 
-// storedAnswer is a finished key's stored answer as a replay needs it (see
-// call.replayAnswer).
-type storedAnswer struct {
-	lockID             int64
-	tenant, scope, key string
-	requestHash        []byte
-	// method and path are the first request's, as stored with its key
-	// (the path as sent), to say what a mismatch changed.
-	method, path string
-	status       int
-	header       http.Header // the stored headers (storedHeaders)
-	body         []byte
-	requestID    string // the first request's X-Request-Id
-	expiresAt    time.Time
+// answer is a finished key's row as the cache holds it, its headers read,
+// ready to replay (see call.replayAnswer).
+type answer struct {
+	row    *Key
+	header http.Header // the stored headers (storedHeaders)
 	// cached is when the answer entered the cache; size what it counts.
 	cached time.Time
 	size   int
@@ -85,7 +76,7 @@ func newAnswerCache() *answerCache {
 
 // get returns the answer of (tenant, scope, key), whose lock id is id, if
 // the cache holds it and may still serve it; nil otherwise.
-func (a *answerCache) get(id int64, tenant, scope, key string) *storedAnswer {
+func (a *answerCache) get(id int64, tenant, scope, key string) *answer {
 	if a == nil {
 		return nil
 	}
@@ -96,33 +87,34 @@ func (a *answerCache) get(id int64, tenant, scope, key string) *storedAnswer {
 	if !ok {
 		return nil
 	}
-	ans := el.Value.(*storedAnswer)
+	ans := el.Value.(*answer)
 	if !a.servable(ans, now) {
 		a.remove(el)
 		return nil
 	}
-	if ans.tenant != tenant || ans.scope != scope || ans.key != key {
+	if ans.row.Tenant != tenant || ans.row.Scope != scope || ans.row.Key != key {
 		return nil // another key with the same lock id: never its answer
 	}
 	return ans
 }
 
 // servable reports whether ans may still answer a replay at now.
-func (a *answerCache) servable(ans *storedAnswer, now time.Time) bool {
-	return now.Before(ans.expiresAt.Add(-a.skew)) && now.Before(ans.cached.Add(a.maxAge))
+func (a *answerCache) servable(ans *answer, now time.Time) bool {
+	return now.Before(ans.row.ExpiresAt.Add(-a.skew)) && now.Before(ans.cached.Add(a.maxAge))
 }
 
 // put caches ans (replacing the entry of its lock id), unless it is too
 // large or already too close to its expiry, then drops the oldest entries
 // while the cache is over its bounds or they are past their age. It keeps
-// its own copy of the body and fingerprint: a handler's body may not stay
-// as it is.
-func (a *answerCache) put(ans *storedAnswer) {
+// its own copy of the row, body and fingerprint: a handler's body may not
+// stay as it is.
+func (a *answerCache) put(ans *answer) {
 	if a == nil {
 		return
 	}
-	ans.size = answerOverhead + len(ans.tenant) + len(ans.scope) + len(ans.key) + len(ans.requestHash) +
-		len(ans.method) + len(ans.path) + len(ans.body) + len(ans.requestID)
+	r := ans.row
+	ans.size = answerOverhead + len(r.Tenant) + len(r.Scope) + len(r.Key) + len(r.RequestHash) +
+		len(r.Method) + len(r.Path) + len(r.Body) + len(r.RequestID)
 	for name, vs := range ans.header {
 		for _, v := range vs {
 			ans.size += len(name) + len(v)
@@ -132,16 +124,18 @@ func (a *answerCache) put(ans *storedAnswer) {
 	if ans.size > a.maxAnswer || !a.servable(ans, ans.cached) {
 		return
 	}
-	ans.body, ans.requestHash = bytes.Clone(ans.body), bytes.Clone(ans.requestHash)
+	row := *r
+	row.Body, row.RequestHash, row.Headers = bytes.Clone(r.Body), bytes.Clone(r.RequestHash), nil
+	ans.row = &row
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if el, ok := a.entries[ans.lockID]; ok {
+	if el, ok := a.entries[row.LockID]; ok {
 		a.remove(el)
 	}
-	a.entries[ans.lockID] = a.order.PushBack(ans)
+	a.entries[row.LockID] = a.order.PushBack(ans)
 	a.bytes += ans.size
 	for el := a.order.Front(); el != nil; el = a.order.Front() {
-		old := el.Value.(*storedAnswer)
+		old := el.Value.(*answer)
 		if len(a.entries) <= a.maxEntries && a.bytes <= a.maxBytes && ans.cached.Before(old.cached.Add(a.maxAge)) {
 			break
 		}
@@ -150,8 +144,8 @@ func (a *answerCache) put(ans *storedAnswer) {
 }
 
 func (a *answerCache) remove(el *list.Element) {
-	ans := a.order.Remove(el).(*storedAnswer)
-	delete(a.entries, ans.lockID)
+	ans := a.order.Remove(el).(*answer)
+	delete(a.entries, ans.row.LockID)
 	a.bytes -= ans.size
 }
 

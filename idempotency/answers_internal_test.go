@@ -13,12 +13,12 @@ func TestAnswerCacheLockIDCollision(t *testing.T) {
 	t.Parallel()
 	a := newAnswerCache()
 	const id = 42
-	a.put(&storedAnswer{lockID: id, tenant: "org", scope: "scope", key: "b", status: 201, body: []byte(`{"b":1}`),
-		expiresAt: time.Now().Add(time.Hour)})
+	a.put(&answer{row: &Key{LockID: id, Tenant: "org", Scope: "scope", Key: "b", Status: 201, Body: []byte(`{"b":1}`),
+		ExpiresAt: time.Now().Add(time.Hour)}})
 	require.Nil(t, a.get(id, "org", "scope", "a"), "another key")
 	require.Nil(t, a.get(id, "other", "scope", "b"), "another tenant")
 	require.Nil(t, a.get(id, "org", "other", "b"), "another scope")
 	got := a.get(id, "org", "scope", "b")
 	require.NotNil(t, got)
-	require.Equal(t, `{"b":1}`, string(got.body))
+	require.Equal(t, `{"b":1}`, string(got.row.Body))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/testdb"
+	"github.com/valruns/valruns/models"
 )
 
 // The cache of answers: a replay of a key whose answer this process saved
@@ -26,12 +27,14 @@ type testClock struct{ offset atomic.Int64 }
 func (c *testClock) now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
 func (c *testClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 
-func withClock(c *testClock) func(*idempotency.Wrapper) {
-	return func(w *idempotency.Wrapper) { idempotency.SetAnswerClock(w, c.now) }
+func withClock(c *testClock) func(*idempotency.Wrapper[*models.RequestTx]) {
+	return func(w *idempotency.Wrapper[*models.RequestTx]) { idempotency.SetAnswerClock(w, c.now) }
 }
 
-func withBounds(entries, bytes, maxAnswer int) func(*idempotency.Wrapper) {
-	return func(w *idempotency.Wrapper) { idempotency.SetAnswerBounds(w, entries, bytes, maxAnswer) }
+func withBounds(entries, bytes, maxAnswer int) func(*idempotency.Wrapper[*models.RequestTx]) {
+	return func(w *idempotency.Wrapper[*models.RequestTx]) {
+		idempotency.SetAnswerBounds(w, entries, bytes, maxAnswer)
+	}
 }
 
 // keyed is the headers of a request with key, and more.

@@ -5,9 +5,11 @@
 //
 // The package holds the pieces of that wrapper: parsing the key (ParseKey),
 // the request fingerprint over the method, the path and the canonical JSON
-// body (Fingerprint, over internal/canonjson's form), the one transaction per request guarded
-// by a PostgreSQL advisory lock, and the replay of a stored response. It
-// knows nothing about the routes it protects; a handler opts in by being wrapped.
+// body (Fingerprint, over internal/canonjson's form), one transaction per
+// request holding the key's lock, and the replay of a stored response. It
+// knows nothing about the routes it protects, nor about the database: it
+// defines the Store it needs (a key's row, a transaction that commits the
+// work with it), and a service implements it.
 package idempotency
 
 import "errors"

@@ -1,10 +1,9 @@
 package idempotency_test
 
-// An example to copy: the wrapper protecting a route of another service,
-// POST /notes, which creates a note in a table of its own. Nothing here
-// knows about the rest of valruns; the wrapper needs only a GORM pool on
-// PostgreSQL with the idempotency_keys table (migrations/), a key store
-// on it, and a way to tell the request's tenant.
+// The wrapper protecting a route of another service, POST /notes, which
+// creates a note in a table of its own, with valruns' Store on PostgreSQL
+// (models.KeyStore, over the idempotency_keys table of migrations/): the
+// contract holds there as it does in ExampleWrapper_Wrap's memory.
 
 import (
 	"encoding/json"
@@ -39,14 +38,14 @@ type noteRoutes struct {
 // prepare reads the body, once. A body the route refuses is answered in the
 // request's transaction all the same, so that the 400 is stored with the
 // key and replayed; a good one travels, decoded, to create.
-func (n *noteRoutes) prepare(req idempotency.Request) (idempotency.Prepared, error) {
+func (n *noteRoutes) prepare(req idempotency.Request) (idempotency.Prepared[*models.RequestTx], error) {
 	var in noteRequest
 	if err := json.Unmarshal(req.Body, &in); err != nil || in.Text == "" {
-		return idempotency.Prepared{Handle: func(_ *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+		return idempotency.Prepared[*models.RequestTx]{Handle: func(_ *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 			return idempotency.Problem(req, problem.New(http.StatusBadRequest, problem.ValidationError, "text is required")), nil
 		}}, nil
 	}
-	return idempotency.Prepared{Handle: func(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
+	return idempotency.Prepared[*models.RequestTx]{Handle: func(tx *models.RequestTx, req idempotency.Request) (idempotency.Response, error) {
 		return n.create(tx, req, in)
 	}}, nil
 }
@@ -70,11 +69,11 @@ const notesTenant = "6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b"
 
 // newNotesServer builds the notes service on a fresh database, its route
 // read by prep (such as noteRoutes.prepare).
-func newNotesServer(t *testing.T, prep idempotency.Preparer) (*gin.Engine, *gorm.DB) {
+func newNotesServer(t *testing.T, prep idempotency.Preparer[*models.RequestTx]) (*gin.Engine, *gorm.DB) {
 	db, _ := testdb.New(t)
 	require.NoError(t, db.Exec(`CREATE TABLE notes (id bigserial PRIMARY KEY, text text NOT NULL)`).Error)
 
-	w := idempotency.New(db, models.NewKeyStore(db), idempotency.Config{
+	w := idempotency.New(models.NewKeyStore(db), idempotency.Config{
 		Tenant: func(*gin.Context) string { return notesTenant },
 	})
 	gin.SetMode(gin.TestMode)

@@ -13,20 +13,20 @@ import (
 )
 
 // TestPreparedCommitDeclines: when a Prepared's one step cannot decide the
-// request (NeedsTransaction, nothing written), its Handle does it in the
+// request (NotDone, nothing written), its Handle does it in the
 // transaction with what the Preparer read: the body is read once per
 // request, and the contract holds on that path as on the other.
 func TestPreparedCommitDeclines(t *testing.T) {
 	t.Parallel()
 	var prepared, commits atomic.Int64
 	routes := &noteRoutes{}
-	prep := func(req idempotency.Request) (idempotency.Prepared, error) {
+	prep := func(req idempotency.Request) (idempotency.Prepared[*models.RequestTx], error) {
 		prepared.Add(1)
 		p, err := routes.prepare(req)
 		p.Response = idempotency.Response{Status: http.StatusCreated, Body: []byte(`{}`), Header: http.Header{}}
-		p.Commit = func(context.Context, *models.KeyWrite) (idempotency.CommitResult, error) {
+		p.Commit = func(context.Context, *idempotency.Key) (idempotency.Result, error) {
 			commits.Add(1)
-			return idempotency.CommitResult{Kind: idempotency.NeedsTransaction}, nil
+			return idempotency.Result{Kind: idempotency.NotDone}, nil
 		}
 		return p, err
 	}

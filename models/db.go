@@ -21,6 +21,8 @@ import (
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	"github.com/valruns/valruns/idempotency"
 )
 
 // Sentinel errors returned by the stores, wrapped with context.
@@ -289,6 +291,9 @@ func translate(err error) error {
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "23505": // unique_violation
+			if pgErr.ConstraintName == keyConstraint {
+				return fmt.Errorf("%w: %w: %s", ErrConflict, idempotency.ErrKeyTaken, pgErr.ConstraintName)
+			}
 			return fmt.Errorf("%w: %s", ErrConflict, pgErr.ConstraintName)
 		case "22P02": // invalid_text_representation, e.g. a malformed uuid
 			return ErrNotFound
@@ -300,6 +305,11 @@ func translate(err error) error {
 	}
 	return err
 }
+
+// keyConstraint is the unique index of idempotency keys (migration 0004):
+// a write it refuses found the key's live row, which another request
+// committed (sql/save_key.sql, sql/start_batch.sql).
+const keyConstraint = "idempotency_keys_pkey"
 
 // orgForeignKeys are the foreign keys to organizations (migrations/): a
 // write that breaks one names an organisation that no longer exists.

@@ -1,17 +1,21 @@
 package models
 
-import "time"
+import (
+	"time"
+
+	"github.com/valruns/valruns/idempotency"
+)
 
 // StartBatch sends the starts ps (with their key rows ks, nil for none) as
 // one statement of the start's fast path, as a batcher's writer would, and
 // returns each start's result: for tests of startBatchSQL.
-func (s *RunStore) StartBatch(ps []StartParams, ks []*KeyWrite) ([]OneResult, error) {
+func (s *RunStore) StartBatch(ps []StartParams, ks []*idempotency.Key) ([]idempotency.Result, error) {
 	batch := make([]*startReq, len(ps))
 	for i := range ps {
 		batch[i] = &startReq{p: ps[i], k: ks[i], done: make(chan struct{})}
 	}
 	_, err := s.batcher.exec(batch)
-	out := make([]OneResult, len(ps))
+	out := make([]idempotency.Result, len(ps))
 	for i, r := range batch {
 		out[i] = r.res
 	}
@@ -20,13 +24,13 @@ func (s *RunStore) StartBatch(ps []StartParams, ks []*KeyWrite) ([]OneResult, er
 
 // SendBatchForTest sends the starts ps (with their key rows ks) as one
 // statement, as a writer does, and returns each start's result and error.
-func (s *RunStore) SendBatchForTest(ps []StartParams, ks []*KeyWrite) ([]OneResult, []error) {
+func (s *RunStore) SendBatchForTest(ps []StartParams, ks []*idempotency.Key) ([]idempotency.Result, []error) {
 	batch := make([]*startReq, len(ps))
 	for i := range ps {
 		batch[i] = &startReq{p: ps[i], k: ks[i], done: make(chan struct{})}
 	}
 	s.batcher.send(batch)
-	res, errs := make([]OneResult, len(ps)), make([]error, len(ps))
+	res, errs := make([]idempotency.Result, len(ps)), make([]error, len(ps))
 	for i, r := range batch {
 		<-r.done
 		res[i], errs[i] = r.res, r.err

@@ -2,8 +2,6 @@ package models
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,82 +10,111 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
+
+	"github.com/valruns/valruns/idempotency"
 )
 
-// KeyStore reads and writes idempotency keys. Every lookup is by the scoped
-// key (org_id, endpoint, key), the table's unique index.
+// KeyStore reads and writes idempotency keys, and is the idempotency
+// wrapper's Store: its transactions are RequestTx. Every lookup is by the
+// scoped key (org_id, endpoint, key), the table's unique index; a key's
+// tenant is its organisation and its scope the endpoint. A key's
+// ResourceID is kept in validation_run_id, a uuid with a foreign key to
+// validation_runs (ON DELETE SET NULL): a run's id, or empty.
 type KeyStore struct{ db *gorm.DB }
 
 // NewKeyStore returns a KeyStore on db.
 func NewKeyStore(db *gorm.DB) *KeyStore { return &KeyStore{db: db} }
 
-// StoredKey is what the replay fast path learns in one statement: the key
-// row if there is one (Key is "" when there is none), whether it has expired
-// by the database's clock, and, when no live row exists, whether a request
-// holding the key's lock is in flight.
-type StoredKey struct {
-	IdempotencyKey
-	Expired  bool
-	InFlight bool
-}
+var _ idempotency.Store[*RequestTx] = (*KeyStore)(nil)
 
-// Found reports whether a key row exists (live or expired).
-func (k *StoredKey) Found() bool { return k.Key != "" }
-
-// Lookup reads the key row with one indexed read, without a transaction.
+// Lookup reads k's row with one indexed read, without a transaction.
 // When there is no live row it also looks, read-only, at pg_locks for the
-// key's advisory lock, so a retry storm against a request in flight is
-// answered 409 from this one statement, without a transaction and without
-// touching the lock itself. The probe is a hint: only the lock decides who
-// executes.
-func (s *KeyStore) Lookup(ctx context.Context, orgID, endpoint, key string) (*StoredKey, error) {
-	lockID := uint64(LockID(orgID, endpoint, key))
-	k := &StoredKey{IdempotencyKey: IdempotencyKey{OrgID: orgID, Endpoint: endpoint}}
+// key's advisory lock (k.LockID), so a retry storm against a request in
+// flight is answered 409 from this one statement, without a transaction
+// and without touching the lock itself. The probe is a hint: only the lock
+// decides who executes.
+func (s *KeyStore) Lookup(ctx context.Context, k *idempotency.Key) (idempotency.Result, error) {
+	lockID := uint64(k.LockID)
+	var (
+		res      idempotency.Result
+		expired  bool
+		inFlight bool
+	)
 	actx, cancel := FirstAnswer(ctx, s.db)
 	defer cancel()
 	err := withConn(actx, s.db, func(c *pgx.Conn) error {
-		return scanKey(c.QueryRow(actx, lookupKeySQL,
-			int64(lockID>>32), int64(lockID&0xffffffff), orgID, endpoint, key), k, &k.InFlight)
+		var err error
+		res.Key, expired, err = scanKey(c.QueryRow(actx, lookupKeySQL,
+			int64(lockID>>32), int64(lockID&0xffffffff), k.Tenant, k.Scope, k.Key), &inFlight)
+		return err
 	})
 	if err = stalled(ctx, actx, err); errors.Is(err, ErrStalled) {
-		return nil, fmt.Errorf("lookup idempotency key: %w", err)
+		return idempotency.Result{}, fmt.Errorf("lookup idempotency key: %w", err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("lookup idempotency key: %w", translate(err))
+		return idempotency.Result{}, fmt.Errorf("lookup idempotency key: %w", translate(err))
 	}
-	return k, nil
+	res.Kind = keyState(res.Key, expired, !inFlight)
+	if res.Key != nil {
+		res.Key.Tenant, res.Key.Scope, res.Key.LockID = k.Tenant, k.Scope, k.LockID
+	}
+	return res, nil
 }
 
-// scanKey reads a key row's columns (NULL when there is none: k stays
-// empty), as Lookup and beginKeyedSQL select them, then extra.
-func scanKey(row pgx.Row, k *StoredKey, extra ...any) error {
+// keyState is what a key's row (nil: none) and its lock say of a request
+// with the key: its live row answers it, another request holds it (not
+// free), or it may be done.
+func keyState(row *idempotency.Key, expired, free bool) idempotency.Kind {
+	switch {
+	case row != nil && !expired:
+		return idempotency.KeyAnswered
+	case !free:
+		return idempotency.KeyInFlight
+	}
+	return idempotency.NotDone
+}
+
+// Begin begins a request's transaction (BeginRequest).
+func (s *KeyStore) Begin(ctx context.Context, timeout time.Duration, k *idempotency.Key) (*RequestTx, idempotency.Result, error) {
+	return BeginRequest(ctx, s.db, timeout, k)
+}
+
+// Failure says what err means for an idempotent request: ErrOutcomeUnknown,
+// then unavailable (IsUnavailable), then a timeout (IsTimeout).
+func (s *KeyStore) Failure(err error) idempotency.Failure {
+	switch {
+	case errors.Is(err, ErrOutcomeUnknown):
+		return idempotency.OutcomeUnknown
+	case IsUnavailable(err):
+		return idempotency.Unavailable
+	case IsTimeout(err):
+		return idempotency.Timeout
+	}
+	return idempotency.Internal
+}
+
+// scanKey reads a key row's columns, as lookup_key.sql and begin_keyed.sql
+// select them, then extra: the row, nil when there is none (its columns
+// NULL), and whether it has expired by the database's clock.
+func scanKey(row pgx.Row, extra ...any) (k *idempotency.Key, expired bool, err error) {
 	var (
-		key, method, path, requestID *string
-		status                       *int
-		created, expires             *time.Time
-		expired                      *bool
+		key, method, path, requestID, resource *string
+		status                                 *int
+		created, expires                       *time.Time
+		exp                                    *bool
+		hash, body, headers                    []byte
 	)
-	dest := append([]any{&key, &k.RequestHash, &method, &path, &status, &k.ResponseBody,
-		&k.ResponseHeaders, &k.ValidationRunID, &requestID, &created, &expires, &expired}, extra...)
+	dest := append([]any{&key, &hash, &method, &path, &status, &body,
+		&headers, &resource, &requestID, &created, &expires, &exp}, extra...)
 	if err := row.Scan(dest...); err != nil || key == nil {
-		return err
+		return nil, false, err
 	}
-	k.Key, k.RequestMethod, k.RequestPath, k.RequestID = *key, *method, *path, *requestID
-	k.ResponseStatus, k.CreatedAt, k.ExpiresAt, k.Expired = *status, *created, *expires, *expired
-	return nil
-}
-
-// LockID is the advisory lock number of a scoped key: 64 bits of SHA-256, so
-// two keys share a lock (and one sees a spurious 409) with negligible odds.
-func LockID(orgID, endpoint, key string) int64 {
-	h := sha256.New()
-	for _, s := range []string{orgID, endpoint, key} {
-		var n [4]byte
-		binary.BigEndian.PutUint32(n[:], uint32(len(s)))
-		h.Write(n[:])
-		h.Write([]byte(s))
+	k = &idempotency.Key{Key: *key, RequestHash: hash, Method: *method, Path: *path, RequestID: *requestID,
+		Status: *status, Headers: headers, Body: body, CreatedAt: *created, ExpiresAt: *expires}
+	if resource != nil {
+		k.ResourceID = *resource
 	}
-	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
+	return k, *exp, nil
 }
 
 // TryLock takes the transaction-scoped advisory lock on tx without waiting.
@@ -102,18 +129,18 @@ func (s *KeyStore) TryLock(tx *gorm.DB, lockID int64) (bool, error) {
 }
 
 // The key's statements (sql/lookup_key.sql: Lookup's probe; sql/save_key.sql:
-// RequestTx.CommitWithKey's write of the finished row; sql/delete_expired_keys.sql).
+// RequestTx.Commit's write of the finished row; sql/delete_expired_keys.sql).
 var (
 	lookupKeySQL         = statement("lookup_key")
 	saveKeySQL           = statement("save_key")
 	deleteExpiredKeysSQL = statement("delete_expired_keys")
 )
 
-func saveKeyArgs(k *IdempotencyKey, ttl time.Duration) []any {
+func saveKeyArgs(k *idempotency.Key) []any {
 	return []any{
-		k.OrgID, k.Endpoint, k.Key, k.RequestHash, k.RequestMethod, truncate(k.RequestPath, 2000),
-		k.ResponseStatus, k.ResponseBody, string(k.ResponseHeaders), k.ValidationRunID,
-		k.RequestID, truncate(k.ClientIP, 100), truncate(k.UserAgent, 1000), ttl.Microseconds(),
+		k.Tenant, k.Scope, k.Key, k.RequestHash, k.Method, truncate(k.Path, 2000),
+		k.Status, k.Body, string(k.Headers), nullable(k.ResourceID),
+		k.RequestID, truncate(k.ClientIP, 100), truncate(k.UserAgent, 1000), k.TTL.Microseconds(),
 	}
 }
 

@@ -31,7 +31,8 @@ func TestListsReadNoLargeColumns(t *testing.T) {
 		id := models.NewRunID()
 		require.NoError(t, runs.Start(tx, models.StartParams{ID: id, CreatedAt: models.NewRunTime(), OrgID: org, WorkflowID: wf,
 			Submission: []byte(`{"big":"x"}`), Metadata: []byte(`{"note":"y"}`)}))
-		require.NoError(t, tx.Commit(ctx))
+		_, err = tx.Commit(ctx, nil)
+		require.NoError(t, err)
 		ids = append(ids, id)
 	}
 	c, err := runs.Claim(ctx, ids[0], time.Minute, 5)

@@ -124,30 +124,6 @@ type Finding struct {
 	Message  string `json:"message"`
 }
 
-// IdempotencyKey is a finished idempotent request: the key, the fingerprint
-// of the request and the exact answer to replay.
-type IdempotencyKey struct {
-	OrgID           string `gorm:"primaryKey"`
-	Endpoint        string `gorm:"primaryKey"`
-	Key             string `gorm:"primaryKey"`
-	RequestHash     []byte
-	RequestMethod   string
-	RequestPath     string
-	ResponseStatus  int
-	ResponseBody    []byte
-	ResponseHeaders JSON `gorm:"type:jsonb"`
-	// ValidationRunID links the key to what its request created
-	// (idempotency.Response.ResourceID): a uuid column with a foreign key
-	// to validation_runs (ON DELETE SET NULL, migration 0001), so a run's
-	// id or nil; nil too once that run is deleted.
-	ValidationRunID *string
-	RequestID       string
-	ClientIP        string
-	UserAgent       string
-	CreatedAt       time.Time
-	ExpiresAt       time.Time
-}
-
 // AuditRecord notes who did what: the audit_records view over the runs
 // (migration 0004), one record per run started.
 type AuditRecord struct {

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
+
+	"github.com/valruns/valruns/idempotency"
 )
 
 // RequestTx is the one transaction of an idempotent request, on a pooled
@@ -24,7 +26,7 @@ import (
 //     keyed request, reads the key's row and takes pg_try_advisory_xact_lock
 //     on it unless a live row answers it;
 //   - the handler's statements, through DB;
-//   - CommitWithKey: the key row with the answer, and COMMIT.
+//   - Commit: the key row with the answer, and COMMIT.
 //
 // Either way a request costs its handler's statements plus two round trips.
 type RequestTx struct {
@@ -34,13 +36,11 @@ type RequestTx struct {
 	db   *gorm.DB
 	// open: BEGIN was sent and neither COMMIT nor ROLLBACK since.
 	open bool
+	// replaces: the key's expired row is there, and Commit replaces it.
+	replaces bool
 }
 
-// KeyRef names a scoped idempotency key and its advisory lock (LockID).
-type KeyRef struct {
-	OrgID, Endpoint, Key string
-	LockID               int64
-}
+var _ idempotency.Tx = (*RequestTx)(nil)
 
 // ClientCheckInterval is how often PostgreSQL checks, while a statement of
 // a request's transaction runs, that the API process is still connected
@@ -66,37 +66,35 @@ var beginKeyedSQL = statement("begin_keyed")
 // connection stays usable, so the rollback that frees the key's lock
 // completes before the caller answers).
 //
-// With a key, the same round trip reads the key's row into stored and tries
-// the key's transaction-scoped advisory lock. t is nil, and the transaction
-// already rolled back, when the request must not execute: a live row
-// answers it (stored.Found() and !stored.Expired), or another transaction
-// holds the lock (stored.InFlight). Otherwise stored says whether an
-// expired row is being taken over.
-func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, key *KeyRef) (t *RequestTx, stored *StoredKey, err error) {
+// With a key (k's Tenant, Scope, Key and LockID), the same round trip reads
+// the key's row and tries the key's transaction-scoped advisory lock. t is
+// nil, and the transaction already rolled back, when the request must not
+// execute: a live row answers it (KeyAnswered), or another transaction
+// holds the lock (KeyInFlight). Otherwise the result is NotDone, with the
+// expired row the request's Commit will replace, if there is one.
+func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, k *idempotency.Key) (t *RequestTx, res idempotency.Result, err error) {
 	conn, done, err := requestConn(ctx, db)
 	if errors.Is(err, ErrStalled) {
-		return nil, nil, fmt.Errorf("begin: %w", err)
+		return nil, res, fmt.Errorf("begin: %w", err)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("begin: %w", translate(err))
+		return nil, res, fmt.Errorf("begin: %w", translate(err))
 	}
 	t = &RequestTx{ctx: ctx, conn: conn, done: done}
-	stored = &StoredKey{}
-	if key != nil {
-		stored.OrgID, stored.Endpoint = key.OrgID, key.Endpoint
-	}
-	locked := true
+	locked, expired := true, false
 	err = t.pgx(func(c *pgx.Conn) error {
 		var b pgx.Batch
 		b.Queue("begin")
 		ms := strconv.FormatInt(max(timeout.Milliseconds(), 1), 10)
-		if key == nil {
+		if k == nil {
 			b.Queue(`SELECT set_config('statement_timeout', $1, true), set_config('client_connection_check_interval', $2, true)`, ms, clientCheckMS)
 		} else {
-			b.Queue(beginKeyedSQL, ms, key.LockID, key.OrgID, key.Endpoint, key.Key, clientCheckMS).
+			b.Queue(beginKeyedSQL, ms, k.LockID, k.Tenant, k.Scope, k.Key, clientCheckMS).
 				QueryRow(func(row pgx.Row) error {
 					var timeout, check string
-					return scanKey(row, stored, &timeout, &check, &locked)
+					var err error
+					res.Key, expired, err = scanKey(row, &timeout, &check, &locked)
+					return err
 				})
 		}
 		t.open = true
@@ -108,20 +106,23 @@ func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, key *
 	})
 	if errors.Is(err, ErrStalled) {
 		t.Rollback()
-		return nil, nil, fmt.Errorf("begin: %w", err)
+		return nil, idempotency.Result{}, fmt.Errorf("begin: %w", err)
 	}
 	if err != nil {
 		t.Rollback()
-		return nil, nil, fmt.Errorf("begin: %w", translate(err))
+		return nil, idempotency.Result{}, fmt.Errorf("begin: %w", translate(err))
 	}
-	if stored.Found() && !stored.Expired || !locked {
-		stored.InFlight = !locked && !(stored.Found() && !stored.Expired)
+	if res.Key != nil {
+		res.Key.Tenant, res.Key.Scope, res.Key.LockID = k.Tenant, k.Scope, k.LockID
+	}
+	if res.Kind = keyState(res.Key, expired, locked); res.Kind != idempotency.NotDone {
 		t.Rollback()
-		return nil, stored, nil
+		return nil, res, nil
 	}
+	t.replaces = res.Key != nil
 	t.db = db.Session(&gorm.Session{NewDB: true, Context: ctx})
 	t.db.Statement.ConnPool = conn
-	return t, stored, nil
+	return t, res, nil
 }
 
 // DB is the transaction as a GORM session, for the handler's statements.
@@ -138,65 +139,63 @@ func (t *RequestTx) Context() context.Context { return t.ctx }
 // had failed): nothing was written.
 var errRolledBack = errors.New("the transaction had failed and was rolled back")
 
-// Commit commits. A transaction that failed (a statement's error was
-// ignored) is rolled back instead, and Commit says so.
-func (t *RequestTx) Commit(ctx context.Context) error {
-	err := t.pgx(func(c *pgx.Conn) error {
-		tag, err := c.Exec(ctx, "commit")
-		t.open = err != nil // an error leaves the state unknown: Rollback discards the connection
-		if err == nil && tag.String() == "ROLLBACK" {
-			return errRolledBack
-		}
-		return err
-	})
+// Commit writes k, the finished key row (nil: none), and commits, in one
+// round trip, and answers Committed with k, its ExpiresAt set by the
+// database's clock. A row of the same scoped key that has expired is taken
+// over (the upsert replaces it). If a live row exists, someone finished
+// this key first: nothing is committed, and the error is an ErrConflict
+// and an idempotency.ErrKeyTaken. A transaction that failed (a statement's
+// error was ignored) is rolled back instead, and Commit says so.
+func (t *RequestTx) Commit(ctx context.Context, k *idempotency.Key) (idempotency.Result, error) {
+	var err error
+	if k == nil {
+		err = t.pgx(func(c *pgx.Conn) error { return t.commit(ctx, c) })
+	} else {
+		err = t.pgx(func(c *pgx.Conn) error { return t.commitWithKey(ctx, c, k) })
+	}
 	if err != nil {
 		t.Rollback()
 		if inDoubt(err) {
-			return fmt.Errorf("commit: %w: %w", ErrOutcomeUnknown, err)
+			return idempotency.Result{}, fmt.Errorf("commit: %w: %w", ErrOutcomeUnknown, err)
 		}
-		return fmt.Errorf("commit: %w", translate(err))
+		return idempotency.Result{}, fmt.Errorf("commit: %w", translate(err))
 	}
 	t.release()
-	return nil
+	return idempotency.Result{Kind: idempotency.Committed, Key: k, Replaced: k != nil && t.replaces}, nil
 }
 
-// CommitWithKey writes the finished key row k, replayed for ttl, and commits,
-// in one round trip, and returns when the key expires (by the database's
-// clock). A row of the same scoped key that has expired is taken over (the
-// upsert replaces it). If a live row exists,
-// someone finished this key first: nothing is committed, and the error is
-// ErrConflict.
-func (t *RequestTx) CommitWithKey(ctx context.Context, k *IdempotencyKey, ttl time.Duration) (expires time.Time, err error) {
-	err = t.pgx(func(c *pgx.Conn) error {
-		var b pgx.Batch
-		b.Queue(saveKeySQL, saveKeyArgs(k, ttl)...)
-		b.Queue("commit")
-		br := c.SendBatch(ctx, &b)
-		if err := br.QueryRow().Scan(&expires); err != nil {
-			_ = br.Close()
-			return err // the COMMIT was skipped: still open, in a failed state
-		}
-		tag, err := br.Exec()
-		if err == nil {
-			t.open = false
-			if tag.String() == "ROLLBACK" {
-				err = errRolledBack
-			}
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		return err
-	})
-	if err != nil {
-		t.Rollback()
-		if inDoubt(err) {
-			return time.Time{}, fmt.Errorf("save idempotency key: %w: %w", ErrOutcomeUnknown, err)
-		}
-		return time.Time{}, fmt.Errorf("save idempotency key: %w", translate(err))
+// commit sends COMMIT.
+func (t *RequestTx) commit(ctx context.Context, c *pgx.Conn) error {
+	tag, err := c.Exec(ctx, "commit")
+	t.open = err != nil // an error leaves the state unknown: Rollback discards the connection
+	if err == nil && tag.String() == "ROLLBACK" {
+		return errRolledBack
 	}
-	t.release()
-	return expires, nil
+	return err
+}
+
+// commitWithKey sends the key row k (save_key.sql) and COMMIT together,
+// and sets k.ExpiresAt.
+func (t *RequestTx) commitWithKey(ctx context.Context, c *pgx.Conn, k *idempotency.Key) error {
+	var b pgx.Batch
+	b.Queue(saveKeySQL, saveKeyArgs(k)...)
+	b.Queue("commit")
+	br := c.SendBatch(ctx, &b)
+	if err := br.QueryRow().Scan(&k.ExpiresAt); err != nil {
+		_ = br.Close()
+		return err // the COMMIT was skipped: still open, in a failed state
+	}
+	tag, err := br.Exec()
+	if err == nil {
+		t.open = false
+		if tag.String() == "ROLLBACK" {
+			err = errRolledBack
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Rollback rolls back an open transaction and gives the connection back to

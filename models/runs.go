@@ -91,7 +91,7 @@ var (
 
 // Start creates the queued run p on tx, billed to its usage of the period:
 // a start in a transaction, for the starts the one-step path (StartOne)
-// leaves to one (OneResult.Slow says which). Nearly always one statement
+// leaves to one (NotDone: StartOne says which). Nearly always one statement
 // that takes no lock another start of the organisation needs (a usage slot
 // no other transaction holds, FOR UPDATE SKIP LOCKED, see migration 0002).
 // Only when no slot could be claimed that way (an unknown workflow, a new

@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
+
+	"github.com/valruns/valruns/idempotency"
 )
 
 // A start is written by one statement of starts (start_batch.sql, after
@@ -24,53 +26,13 @@ import (
 // shares a flush; a lone start is a batch of one. The run's id and time
 // are made here, before the SQL, so that the answer is rendered first.
 // What the statement cannot decide goes to the transactional path
-// (OneResult.Slow says which starts those are).
+// (StartOne says which starts those are).
 
 // NewRunID makes a run's id: a UUIDv7, time-ordered.
 func NewRunID() string { return uuid.Must(uuid.NewV7()).String() }
 
 // NewRunTime is a run's creation time as stored (microseconds, UTC).
 func NewRunTime() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
-
-// KeyWrite is the finished key row a keyed start writes with its run.
-type KeyWrite struct {
-	Endpoint, Key string
-	LockID        int64
-	RequestHash   []byte
-	Method, Path  string
-	Status        int
-	Body          []byte
-	// Headers is the JSON object of the stored headers.
-	Headers                        []byte
-	RequestID, ClientIP, UserAgent string
-	TTL                            time.Duration
-}
-
-// OneResult is what the start's statement did with one start; exactly one
-// of Done, InFlight, Stored and Slow holds.
-type OneResult struct {
-	// Done: the run (and its key row) committed; Expires is when the key
-	// expires, Replaced whether it took over an expired row.
-	Done     bool
-	Expires  time.Time
-	Replaced bool
-	// InFlight: another request holds the key.
-	InFlight bool
-	// Stored is the live key row that answers the request.
-	Stored *StoredKey
-	// Slow: nothing was written; the start goes to the transactional path
-	// (RunStore.Start in a RequestTx). Only these starts need it: a
-	// workflow that is not the organisation's (its 404 is stored with the
-	// key); no usage slot with room for the organisation's starts of the
-	// statement (a new month or quota, whose slots must be rebalanced; the
-	// quota's edge, whose 429 is stored; every slot held elsewhere); and a
-	// statement refused as a whole for what one of its starts did (a key
-	// another request finished after the statement looked, a deadlock),
-	// which each start's own transaction then decides alone. Besides
-	// these, only a start whose body is refused with an answer to store
-	// takes that path, decided before any statement.
-	Slow bool
-}
 
 const (
 	// startBatchMax is the most starts one statement carries.
@@ -93,9 +55,9 @@ type startReq struct {
 	// queued is when the start was submitted.
 	queued time.Time
 	p      StartParams
-	k      *KeyWrite
+	k      *idempotency.Key
 	done   chan struct{}
-	res    OneResult
+	res    idempotency.Result
 	err    error
 	// span is the request's span, when it is recorded (tracing on):
 	// the statement's spans join its trace (tracedBatch).
@@ -260,7 +222,7 @@ func (b *startBatcher) stalledWriter(st *writerStall) {
 
 // send writes one batch and answers its starts. A statement refused as a
 // whole wrote nothing: its starts go to the transactional path
-// (OneResult.Slow), which decides each alone, unless the refusal would
+// (NotDone), which decides each alone, unless the refusal would
 // meet each of them again there (the database unreachable or out of time,
 // an outcome unknown): then it is their answer.
 func (b *startBatcher) send(batch []*startReq) {
@@ -279,7 +241,7 @@ func (b *startBatcher) send(batch []*startReq) {
 		case IsUnavailable(err) || IsTimeout(err):
 			r.err = err
 		default:
-			r.res = OneResult{Slow: true}
+			r.res = idempotency.Result{Kind: idempotency.NotDone}
 		}
 	}
 	b.answer(rest)
@@ -368,9 +330,9 @@ func (w *batchWrite) readLocks(rows pgx.Rows) error {
 		var (
 			i    *int64
 			held *bool
-			st   StoredKey
 		)
-		if err := scanKey(rows, &st, &i, &held); err != nil {
+		st, expired, err := scanKey(rows, &i, &held)
+		if err != nil {
 			return err
 		}
 		if i == nil {
@@ -380,15 +342,13 @@ func (w *batchWrite) readLocks(rows pgx.Rows) error {
 		if err != nil {
 			return err
 		}
-		switch {
-		case st.Found() && !st.Expired:
-			st.OrgID, st.Endpoint = r.p.OrgID, r.k.Endpoint
-			r.res = OneResult{Stored: &st}
-		case !*held:
-			r.res = OneResult{InFlight: true}
-		default:
+		if r.res.Kind = keyState(st, expired, *held); r.res.Kind == idempotency.NotDone {
 			continue
 		}
+		if st != nil {
+			st.Tenant, st.Scope, st.LockID = r.k.Tenant, r.k.Scope, r.k.LockID
+		}
+		r.res.Key = st
 		w.early[*i-1] = true
 		answered = append(answered, r)
 	}
@@ -409,11 +369,12 @@ func (w *batchWrite) readStarts(rows pgx.Rows) error {
 			expires, created, lexpires *time.Time
 			replaced                   *bool
 			key, method, path, reqID   *string
+			resource                   *string
 			status                     *int
-			st                         StoredKey
+			st                         idempotency.Key
 		)
 		if err := rows.Scan(&i, &outcome, &expires, &replaced, &key, &st.RequestHash, &method,
-			&path, &status, &st.ResponseBody, &st.ResponseHeaders, &st.ValidationRunID,
+			&path, &status, &st.Body, &st.Headers, &resource,
 			&reqID, &created, &lexpires); err != nil {
 			return err
 		}
@@ -427,19 +388,22 @@ func (w *batchWrite) readStarts(rows pgx.Rows) error {
 		}
 		switch outcome {
 		case "done":
-			r.res = OneResult{Done: true, Replaced: replaced != nil && *replaced}
-			if expires != nil {
-				r.res.Expires = *expires
+			r.res = idempotency.Result{Kind: idempotency.Committed, Key: r.k, Replaced: replaced != nil && *replaced}
+			if expires != nil && r.k != nil {
+				r.k.ExpiresAt = *expires
 			}
 		case "stored":
-			st.OrgID, st.Endpoint = r.p.OrgID, r.k.Endpoint
-			st.Key, st.RequestMethod, st.RequestPath, st.RequestID = *key, *method, *path, *reqID
-			st.ResponseStatus, st.CreatedAt, st.ExpiresAt = *status, *created, *lexpires
-			r.res = OneResult{Stored: &st}
+			st.Tenant, st.Scope, st.LockID = r.k.Tenant, r.k.Scope, r.k.LockID
+			st.Key, st.Method, st.Path, st.RequestID = *key, *method, *path, *reqID
+			st.Status, st.CreatedAt, st.ExpiresAt = *status, *created, *lexpires
+			if resource != nil {
+				st.ResourceID = *resource
+			}
+			r.res = idempotency.Result{Kind: idempotency.KeyAnswered, Key: &st}
 		case "inflight":
-			r.res = OneResult{InFlight: true}
+			r.res = idempotency.Result{Kind: idempotency.KeyInFlight}
 		default:
-			r.res = OneResult{Slow: true}
+			r.res = idempotency.Result{Kind: idempotency.NotDone}
 		}
 	}
 	return rows.Err()
@@ -451,7 +415,7 @@ func (w *batchWrite) refusal(rest []*startReq, err error) error {
 	switch {
 	case err != nil:
 		for _, r := range rest {
-			r.res = OneResult{}
+			r.res = idempotency.Result{}
 		}
 		if w.sent && inDoubt(err) {
 			// The statement reached the server, and its answer did not
@@ -523,9 +487,23 @@ var startSettingsSQL = statement("start_settings")
 const txGrace = 2 * time.Second
 
 // StartOne starts a run by the fast path (see startBatchSQL), with its key
-// row when k is set. It waits for its statement, whatever ctx does: the
-// statement has its own deadline, and its outcome must be known to answer.
-func (s *RunStore) StartOne(ctx context.Context, p StartParams, k *KeyWrite) (OneResult, error) {
+// row when k is set, and says what it did as a wrapped request's one step
+// does (idempotency.Prepared.Commit). It waits for its statement, whatever
+// ctx does: the statement has its own deadline, and its outcome must be
+// known to answer.
+//
+// NotDone: nothing was written; the start goes to the transactional path
+// (RunStore.Start in a RequestTx). Only these starts need it: a workflow
+// that is not the organisation's (its 404 is stored with the key); no
+// usage slot with room for the organisation's starts of the statement (a
+// new month or quota, whose slots must be rebalanced; the quota's edge,
+// whose 429 is stored; every slot held elsewhere); and a statement refused
+// as a whole for what one of its starts did (a key another request
+// finished after the statement looked, a deadlock), which each start's own
+// transaction then decides alone. Besides these, only a start whose body
+// is refused with an answer to store takes that path, decided before any
+// statement.
+func (s *RunStore) StartOne(ctx context.Context, p StartParams, k *idempotency.Key) (idempotency.Result, error) {
 	r := &startReq{queued: time.Now(), p: p, k: k, done: make(chan struct{})}
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		r.span = span

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/valruns/valruns/idempotency"
 )
 
 // A batch is formed by turns between organisations: an organisation alone
@@ -17,7 +19,7 @@ func TestFormBatchTakesOrganisationsInTurn(t *testing.T) {
 	start := func(org, name, key string) *startReq {
 		r := &startReq{p: StartParams{OrgID: org, RequestID: name}}
 		if key != "" {
-			r.k = &KeyWrite{LockID: LockID(org, "workflow_start", key)}
+			r.k = &idempotency.Key{LockID: idempotency.LockID(org, "workflow_start", key)}
 		}
 		return r
 	}

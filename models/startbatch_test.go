@@ -10,13 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
+	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/testdb"
 	"github.com/valruns/valruns/models"
 )
 
 // keyWrite is a finished key row for a start.
-func keyWrite(org, key string) *models.KeyWrite {
-	return &models.KeyWrite{Endpoint: "workflow_start", Key: key, LockID: models.LockID(org, "workflow_start", key),
+func keyWrite(org, key string) *idempotency.Key {
+	return &idempotency.Key{Tenant: org, Scope: "workflow_start", Key: key, LockID: idempotency.LockID(org, "workflow_start", key),
 		RequestHash: make([]byte, 32), Method: "POST", Path: "/p", Status: 201, Body: []byte(`{"answer":"` + key + `"}`),
 		Headers: []byte(`{}`), RequestID: "req-" + key, TTL: time.Hour}
 }
@@ -45,13 +46,14 @@ func TestStartBatchDecidesEachStart(t *testing.T) {
 	tx := f.begin(t)
 	require.NoError(t, f.runs.Start(tx, models.StartParams{ID: models.NewRunID(), CreatedAt: f.now, OrgID: small, WorkflowID: smallWF,
 		Submission: []byte(`{}`), Quota: models.UsageSlots * 2}))
-	require.NoError(t, tx.Commit(ctx))
-	// "live" has a stored answer; "busy" is held by another transaction.
-	res, err := runs.StartBatch([]models.StartParams{f.params(f.org, f.wf, 0)}, []*models.KeyWrite{keyWrite(f.org, "live")})
+	_, err := tx.Commit(ctx, nil)
 	require.NoError(t, err)
-	require.True(t, res[0].Done)
-	holder, _, err := models.BeginRequest(ctx, f.db, 10*time.Second, &models.KeyRef{OrgID: f.org, Endpoint: "workflow_start", Key: "busy",
-		LockID: models.LockID(f.org, "workflow_start", "busy")})
+	// "live" has a stored answer; "busy" is held by another transaction.
+	res, err := runs.StartBatch([]models.StartParams{f.params(f.org, f.wf, 0)}, []*idempotency.Key{keyWrite(f.org, "live")})
+	require.NoError(t, err)
+	require.Equal(t, idempotency.Committed, res[0].Kind)
+	holder, _, err := models.BeginRequest(ctx, f.db, 10*time.Second, &idempotency.Key{Tenant: f.org, Scope: "workflow_start", Key: "busy",
+		LockID: idempotency.LockID(f.org, "workflow_start", "busy")})
 	require.NoError(t, err)
 	require.NotNil(t, holder)
 	defer holder.Rollback()
@@ -68,19 +70,19 @@ func TestStartBatchDecidesEachStart(t *testing.T) {
 		f.params(small, smallWF, models.UsageSlots*2),
 		f.params(small, smallWF, models.UsageSlots*2),
 	}
-	ks := []*models.KeyWrite{nil, keyWrite(f.org, "new-1"), keyWrite(f.org, "new-2"), keyWrite(f.org, "live"),
+	ks := []*idempotency.Key{nil, keyWrite(f.org, "new-1"), keyWrite(f.org, "new-2"), keyWrite(f.org, "live"),
 		keyWrite(f.org, "busy"), keyWrite(f.org, "wf-unknown"), nil, nil, nil}
 	res, err = runs.StartBatch(ps, ks)
 	require.NoError(t, err)
 	for _, i := range []int{0, 1, 2} {
-		require.True(t, res[i].Done, "start %d: %+v", i, res[i])
+		require.Equal(t, idempotency.Committed, res[i].Kind, "start %d: %+v", i, res[i])
 	}
-	require.WithinDuration(t, time.Now().Add(time.Hour), res[1].Expires, 5*time.Minute)
-	require.NotNil(t, res[3].Stored, "a live key answers")
-	require.Equal(t, `{"answer":"live"}`, string(res[3].Stored.ResponseBody))
-	require.True(t, res[4].InFlight, "a key held elsewhere is in flight")
+	require.WithinDuration(t, time.Now().Add(time.Hour), res[1].Key.ExpiresAt, 5*time.Minute)
+	require.Equal(t, idempotency.KeyAnswered, res[3].Kind, "a live key answers")
+	require.Equal(t, `{"answer":"live"}`, string(res[3].Key.Body))
+	require.Equal(t, idempotency.KeyInFlight, res[4].Kind, "a key held elsewhere is in flight")
 	for _, i := range []int{5, 6, 7, 8} {
-		require.True(t, res[i].Slow, "start %d goes to the slow path: %+v", i, res[i])
+		require.Equal(t, idempotency.NotDone, res[i].Kind, "start %d goes to the slow path: %+v", i, res[i])
 	}
 	require.Equal(t, before+3, f.usage(t, f.now), "three runs billed, once each")
 	var n int64
@@ -102,14 +104,14 @@ func TestStartBatchConcurrentKeyOneRun(t *testing.T) {
 	f := newUsageFixture(t)
 	require.NoError(t, f.startCommitted(t, 0, f.now))
 	var wg sync.WaitGroup
-	results := make([][]models.OneResult, 8)
+	results := make([][]idempotency.Result, 8)
 	errs := make([]error, len(results))
 	for i := range results {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			results[i], errs[i] = f.runs.StartBatch([]models.StartParams{f.params(f.org, f.wf, 0), f.params(f.org, f.wf, 0)},
-				[]*models.KeyWrite{keyWrite(f.org, "shared"), keyWrite(f.org, fmt.Sprintf("own-%d", i))})
+				[]*idempotency.Key{keyWrite(f.org, "shared"), keyWrite(f.org, fmt.Sprintf("own-%d", i))})
 		}()
 	}
 	wg.Wait()
@@ -120,12 +122,12 @@ func TestStartBatchConcurrentKeyOneRun(t *testing.T) {
 			require.ErrorIs(t, errs[i], models.ErrConflict)
 			continue
 		}
-		if r[0].Done {
+		if r[0].Kind == idempotency.Committed {
 			done++
 		} else {
-			require.True(t, r[0].InFlight || r[0].Stored != nil, "statement %d: %+v", i, r[0])
+			require.True(t, r[0].Kind == idempotency.KeyInFlight || r[0].Kind == idempotency.KeyAnswered, "statement %d: %+v", i, r[0])
 		}
-		require.True(t, r[1].Done, "statement %d: its own key", i)
+		require.Equal(t, idempotency.Committed, r[1].Kind, "statement %d: its own key", i)
 		own++
 	}
 	require.Equal(t, 1, done, "one start of the shared key committed")
@@ -147,7 +149,8 @@ func (f *usageFixture) newOrg(t *testing.T, name string) (org, wf string) {
 	tx := f.begin(t)
 	require.NoError(t, f.runs.Start(tx, models.StartParams{ID: models.NewRunID(), CreatedAt: f.now, OrgID: org, WorkflowID: wf,
 		Submission: []byte(`{}`)}))
-	require.NoError(t, tx.Commit(context.Background()))
+	_, err := tx.Commit(context.Background(), nil)
+	require.NoError(t, err)
 	return org, wf
 }
 
@@ -171,12 +174,12 @@ func (f *usageFixture) lockWaits(t *testing.T) int64 {
 }
 
 type startOutcome struct {
-	res models.OneResult
+	res idempotency.Result
 	err error
 }
 
 // startAsync sends a start to the batcher; its outcome comes on the channel.
-func (f *usageFixture) startAsync(p models.StartParams, k *models.KeyWrite) chan startOutcome {
+func (f *usageFixture) startAsync(p models.StartParams, k *idempotency.Key) chan startOutcome {
 	ch := make(chan startOutcome, 1)
 	go func() {
 		res, err := f.runs.StartOne(context.Background(), p, k)
@@ -207,7 +210,7 @@ func requireDone(t *testing.T, chs []chan startOutcome) {
 	for i, ch := range chs {
 		o := <-ch
 		require.NoError(t, o.err, "start %d", i)
-		require.True(t, o.res.Done, "start %d: %+v", i, o.res)
+		require.Equal(t, idempotency.Committed, o.res.Kind, "start %d: %+v", i, o.res)
 	}
 }
 
@@ -268,12 +271,12 @@ func TestRefusedStatementGoesToTheTransactionalPath(t *testing.T) {
 
 	ps := []models.StartParams{f.params(f.org, f.wf, 0), f.params(f.org, f.wf, 0)}
 	type outcome struct {
-		res  []models.OneResult
+		res  []idempotency.Result
 		errs []error
 	}
 	ch := make(chan outcome, 1)
 	go func() {
-		res, errs := f.runs.SendBatchForTest(ps, []*models.KeyWrite{keyWrite(f.org, "raced"), nil})
+		res, errs := f.runs.SendBatchForTest(ps, []*idempotency.Key{keyWrite(f.org, "raced"), nil})
 		ch <- outcome{res, errs}
 	}()
 	require.Eventually(t, func() bool { return f.lockWaits(t) == 1 }, 30*time.Second, 10*time.Millisecond,
@@ -282,19 +285,20 @@ func TestRefusedStatementGoesToTheTransactionalPath(t *testing.T) {
 	o := <-ch
 	for i := range ps {
 		require.NoError(t, o.errs[i], "start %d", i)
-		require.True(t, o.res[i].Slow, "start %d goes to the transactional path: %+v", i, o.res[i])
+		require.Equal(t, idempotency.NotDone, o.res[i].Kind, "start %d goes to the transactional path: %+v", i, o.res[i])
 	}
 	require.Equal(t, before, f.usage(t, f.now), "the refused statement billed nothing")
 
-	tx, stored, err := models.BeginRequest(ctx, f.db, 10*time.Second, &models.KeyRef{OrgID: f.org, Endpoint: "workflow_start",
-		Key: "raced", LockID: models.LockID(f.org, "workflow_start", "raced")})
+	tx, stored, err := models.BeginRequest(ctx, f.db, 10*time.Second, &idempotency.Key{Tenant: f.org, Scope: "workflow_start",
+		Key: "raced", LockID: idempotency.LockID(f.org, "workflow_start", "raced")})
 	require.NoError(t, err)
 	require.Nil(t, tx, "the key's row answers the keyed start")
-	require.Equal(t, "held", stored.RequestID)
+	require.Equal(t, "held", stored.Key.RequestID)
 	tx, _, err = models.BeginRequest(ctx, f.db, 10*time.Second, nil)
 	require.NoError(t, err)
 	require.NoError(t, f.runs.Start(tx, ps[1]))
-	require.NoError(t, tx.Commit(ctx))
+	_, err = tx.Commit(ctx, nil)
+	require.NoError(t, err)
 	var n int64
 	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs WHERE id IN ?`, []string{ps[0].ID, ps[1].ID}).Scan(&n).Error)
 	require.EqualValues(t, 1, n, "the keyed start wrote no run; the other one")
@@ -346,7 +350,7 @@ func TestStartsWaitForTheWriterAtWork(t *testing.T) {
 		select {
 		case o := <-ch:
 			require.NoError(t, o.err, "start %d", i)
-			require.True(t, o.res.Done, "start %d: %+v", i, o.res)
+			require.Equal(t, idempotency.Committed, o.res.Kind, "start %d: %+v", i, o.res)
 		case <-time.After(20 * time.Second): // less than the statement's timeout (30 s)
 			t.Fatalf("start %d of a full batch waited behind the writer at work", i)
 		}
@@ -375,7 +379,7 @@ func TestStartBatchPlanIsGeneric(t *testing.T) {
 	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots
 	for i := range 12 {
 		ps := []models.StartParams{f.params(f.org, f.wf, 0)}
-		ks := []*models.KeyWrite{nil}
+		ks := []*idempotency.Key{nil}
 		if i%2 == 1 {
 			ks[0] = keyWrite(f.org, fmt.Sprintf("plan-%d", i))
 		}
@@ -386,7 +390,7 @@ func TestStartBatchPlanIsGeneric(t *testing.T) {
 		res, err := f.runs.StartBatch(ps, ks)
 		require.NoError(t, err)
 		for j, r := range res {
-			require.True(t, r.Done, "start %d.%d: %+v", i, j, r)
+			require.Equal(t, idempotency.Committed, r.Kind, "start %d.%d: %+v", i, j, r)
 		}
 	}
 	for _, st := range []struct {

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/valruns/valruns/idempotency"
 )
 
 // startColumns are a batch's starts as start_batch.sql takes them: one
@@ -38,7 +40,7 @@ func newStartColumns(n int) *startColumns {
 }
 
 // add appends a start: its run p and its key row k (nil: no key).
-func (c *startColumns) add(p StartParams, k *KeyWrite) {
+func (c *startColumns) add(p StartParams, k *idempotency.Key) {
 	meta := "{}"
 	if len(p.Metadata) > 0 {
 		meta = string(p.Metadata)
@@ -55,7 +57,7 @@ func (c *startColumns) add(p StartParams, k *KeyWrite) {
 		return
 	}
 	c.keyed = true
-	c.keys, c.endpoints, c.locks = append(c.keys, &k.Key), append(c.endpoints, &k.Endpoint), append(c.locks, &k.LockID)
+	c.keys, c.endpoints, c.locks = append(c.keys, &k.Key), append(c.endpoints, &k.Scope), append(c.locks, &k.LockID)
 	c.hashes, c.methods, c.paths = append(c.hashes, k.RequestHash), append(c.methods, k.Method), append(c.paths, truncate(k.Path, 2000))
 	c.statuses, c.bodies, c.headers = append(c.statuses, int32(k.Status)), append(c.bodies, k.Body), append(c.headers, string(k.Headers))
 	c.krids, c.ips, c.uas = append(c.krids, truncate(k.RequestID, 200)), append(c.ips, truncate(k.ClientIP, 100)), append(c.uas, truncate(k.UserAgent, 1000))

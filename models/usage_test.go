@@ -56,7 +56,8 @@ func (f *usageFixture) startCommitted(t *testing.T, quota int64, now time.Time) 
 	if err := f.start(tx, quota, now); err != nil {
 		return err
 	}
-	return tx.Commit(context.Background())
+	_, err = tx.Commit(context.Background(), nil)
+	return err
 }
 
 func (f *usageFixture) usage(t *testing.T, now time.Time) int64 {

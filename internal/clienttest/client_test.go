@@ -19,6 +19,7 @@ import (
 
 	"github.com/valruns/valruns/client"
 	"github.com/valruns/valruns/config"
+	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/models"
 )
@@ -615,7 +616,7 @@ func TestWithWaitAgainstTheServer(t *testing.T) {
 		require.NoError(t, err)
 		_, err = conn.ExecContext(ctx, `BEGIN`)
 		require.NoError(t, err)
-		_, err = conn.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, models.LockID(s.org.ID, "workflow_start", key))
+		_, err = conn.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, idempotency.LockID(s.org.ID, "workflow_start", key))
 		require.NoError(t, err)
 		tried := tries.of(key)
 		go func() {

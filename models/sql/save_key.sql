@@ -1,4 +1,4 @@
--- save_key.sql: writes a finished key row (RequestTx.CommitWithKey), sent
+-- save_key.sql: writes a finished key row (RequestTx.Commit), sent
 -- with the request transaction's COMMIT. A row of the same scoped key is
 -- replaced only if it has expired; a live one is left alone, and then the
 -- statement fails with unique_violation (raised by idempotency_key_taken,
