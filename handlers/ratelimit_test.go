@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -751,6 +752,13 @@ func TestStartRateLimitDownRedisFailsOpenAfterAFlood(t *testing.T) {
 	f.overItsRate(t, o, wf, 8)
 
 	late.goDown()
+	// Down means the process has seen a dial fail (its hook marks Redis
+	// unreachable); on a loaded machine a start may otherwise time out before
+	// any dial, which is what a late Redis looks like.
+	require.Eventually(t, func() bool {
+		var op *net.OpError
+		return errors.As(rdb.Ping(context.Background()).Err(), &op) && op.Op == "dial"
+	}, 30*time.Second, 10*time.Millisecond, "no dial to the downed Redis failed")
 	deadline := time.Now().Add(30 * time.Second)
 	i := 0
 	for ; ; i++ { // refused until the denial the process knows of ends
