@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -53,15 +54,10 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer deps.Redis.Close()
-	srv := &http.Server{
-		Handler:           handlers.New(deps),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       time.Minute,
-		IdleTimeout:       2 * time.Minute,
-	}
+	srv := apiServer(handlers.New(deps))
 	a.log.InfoContext(ctx, "serving", "addr", ln.Addr().String(), "worker", *withWorker)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- serveAPI(srv, ln) }()
 	select {
 	case err := <-errc:
 		return err
@@ -132,6 +128,25 @@ func shutdownServer(a *app, srv *http.Server, dispatcher *tasks.Dispatcher) erro
 	err := srv.Shutdown(sctx)
 	dispatcher.Shutdown(sctx)
 	return err
+}
+
+// apiServer is the API's HTTP server: a client has ReadHeaderTimeout from
+// its request's first bytes to send the headers, ReadTimeout for the whole
+// request, and IdleTimeout to send its first byte and, kept alive, the next
+// request's.
+func apiServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		IdleTimeout:       2 * time.Minute,
+	}
+}
+
+// serveAPI serves srv on ln, each connection from its first byte (see
+// firstBytesListener), until srv is shut down.
+func serveAPI(srv *http.Server, ln net.Listener) error {
+	return srv.Serve(newFirstBytesListener(ln, srv.IdleTimeout))
 }
 
 // errDraining is /readyz's answer while the process drains.
