@@ -35,9 +35,7 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer p.stop()
 	a, ln := p.app, p.ln
-	if !*withWorker {
-		setMemoryLimit(a, os.Getenv("GOMEMLIMIT"))
-	}
+	setMemoryLimit(a, os.Getenv("GOMEMLIMIT"), *withWorker)
 	var worker *workerProcess
 	if *withWorker {
 		if worker, err = startWorker(ctx, a, true); err != nil {
@@ -176,15 +174,20 @@ func drain(a *app, srv *http.Server) {
 	}
 }
 
-// setMemoryLimit gives the Go runtime the API's soft memory limit
-// (config.MemoryLimit), so that a burst of large bodies is collected as it
-// goes instead of doubling the heap; an operator's GOMEMLIMIT (env, which
-// the runtime has applied already) wins.
-func setMemoryLimit(a *app, env string) {
-	limit := a.cfg.MemoryLimit()
+// setMemoryLimit gives the Go runtime the process's soft memory limit
+// (config.MemoryLimit, counting the worker when it runs here), so that a
+// burst of large bodies is collected as it goes instead of doubling the
+// heap; an operator's GOMEMLIMIT (env, which the runtime has applied
+// already) wins.
+func setMemoryLimit(a *app, env string, worker bool) {
+	limit := a.cfg.MemoryLimit(worker)
 	if env != "" || limit <= 0 {
 		return
 	}
 	debug.SetMemoryLimit(limit)
-	a.log.Info("soft memory limit", "bytes", limit, "from", "64 MiB + 48 x MAX_BODY_BYTES_IN_FLIGHT (set GOMEMLIMIT to choose another)")
+	from := "64 MiB + 12 x MAX_BODY_BYTES_IN_FLIGHT"
+	if worker {
+		from += ", + 32 MiB + 2 x MAX_BODY_BYTES x WORKER_CONCURRENCY for the worker"
+	}
+	a.log.Info("soft memory limit", "bytes", limit, "from", from+" (set GOMEMLIMIT to choose another)")
 }
