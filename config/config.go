@@ -120,7 +120,7 @@ type Config struct {
 	// once, each counted by its Content-Length (MaxBodyBytes when unknown);
 	// past it a request waits up to OverloadWait, then answers 503
 	// overloaded. 0 means unlimited; otherwise at least MaxBodyBytes; unset,
-	// 2 x MaxBodyBytes (MAX_BODY_BYTES_IN_FLIGHT).
+	// 8 x MaxBodyBytes (MAX_BODY_BYTES_IN_FLIGHT).
 	MaxBodyBytesInFlight int64
 	// OverloadWait is the longest a request waits for room under
 	// MaxRequestsInFlight and MaxBodyBytesInFlight; 0 answers 503 at once
@@ -219,7 +219,7 @@ var Vars = []Var{
 	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
 	{"MAX_BODY_BYTES", "1048576", "largest accepted request body; larger is 413"},
 	{"MAX_REQUESTS_IN_FLIGHT", "256", "`/api/` requests one API process serves at once; past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After`; 0 = unlimited"},
-	{"MAX_BODY_BYTES_IN_FLIGHT", "", "request bodies one API process holds at once, in bytes, each counted by its `Content-Length` (`MAX_BODY_BYTES` when unknown, chunked or gzip); past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After` (its body read and dropped, never held); empty = 2 x `MAX_BODY_BYTES` (2 MiB), 0 = unlimited, else at least `MAX_BODY_BYTES`"},
+	{"MAX_BODY_BYTES_IN_FLIGHT", "", "request bodies one API process holds at once, in bytes, each counted by its `Content-Length` (`MAX_BODY_BYTES` when unknown, chunked or gzip); past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After` (its body read and dropped, never held); empty = 8 x `MAX_BODY_BYTES` (8 MiB), 0 = unlimited, else at least `MAX_BODY_BYTES`"},
 	{"OVERLOAD_WAIT", "1s", "longest a request waits for room under `MAX_REQUESTS_IN_FLIGHT` and `MAX_BODY_BYTES_IN_FLIGHT` before 503 `overloaded`; 0 = answer at once"},
 	{"LOG_LEVEL", "info", "debug, info, warn, error"},
 	{"LOG_FORMAT", "text", "text or json"},
@@ -266,21 +266,28 @@ func (e *Error) Error() string {
 func FromEnv() (Config, error) { return Load(os.LookupEnv) }
 
 // MemoryLimit is the soft memory limit `valruns serve` gives the Go runtime
-// (debug.SetMemoryLimit) unless GOMEMLIMIT is set or the worker runs in the
-// same process (its runs have limits of their own): 64 MiB for the process
-// at rest and its small requests, plus 48 bytes per byte of
+// (debug.SetMemoryLimit) unless GOMEMLIMIT is set. For the API: 64 MiB for
+// the process at rest and its small requests, plus 12 bytes per byte of
 // MaxBodyBytesInFlight, what admitted bodies can take at their peak (a
-// 1 MB start takes 10 to 45 MB while it is served, depending on its shape:
-// see docs/api.md, Rate limits and overload). Near it the garbage
-// collector runs sooner, rather than let a burst's garbage double the heap
-// (GOGC) before the next collection; it is no cap: live memory past it
-// is kept, and collecting then takes at most half the CPU. 160 MiB with
-// the defaults; 0 (no limit) when MaxBodyBytesInFlight is unlimited.
-func (c Config) MemoryLimit() int64 {
+// start holds its body as read, its canonical copy, the database's
+// encodings and its answer: see docs/api.md, Rate limits and overload).
+// With the worker in the same process (worker), it counts the worker too:
+// 32 MiB more for the worker at rest, and twice MaxBodyBytes for each of
+// its WorkerConcurrency slots (a run holds its submission as read and as
+// queued). Near it the garbage collector runs sooner, rather than let a
+// burst's garbage double the heap (GOGC) before the next collection; it is
+// no cap: live memory past it is kept, and collecting then takes at most
+// half the CPU. With the defaults, 160 MiB for serve and 212 MiB for
+// serve --worker; 0 (no limit) when MaxBodyBytesInFlight is unlimited.
+func (c Config) MemoryLimit(worker bool) int64 {
 	if c.MaxBodyBytesInFlight <= 0 {
 		return 0
 	}
-	return 64<<20 + 48*c.MaxBodyBytesInFlight
+	limit := 64<<20 + 12*c.MaxBodyBytesInFlight
+	if worker {
+		limit += 32<<20 + 2*c.MaxBodyBytes*int64(c.WorkerConcurrency)
+	}
+	return limit
 }
 
 // Load builds a Config from lookup (os.LookupEnv in production, a map in
@@ -340,9 +347,10 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		WebhookClaimLease:          p.duration("WEBHOOK_CLAIM_LEASE", time.Second),
 	}
 	if p.err == nil && c.MaxBodyBytesInFlight < 0 {
-		// Unset: room for two of the largest bodies. What a body costs
-		// while it is served is many times its size (see MemoryLimit).
-		c.MaxBodyBytesInFlight = 2 * c.MaxBodyBytes
+		// Unset: room for eight of the largest bodies, or a few dozen
+		// ordinary heavy ones. What a body costs while it is served is
+		// many times its size (see MemoryLimit).
+		c.MaxBodyBytesInFlight = 8 * c.MaxBodyBytes
 	}
 	if p.err == nil && c.MaxBodyBytesInFlight != 0 && c.MaxBodyBytesInFlight < c.MaxBodyBytes {
 		// A body of MaxBodyBytes could never be admitted.

@@ -44,7 +44,7 @@ var documented = config.Config{
 	CleanupBatchSize:         1000,
 	MaxBodyBytes:             1 << 20,
 	MaxRequestsInFlight:      256,
-	MaxBodyBytesInFlight:     2 << 20, // unset: 2 x MAX_BODY_BYTES
+	MaxBodyBytesInFlight:     8 << 20, // unset: 8 x MAX_BODY_BYTES
 	OverloadWait:             time.Second,
 	LogLevel:                 "info",
 	LogFormat:                "text",
@@ -236,12 +236,14 @@ func TestGoodValues(t *testing.T) {
 		{"no overload bounds", map[string]string{"MAX_BODY_BYTES_IN_FLIGHT": "0"},
 			func(t *testing.T, c config.Config) {
 				require.Zero(t, c.MaxBodyBytesInFlight)
-				require.Zero(t, c.MemoryLimit(), "no bound on bodies: no soft memory limit either")
+				require.Zero(t, c.MemoryLimit(false), "no bound on bodies: no soft memory limit either")
+				require.Zero(t, c.MemoryLimit(true))
 			}},
 		{"body budget follows MAX_BODY_BYTES", map[string]string{"MAX_BODY_BYTES": "4194304", "MAX_BODY_BYTES_IN_FLIGHT": " "},
 			func(t *testing.T, c config.Config) {
-				require.EqualValues(t, 8<<20, c.MaxBodyBytesInFlight, "unset: room for two of the largest bodies")
-				require.EqualValues(t, 64<<20+48*(8<<20), c.MemoryLimit())
+				require.EqualValues(t, 32<<20, c.MaxBodyBytesInFlight, "unset: room for eight of the largest bodies")
+				require.EqualValues(t, 64<<20+12*(32<<20), c.MemoryLimit(false))
+				require.EqualValues(t, 64<<20+12*(32<<20)+32<<20+2*(4<<20)*10, c.MemoryLimit(true), "the worker's slots counted too")
 			}},
 		{"log level and format are case-insensitive", map[string]string{"LOG_LEVEL": "DEBUG", "LOG_FORMAT": "Json"},
 			func(t *testing.T, c config.Config) {

@@ -237,6 +237,34 @@ func TestOverloadBodyBudget(t *testing.T) {
 	require.Zero(t, gaugeValue(t, e.Registry, "valruns_http_body_bytes_in_flight"), "every byte given back")
 }
 
+// The default bounds admit ordinary heavy traffic: 16 starts of 300 KB,
+// all in flight at once (each holding its body half sent), are all
+// admitted and answered 201, none 503 overloaded.
+func TestOverloadDefaultsAdmitHeavyStarts(t *testing.T) {
+	t.Parallel()
+	defaults, err := config.Load(func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	e := apitest.New(t, apitest.Options{MaxOpenConns: 8, Config: func(c *config.Config) {
+		c.MaxRequestsInFlight, c.MaxBodyBytesInFlight = defaults.MaxRequestsInFlight, defaults.MaxBodyBytesInFlight
+		c.OverloadWait = defaults.OverloadWait
+	}})
+	org := e.NewOrg("heavy")
+	wf := e.NewWorkflow(org, map[string]any{"name": "heavy"})
+	url := e.Server().URL + "/api/workflows/" + wf + "/start/"
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	t.Cleanup(hc.CloseIdleConnections)
+	body := []byte(`{"submission":[` + strings.Repeat("12345,", 49_999) + `12345]}`) // 300 KB
+	var held []*heldStart
+	for i := range 16 {
+		held = append(held, holdStart(t, hc, url, org.Token, fmt.Sprintf("heavy-%d", i), body))
+	}
+	waitGauge(t, e.Registry, "valruns_http_body_bytes_in_flight", float64(16*len(body)))
+	for i, h := range held {
+		status, answer := h.finish(t)
+		require.Equal(t, http.StatusCreated, status, "start %d: %s", i, answer)
+	}
+}
+
 // With MAX_REQUESTS_IN_FLIGHT=1 and one start held in flight, an /api/
 // request is 503 overloaded with Retry-After, while /healthz, /metrics and
 // the Swagger spec, outside the bound, still answer. Once the held start

@@ -498,14 +498,25 @@ func pgFailover(t *testing.T, s *suite, res *result) {
 	// standby) at the kill; their retries come a second later, when the
 	// keeper has restarted the old primary. The load lasts through the
 	// switch: every start is retried until it has its answer.
+	// Each step waits for the formation's state, as the monitor reports
+	// it, not for a number of seconds: on a starved machine tune's
+	// settings, or a health check that timed out, keep a node between
+	// states (apply_settings, wait_primary) for a while, and a primary
+	// looked for then was not there.
+	if !waitUntil(3*time.Minute, f.whole) {
+		t.Fatalf("the formation was not whole before the load: %s", f.states())
+	}
 	killOps := makeOps("pgkill", 300, o, wf, def)
 	l := startLoad(ctx, cl, killOps, 16)
 	if !waitUntil(2*time.Minute, func() bool { return l.done.Load() >= 100 }) {
 		t.Fatalf("the load did not get going: %d operations done", l.done.Load())
 	}
-	old := f.primary()
-	if old == nil || old.postmaster() == 0 {
-		t.Fatalf("no primary with a postmaster before the kill: %s", f.states())
+	var old *pgNode
+	if !waitUntil(2*time.Minute, func() bool {
+		old = f.primary()
+		return old != nil && old.postmaster() != 0 && f.whole()
+	}) {
+		t.Fatalf("no whole formation with a primary with a postmaster before the kill: %s", f.states())
 	}
 	killAt := time.Now()
 	if err := syscall.Kill(old.postmaster(), syscall.SIGKILL); err != nil {

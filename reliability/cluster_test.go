@@ -203,8 +203,9 @@ func newClusterWith(t *testing.T, s *suite, nServers, nWorkers int, env func(*cl
 	return c
 }
 
-// startProc starts `valruns cmd` listening on a free address given in
-// addrVar and waits for its /healthz.
+// startProc starts `valruns cmd` (its words split on spaces, such as
+// "serve --worker") listening on a free address given in addrVar and waits
+// for its /healthz.
 func (c *cluster) startProc(name, cmd, addrVar string) *vproc {
 	addr := freeAddr(c.t)
 	kv := append([]string{"DATABASE_URL=" + c.dbURL, "REDIS_URL=" + c.s.redis.url(), addrVar + "=" + addr}, c.s.settings...)
@@ -213,7 +214,7 @@ func (c *cluster) startProc(name, cmd, addrVar string) *vproc {
 	// A memory ceiling (a container's, in production): a child gone wild
 	// (a rule that doubles a string) dies alone instead of taking the
 	// shared machine's memory. A Go process maps about 2 GB at rest.
-	ch, err := startChild(name, "/bin/sh", []string{"-c", `ulimit -v 6291456 && exec "$0" "$@"`, c.s.bin, cmd}, env, nil, "")
+	ch, err := startChild(name, "/bin/sh", append([]string{"-c", `ulimit -v 6291456 && exec "$0" "$@"`, c.s.bin}, strings.Fields(cmd)...), env, nil, "")
 	if err != nil {
 		c.t.Error(err)
 		return nil

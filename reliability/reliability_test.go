@@ -35,6 +35,7 @@ var scenarios = []scenario{
 	{"worker_starved", workerStarved},
 	{"hostile_input", hostileInput},
 	{"overload_memory", overloadMemory},
+	{"overload_retrying", overloadRetrying},
 	{"tenant_probing", tenantProbing},
 	{"noisy_neighbour", noisyNeighbour},
 	{"pgbouncer", pgbouncerScenario},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -433,6 +434,29 @@ func TestRunInvalidSubmission(t *testing.T) {
 			require.Nil(t, got)
 		})
 	}
+}
+
+// A workflow without rules reads nothing of the submission: a run checks
+// that it is JSON without decoding it, so that a 1 MB array of numbers does
+// not cost tens of megabytes per run in the worker.
+func TestRunWithoutRules(t *testing.T) {
+	p := mustCompile(t, "")
+	for _, sub := range []string{"", "{", `{"a": 1} {}`} {
+		got, err := p.Run(context.Background(), []byte(sub), nil)
+		require.ErrorIs(t, err, validate.ErrInvalidSubmission, "%q", sub)
+		require.Nil(t, got)
+	}
+	_, err := p.Run(context.Background(), []byte(`1`), []byte(`[]`))
+	require.ErrorIs(t, err, validate.ErrInvalidMetadata)
+
+	sub := []byte(`[` + strings.Repeat("1,", 500_000) + `1]`)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	got, err := p.Run(context.Background(), sub, []byte(`{"k":"v"}`))
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.Equal(t, []validate.Finding{}, got)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(len(sub)), "the submission was decoded")
 }
 
 func TestRunAnyJSONValue(t *testing.T) {

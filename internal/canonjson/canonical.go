@@ -114,6 +114,12 @@ func Canonicalize(body []byte) ([]byte, error) { return CanonicalizeBounded(body
 func CanonicalizeBounded(body []byte, maxPlain int64) ([]byte, error) {
 	p := getParser(body)
 	defer putParser(p)
+	if cap(p.text) < len(body) {
+		// Room for the body's text once: an array of scalars is mostly
+		// text (parseScalarElement), and growing it by appends would
+		// allocate it several times over.
+		p.text = make([]byte, 0, len(body))
+	}
 	p.skipSpace()
 	if p.pos == len(p.data) {
 		return nil, nil
@@ -151,7 +157,7 @@ func getParser(body []byte) *parser {
 }
 
 func putParser(p *parser) {
-	if max(cap(p.nodes), cap(p.text), cap(p.kids), cap(p.stack), cap(p.sort), cap(p.dig), cap(p.path)) > maxPooledLen {
+	if max(cap(p.nodes), cap(p.text), cap(p.kids), cap(p.stack), cap(p.sort), cap(p.dig), cap(p.path), cap(p.scratch)) > maxPooledLen {
 		return
 	}
 	*p = parser{
@@ -162,6 +168,8 @@ func putParser(p *parser) {
 		sort:  p.sort[:0],
 		dig:   p.dig[:0],
 		path:  p.path[:0],
+
+		scratch: p.scratch[:0],
 	}
 	parsers.Put(p)
 }

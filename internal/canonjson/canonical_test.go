@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -27,6 +28,8 @@ func TestCanonicalize(t *testing.T) {
 		{name: "whitespace removed", in: " {\n  \"a\" : [ 1 , 2 ] ,\t\"b\":{ } }\n", want: `{"a":[1,2],"b":{}}`},
 		{name: "nested objects sorted", in: `{"z":{"y":1,"x":[{"d":1,"c":2}]},"a":null}`, want: `{"a":null,"z":{"x":[{"c":2,"d":1}],"y":1}}`},
 		{name: "array order kept", in: `[3,1,2]`, want: `[3,1,2]`},
+		{name: "scalars around containers", in: ` [ 1.0 , "a\u0041\n", [ ], {"b":[2e0,true],"a":null}, false,[[3]], 1E2, "x" ,{} ] `,
+			want: `[1,"aA\n",[],{"a":null,"b":[2,true]},false,[[3]],100,"x",{}]`},
 		{name: "key order by byte for ASCII", in: `{"b":1,"B":2,"a":3,"_":4,"1":5}`, want: `{"1":5,"B":2,"_":4,"a":3,"b":1}`},
 		{name: "prefix key first", in: `{"ab":1,"a":2}`, want: `{"a":2,"ab":1}`},
 		// RFC 8785 section 3.2.3: UTF-16 order puts U+1F600 (surrogates
@@ -345,4 +348,43 @@ func TestCanonicalizeBounded(t *testing.T) {
 	require.NoError(t, err, "exactly at the limit")
 	_, err = CanonicalizeBounded([]byte(`{"a":"`+strings.Repeat("x", 500)+`"}`), 100)
 	require.ErrorAs(t, err, &se, "the body itself counts")
+}
+
+// A large array of scalars costs about its text, not a parse-tree node per
+// element: a 1 MB array of 500,000 numbers once took tens of megabytes, and
+// hundreds of such starts at once took the API past its memory goal.
+func TestCanonicalizeLargeArrayMemory(t *testing.T) {
+	for _, tc := range []struct{ name, elem string }{
+		{"numbers", "1"},
+		{"strings", `"a\u0041"`},
+		{"literals", "true"},
+		{"mixed", `1.50,"x\n",null`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(`{"submission":[` + strings.Repeat(tc.elem+",", 1<<20/(len(tc.elem)+1)) + tc.elem + `]}`)
+			want := canonicalOfDecoded(t, body)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			got, err := Canonicalize(body)
+			runtime.ReadMemStats(&after)
+			require.NoError(t, err)
+			require.Equal(t, want, string(got))
+			allocated := after.TotalAlloc - before.TotalAlloc
+			require.Less(t, allocated, uint64(6*len(body)), "allocated %d bytes for a body of %d", allocated, len(body))
+		})
+	}
+}
+
+// canonicalOfDecoded is body's canonical form the slow way, through
+// encoding/json (keys sorted, numbers as written, which are canonical in
+// TestCanonicalizeLargeArrayMemory but 1.50).
+func canonicalOfDecoded(t *testing.T, body []byte) string {
+	t.Helper()
+	var v any
+	d := json.NewDecoder(strings.NewReader(string(body)))
+	d.UseNumber()
+	require.NoError(t, d.Decode(&v))
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return strings.ReplaceAll(string(b), "1.50", "1.5")
 }

@@ -13,6 +13,7 @@ const (
 	kindString         // text is the unescaped string, escaped when emitted
 	kindArray          // kids are the elements
 	kindObject         // kids are key, value, key, value..., sorted by key
+	kindText           // array elements written out already, comma-separated, in text
 )
 
 // node is one value of the parse tree. The tree lives in the parser's flat
@@ -44,6 +45,8 @@ type parser struct {
 	stack []int  // children of the containers still open
 	sort  []member
 	dig   []byte // scratch for the digits of a number
+	// scratch holds a string element while it is escaped (parseScalarElement).
+	scratch []byte
 	// path is where the value being parsed sits, for errors that name it.
 	path []step
 	// growth is how many bytes the numbers gain written out in plain decimal.
@@ -161,14 +164,28 @@ func (p *parser) parseArray(depth int) (int, error) {
 	if p.pos < len(p.data) && p.data[p.pos] == ']' {
 		p.pos++
 	} else {
+		run := -1 // the node of the scalars just parsed, written as one text
 		for i := 0; ; i++ {
 			p.path = append(p.path, step{key: -1, index: i})
-			v, err := p.parseValue(depth)
-			if err != nil {
-				return 0, err
+			p.skipSpace()
+			if p.pos < len(p.data) && p.data[p.pos] != '[' && p.data[p.pos] != '{' {
+				r, err := p.parseScalarElement(depth, run)
+				if err != nil {
+					return 0, err
+				}
+				if r != run {
+					p.stack = append(p.stack, r)
+					run = r
+				}
+			} else {
+				v, err := p.parseValue(depth)
+				if err != nil {
+					return 0, err
+				}
+				p.stack = append(p.stack, v)
+				run = -1
 			}
 			p.path = p.path[:len(p.path)-1]
-			p.stack = append(p.stack, v)
 			p.skipSpace()
 			if p.pos >= len(p.data) {
 				return 0, p.errorf("unexpected end of input in array")
@@ -188,6 +205,38 @@ func (p *parser) parseArray(depth int) (int, error) {
 	p.kids = append(p.kids, p.stack[base:]...)
 	p.stack = p.stack[:base]
 	return p.addNode(node{kind: kindArray, start: start, end: len(p.kids)}), nil
+}
+
+// parseScalarElement parses an array element that is no container and
+// writes its canonical text onto run, the node of the array's scalars just
+// before it (-1: none), or a new one. It returns the node that holds it.
+// An array of many numbers or strings then costs its text, not a node and
+// a kid per element (an array of 500,000 numbers took tens of megabytes).
+func (p *parser) parseScalarElement(depth, run int) (int, error) {
+	joined := run >= 0 && p.nodes[run].end == len(p.text) // run's text is last: extend it
+	if joined {
+		p.text = append(p.text, ',')
+	}
+	from := len(p.text)
+	v, err := p.parseValue(depth)
+	if err != nil {
+		return 0, err
+	}
+	switch n := p.nodes[v]; {
+	case n.kind == kindString:
+		p.scratch = appendString(p.scratch[:0], p.str(v))
+		p.text = append(p.text[:from], p.scratch...)
+	case n.inBody:
+		p.text = append(p.text, p.data[n.start:n.end]...)
+	default: // a number, written out in p.text already
+		p.text = append(p.text[:from], p.text[n.start:n.end]...)
+	}
+	p.nodes = p.nodes[:v]
+	if joined {
+		p.nodes[run].end = len(p.text)
+		return run, nil
+	}
+	return p.addNode(node{kind: kindText, start: from, end: len(p.text)}), nil
 }
 
 func (p *parser) parseObject(depth int) (int, error) {

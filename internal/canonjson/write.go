@@ -11,6 +11,8 @@ func (p *parser) emit(b []byte, i int) []byte {
 		return append(b, p.text[n.start:n.end]...)
 	case kindString:
 		return appendString(b, p.str(i))
+	case kindText:
+		return append(b, p.text[n.start:n.end]...)
 	case kindArray:
 		b = append(b, '[')
 		for j, k := range p.kids[n.start:n.end] {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -34,9 +35,7 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer p.stop()
 	a, ln := p.app, p.ln
-	if !*withWorker {
-		setMemoryLimit(a, os.Getenv("GOMEMLIMIT"))
-	}
+	setMemoryLimit(a, os.Getenv("GOMEMLIMIT"), *withWorker)
 	var worker *workerProcess
 	if *withWorker {
 		if worker, err = startWorker(ctx, a, true); err != nil {
@@ -53,15 +52,10 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer deps.Redis.Close()
-	srv := &http.Server{
-		Handler:           handlers.New(deps),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       time.Minute,
-		IdleTimeout:       2 * time.Minute,
-	}
+	srv := apiServer(handlers.New(deps))
 	a.log.InfoContext(ctx, "serving", "addr", ln.Addr().String(), "worker", *withWorker)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- serveAPI(srv, ln) }()
 	select {
 	case err := <-errc:
 		return err
@@ -134,6 +128,25 @@ func shutdownServer(a *app, srv *http.Server, dispatcher *tasks.Dispatcher) erro
 	return err
 }
 
+// apiServer is the API's HTTP server: a client has ReadHeaderTimeout from
+// its request's first bytes to send the headers, ReadTimeout for the whole
+// request, and IdleTimeout to send its first byte and, kept alive, the next
+// request's.
+func apiServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		IdleTimeout:       2 * time.Minute,
+	}
+}
+
+// serveAPI serves srv on ln, each connection from its first byte (see
+// firstBytesListener), until srv is shut down.
+func serveAPI(srv *http.Server, ln net.Listener) error {
+	return srv.Serve(newFirstBytesListener(ln, srv.IdleTimeout))
+}
+
 // errDraining is /readyz's answer while the process drains.
 var errDraining = errors.New("the server is shutting down")
 
@@ -161,15 +174,20 @@ func drain(a *app, srv *http.Server) {
 	}
 }
 
-// setMemoryLimit gives the Go runtime the API's soft memory limit
-// (config.MemoryLimit), so that a burst of large bodies is collected as it
-// goes instead of doubling the heap; an operator's GOMEMLIMIT (env, which
-// the runtime has applied already) wins.
-func setMemoryLimit(a *app, env string) {
-	limit := a.cfg.MemoryLimit()
+// setMemoryLimit gives the Go runtime the process's soft memory limit
+// (config.MemoryLimit, counting the worker when it runs here), so that a
+// burst of large bodies is collected as it goes instead of doubling the
+// heap; an operator's GOMEMLIMIT (env, which the runtime has applied
+// already) wins.
+func setMemoryLimit(a *app, env string, worker bool) {
+	limit := a.cfg.MemoryLimit(worker)
 	if env != "" || limit <= 0 {
 		return
 	}
 	debug.SetMemoryLimit(limit)
-	a.log.Info("soft memory limit", "bytes", limit, "from", "64 MiB + 48 x MAX_BODY_BYTES_IN_FLIGHT (set GOMEMLIMIT to choose another)")
+	from := "64 MiB + 12 x MAX_BODY_BYTES_IN_FLIGHT"
+	if worker {
+		from += ", + 32 MiB + 2 x MAX_BODY_BYTES x WORKER_CONCURRENCY for the worker"
+	}
+	a.log.Info("soft memory limit", "bytes", limit, "from", from+" (set GOMEMLIMIT to choose another)")
 }

@@ -13,8 +13,9 @@ import (
 )
 
 // serve gives the runtime the soft memory limit its body budget implies,
-// unless GOMEMLIMIT chose one or the budget is unlimited. (Not parallel: the
-// limit is the process's.)
+// counting the worker when it runs in the same process, unless GOMEMLIMIT
+// chose one or the budget is unlimited. (Not parallel: the limit is the
+// process's.)
 func TestServeSetsMemoryLimit(t *testing.T) {
 	before := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(before) })
@@ -23,14 +24,18 @@ func TestServeSetsMemoryLimit(t *testing.T) {
 	a := &app{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 
 	debug.SetMemoryLimit(math.MaxInt64)
-	setMemoryLimit(a, "")
-	require.EqualValues(t, 160<<20, debug.SetMemoryLimit(-1), "the defaults: 64 MiB + 48 x 2 MiB")
+	setMemoryLimit(a, "", false)
+	require.EqualValues(t, 160<<20, debug.SetMemoryLimit(-1), "the defaults: 64 MiB + 12 x 8 MiB")
 
 	debug.SetMemoryLimit(math.MaxInt64)
-	setMemoryLimit(a, "1GiB")
+	setMemoryLimit(a, "", true)
+	require.EqualValues(t, 212<<20, debug.SetMemoryLimit(-1), "serve --worker: 32 MiB + 2 x 1 MiB x 10 slots more")
+
+	debug.SetMemoryLimit(math.MaxInt64)
+	setMemoryLimit(a, "1GiB", true)
 	require.EqualValues(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1), "GOMEMLIMIT is the operator's: left alone")
 
 	a.cfg.MaxBodyBytesInFlight = 0
-	setMemoryLimit(a, "")
+	setMemoryLimit(a, "", true)
 	require.EqualValues(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1), "no body budget: no limit")
 }
