@@ -133,9 +133,6 @@ func NewRouter(d Deps) *gin.Engine {
 	if d.RunPollEvery > 0 {
 		runs.waits.every = d.RunPollEvery
 	}
-	if d.HandOff != nil {
-		runs.doubts = newDoubtfulStarts(runStore, d.HandOff, d.Config.IdempotencyTxTimeout, d.Log)
-	}
 	usage := &usageHandlers{usage: models.NewUsageStore(d.DB), defaultQuota: d.Config.DefaultMonthlyRunQuota}
 	keys := &keyHandlers{keys: models.NewKeyStore(d.DB)}
 	hooks := &webhookHandlers{endpoints: models.NewWebhookStore(d.DB), allowPrivate: d.Config.WebhookAllowPrivateTargets}

@@ -29,9 +29,6 @@ type runHandlers struct {
 	maxWait time.Duration
 	// waits are the reads waiting for their run to become final.
 	waits *runWaits
-	// doubts hands off the runs whose start's commit was in doubt, once
-	// they are known to have committed (nil when handOff is).
-	doubts *doubtfulStarts
 }
 
 // StartRunRequest is the body of POST /api/workflows/{id}/start/. A member
@@ -277,7 +274,6 @@ func (h *runHandlers) created(ctx context.Context, p models.StartParams) (idempo
 			CreatedAt: p.CreatedAt, OrgID: p.OrgID, RunShare: p.RunShare,
 			RequestID: p.RequestID, Trace: telemetry.Inject(ctx)}
 		resp.AfterCommit = func() { h.handOff(q) }
-		resp.InDoubt = func() { h.doubts.add(q) }
 	}
 	return resp, nil
 }

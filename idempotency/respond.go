@@ -103,11 +103,6 @@ type Response struct {
 	// for a replay, a rollback or a 5xx): work that must not happen inside
 	// the transaction, such as waking a consumer of what it staged.
 	AfterCommit func()
-	// InDoubt, when set, is called instead when the commit was sent and
-	// its outcome is unknown (the Failure OutcomeUnknown: the request is
-	// answered 503, saying so): the handler may find out later whether its
-	// work committed and then do what AfterCommit would have done.
-	InDoubt func()
 }
 
 // JSON builds a Response with v encoded as application/json.
@@ -191,15 +186,6 @@ func (k *call[T]) replayCommitted(ctx context.Context) {
 	default:
 		k.replay(res.Key, res.Kind == KeyAnswered)
 	}
-}
-
-// failCommit answers an error of the commit of resp's work (fail), and
-// tells the handler when that commit's outcome is unknown (Response.InDoubt).
-func (k *call[T]) failCommit(err error, resp Response) {
-	if k.w.store.Failure(err) == OutcomeUnknown && resp.InDoubt != nil {
-		resp.InDoubt()
-	}
-	k.fail(err)
 }
 
 // keyRow is the key's row that stores resp, as a commit writes it: nil

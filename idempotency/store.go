@@ -120,8 +120,7 @@ const (
 	// request_timeout).
 	Timeout
 	// OutcomeUnknown: the commit was sent and its answer never came, so
-	// whether it committed is unknown (503 saying so; Response.InDoubt is
-	// called).
+	// whether it committed is unknown (503 saying so).
 	OutcomeUnknown
 )
 

@@ -393,7 +393,7 @@ func (k *call[T]) settle(ctx context.Context, resp Response, res Result, err err
 		// one's work is not written; answer with the other's.
 		k.replayCommitted(ctx)
 	case err != nil:
-		k.failCommit(err, resp)
+		k.fail(err)
 	case res.Kind == KeyAnswered:
 		return stage[T]{kind: stageReplay, stored: res.Key}
 	case res.Kind == KeyInFlight:

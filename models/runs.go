@@ -82,11 +82,10 @@ var (
 
 // The statements that read runs: a page of one final status
 // (sql/list_final.sql), and which of a set of runs are final
-// (sql/final_runs.sql) or still queued (sql/still_queued.sql).
+// (sql/final_runs.sql).
 var (
-	listFinalSQL   = statement("list_final")
-	finalRunsSQL   = statement("final_runs")
-	stillQueuedSQL = statement("still_queued")
+	listFinalSQL = statement("list_final")
+	finalRunsSQL = statement("final_runs")
 )
 
 // Start creates the queued run p on tx, billed to its usage of the period:
@@ -366,20 +365,4 @@ func (s *RunStore) Finished(ctx context.Context, ids []string) ([]string, error)
 		return nil, fmt.Errorf("read final runs: %w", translate(err))
 	}
 	return final, nil
-}
-
-// StillQueued returns which of the runs ids exist and are still queued: for
-// starts whose commit was in doubt (ErrOutcomeUnknown), whether they
-// committed and still need handing to the queue.
-func (s *RunStore) StillQueued(ctx context.Context, ids []string) ([]string, error) {
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	var queued []string
-	err := s.db.WithContext(ctx).Raw(stillQueuedSQL,
-		strings.Join(ids, ","), RunQueued).Scan(&queued).Error
-	if err != nil {
-		return nil, fmt.Errorf("read queued runs: %w", translate(err))
-	}
-	return queued, nil
 }
