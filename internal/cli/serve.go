@@ -14,7 +14,6 @@ import (
 
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/handlers"
-	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/tasks"
 )
 
@@ -37,7 +36,7 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	}
 	var worker *workerProcess
 	if *withWorker {
-		if worker, err = startWorker(ctx, a, true); err != nil {
+		if worker, err = startWorker(ctx, a); err != nil {
 			return err
 		}
 	}
@@ -68,15 +67,6 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	deps.HandOff = dispatcher.HandOff
-	if worker != nil {
-		// Single-node mode: a run goes straight to this process's worker
-		// when it is idle, else to the queue.
-		deps.HandOff = func(r *models.QueuedRun) {
-			if !worker.w.RunHere(r) {
-				dispatcher.HandOff(r)
-			}
-		}
-	}
 	srv := &http.Server{
 		Handler:           handlers.New(deps),
 		ReadHeaderTimeout: 10 * time.Second,
