@@ -46,7 +46,8 @@ const (
 	// command per takerBlock (a stopping one closes its connection).
 	takerBlock = 30 * time.Second
 	// takerBeat is how often a taker renews its alive key and its place
-	// in takersSet.
+	// in takersSet, at most: a third of RUN_LEASE when that is shorter, so
+	// a live taker's key never runs out between two beats.
 	takerBeat = 5 * time.Second
 	// takeMore is the most runs a taker takes without waiting, besides the
 	// one its wait returned, in the same round trip.
@@ -186,7 +187,7 @@ func (t *taker) start() {
 	t.cancel = cancel
 	t.beat(ctx)
 	t.loops.Go(func() {
-		tick := time.NewTicker(takerBeat)
+		tick := time.NewTicker(min(takerBeat, t.lease/3))
 		defer tick.Stop()
 		for {
 			select {
@@ -203,7 +204,7 @@ func (t *taker) start() {
 // beat keeps the taker alive for a lease and in takersSet: a taker a sweep
 // left out (its beats did not reach Redis in time) joins again.
 func (t *taker) beat(ctx context.Context) {
-	bctx, cancel := context.WithTimeout(ctx, takerBeat)
+	bctx, cancel := context.WithTimeout(ctx, min(takerBeat, t.lease/3))
 	defer cancel()
 	_, err := t.redis.Pipelined(bctx, func(p redis.Pipeliner) error {
 		p.Set(bctx, aliveKey+t.id, 1, t.lease)

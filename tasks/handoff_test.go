@@ -194,3 +194,25 @@ func TestEveryRunReachesAWorkerOnce(t *testing.T) {
 		require.Equal(t, 1, delivered[id], "run %s reached a worker once", id)
 	}
 }
+
+// A live worker is never taken for a stopped one, however short RUN_LEASE:
+// it beats at least three times per lease, so its alive key never runs out
+// between two beats, and sweeps leave its place alone.
+func TestALiveWorkerWithAShortLeaseIsNotTakenOver(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	rdb := newRedis(t)
+	w := startWorker(t, env, rdb, func(c *tasks.Config) {
+		c.RunLease, c.RunHeartbeat = 1500*time.Millisecond, 300*time.Millisecond
+		noSweep(c)
+	})
+	rc := redisClient(rdb)
+	defer rc.Close()
+	ctx := context.Background()
+	id := tasks.TakerID(w.Worker)
+	for deadline := time.Now().Add(4 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		_, err := w.Sweeper().Sweep(ctx)
+		require.NoError(t, err)
+		require.True(t, rc.SIsMember(ctx, tasks.TakersSet, id).Val(), "a sweep left the live worker in the takers")
+	}
+}
