@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"sync"
 	"time"
@@ -167,9 +168,10 @@ type taker struct {
 	block time.Duration
 
 	// done are the items finished since the last take, which removes them
-	// from the taking list in its round trip.
-	mu   sync.Mutex
-	done []string
+	// from the taking list in its round trip; inflight, the items under way.
+	mu       sync.Mutex
+	done     []string
+	inflight map[string]int
 
 	cancel context.CancelFunc
 	loops  sync.WaitGroup // the beat and the fetch
@@ -178,7 +180,7 @@ type taker struct {
 
 func newTaker(rc, pop redis.UniversalClient, slots int, lease time.Duration, run func(handoffItem) bool, log *slog.Logger) *taker {
 	return &taker{redis: rc, pop: pop, id: newTakerID(), run: run, slots: make(chan struct{}, max(slots, 1)),
-		lease: lease, log: log, block: takerBlock}
+		lease: lease, log: log, block: takerBlock, inflight: map[string]int{}}
 }
 
 // start joins the takers and begins taking.
@@ -261,12 +263,50 @@ func (t *taker) execute(raw string) {
 		t.markDone(raw)
 		return
 	}
+	t.mu.Lock()
+	t.inflight[raw]++
+	t.mu.Unlock()
 	t.execs.Go(func() {
 		defer func() { <-t.slots }()
-		if !t.run(it) {
-			t.markDone(raw)
+		handBack := t.run(it)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.inflight[raw]--; t.inflight[raw] <= 0 {
+			delete(t.inflight, raw)
+		}
+		if !handBack {
+			t.done = append(t.done, raw)
 		}
 	})
+}
+
+// orphans are up to n items of the taking list that are neither under way
+// nor done: moved there by a take whose answer never arrived (a read cut
+// off by a timeout, say, after the worker was stopped for long). Nothing
+// else would execute them while the taker beats.
+func (t *taker) orphans(ctx context.Context, n int) []string {
+	raws, err := t.redis.LRange(ctx, takingList+t.id, 0, -1).Result()
+	if err != nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	skip := maps.Clone(t.inflight)
+	for _, raw := range t.done {
+		skip[raw]++
+	}
+	var out []string
+	for _, raw := range raws {
+		if len(out) == n {
+			break
+		}
+		if skip[raw] > 0 {
+			skip[raw]--
+			continue
+		}
+		out = append(out, raw)
+	}
+	return out
 }
 
 // take waits for a run and moves it into the taking list, and in the same
@@ -315,6 +355,9 @@ func (t *taker) take(ctx context.Context, more int) ([]string, bool) {
 			case <-time.After(time.Second):
 			case <-ctx.Done():
 				return nil, false
+			}
+			if raws := t.orphans(ctx, 1+more); len(raws) > 0 {
+				return raws, true
 			}
 		}
 	}

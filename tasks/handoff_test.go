@@ -3,6 +3,8 @@ package tasks_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -215,4 +217,48 @@ func TestALiveWorkerWithAShortLeaseIsNotTakenOver(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, rc.SIsMember(ctx, tasks.TakersSet, id).Val(), "a sweep left the live worker in the takers")
 	}
+}
+
+// A take whose answer never arrives (here its connection is killed while
+// it waits; a worker stopped past its read deadline is the same) may have
+// moved a run into the worker's taking list: the worker, which still beats,
+// looks there after the error and executes what it finds, once.
+func TestARunMovedByALostTakeIsExecuted(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	id := startRun(t, env, org, wf, invalidOrder) // no hand-off: it stays queued
+	w := newWorker(t, env, rdb, noSweep)
+	tasks.SetTakerBlock(w.Worker, time.Second) // its next take, which forgets the run, comes soon
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(w.Stop)
+	rc := redisClient(rdb)
+	defer rc.Close()
+	ctx := context.Background()
+	var waiting string // the client id of the worker's take
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		list, err := rc.ClientList(ctx).Result()
+		require.NoError(t, err)
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, "cmd=blmove") && strings.Contains(line, fmt.Sprintf(" db=%d ", rdb.DB)) {
+				waiting, _, _ = strings.Cut(strings.TrimPrefix(line, "id="), " ")
+				return true
+			}
+		}
+		return false
+	}, "the worker waits on the ready list")
+	item := fmt.Sprintf(`{"run":{"run_id":%q,"org_id":%q}}`, id, org.ID)
+	require.NoError(t, rc.RPush(ctx, tasks.TakingList+tasks.TakerID(w.Worker), item).Err())
+	n, err := strconv.ParseInt(waiting, 10, 64)
+	require.NoError(t, err)
+	require.NoError(t, rc.ClientKillByFilter(ctx, "ID", strconv.FormatInt(n, 10)).Err())
+
+	run := waitRun(t, env, org, id, 30*time.Second)
+	require.Equal(t, "failed", run.Status)
+	require.Equal(t, invalidOrderFindings, dbFindings(t, env, id), "findings written once")
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		return len(tasks.TakenBy(t, rdb, tasks.TakerID(w.Worker))) == 0
+	}, "the run leaves the taking list once final")
 }

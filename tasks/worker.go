@@ -249,9 +249,12 @@ func (w *Worker) newTaker() *taker {
 	pop, _ := w.cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	if c, ok := pop.(*redis.Client); ok {
 		// A take's pipeline is read within the client's timeouts, not a
-		// blocking command's own: a reply cut off there would leave the
-		// runs it moved in the taking list until the give-back.
-		pop = c.WithTimeout(takerBlock + 10*time.Second)
+		// blocking command's own. A take that fails is not sent again
+		// (go-redis would, on a timeout or a broken connection): the
+		// taker looks for what it may have moved first (orphans).
+		c = c.WithTimeout(takerBlock + 10*time.Second)
+		c.Options().MaxRetries = 0 // normalised already: 0 is one try
+		pop = c
 	}
 	return newTaker(w.redis, pop, w.cfg.Concurrency, w.cfg.RunLease, w.runs.run, w.log)
 }
