@@ -141,7 +141,7 @@ type Config struct {
 	// SIGINT, its /readyz answering 503, before it stops accepting requests:
 	// time for a load balancer to see it leave. 0 stops at once (SHUTDOWN_DRAIN).
 	ShutdownDrain time.Duration
-	// WorkerConcurrency is how many tasks one worker process executes at once (WORKER_CONCURRENCY).
+	// WorkerConcurrency is how many runs one worker process executes at once (WORKER_CONCURRENCY).
 	WorkerConcurrency int
 	// RunLease is how long a claim or a heartbeat holds a running run; a run
 	// whose worker died is taken over once its lease runs out (RUN_LEASE).
@@ -163,8 +163,8 @@ type Config struct {
 	// RunSweepInterval is how often each worker looks for stranded runs
 	// (RUN_SWEEP_INTERVAL).
 	RunSweepInterval time.Duration
-	// RunPollInterval is how long a worker whose queue is empty waits before
-	// it looks again (RUN_POLL_INTERVAL).
+	// RunPollInterval is how often a worker's asynq server looks for
+	// retries due and the cleanup (RUN_POLL_INTERVAL).
 	RunPollInterval time.Duration
 	// RunRedeliverAfter is how long a run may stay queued before the sweeper
 	// checks that its task is still in Redis, and how long before it looks at
@@ -227,14 +227,14 @@ var Vars = []Var{
 	{"AUTH_CACHE_TTL", "30s", "how long a verified API token is trusted without a database read; 0 disables"},
 	{"SHUTDOWN_TIMEOUT", "20s", "graceful shutdown deadline"},
 	{"SHUTDOWN_DRAIN", "5s", "how long `serve` keeps serving after SIGTERM or SIGINT with `/readyz` answering 503, so a load balancer stops sending it requests, before it stops accepting them and shuts down (then `SHUTDOWN_TIMEOUT`); a second signal ends the drain; 0 = no drain"},
-	{"WORKER_CONCURRENCY", "10", "tasks one worker executes at once; it also executes up to 4 times as many new runs at once in local slots, the fast path only: runs handed to it directly while it waits for one, and in `serve --worker` the runs it has just started, without the queue"},
+	{"WORKER_CONCURRENCY", "40", "runs one worker process executes at once: it takes that many from the ready list (the hand-off), and no more; webhook attempts have slots of their own (`WEBHOOK_CONCURRENCY`)"},
 	{"RUN_LEASE", "15s", "how long a claim or heartbeat holds a running run; a dead worker's run is taken over once it runs out"},
 	{"RUN_HEARTBEAT", "0", "how often a worker renews the lease of a run it executes; 0 = a third of `RUN_LEASE`; must be shorter than `RUN_LEASE`"},
 	{"RUN_MAX_RETRY", "5", "retries of a failing run task before the run ends in status `error`; a run is started at most this + 1 times"},
 	{"RUN_RETRY_DELAY", "1s", "delay before a failing run task's first retry, doubled per retry up to 1m; a database outage is retried at this pace without spending retries"},
 	{"RUN_TIMEOUT", "5m", "longest one execution of a run may take, behind the validation engine's own limits; past it the run ends `error`"},
 	{"RUN_SWEEP_INTERVAL", "5s", "how often each worker looks for stranded runs (queued with their task lost, or running with an expired lease) and re-enqueues them"},
-	{"RUN_POLL_INTERVAL", "2ms", "how long a worker whose queue is empty waits before it looks again (asynq's `TaskCheckInterval`: it sleeps 0.5 to 1.5 times this): a run started meanwhile waits about half of it on average; each idle worker process asks Redis about twice per interval (at 2ms, about a thousand small calls a second)"},
+	{"RUN_POLL_INTERVAL", "5s", "how often a worker's asynq server looks for retries that are due and for the cleanup's task (`TaskCheckInterval` and `DelayedTaskCheckInterval`): a retry waits up to about this much past its delay; new runs never wait on it, a worker blocks on the ready list for them"},
 	{"RUN_FAST_PATH", "1s", "how long a run's first delivery may validate it without claiming it (one write per run; at most RUN_HEARTBEAT); past it the run is claimed and validated under a lease; 0 claims every run first"},
 	{"RUN_REDELIVER_AFTER", "10s", "how long a run may stay queued before the sweeper checks that Redis still has its task; also how long before it looks at the same run again"},
 	{"RUN_MAX_WAIT", "30s", "longest `GET /api/runs/{id}/` with `Prefer: wait=N` waits for the run to become final (then answers it as it is); 0 disables waiting: the run is answered at once"},
@@ -277,7 +277,7 @@ func FromEnv() (Config, error) { return Load(os.LookupEnv) }
 // queued). Near it the garbage collector runs sooner, rather than let a
 // burst's garbage double the heap (GOGC) before the next collection; it is
 // no cap: live memory past it is kept, and collecting then takes at most
-// half the CPU. With the defaults, 160 MiB for serve and 212 MiB for
+// half the CPU. With the defaults, 160 MiB for serve and 272 MiB for
 // serve --worker; 0 (no limit) when MaxBodyBytesInFlight is unlimited.
 func (c Config) MemoryLimit(worker bool) int64 {
 	if c.MaxBodyBytesInFlight <= 0 {

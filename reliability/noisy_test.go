@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -86,26 +85,20 @@ func noisyNeighbour(t *testing.T, s *suite, res *result) {
 	startPaced(ctx, cl, bQueued)
 	// The API hands runs to Redis after their 201, in the background: the
 	// workers go on only once every run of the backlog and of B is there
-	// (a task in asynq's queue, one run each at this share, or a run
-	// waiting at the gate). Before, a loaded machine handed B's runs off
+	// (in the ready list, or waiting at the gate). Before, a loaded machine handed B's runs off
 	// after the workers had gone on with A's, and B's were then queued
 	// behind more of A's than the share. Best effort: the count is only
 	// the precondition of a fair order, not the thing checked.
-	ins := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.addr()})
 	rc := s.redis.client()
 	waitUntil(time.Minute, func() bool {
-		n := 0
-		if qi, err := ins.GetQueueInfo("default"); err == nil {
-			n = qi.Pending
-		}
+		ready, _ := rc.LLen(ctx, "valruns:{default}:ready").Result()
 		waiting, _ := rc.HLen(ctx, "valruns:{fair}:payloads").Result()
-		return n+int(waiting) >= len(queued)+len(bQueued)
+		return int(ready+waiting) >= len(queued)+len(bQueued)
 	})
-	// The order the workers will take the runs in: asynq's queue, read
+	// The order the workers will take the runs in: the ready list, read
 	// while nothing takes from it. A's runs beyond its share wait at the
 	// gate, behind B's.
-	queueAhead, queueWorst, qerr := queuedAhead(ctx, rc, ins, orgA.ID, bQueued)
-	_ = ins.Close()
+	queueAhead, queueWorst, qerr := queuedAhead(ctx, rc, orgA.ID, bQueued)
 	_ = rc.Close()
 	for _, w := range c.workers {
 		w.signal(syscall.SIGCONT)
@@ -137,8 +130,8 @@ func noisyNeighbour(t *testing.T, s *suite, res *result) {
 	if ahead <= bound {
 		res.fail(t, "at most %d of A's runs were queued ahead of any of B's runs (bound %d): the scenario proved nothing", ahead, bound)
 	}
-	// Asserted: the order the workers dequeue in (asynq's queue is first in,
-	// first out). Reported: the order the runs started, which a loaded
+	// Asserted: the order the workers take runs in (the ready list is first
+	// in, first out). Reported: the order the runs started, which a loaded
 	// machine may shuffle further: a slot whose claim of B's run waits for
 	// the database while the other slots go through several of A's cheap runs
 	// is slow, not unfair.
@@ -173,60 +166,41 @@ func noisyNeighbour(t *testing.T, s *suite, res *result) {
 		len(flood), len(slowOps), aLimited, len(bFlood), floodNote, msText(pct(floodLat, .5)), msText(pct(floodLat, .99)), msText(pct(floodFinal, .5)), msText(pct(floodFinal, .99)), floodFirst)
 }
 
-// queuedAhead reads asynq's queue of run tasks in the order the workers
-// will take them (LPUSHed, taken from the right) and returns, of B's runs
+// queuedAhead reads the ready list in the order the workers will take it
+// (pushed on the right, taken from the left) and returns, of B's runs
 // (bOps), the most of organisation a's runs ahead of one, and that run.
-func queuedAhead(ctx context.Context, rc *redis.Client, ins *asynq.Inspector, a string, bOps []*op) (int, string, error) {
-	ids, err := rc.LRange(ctx, "asynq:{default}:pending", 0, -1).Result()
+func queuedAhead(ctx context.Context, rc *redis.Client, a string, bOps []*op) (int, string, error) {
+	items, err := rc.LRange(ctx, "valruns:{default}:ready", 0, -1).Result()
 	if err != nil {
 		return 0, "", err
-	}
-	tasks, err := ins.ListPendingTasks("default", asynq.PageSize(len(ids)+1))
-	if err != nil {
-		return 0, "", err
-	}
-	payloads := map[string][]byte{}
-	for _, t := range tasks {
-		payloads[t.ID] = t.Payload
 	}
 	isB := map[string]bool{}
 	for _, o := range bOps {
 		isB[o.RunID] = true
 	}
 	aAhead, most, worst, found := 0, 0, "", 0
-	for i := len(ids) - 1; i >= 0; i-- {
-		var p struct {
-			RunID string `json:"run_id"`
-			OrgID string `json:"org_id"`
-			Runs  []struct {
+	for _, raw := range items {
+		var it struct {
+			Run struct {
 				RunID string `json:"run_id"`
 				OrgID string `json:"org_id"`
-			} `json:"runs"`
+			} `json:"run"`
 		}
-		if err := json.Unmarshal(payloads[ids[i]], &p); err != nil {
-			return 0, "", fmt.Errorf("task %s: %w", ids[i], err)
+		if err := json.Unmarshal([]byte(raw), &it); err != nil {
+			return 0, "", fmt.Errorf("item %q: %w", raw, err)
 		}
-		runs := p.Runs
-		if p.RunID != "" {
-			runs = append(runs, struct {
-				RunID string `json:"run_id"`
-				OrgID string `json:"org_id"`
-			}{p.RunID, p.OrgID})
-		}
-		for _, r := range runs {
-			switch {
-			case isB[r.RunID]:
-				found++
-				if aAhead >= most {
-					most, worst = aAhead, r.RunID
-				}
-			case r.OrgID == a:
-				aAhead++
+		switch {
+		case isB[it.Run.RunID]:
+			found++
+			if aAhead >= most {
+				most, worst = aAhead, it.Run.RunID
 			}
+		case it.Run.OrgID == a:
+			aAhead++
 		}
 	}
 	if found < len(isB) {
-		return 0, "", fmt.Errorf("%d of B's %d runs are in the queue: the API had not handed them all off", found, len(isB))
+		return 0, "", fmt.Errorf("%d of B's %d runs are in the ready list: the API had not handed them all off", found, len(isB))
 	}
 	return most, worst, nil
 }

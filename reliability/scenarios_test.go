@@ -262,6 +262,8 @@ func runsWaitingInRedis(ctx context.Context, ins *asynq.Inspector, rc *redis.Cli
 	if qi, err := ins.GetQueueInfo("default"); err == nil { // else no queue yet
 		n = qi.Pending
 	}
+	ready, _ := rc.LLen(ctx, "valruns:{default}:ready").Result()
+	n += int(ready)
 	waiting, _ := rc.HLen(ctx, "valruns:{fair}:payloads").Result()
 	return n + int(waiting)
 }
@@ -296,11 +298,9 @@ func workerKill(t *testing.T, s *suite, res *result) {
 // workerKillFast: worker A gets `kill -9` while it drains a backlog of
 // runs it executes without a claim (the fast path, on as by default:
 // validate, then one fenced write from queued to final, batched with other
-// tasks' writes). What A had taken then, from the direct hand-off (its
-// list of runs taken) or from the queue (asynq's active tasks), is neither
-// claimed nor final: a sweep redelivers the first once A has not beaten
-// for RUN_LEASE, asynq gives the tasks back once their lease runs out, and
-// the sweeper covers what asynq loses. The runs are the slow workflow's (a
+// runs' writes). What A had taken then (its taking list) is neither
+// claimed nor final: a sweep moves it back to the ready list once A has not
+// beaten for RUN_LEASE. The runs are the slow workflow's (a
 // tenth of a second to half a second each, under RUN_FAST_PATH), so that
 // A's slots are busy: cheap runs travel many to a task and a backlog of
 // them drains in milliseconds. A is stopped first (SIGSTOP); its tasks are
@@ -350,15 +350,14 @@ func workerKillFast(t *testing.T, s *suite, res *result) {
 			n, err := c.count(`SELECT count(*) FROM validation_runs WHERE id = $1 AND status = 'queued'`, run)
 			return err == nil && n == 1
 		}
-		// The runs A took from the direct hand-off first: read at once, as
-		// a sweep takes them over once A has not beaten for RUN_LEASE.
+		// The runs A took from the ready list: read at once, as a sweep
+		// takes them over once A has not beaten for RUN_LEASE.
 		time.Sleep(time.Second)
-		direct := directTakenBy(t, rc, a.pid(), queued)
-		held = append(direct, stoppedWorkersTasks(t, ins, rc, time.Now(), queued)...)
+		held = takenBy(t, rc, a.pid(), queued)
 		return len(held) > 0
 	})
 	a.kill()
-	t.Logf("worker A killed holding %d runs unclaimed at its stop, taken from the direct hand-off or in tasks asynq still had active", len(held))
+	t.Logf("worker A killed holding %d runs unclaimed at its stop, in its taking list", len(held))
 	verify(t, c, res, ops, expectations{faultAt: faultAt, finalBy: faultAt.Add(finalWithin)})
 	res.Requests = rec.requests.Load()
 	res.judge5xx(t, rec, nil)
@@ -368,15 +367,15 @@ func workerKillFast(t *testing.T, s *suite, res *result) {
 	requireTakeoverWithin(t, s, c, res, held, a, faultAt, "unclaimed")
 }
 
-// directTakenBy lists the runs of the worker process pid's list of runs
-// taken from the direct hand-off (tasks/direct.go: the worker ids in
-// valruns:{default}:direct_takers are host:pid:random, each with its list
-// valruns:{default}:direct_taking:<id>), of those that keep keeps.
-func directTakenBy(t *testing.T, rc *redis.Client, pid int, keep func(run string) bool) []string {
+// takenBy lists the runs in the taking list of the worker process pid
+// (tasks/handoff.go: the ids in valruns:{default}:takers are host:pid:random,
+// each with its list valruns:{default}:taking:<id>), of those that keep
+// keeps.
+func takenBy(t *testing.T, rc *redis.Client, pid int, keep func(run string) bool) []string {
 	ctx := context.Background()
-	ids, err := rc.ZRange(ctx, "valruns:{default}:direct_takers", 0, -1).Result()
+	ids, err := rc.SMembers(ctx, "valruns:{default}:takers").Result()
 	if err != nil {
-		t.Logf("direct hand-off's workers: %v", err)
+		t.Logf("the hand-off's takers: %v", err)
 		return nil
 	}
 	var runs []string
@@ -384,9 +383,9 @@ func directTakenBy(t *testing.T, rc *redis.Client, pid int, keep func(run string
 		if !strings.Contains(id, fmt.Sprintf(":%d:", pid)) {
 			continue
 		}
-		items, err := rc.LRange(ctx, "valruns:{default}:direct_taking:"+id, 0, -1).Result()
+		items, err := rc.LRange(ctx, "valruns:{default}:taking:"+id, 0, -1).Result()
 		if err != nil {
-			t.Logf("direct hand-off's runs taken: %v", err)
+			t.Logf("the hand-off's runs taken: %v", err)
 			continue
 		}
 		for _, raw := range items {

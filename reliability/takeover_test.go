@@ -132,8 +132,8 @@ func heldUnclaimed(t *testing.T, c *cluster, ins *asynq.Inspector, rc *redis.Cli
 	}
 	var last, listed map[string][]string
 	stoppedAt, _ = stopHolding(t, a, func() bool {
-		if len(directTakenBy(t, rc, a.pid(), func(string) bool { return true })) > 0 {
-			return true // it holds runs it took from the direct hand-off
+		if len(takenBy(t, rc, a.pid(), func(string) bool { return true })) > 0 {
+			return true // it holds runs it took from the ready list
 		}
 		now := listing()
 		changed := last != nil && len(now) > 0 && !sameKeys(now, last)
@@ -141,13 +141,13 @@ func heldUnclaimed(t *testing.T, c *cluster, ins *asynq.Inspector, rc *redis.Cli
 		listed = now
 		return changed
 	}, func(try int) string {
-		return fmt.Sprintf("worker A (pid %d) never listed a new task in a heartbeat nor took a run from the direct hand-off (try %d; the last read: %s)", a.pid(), try, seen)
+		return fmt.Sprintf("worker A (pid %d) never listed a new task in a heartbeat nor took a run from the ready list (try %d; the last read: %s)", a.pid(), try, seen)
 	}, func() bool {
 		last = nil // the next try waits for a listing newer than this stop
 		time.Sleep(time.Second)
-		// The runs A took from the direct hand-off and has not ended
-		// (its list cannot change while it is stopped), then its tasks'.
-		held = directTakenBy(t, rc, a.pid(), queued)
+		// The runs A took from the ready list and has not ended (its
+		// list cannot change while it is stopped), then its tasks'.
+		held = takenBy(t, rc, a.pid(), queued)
 		for id, runs := range listed {
 			if ti, err := ins.GetTaskInfo("default", id); err != nil || ti.State != asynq.TaskStateActive {
 				continue

@@ -3,6 +3,7 @@ package tasks
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -17,8 +18,9 @@ import (
 	"github.com/valruns/valruns/models"
 )
 
-// Dispatcher hands the runs an API process committed to the queue, right
-// after their commit: the run row is the outbox, so nothing is staged. A
+// Dispatcher hands the runs an API process committed to the workers, right
+// after their commit, through the gate onto the ready list (handoff.go):
+// the run row is the outbox, so nothing is staged. A
 // run is handed off at most once here, by a few senders behind a bounded
 // buffer, and never makes a request wait on Redis. Whatever it cannot hand
 // off (Redis is down, the buffer is full, the process dies first) stays
@@ -26,9 +28,8 @@ import (
 // it after RUN_REDELIVER_AFTER: nothing is lost, it is only later. A
 // graceful stop (Shutdown) hands off everything first.
 //
-// Runs enter the queue through the gate: an organisation past its share
-// of the queue (ORG_RUN_SHARE) has its runs wait their turn, in order,
-// until its runs in the queue finish.
+// An organisation past its share (ORG_RUN_SHARE) has its runs wait their
+// turn at the gate, in order, until its admitted runs finish.
 type Dispatcher struct {
 	w queueWriter
 	// giveUp is how long a sender keeps trying one run before leaving it
@@ -128,12 +129,11 @@ func (d *Dispatcher) HandOff(r *models.QueuedRun) {
 	}
 }
 
-// batchMax is the most runs one task carries.
+// batchMax is the most runs one call of the gate carries.
 const batchMax = 64
 
-// send hands off runs as they come, several at once when several wait
-// (TypeRunBatch: one enqueue and one dequeue for all), each organisation's
-// through the gate.
+// send hands off runs as they come, several at once when several wait,
+// each organisation's through the gate.
 func (d *Dispatcher) send() {
 	defer d.wg.Done()
 	for {
@@ -173,37 +173,28 @@ func (d *Dispatcher) send() {
 	}
 }
 
-// deliver admits runs of one organisation and enqueues what the gate lets
-// in, until Redis takes them, they are old enough for the sweeper, or the
-// dispatcher closes.
+// deliver passes runs of one organisation through the gate, which pushes
+// those it admits onto ready, until Redis takes them, they are old enough
+// for the sweeper, or the dispatcher closes.
 func (d *Dispatcher) deliver(org string, runs []*models.QueuedRun) {
 	in := make([]RunPayload, len(runs))
 	for i, r := range runs {
 		in[i] = payloadOf(r)
 	}
-	var let passed
-	admitted := false
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-		var err error
-		if !admitted {
-			let, err = d.w.admit(ctx, admission{org: org, own: runs[0].RunShare, in: in}, true)
-			admitted = err == nil
-		}
-		if err == nil {
-			err = d.w.enqueueLet(ctx, let)
-		}
+		let, err := d.w.admit(ctx, admission{org: org, own: runs[0].RunShare, in: in})
 		cancel()
 		if err == nil {
-			waiting := len(in)
-			for _, p := range let.out {
-				if i := slices.IndexFunc(runs, func(r *models.QueuedRun) bool { return r.ID == p.RunID }); i >= 0 {
-					waiting--
-					d.queuedAfter.Observe(time.Since(runs[i].CreatedAt).Seconds())
+			queued := 0
+			for _, r := range runs {
+				if slices.Contains(let.admitted, r.ID) {
+					queued++
+					d.queuedAfter.Observe(time.Since(r.CreatedAt).Seconds())
 				}
 			}
-			d.sent.WithLabelValues("queued").Add(float64(len(in) - waiting))
-			d.sent.WithLabelValues("waiting").Add(float64(waiting))
+			d.sent.WithLabelValues("queued").Add(float64(queued))
+			d.sent.WithLabelValues("waiting").Add(float64(len(runs) - queued))
 			return
 		}
 		if time.Since(runs[0].CreatedAt) > d.giveUp || d.ctx.Err() != nil {
@@ -218,17 +209,16 @@ func (d *Dispatcher) deliver(org string, runs []*models.QueuedRun) {
 	}
 }
 
-// queueWriter admits runs through the gate and enqueues their tasks: what
-// the dispatcher, the worker (runs admitted as others finish) and the
-// sweeper share.
+// queueWriter admits runs through the gate (which pushes them onto ready)
+// and schedules retries: what the dispatcher, the worker and the sweeper
+// share.
 type queueWriter struct {
+	// client schedules retries (asynq: the durable queue of what waits).
 	client *asynq.Client
-	redis  redis.UniversalClient // the batch index (batchIndexKey), the gate
+	redis  redis.UniversalClient // the gate, ready, the retry index
 	opts   []asynq.Option
 	gate   *gate
-	// direct is what the writer knows of the direct hand-off (pushDirect).
-	direct *directState
-	// tracer traces each enqueue; nil: tracing is off.
+	// tracer traces each hand-off; nil: tracing is off.
 	tracer trace.Tracer
 }
 
@@ -238,167 +228,93 @@ func newQueueWriter(r asynq.RedisConnOpt, maxRetry int, timeout time.Duration, s
 	return queueWriter{
 		client: asynq.NewClientFromRedisClient(rc),
 		redis:  rc,
-		opts:   runTaskOptions(maxRetry, timeout),
+		opts:   retryTaskOptions(timeout),
 		gate:   &gate{redis: rc, share: share, stale: max(timeout, time.Minute), servers: inspector.Servers},
-		direct: &directState{},
 		tracer: tracer,
 	}
 }
 
-// admit passes a through the gate; runs without an organisation (tasks
-// enqueued before fair admission existed) are let in as they are. With
-// push (new runs: none is a redelivery), the gate's call also hands those
-// it lets in at once to a waiting worker, as far as one waits. It always
-// asks, costing no round trip of its own: a writer that found no worker
-// taking a moment ago (which pushDirect remembers for directNoneFor) would
-// otherwise send a worker that has just started to the back of asynq's
-// queue, behind a backlog its idle slots are not needed for.
-func (w queueWriter) admit(ctx context.Context, a admission, push bool) (passed, error) {
+// admit passes a through the gate, which pushes the runs it admits onto
+// ready; runs without an organisation (tasks of an older version) go onto
+// ready as they are.
+func (w queueWriter) admit(ctx context.Context, a admission) (let passed, err error) {
+	var end func(error)
+	a.items, end, err = w.items(ctx, a.in)
+	if err != nil {
+		return passed{}, err
+	}
+	defer func() { end(err) }()
 	if a.org == "" {
-		return passed{out: a.in, pushed: notPushed}, nil
+		if len(a.items) == 0 {
+			return passed{}, nil
+		}
+		args := make([]any, len(a.items))
+		for i, it := range a.items {
+			args[i] = it
+		}
+		if err := w.redis.RPush(ctx, readyList, args...).Err(); err != nil {
+			return passed{}, fmt.Errorf("hand runs to the workers: %w", err)
+		}
+		for _, p := range a.in {
+			let.admitted = append(let.admitted, p.RunID)
+		}
+		return let, nil
 	}
-	if !push || len(a.in) == 0 {
-		return w.gate.pass(ctx, a)
-	}
-	raw, err := payloadsJSON(a.in)
-	if err != nil {
-		return passed{}, err
-	}
-	items, end, err := w.directItems(ctx, a.in, raw)
-	if err != nil {
-		return passed{}, err
-	}
-	a.push, a.raw = items, raw
-	let, err := w.gate.pass(ctx, a)
-	end(err)
-	if err == nil && let.pushed == notTaken {
-		w.direct.noTakerSince(time.Now())
-	}
-	return let, err
+	return w.gate.pass(ctx, a)
 }
 
-// send admits a through the gate and enqueues what it lets in.
+// send admits a through the gate.
 func (w queueWriter) send(ctx context.Context, a admission) error {
-	let, err := w.admit(ctx, a, false)
-	if err != nil {
-		return err
-	}
-	return w.enqueueLet(ctx, let)
+	_, err := w.admit(ctx, a)
+	return err
 }
 
-// enqueueLet enqueues the runs the gate let in (the organisation's batch
-// size per task), bar those its call pushed to a waiting worker already.
-func (w queueWriter) enqueueLet(ctx context.Context, let passed) error {
-	rest := let.out
-	if let.pushed != notPushed {
-		rest = let.out[max(let.pushed, 0):]
+// items are the hand-off items of runs, each with the trace context of its
+// hand-off when tracing is on; end ends those spans with the push's error.
+func (w queueWriter) items(ctx context.Context, runs []RunPayload) (items [][]byte, end func(error), err error) {
+	var ends []func(error)
+	end = func(err error) {
+		for _, e := range ends {
+			e(err)
+		}
 	}
-	if len(rest) == 0 {
-		return nil // all pushed: no batch size to work out
-	}
-	size := w.gate.batchSize(let.share)
-	if let.pushed == notPushed {
-		return w.enqueue(ctx, rest, size)
-	}
-	return w.enqueueTasks(ctx, rest, size)
-}
-
-// enqueue hands new runs to a waiting worker, as far as one waits
-// (pushDirect), and enqueues the rest (enqueueTasks).
-func (w queueWriter) enqueue(ctx context.Context, runs []RunPayload, size int) error {
-	var fresh, rest []RunPayload
 	for _, p := range runs {
-		if p.Redelivery {
-			rest = append(rest, p)
-		} else {
-			fresh = append(fresh, p)
+		var headers map[string]string
+		if w.tracer != nil {
+			var e func(error)
+			_, headers, e = w.traceHandOff(ctx, p)
+			ends = append(ends, e)
 		}
-	}
-	n, err := w.pushDirect(ctx, fresh)
-	if err != nil {
-		return err
-	}
-	return w.enqueueTasks(ctx, append(fresh[n:], rest...), size)
-}
-
-// enqueueTasks enqueues runs to asynq, up to size per task; a redelivery
-// always alone, under its own TaskID. What Redis already has (a TaskID
-// conflict: an earlier try got through) counts as enqueued.
-func (w queueWriter) enqueueTasks(ctx context.Context, runs []RunPayload, size int) error {
-	var batch []RunPayload
-	for _, p := range runs {
-		if p.Redelivery || size <= 1 {
-			if err := w.enqueueOne(ctx, p); err != nil {
-				return err
-			}
-			continue
-		}
-		batch = append(batch, p)
-	}
-	for len(batch) > 0 {
-		n := min(size, len(batch))
-		var err error
-		if n == 1 {
-			err = w.enqueueOne(ctx, batch[0])
-		} else {
-			err = w.enqueueBatch(ctx, batch[:n])
-		}
+		b, err := itemJSON(p, headers)
 		if err != nil {
-			return err
+			end(err)
+			return nil, nil, err
 		}
-		batch = batch[n:]
+		items = append(items, b)
+	}
+	return items, end, nil
+}
+
+// scheduleRetry enqueues p's retry to asynq, due in delay: its task pushes
+// p back onto ready then (RunExecutor.ProcessTask). The task's id names the
+// run and the retry, a new one for each retry scheduled (the last one's
+// task may still be finishing); the retry index tells the sweeper the run
+// is not lost meanwhile.
+func (w queueWriter) scheduleRetry(ctx context.Context, p RunPayload, delay time.Duration) error {
+	task, err := newRunTask(p, nil)
+	if err != nil {
+		return err
+	}
+	id := retryTaskID(p.RunID, p.Rescheduled)
+	if err := w.redis.HSet(ctx, retryIndex, p.RunID, id).Err(); err != nil {
+		return fmt.Errorf("schedule a retry: %w", err)
+	}
+	opts := append(w.opts[:len(w.opts):len(w.opts)], asynq.TaskID(id), asynq.ProcessIn(delay))
+	_, err = w.client.EnqueueContext(ctx, task, opts...)
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("schedule a retry: %w", err)
 	}
 	return nil
-}
-
-// enqueueOne enqueues a run's task of its own.
-func (w queueWriter) enqueueOne(ctx context.Context, p RunPayload) (err error) {
-	id := runTaskID(p.RunID, p.Redeliveries)
-	var headers map[string]string
-	if w.tracer != nil {
-		var end func(error)
-		ctx, headers, end = w.traceEnqueueOne(ctx, p, id)
-		defer func() { end(err) }()
-	}
-	task, err := newRunTask(p, headers)
-	if err != nil {
-		return err
-	}
-	opts := append(w.opts[:len(w.opts):len(w.opts)], asynq.TaskID(id))
-	_, err = w.client.EnqueueContext(ctx, task, opts...)
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		return nil
-	}
-	return err
-}
-
-// enqueueBatch enqueues runs as one batch task, after recording which task
-// carries each (the sweeper's batchIndexKey).
-func (w queueWriter) enqueueBatch(ctx context.Context, runs []RunPayload) (err error) {
-	id := batchTaskID(runs)
-	var headers map[string]string
-	if w.tracer != nil {
-		var end func(error)
-		ctx, headers, end = w.traceEnqueueBatch(ctx, runs, id)
-		defer func() { end(err) }()
-	}
-	task, err := newBatchTask(runs, headers)
-	if err != nil {
-		return err
-	}
-	index := make([]any, 0, 2*len(runs))
-	for _, r := range runs {
-		index = append(index, r.RunID, id)
-	}
-	if err := w.redis.HSet(ctx, batchIndexKey, index...).Err(); err != nil {
-		return err
-	}
-	opts := append(w.opts[:len(w.opts):len(w.opts)], asynq.TaskID(id))
-	_, err = w.client.EnqueueContext(ctx, task, opts...)
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		return nil
-	}
-	return err
 }
 
 // Shutdown stops taking runs, hands off every run it took (those buffered

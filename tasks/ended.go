@@ -71,7 +71,9 @@ func WatchRunsEnded(ctx context.Context, rc redis.UniversalClient) <-chan struct
 	sub := rc.Subscribe(ctx, RunsEndedChannel)
 	go func() {
 		defer sub.Close()
-		msgs := sub.Channel()
+		// A ping a minute keeps an idle subscription checked without
+		// costing Redis (go-redis pings every 3 s by default).
+		msgs := sub.Channel(redis.WithChannelHealthCheckInterval(time.Minute))
 		for {
 			select {
 			case <-ctx.Done():

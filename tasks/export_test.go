@@ -18,18 +18,16 @@ import (
 // long (and stops when its context ends).
 func SetBeforeRun(w *Worker, f func(ctx context.Context, runID string)) { w.runs.beforeRun = f }
 
-// NoDirect makes w, before its Start, take no runs from the direct
-// hand-off: the API processes hand them to asynq's queue (while no other
-// worker takes).
-func NoDirect(w *Worker) { w.noDirect = true }
-
-// SetDequeued makes w's run executor tell f the runs of each task as soon
-// as its handler begins.
+// SetDequeued makes w's run executor tell f the run of each delivery as
+// soon as it begins.
 func SetDequeued(w *Worker, f func(runIDs []string)) { w.runs.dequeued = f }
 
-// NewRunTask is the task executing runID, as the hand-off (or, with
-// redelivery, the sweeper) enqueues it, without its data inline: the
-// worker reads the run.
+// SetTakerBlock makes w's taker wait at most block on the ready list at
+// each take (before Start).
+func SetTakerBlock(w *Worker, block time.Duration) { w.taker.block = block }
+
+// NewRunTask is a retry's task for runID (or a run task an earlier version
+// left in Redis), without its data inline: the worker reads the run.
 func NewRunTask(runID string, redelivery bool) *asynq.Task {
 	t, err := newRunTask(RunPayload{RunID: runID, Redelivery: redelivery}, nil)
 	if err != nil {
@@ -38,32 +36,8 @@ func NewRunTask(runID string, redelivery bool) *asynq.Task {
 	return t
 }
 
-// RunTaskID is the TaskID of a run's n-th delivery (0: the hand-off's).
-func RunTaskID(runID string, n int) string { return runTaskID(runID, n) }
-
-// TaskKey is where asynq keeps the task taskID of the default queue.
-func TaskKey(taskID string) string { return taskKey(taskID) }
-
-// SendBatch hands runs off as one batch task, as the dispatcher does when
-// several wait.
-func SendBatch(d *Dispatcher, runs []*models.QueuedRun) {
-	if err := d.w.enqueueBatch(context.Background(), payloads(runs)); err != nil {
-		panic(err)
-	}
-}
-
-func payloads(runs []*models.QueuedRun) []RunPayload {
-	ps := make([]RunPayload, len(runs))
-	for i, q := range runs {
-		ps[i] = payloadOf(q)
-	}
-	return ps
-}
-
-// BatchIndexKey is the Redis hash from a run to its batch task.
-const BatchIndexKey = batchIndexKey
-
-// NewRunTaskFor is the task the hand-off makes for q (its data inline).
+// NewRunTaskFor is the run task an earlier version made for q (its data
+// inline).
 func NewRunTaskFor(q *models.QueuedRun) *asynq.Task {
 	t, err := newRunTask(payloadOf(q), nil)
 	if err != nil {
@@ -72,45 +46,105 @@ func NewRunTaskFor(q *models.QueuedRun) *asynq.Task {
 	return t
 }
 
-// NewBatchTaskFor is the batch task the hand-off makes for qs.
+// NewBatchTaskFor is the batch task an earlier version made for qs.
 func NewBatchTaskFor(qs []*models.QueuedRun) *asynq.Task {
-	t, err := newBatchTask(payloads(qs), nil)
+	ps := make([]RunPayload, len(qs))
+	for i, q := range qs {
+		ps[i] = payloadOf(q)
+	}
+	b, err := json.Marshal(BatchPayload{Runs: ps})
 	if err != nil {
 		panic(err)
 	}
-	return t
+	return asynq.NewTask(TypeRunBatch, b)
 }
 
-// QueueLength is how many runs wait in opt's queue (pending tasks; a batch
-// counts its runs).
-func QueueLength(t testing.TB, opt asynq.RedisClientOpt) int {
+// TaskKey is where asynq keeps the task taskID of the default queue.
+func TaskKey(taskID string) string { return taskKey(taskID) }
+
+// RetryTaskID is the TaskID of a run's n-th retry.
+func RetryTaskID(runID string, n int) string { return retryTaskID(runID, n) }
+
+// Hand-off keys, for tests that play a worker by hand.
+const (
+	ReadyList  = readyList
+	TakingList = takingList
+	TakersSet  = takersSet
+	AliveKey   = aliveKey
+	RetryIndex = retryIndex
+)
+
+func client(opt asynq.RedisClientOpt) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+}
+
+// ReadyRuns lists the runs in the ready list, in order.
+func ReadyRuns(t testing.TB, opt asynq.RedisClientOpt) []string {
 	t.Helper()
-	insp := asynq.NewInspector(opt)
-	defer insp.Close()
-	n := 0
-	for page := 1; ; page++ {
-		tasks, err := insp.ListPendingTasks(queue, asynq.PageSize(1000), asynq.Page(page))
-		if err != nil || len(tasks) == 0 {
-			return n
+	return listedIDs(t, opt, readyList)
+}
+
+// TakenBy lists the runs in taker id's taking list, in order.
+func TakenBy(t testing.TB, opt asynq.RedisClientOpt, id string) []string {
+	t.Helper()
+	return listedIDs(t, opt, takingList+id)
+}
+
+// TakerID is w's taker's id.
+func TakerID(w *Worker) string { return w.taker.id }
+
+func listedIDs(t testing.TB, opt asynq.RedisClientOpt, key string) []string {
+	t.Helper()
+	rc := client(opt)
+	defer rc.Close()
+	raw, err := rc.LRange(context.Background(), key, 0, -1).Result()
+	if err != nil {
+		t.Fatalf("hand-off: %v", err)
+	}
+	ids := make([]string, len(raw))
+	for i, s := range raw {
+		var it handoffItem
+		if err := json.Unmarshal([]byte(s), &it); err != nil {
+			t.Fatalf("hand-off item %q: %v", s, err)
 		}
-		for _, task := range tasks {
-			if task.Type != TypeRunBatch {
-				n++
-				continue
-			}
-			var b BatchPayload
-			if err := json.Unmarshal(task.Payload, &b); err != nil {
-				t.Fatalf("batch payload: %v", err)
-			}
-			n += len(b.Runs)
+		ids[i] = it.Run.RunID
+	}
+	return ids
+}
+
+// TakeAs moves every run of the ready list into the taking list of taker
+// id, as that taker's takes do, without the taker beating: a taker that
+// died with them. It returns them.
+func TakeAs(t testing.TB, opt asynq.RedisClientOpt, id string) []string {
+	t.Helper()
+	rc := client(opt)
+	defer rc.Close()
+	ctx := context.Background()
+	if err := rc.SAdd(ctx, takersSet, id).Err(); err != nil {
+		t.Fatalf("hand-off: %v", err)
+	}
+	for {
+		err := rc.LMove(ctx, readyList, takingList+id, "LEFT", "RIGHT").Err()
+		if errors.Is(err, redis.Nil) {
+			return listedIDs(t, opt, takingList+id)
+		}
+		if err != nil {
+			t.Fatalf("hand-off: %v", err)
 		}
 	}
+}
+
+// DecodeItem reads a hand-off item as a worker does.
+func DecodeItem(b []byte) (RunPayload, map[string]string, error) {
+	var it handoffItem
+	err := json.Unmarshal(b, &it)
+	return it.Run, it.Headers, err
 }
 
 // GateWaiting is how many runs wait their organisation's turn at the gate.
 func GateWaiting(t testing.TB, opt asynq.RedisClientOpt) int64 {
 	t.Helper()
-	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	rc := client(opt)
 	defer rc.Close()
 	n, err := rc.HLen(context.Background(), fairPayloads).Result()
 	if err != nil {
@@ -119,37 +153,15 @@ func GateWaiting(t testing.TB, opt asynq.RedisClientOpt) int64 {
 	return n
 }
 
-// RunsInRedis lists the runs whose tasks are pending in the queue, and
-// those waiting at the gate.
-func RunsInRedis(t testing.TB, opt asynq.RedisClientOpt) (queued, waiting map[string]bool) {
+// RunsInRedis lists the runs in the ready list, and those waiting at the
+// gate.
+func RunsInRedis(t testing.TB, opt asynq.RedisClientOpt) (ready, waiting map[string]bool) {
 	t.Helper()
-	insp := asynq.NewInspector(opt)
-	defer insp.Close()
-	queued = map[string]bool{}
-	for page := 1; ; page++ {
-		tasks, err := insp.ListPendingTasks(queue, asynq.PageSize(1000), asynq.Page(page))
-		if err != nil || len(tasks) == 0 {
-			break
-		}
-		for _, task := range tasks {
-			if task.Type != TypeRunBatch {
-				var p RunPayload
-				if err := json.Unmarshal(task.Payload, &p); err != nil {
-					t.Fatalf("run payload: %v", err)
-				}
-				queued[p.RunID] = true
-				continue
-			}
-			var b BatchPayload
-			if err := json.Unmarshal(task.Payload, &b); err != nil {
-				t.Fatalf("batch payload: %v", err)
-			}
-			for _, p := range b.Runs {
-				queued[p.RunID] = true
-			}
-		}
+	ready = map[string]bool{}
+	for _, id := range ReadyRuns(t, opt) {
+		ready[id] = true
 	}
-	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	rc := client(opt)
 	defer rc.Close()
 	ids, err := rc.HKeys(context.Background(), fairPayloads).Result()
 	if err != nil {
@@ -159,106 +171,24 @@ func RunsInRedis(t testing.TB, opt asynq.RedisClientOpt) (queued, waiting map[st
 	for _, id := range ids {
 		waiting[id] = true
 	}
-	return queued, waiting
+	return ready, waiting
 }
 
 // GateAdmitted lists the runs of org the gate counts in the queue.
 func GateAdmitted(t testing.TB, opt asynq.RedisClientOpt, org string) ([]string, error) {
 	t.Helper()
-	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
+	rc := client(opt)
 	defer rc.Close()
 	return (&gate{redis: rc}).admitted(context.Background(), org)
 }
 
-// LeaseKey is asynq's lease set of the default queue.
-func LeaseKey() string { return leaseKey() }
-
-// DirectRuns lists the runs waiting in the direct hand-off's list, in order.
-func DirectRuns(t testing.TB, opt asynq.RedisClientOpt) []string {
-	t.Helper()
-	return listedIDs(t, opt, directRuns)
-}
-
-// listedIDs lists the runs of the direct hand-off's items in list key, in
-// order.
-func listedIDs(t testing.TB, opt asynq.RedisClientOpt, key string) []string {
-	t.Helper()
-	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
-	defer rc.Close()
-	raw, err := rc.LRange(context.Background(), key, 0, -1).Result()
-	if err != nil {
-		t.Fatalf("direct hand-off: %v", err)
+// Deliver makes one delivery of the run of task (a run task's payload) in
+// w, as its taker does with an item, and returns the attempt's error: a
+// test's stand-in for a delivery.
+func Deliver(ctx context.Context, w *Worker, task *asynq.Task) error {
+	var p RunPayload
+	if err := json.Unmarshal(task.Payload(), &p); err != nil || p.RunID == "" {
+		return asynq.SkipRetry
 	}
-	return directIDs(t, raw)
-}
-
-// TakeDirectAs moves every run of the direct hand-off's list into the
-// list of runs taken of worker id, as that worker's pops do, and returns
-// them.
-func TakeDirectAs(t testing.TB, opt asynq.RedisClientOpt, id string) []string {
-	t.Helper()
-	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
-	defer rc.Close()
-	var raw []string
-	for {
-		s, err := rc.LMove(context.Background(), directRuns, directTaking+id, "LEFT", "RIGHT").Result()
-		if errors.Is(err, redis.Nil) {
-			return directIDs(t, raw)
-		}
-		if err != nil {
-			t.Fatalf("direct hand-off: %v", err)
-		}
-		raw = append(raw, s)
-	}
-}
-
-func directIDs(t testing.TB, raw []string) []string {
-	ids := make([]string, len(raw))
-	for i, s := range raw {
-		var it directItem
-		if err := json.Unmarshal([]byte(s), &it); err != nil {
-			t.Fatalf("direct item %q: %v", s, err)
-		}
-		ids[i] = it.Run.RunID
-	}
-	return ids
-}
-
-// SetDirectPops makes w's direct hand-off tell f how many runs each of its
-// pops took, and wait up to block on the list at each.
-func SetDirectPops(w *Worker, block time.Duration, f func(n int)) {
-	w.direct.popped, w.direct.block = f, block
-}
-
-// DirectTaken lists the runs w's list of runs taken from the direct
-// hand-off holds, in order.
-func DirectTaken(t testing.TB, opt asynq.RedisClientOpt, w *Worker) []string {
-	t.Helper()
-	return listedIDs(t, opt, directTaking+w.direct.id)
-}
-
-// JoinDirect records a beat of worker id in the direct hand-off's
-// takers, ago ago (0: now), without anything popping: runs pushed stay in
-// the list.
-func JoinDirect(t testing.TB, opt asynq.RedisClientOpt, id string, ago time.Duration) {
-	t.Helper()
-	rc := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, Password: opt.Password})
-	defer rc.Close()
-	if err := directTakeScript.Run(context.Background(), rc, []string{directTakers}, id, ago.Milliseconds()).Err(); err != nil {
-		t.Fatalf("join the direct hand-off: %v", err)
-	}
-}
-
-// DirectPerTaker is the most runs the direct hand-off's list holds per
-// worker taking from it.
-const DirectPerTaker = directPerTaker
-
-// DirectItemJSON builds a direct hand-off item from a payload's JSON;
-// DecodeDirectItem reads one as a worker does.
-var DirectItemJSON = directItemJSON
-
-func DecodeDirectItem(b []byte) (RunPayload, map[string]string, error) {
-	var it directItem
-	err := json.Unmarshal(b, &it)
-	return it.Run, it.Headers, err
+	return w.runs.attempt(withTries(ctx, p.Retries, w.runs.maxAttempts-1), p)
 }

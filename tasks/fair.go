@@ -2,7 +2,6 @@ package tasks
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -11,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// gate admits runs into the queue by organisation, so that every tenant
+// gate admits runs onto the ready list by organisation, so that every tenant
 // gets its share of the workers: at most share runs of one organisation
 // are in Redis at once (admitted: waiting for a worker, executing or
 // retrying), and another organisation's run waits behind at most that many
@@ -26,10 +25,10 @@ import (
 // processes, workers and sweepers agree without a lock: per organisation a
 // sorted set of the admitted runs (scored by when they were admitted) and
 // one of the waiting runs (scored by when they were started); a hash of the
-// waiting runs' task payloads; the share each organisation was last
+// waiting runs' hand-off items; the share each organisation was last
 // admitted with; and the set of organisations with runs waiting. A waiting
 // run is still queued in PostgreSQL, and the sweeper leaves it alone while
-// the hash holds it; if Redis loses it, the sweeper enqueues it again.
+// the hash holds it; if Redis loses it, the sweeper hands it on again.
 //
 // A run admitted but never released (its worker's release did not reach
 // Redis) counts against its organisation for at most stale, RUN_TIMEOUT.
@@ -48,11 +47,11 @@ type gate struct {
 }
 
 // The gate's keys share one hash tag; its script also pushes onto the
-// direct hand-off's list (direct.go: one Redis holds every key).
+// hand-off's ready list (handoff.go: one Redis holds every key).
 const (
 	fairAdmitted = "valruns:{fair}:admitted:" // + org id: sorted set of run ids
 	fairWaiting  = "valruns:{fair}:waiting:"  // + org id: sorted set of run ids
-	fairPayloads = "valruns:{fair}:payloads"  // run id -> RunPayload
+	fairPayloads = "valruns:{fair}:payloads"  // run id -> its handoffItem
 	fairShares   = "valruns:{fair}:shares"    // org id -> share last admitted with
 	fairOrgs     = "valruns:{fair}:orgs"      // org ids with runs waiting
 	fairCosts    = "valruns:{fair}:costs"     // org id -> its runs' recent average duration (ms)
@@ -67,7 +66,8 @@ const defaultSlots = 10
 
 // gateScript admits up to what an organisation's share leaves free from its
 // waiting runs, oldest first, after counting in the runs handed in and
-// releasing the runs named. ARGV:
+// releasing the runs named, and pushes every run it admits onto the ready
+// list. ARGV:
 //
 //  1. org
 //  2. its own share: >= 0 (0: unlimited), -1 none (the default applies),
@@ -78,39 +78,27 @@ const defaultSlots = 10
 //  7. how long the released runs took each, on average (ms; -1: none)
 //  8. the adaptive share's target wait (ms)
 //  9. n, the runs handed in
-//  10. the direct hand-off's runs per worker taking (directPerTaker; 0:
-//     push none), 11. how recent a worker's beat must be (ms, directFresh)
-//  12. n triples (id, score, payload); then, when ARGV[10] > 0, n items
-//     for the direct hand-off's list, one per run; then the released ids
+//  10. n triples (id, score, item); then the released ids
 //
-// KEYS 7 to 9 are the direct hand-off's list, its workers taking and
-// asynq's paused flag: when every run handed in is admitted at once, the
-// same call pushes their items onto the list as far as a worker waits
-// (direct_push), so that a new run reaches an idle worker in one round
-// trip from the API.
+// KEYS 7 and 8 are the ready list and asynq's paused flag: while the queue
+// is paused, every run waits (a sweep after the resume lets them in).
 //
 // The adaptive default share is what one slot's worth of the organisation's
 // runs, at their recent average duration (an EWMA kept per organisation),
 // takes to execute for the target wait: between twice and sixteen times the
-// slots alive. Cheap runs get a large share (batches: the queue's overhead
-// spread over many runs), slow ones a small one (another organisation's run
-// waits about the target behind them).
+// slots alive. Cheap runs get a large share, slow ones a small one (another
+// organisation's run waits about the target behind them).
 //
-// Returns {1, share, pushed} when every run handed in was admitted at once
-// (nothing was waiting): pushed is how many of them, from the first, went
-// onto the direct hand-off's list (-1: no worker takes, or the queue is
-// paused); else {0, share, id, payload, ...}: the runs handed in that
-// were admitted already (redeliveries), and those admitted from the
-// waiting list, which the caller enqueues.
-var gateScript = redis.NewScript(directPushLua + `
+// Returns {share, id...}: the runs admitted (pushed), of those handed in
+// (a redelivery of a run admitted before keeps its place) and of the
+// waiting ones.
+var gateScript = redis.NewScript(`
 local adm, wait, pay, shares, orgs, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local ready, paused = KEYS[7], redis.call('EXISTS', KEYS[8]) == 1
 local org, own = ARGV[1], tonumber(ARGV[2])
 local fixed, slots, now, stale = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local sample, target, n = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local per, fresh = tonumber(ARGV[10]), tonumber(ARGV[11])
-local items = 12 + 3 * n
-local released = items
-if per > 0 then released = items + n end
+local released = 10 + 3 * n
 if own == -2 then
   own = tonumber(redis.call('HGET', shares, org) or '-1')
 else
@@ -135,42 +123,41 @@ redis.call('ZREMRANGEBYSCORE', adm, '-inf', now - stale)
 for i = released, #ARGV do
   redis.call('ZREM', adm, ARGV[i])
 end
-if n > 0 and redis.call('ZCARD', wait) == 0 and (share == 0 or share - redis.call('ZCARD', adm) >= n) then
+local out = {share}
+local function admit(id, item)
+  redis.call('ZADD', adm, now, id)
+  redis.call('RPUSH', ready, item)
+  out[#out + 1] = id
+end
+if n > 0 and not paused and redis.call('ZCARD', wait) == 0 and (share == 0 or share - redis.call('ZCARD', adm) >= n) then
   for i = 0, n - 1 do
-    redis.call('ZADD', adm, now, ARGV[12 + 3 * i])
+    admit(ARGV[10 + 3 * i], ARGV[12 + 3 * i])
   end
-  local pushed = 0
-  if per > 0 then
-    pushed = direct_push(KEYS[7], KEYS[8], KEYS[9], per, fresh, items, items + n - 1)
-  end
-  return {1, share, pushed}
+  return out
 end
-local out = {0, share}
 for i = 0, n - 1 do
-  local id = ARGV[12 + 3 * i]
-  if redis.call('ZSCORE', adm, id) then
-    -- Admitted before (a redelivery: its task was lost): it keeps its
-    -- place, and its new task goes to the queue now.
-    redis.call('ZADD', adm, now, id)
-    out[#out + 1] = id
-    out[#out + 1] = ARGV[14 + 3 * i]
+  local id = ARGV[10 + 3 * i]
+  if not paused and redis.call('ZSCORE', adm, id) then
+    admit(id, ARGV[12 + 3 * i]) -- admitted before (a redelivery): it keeps its place
   else
-    redis.call('ZADD', wait, ARGV[13 + 3 * i], id)
-    redis.call('HSET', pay, id, ARGV[14 + 3 * i])
+    redis.call('ZREM', adm, id)
+    redis.call('ZADD', wait, ARGV[11 + 3 * i], id)
+    redis.call('HSET', pay, id, ARGV[12 + 3 * i])
   end
 end
-local free = redis.call('ZCARD', wait)
-if share > 0 then
-  free = math.min(free, share - redis.call('ZCARD', adm))
+local free = 0
+if not paused then
+  free = redis.call('ZCARD', wait)
+  if share > 0 then
+    free = math.min(free, share - redis.call('ZCARD', adm))
+  end
 end
 if free > 0 then
-  local ids = redis.call('ZRANGE', wait, 0, free - 1)
-  for _, id in ipairs(ids) do
-    redis.call('ZADD', adm, now, id)
+  for _, id in ipairs(redis.call('ZRANGE', wait, 0, free - 1)) do
+    local item = redis.call('HGET', pay, id) or cjson.encode({run = {run_id = id, org_id = org}})
     redis.call('ZREM', wait, id)
-    out[#out + 1] = id
-    out[#out + 1] = redis.call('HGET', pay, id) or ''
     redis.call('HDEL', pay, id)
+    admit(id, item)
   end
 end
 if redis.call('ZCARD', wait) == 0 then
@@ -190,36 +177,21 @@ type admission struct {
 	own      *int
 	recorded bool
 	in       []RunPayload
+	// items are in's hand-off items (JSON), one per run.
+	items [][]byte
 	// released: runs of org that left the queue, and how long they took
 	// each on average (cost; 0: unknown).
 	released []string
 	cost     time.Duration
-	// push, when set, holds one item of the direct hand-off per run of
-	// in: pushed onto its list in the same call when all of in are let in
-	// at once and a worker waits (gateScript).
-	push [][]byte
-	// raw, when set, is in's payloads as JSON, one per run (admit marshals
-	// them once for the gate's triples and the direct items).
-	raw [][]byte
 }
 
 // passed is what the gate did with an admission.
 type passed struct {
-	// out is the runs to enqueue now: the admission's in when all were let
-	// in at once, else those let in from the waiting list (which may
-	// include some of in).
-	out   []RunPayload
-	share int
-	// pushed is how many of out, from the first, are on the direct
-	// hand-off's list; notTaken: the admission pushed none because no
-	// worker takes or the queue is paused; notPushed: it did not ask.
-	pushed int
+	// admitted lists the runs it pushed onto ready: of those handed in,
+	// and of those let in from the waiting list.
+	admitted []string
+	share    int
 }
-
-const (
-	notTaken  = -1
-	notPushed = -2
-)
 
 // pass runs a through the gate.
 func (g *gate) pass(ctx context.Context, a admission) (passed, error) {
@@ -234,66 +206,32 @@ func (g *gate) pass(ctx context.Context, a admission) (passed, error) {
 	if a.cost > 0 {
 		sample = float64(a.cost) / float64(time.Millisecond)
 	}
-	per := 0
-	if a.push != nil {
-		per = directPerTaker
-	}
-	args := make([]any, 0, 11+3*len(a.in)+len(a.push)+len(a.released))
+	args := make([]any, 0, 9+3*len(a.in)+len(a.released))
 	args = append(args, a.org, own, g.share, g.slotsAlive(), time.Now().UnixMilli(), g.stale.Milliseconds(),
-		sample, shareTargetWait.Milliseconds(), len(a.in), per, directFresh.Milliseconds())
-	raw := a.raw
-	if len(raw) != len(a.in) {
-		var err error
-		if raw, err = payloadsJSON(a.in); err != nil {
-			return passed{}, err
-		}
-	}
+		sample, shareTargetWait.Milliseconds(), len(a.in))
 	for i, p := range a.in {
-		args = append(args, p.RunID, p.CreatedAt.UnixMicro(), raw[i])
-	}
-	for _, it := range a.push {
-		args = append(args, it)
+		args = append(args, p.RunID, p.CreatedAt.UnixMicro(), a.items[i])
 	}
 	for _, id := range a.released {
 		args = append(args, id)
 	}
 	keys := []string{fairAdmitted + a.org, fairWaiting + a.org, fairPayloads, fairShares, fairOrgs, fairCosts,
-		directRuns, directTakers, queuePaused}
+		readyList, queuePaused}
 	res, err := gateScript.Run(ctx, g.redis, keys, args...).Slice()
 	if err != nil {
 		return passed{}, fmt.Errorf("admit runs: %w", err)
 	}
-	if len(res) < 2 {
+	if len(res) < 1 {
 		return passed{}, fmt.Errorf("admit runs: unexpected answer %v", res)
 	}
-	share, _ := res[1].(int64)
-	if res[0] == int64(1) {
-		pushed := int64(notPushed)
-		if per > 0 && len(res) > 2 {
-			pushed, _ = res[2].(int64)
+	share, _ := res[0].(int64)
+	out := passed{share: int(share)}
+	for _, v := range res[1:] {
+		if id, ok := v.(string); ok {
+			out.admitted = append(out.admitted, id)
 		}
-		return passed{out: a.in, share: int(share), pushed: int(pushed)}, nil
 	}
-	var out []RunPayload
-	for i := 2; i+1 < len(res); i += 2 {
-		id, _ := res[i].(string)
-		raw, _ := res[i+1].(string)
-		var p RunPayload
-		if raw == "" || json.Unmarshal([]byte(raw), &p) != nil || p.RunID != id {
-			p = RunPayload{RunID: id, OrgID: a.org} // the worker reads it back
-		}
-		out = append(out, p)
-	}
-	return passed{out: out, share: int(share), pushed: notPushed}, nil
-}
-
-// waitingOrgs lists the organisations with runs waiting.
-func (g *gate) waitingOrgs(ctx context.Context) ([]string, error) {
-	orgs, err := g.redis.SMembers(ctx, fairOrgs).Result()
-	if err != nil {
-		return nil, fmt.Errorf("list organisations with runs waiting: %w", err)
-	}
-	return orgs, nil
+	return out, nil
 }
 
 // waiting counts the runs waiting at the gate, all organisations: one per
@@ -336,14 +274,4 @@ func (g *gate) slotsAlive() int {
 		return defaultSlots
 	}
 	return g.slots
-}
-
-// batchSize is the most runs of one organisation one task carries: its
-// share spread over the slots alive, so that its admitted runs occupy every
-// slot rather than wait in one task behind each other.
-func (g *gate) batchSize(share int) int {
-	if share <= 0 {
-		return batchMax
-	}
-	return min(max(share/g.slotsAlive(), 1), batchMax)
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apitest"
@@ -94,7 +94,7 @@ func TestAnOrganisationsRunWaitsBehindAtMostTheOthersShare(t *testing.T) {
 	wg.Wait()
 	bID := startRun(t, env, b, wfB, validOrder)
 	apitest.Eventually(t, 30*time.Second, func() bool {
-		return tasks.QueueLength(t, redis) == share+1
+		return len(tasks.ReadyRuns(t, redis)) == share+1
 	}, "A's share of its runs and B's run are in the queue, the rest of A's wait at the gate")
 
 	x := &executions{hold: 2 * time.Millisecond}
@@ -136,8 +136,6 @@ func TestAnOrganisationAloneUsesEveryWorkerSlot(t *testing.T) {
 		c.SweepInterval, c.RedeliverAfter = time.Second, time.Minute
 	})
 	tasks.SetBeforeRun(w.Worker, x.beforeRun)
-	// The task server's slots: the direct hand-off's are more, on top.
-	tasks.NoDirect(w.Worker)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
 	handOff(t, env, redis)
@@ -176,7 +174,7 @@ func TestAnOrganisationsOwnShareWins(t *testing.T) {
 		startRun(t, env, unlimited, wfU, validOrder)
 	}
 	apitest.Eventually(t, 30*time.Second, func() bool {
-		return tasks.QueueLength(t, redis) == 3+10 && tasks.GateWaiting(t, redis) == 7
+		return len(tasks.ReadyRuns(t, redis)) == 3+10 && tasks.GateWaiting(t, redis) == 7
 	}, "3 of the limited organisation's runs in the queue, 7 waiting; all 10 of the other's in the queue")
 }
 
@@ -216,15 +214,14 @@ func TestTheGateRecoversWhatAFailoverForgot(t *testing.T) {
 				startRun(t, env, a, wf, validOrder)
 			}
 			apitest.Eventually(t, 30*time.Second, func() bool {
-				return tasks.QueueLength(t, redis) == share && tasks.GateWaiting(t, redis) == waiting
+				return len(tasks.ReadyRuns(t, redis)) == share && tasks.GateWaiting(t, redis) == waiting
 			}, "the share's runs are in the queue, the others wait at the gate")
 
 			// What the promoted replica holds: the admitted runs' tasks are
 			// gone, and some of those runs ended.
-			insp := asynq.NewInspector(redis)
-			_, err := insp.DeleteAllPendingTasks("default")
-			require.NoError(t, err)
-			_ = insp.Close()
+			rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr, DB: redis.DB})
+			require.NoError(t, rc.Del(context.Background(), tasks.ReadyList).Err())
+			_ = rc.Close()
 			admitted, err := tasks.GateAdmitted(t, redis, a.ID)
 			require.NoError(t, err)
 			require.Len(t, admitted, share)

@@ -15,6 +15,7 @@ type finisher struct {
 }
 
 type finishReq struct {
+	ctx   context.Context
 	out   models.Outcome
 	ended bool
 	err   error
@@ -31,7 +32,8 @@ func newFinisher(runs *models.RunStore) *finisher {
 		for i, r := range batch {
 			outs[i] = r.out
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// The first run's context: its trace holds the statement.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), 30*time.Second)
 		ended, err := runs.FinishUnclaimed(ctx, outs)
 		cancel()
 		for _, r := range batch {
@@ -45,8 +47,8 @@ func newFinisher(runs *models.RunStore) *finisher {
 
 // finish writes o and reports whether it ended the run (false: the run was
 // no longer queued, another delivery has it).
-func (f *finisher) finish(o models.Outcome) (bool, error) {
-	r := &finishReq{out: o}
+func (f *finisher) finish(ctx context.Context, o models.Outcome) (bool, error) {
+	r := &finishReq{ctx: ctx, out: o}
 	f.b.do(r)
 	return r.ended, r.err
 }

@@ -225,9 +225,8 @@ func newWorker(t testing.TB, env *apitest.Env, opt asynq.RedisClientOpt, edit fu
 		Concurrency:     4,
 		RetryDelay:      100 * time.Millisecond,
 		ShutdownTimeout: 10 * time.Second,
-		// The package runs many workers at once; none proves the idle
-		// poll's latency, so they poll Redis at 20 ms, not the 2 ms
-		// default, and leave the cores to what they test.
+		// Retries due are pushed back within tens of milliseconds, not
+		// the default's seconds: tests wait on them.
 		PollInterval: 20 * time.Millisecond,
 		Registry:     reg,
 		Log:          slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -490,3 +489,6 @@ func eventuallyMetric(t testing.TB, reg prometheus.Gatherer, want float64, name 
 	apitest.Eventually(t, 10*time.Second, func() bool { return metricValue(t, reg, name, labels...) == want },
 		fmt.Sprintf("%s%v == %v (now %v)", name, labels, want, metricValue(t, reg, name, labels...)))
 }
+
+// noSweep leaves a worker's sweeper idle for the length of a test.
+func noSweep(c *tasks.Config) { c.SweepInterval, c.RedeliverAfter = time.Minute, time.Minute }

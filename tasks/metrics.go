@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"status"}),
 		redelivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_runs_redelivered_total",
-			Help: "Runs the sweeper re-enqueued because nothing was delivering them, by reason (queued: its task was lost; lease_expired: its worker died or stopped heartbeating; held_unclaimed: queued, its task held by a worker that died or stopped before claiming it).",
+			Help: "Runs the sweeper handed on because nothing was delivering them, by reason (queued: nothing held it; lease_expired: its worker died or stopped heartbeating; taker_stopped: taken by a worker that died or stopped, moved back to the ready list).",
 		}, []string{"reason"}),
 		leasesLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "valruns_run_leases_lost_total",
@@ -89,7 +89,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.processed.WithLabelValues(t)
 		m.failed.WithLabelValues(t)
 	}
-	for _, r := range []string{"queued", "lease_expired", "held_unclaimed"} {
+	for _, r := range []string{"queued", "lease_expired", "taker_stopped"} {
 		m.redelivered.WithLabelValues(r)
 	}
 	for _, r := range []string{"ok", "error"} {

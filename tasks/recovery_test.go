@@ -2,15 +2,15 @@ package tasks_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apitest"
@@ -161,12 +161,7 @@ CREATE TRIGGER test_fail_claim BEFORE UPDATE ON validation_runs FOR EACH ROW
 	var calls int64
 	require.NoError(t, env.DB.Raw(`SELECT last_value FROM test_claim_failures`).Scan(&calls).Error)
 	require.EqualValues(t, 4, calls, "three failed writes, then the one that succeeded")
-	// Three failed deliveries: asynq's tasks, but for the first when it came
-	// by the direct hand-off, whose failure hands the run to the queue.
-	apitest.Eventually(t, 10*time.Second, func() bool {
-		return metricValue(t, w.Registry, "valruns_tasks_failed_total", "type", tasks.TypeRunExecute)+
-			metricValue(t, w.Registry, "valruns_runs_direct_total", "result", "queued") == 3
-	}, "three deliveries failed")
+	eventuallyMetric(t, w.Registry, 3, "valruns_tasks_failed_total", "type", tasks.TypeRunExecute)
 	eventuallyMetric(t, w.Registry, 1, "valruns_runs_finished_total", "status", "passed")
 }
 
@@ -276,7 +271,7 @@ func TestLostLeaseStopsTheExecution(t *testing.T) {
 		}
 	})
 	id := startRun(t, env, org, wf, invalidOrder)
-	require.NoError(t, w.Mux().ProcessTask(context.Background(), tasks.NewRunTask(id, false)), "losing the run is not an error")
+	require.NoError(t, tasks.Deliver(context.Background(), w.Worker, tasks.NewRunTask(id, false)), "losing the run is not an error")
 
 	require.True(t, stopped, "the execution's context ended when the lease was lost")
 	run := readRun(t, env, id)
@@ -288,10 +283,10 @@ func TestLostLeaseStopsTheExecution(t *testing.T) {
 }
 
 // Three workers' sweepers sweep at the same moment, four times over, after
-// Redis lost every task (deleted here, as a failover to a stale replica
-// would): each run is re-enqueued exactly once (one :redeliver:1 task, one
-// counted redelivery), and while that task waits in the queue no sweep adds
-// another. Before the loss, a sweep finds every task waiting and adds none.
+// Redis lost the ready list (deleted here, as a failover to a stale replica
+// would): each run is handed on exactly once (one counted redelivery, one
+// item in ready), and while that item waits no sweep adds another. Before
+// the loss, a sweep finds every run in ready and hands on none.
 func TestSweepersRedeliverEachLostRunOnce(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
@@ -303,62 +298,48 @@ func TestSweepersRedeliverEachLostRunOnce(t *testing.T) {
 	for i := range ws {
 		ws[i] = newWorker(t, env, rdb, func(c *tasks.Config) { c.RedeliverAfter = 200 * time.Millisecond })
 	}
+	d := handOff(t, env, rdb)
 	_, want := startBodies(t, env, org, wf, "sweep", n)
 	ctx := context.Background()
-	client := asynq.NewClient(rdb)
-	defer client.Close()
-	for id := range want { // as the API's hand-off does
-		_, err := client.Enqueue(tasks.NewRunTask(id, false), asynq.TaskID(tasks.RunTaskID(id, 0)))
-		require.NoError(t, err)
-	}
+	apitest.Eventually(t, 30*time.Second, func() bool { return len(tasks.ReadyRuns(t, rdb)) == n },
+		"the hand-off pushes every run onto ready")
+	d.Close()
 	time.Sleep(300 * time.Millisecond) // the runs are older than RedeliverAfter
 
 	sweepAll := func() int {
 		counts := make([]int, workers)
 		var wg sync.WaitGroup
 		for i, w := range ws {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				var err error
 				counts[i], err = w.Sweeper().Sweep(ctx)
 				require.NoError(t, err)
-			}()
+			})
 		}
 		wg.Wait()
 		return counts[0] + counts[1] + counts[2]
 	}
-	require.Zero(t, sweepAll(), "every task is still waiting in Redis")
+	require.Zero(t, sweepAll(), "every run is still in ready")
 
-	insp := asynq.NewInspector(rdb)
-	t.Cleanup(func() { _ = insp.Close() })
-	pending, err := insp.ListPendingTasks("default", asynq.PageSize(100))
-	require.NoError(t, err)
-	require.Len(t, pending, n)
-	for _, p := range pending {
-		require.NoError(t, insp.DeleteTask("default", p.ID))
-	}
+	rc := redisClient(rdb)
+	defer rc.Close()
+	require.NoError(t, rc.Del(ctx, tasks.ReadyList).Err())
 
 	redelivered := 0
 	for range 4 {
 		time.Sleep(300 * time.Millisecond) // each run may be looked at again
 		redelivered += sweepAll()
 	}
-	require.Equal(t, n, redelivered, "each run re-enqueued once")
+	require.Equal(t, n, redelivered, "each run handed on once")
 	var total float64
 	for _, w := range ws {
 		total += metricValue(t, w.Registry, "valruns_runs_redelivered_total", "reason", "queued")
 	}
 	require.EqualValues(t, n, total)
 	require.EqualValues(t, n, env.Count("validation_runs", "redeliveries = 1"))
-	pending, err = insp.ListPendingTasks("default", asynq.PageSize(100))
-	require.NoError(t, err)
-	require.Len(t, pending, n, "one task per run")
-	for _, p := range pending {
-		var payload tasks.RunPayload
-		require.NoError(t, json.Unmarshal(p.Payload, &payload))
-		require.Equal(t, models.RunTaskIDPrefix+payload.RunID+":redeliver:1", p.ID)
-	}
+	ready := tasks.ReadyRuns(t, rdb)
+	require.Len(t, ready, n, "one item per run")
+	require.ElementsMatch(t, slices.Collect(maps.Keys(want)), ready)
 
 	require.NoError(t, ws[0].Start(ctx))
 	t.Cleanup(ws[0].Stop)
@@ -488,152 +469,4 @@ func TestPanicInARunReleasesItsLease(t *testing.T) {
 	require.Equal(t, "passed", run.Status)
 	require.Equal(t, 2, run.Attempts)
 	eventuallyMetric(t, w.Registry, 1, "valruns_tasks_failed_total", "type", tasks.TypeRunExecute)
-}
-
-// Runs handed off together travel in one batch task: while it waits, no
-// sweep re-enqueues them (the sweeper finds each run's batch in the batch
-// index); once Redis has lost it, each run is re-enqueued once, and all
-// finish once. With the batch delivered, the worker forgets its runs in the
-// index.
-func TestSweepersRedeliverALostBatchOnce(t *testing.T) {
-	t.Parallel()
-	env := apitest.New(t)
-	org := env.NewOrg("acme")
-	wf := env.NewWorkflow(org, orderWorkflow)
-	rdb := newRedis(t)
-	w := newWorker(t, env, rdb, func(c *tasks.Config) { c.RedeliverAfter = 200 * time.Millisecond })
-	const n = 12
-	ids, want := startBodies(t, env, org, wf, "batch", n)
-	store := models.NewRunStore(env.DB)
-	ctx := context.Background()
-	runs := make([]*models.QueuedRun, len(ids))
-	for i, id := range ids {
-		q, err := store.Queued(ctx, id)
-		require.NoError(t, err)
-		runs[i] = q
-	}
-	d := tasks.NewDispatcher(tasks.DispatcherConfig{Redis: rdb, MaxRetry: 5, Timeout: time.Minute, GiveUp: time.Minute})
-	t.Cleanup(d.Close)
-	tasks.SendBatch(d, runs[:n/2])
-	tasks.SendBatch(d, runs[n/2:])
-	time.Sleep(300 * time.Millisecond) // the runs are older than RedeliverAfter
-
-	insp := asynq.NewInspector(rdb)
-	t.Cleanup(func() { _ = insp.Close() })
-	pending, err := insp.ListPendingTasks("default", asynq.PageSize(100))
-	require.NoError(t, err)
-	require.Len(t, pending, 2, "two tasks carry the twelve runs")
-	swept, err := w.Sweeper().Sweep(ctx)
-	require.NoError(t, err)
-	require.Zero(t, swept, "the batch tasks are still waiting in Redis")
-
-	require.NoError(t, insp.DeleteTask("default", pending[0].ID)) // Redis loses one batch
-	time.Sleep(300 * time.Millisecond)
-	swept, err = w.Sweeper().Sweep(ctx)
-	require.NoError(t, err)
-	require.Equal(t, n/2, swept, "each run of the lost batch re-enqueued, once")
-	time.Sleep(300 * time.Millisecond)
-	swept, err = w.Sweeper().Sweep(ctx)
-	require.NoError(t, err)
-	require.Zero(t, swept, "their redeliveries are waiting")
-
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(w.Stop)
-	for _, id := range ids {
-		waitRun(t, env, org, id, 30*time.Second)
-	}
-	requireFinishedOnce(t, env, org, want)
-	rc := redisClient(rdb)
-	defer rc.Close()
-	apitest.Eventually(t, 10*time.Second, func() bool { return rc.HLen(ctx, tasks.BatchIndexKey).Val() == 0 },
-		"the batch index forgets every run: the worker those of the batch it processed, the sweeper those it re-enqueued")
-}
-
-// A worker that stopped (SIGSTOP, a paused VM) or died holding a run's
-// task before claiming the run holds the task in asynq until asynq's
-// recoverer gives it back, a minute or two later. Here a plain asynq
-// server stands for that worker: its handler takes the run's task and
-// does nothing. While its heartbeat renews its hold on the task (asynq's
-// lease set, scored about 30 s ahead), a sweep leaves the run alone. Once
-// the hold has not been renewed for longer than RUN_LEASE (its score set
-// back as a stopped worker leaves it), a sweep re-enqueues the run at once
-// (held_unclaimed) under a new task ID, a second sweep adds nothing, and
-// another worker finishes it. When the stopped worker goes on and executes
-// its task after all, it writes nothing: the run is finished once.
-func TestSweeperTakesOverAStoppedWorkersUnclaimedRun(t *testing.T) {
-	t.Parallel()
-	env := apitest.New(t)
-	org := env.NewOrg("acme")
-	wf := env.NewWorkflow(org, orderWorkflow)
-	rdb := newRedis(t)
-	ctx := context.Background()
-	const lease = 3 * time.Second
-	w := newWorker(t, env, rdb, func(c *tasks.Config) { c.RunLease = lease; c.RunHeartbeat = lease / 3 })
-
-	held := make(chan string, 1)
-	release := make(chan struct{})
-	stopped := asynq.NewServer(rdb, asynq.Config{Concurrency: 1, Queues: map[string]int{"default": 1},
-		TaskCheckInterval: 20 * time.Millisecond, LogLevel: asynq.FatalLevel})
-	mux := asynq.NewServeMux()
-	mux.HandleFunc(tasks.TypeRunExecute, func(ctx context.Context, t *asynq.Task) error {
-		id, _ := asynq.GetTaskID(ctx)
-		held <- id
-		<-release
-		return nil
-	})
-	require.NoError(t, stopped.Start(mux))
-	defer stopped.Shutdown()
-	defer close(release)
-	handOff(t, env, rdb)
-	id := startRun(t, env, org, wf, invalidOrder)
-	var taskID string
-	select {
-	case taskID = <-held:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the stand-in worker never took the run's task")
-	}
-
-	rc := redisClient(rdb)
-	defer rc.Close()
-	score, err := rc.ZScore(ctx, tasks.LeaseKey(), taskID).Result()
-	require.NoError(t, err, "asynq holds an active task in its lease set")
-	ahead := time.Until(time.Unix(int64(score), 0))
-	require.True(t, ahead > 20*time.Second && ahead <= 31*time.Second, "a hold runs about 30 s ahead: %s", ahead)
-	swept, err := w.Sweeper().Sweep(ctx)
-	require.NoError(t, err)
-	require.Zero(t, swept, "a live hold is left alone")
-
-	// The hold as a worker stopped RUN_LEASE and 2 s ago leaves it. The
-	// stand-in's heartbeat would renew it within 5 s: sweep at once, and
-	// again if the heartbeat came in between.
-	apitest.Eventually(t, 30*time.Second, func() bool {
-		stale := time.Now().Add(30*time.Second - lease - 2*time.Second).Unix()
-		require.NoError(t, rc.ZAddXX(ctx, tasks.LeaseKey(), redis.Z{Score: float64(stale), Member: taskID}).Err())
-		swept, err = w.Sweeper().Sweep(ctx)
-		require.NoError(t, err)
-		return swept == 1
-	}, "a sweep re-enqueues the run its stopped worker held unclaimed")
-	require.Equal(t, "queued", readRun(t, env, id).Status)
-	require.EqualValues(t, 1, metricValue(t, w.Registry, "valruns_runs_redelivered_total", "reason", "held_unclaimed"))
-	insp := asynq.NewInspector(rdb)
-	t.Cleanup(func() { _ = insp.Close() })
-	ti, err := insp.GetTaskInfo("default", tasks.RunTaskID(id, 1))
-	require.NoError(t, err, "re-enqueued under a new task ID")
-	require.Equal(t, asynq.TaskStatePending, ti.State)
-	swept, err = w.Sweeper().Sweep(ctx)
-	require.NoError(t, err)
-	require.Zero(t, swept, "not again while its redelivery waits")
-
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(w.Stop)
-	run := waitRun(t, env, org, id, 30*time.Second)
-	require.Equal(t, "failed", run.Status)
-	require.Equal(t, 1, run.Attempts, "executed once, by the redelivery")
-	before, findings := readRun(t, env, id), dbFindings(t, env, id)
-	require.NotEmpty(t, findings)
-
-	// The stopped worker goes on: its delivery of the first task writes nothing.
-	require.NoError(t, w.Mux().ProcessTask(ctx, tasks.NewRunTask(id, false)))
-	require.Equal(t, before, readRun(t, env, id), "the late delivery wrote nothing")
-	require.Equal(t, findings, dbFindings(t, env, id), "findings written once")
 }

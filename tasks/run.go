@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/valruns/valruns/internal/telemetry"
@@ -18,7 +18,7 @@ import (
 	"github.com/valruns/valruns/validate"
 )
 
-// RunExecutor handles TypeRunExecute. It is idempotent by itself: a run that
+// RunExecutor executes the runs a worker takes. It is idempotent by itself: a run that
 // already finished is not executed again, and a run another delivery holds
 // is left to that delivery. A delivery holds a run by a short lease that it
 // renews (heartbeats) while it executes; if its worker dies, the lease runs
@@ -43,8 +43,8 @@ type RunExecutor struct {
 	// sender looks for the run's event at once, the API's long-polls for
 	// its state).
 	ended func()
-	// dequeued, when set (tests), is told the runs of each task as soon as
-	// its handler begins, in the order asynq hands tasks out.
+	// dequeued, when set (tests), is told the run of each delivery as soon
+	// as it begins, in the order the taker took them.
 	dequeued func(runIDs []string)
 	// tracer traces each execution; nil: tracing is off.
 	tracer trace.Tracer
@@ -56,11 +56,10 @@ type RunExecutor struct {
 	// claiming it (0: always claim first); fin writes those outcomes.
 	fastBudget time.Duration
 	fin        *finisher
-	// done, when set, is told the runs of a batch task it processed (the
-	// sweeper's index of batch tasks forgets them).
-	done func(ctx context.Context, runs []RunPayload)
-	// queue enqueues the runs a batch hands back as tasks of their own.
+	// queue schedules retries and pushes the runs due back onto ready.
 	queue queueWriter
+	// retryBase is RUN_RETRY_DELAY: the delay before a first retry.
+	retryBase time.Duration
 	// release, when set, is told the runs of an organisation that left the
 	// queue (settled): the gate lets the organisation's next runs in.
 	release func(ctx context.Context, org string, ids []string, cost time.Duration)
@@ -95,34 +94,50 @@ func notAFailure(err error) bool {
 	return models.IsTransient(err) || errors.Is(err, errHandedBack) || errors.Is(err, validate.ErrWorkerStalled)
 }
 
-// ProcessTask executes one run. A first delivery validates the run
-// straight from the queue, without claiming it, and writes its outcome once,
-// from queued to final (the fast path: one write per run). A validation
-// that takes longer than fastBudget, a redelivery, and anything the fast
-// path cannot decide, executes under a claim: a lease the delivery renews,
-// so a worker that dies mid-run is noticed and its run taken over.
-func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
-	var p RunPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.RunID == "" {
-		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
-	}
+// run executes one run a taker took (the one entry of every delivery). A
+// first delivery validates the run straight from the hand-off, without
+// claiming it, and writes its outcome once, from queued to final (the fast
+// path: one write per run). A validation that takes longer than
+// fastBudget, a redelivery, and anything the fast path cannot decide,
+// executes under a claim: a lease the delivery renews, so a worker that
+// dies mid-run is noticed and its run taken over. A failed attempt is
+// retried after a delay (scheduleRetry). It returns true when the worker
+// is stopping and the run goes back to ready.
+func (e *RunExecutor) run(it handoffItem) (handBack bool) {
+	p := it.Run
 	if e.dequeued != nil {
 		e.dequeued([]string{p.RunID})
 	}
-	ctx = telemetry.WithRequestID(ctx, p.RequestID)
+	ctx := telemetry.WithRequestID(context.Background(), p.RequestID)
+	var err error
 	if e.tracer != nil {
 		var end func(error)
-		ctx, end = e.traceExecution(ctx, t.Headers(), p)
+		ctx, end = e.traceExecution(ctx, it.Headers, p)
 		defer func() { end(err) }()
 	}
-	tctx, began := ctx, time.Now()
-	defer func() {
-		if settled(tctx, err) {
-			e.settle(tctx, p.OrgID, []string{p.RunID}, time.Since(began))
+	ctx = withTries(ctx, p.Retries, e.maxAttempts-1)
+	began := time.Now()
+	err = e.attempt(ctx, p)
+	if err != nil && !errors.Is(err, errHandedBack) {
+		e.m.failed.WithLabelValues(TypeRunExecute).Inc()
+	}
+	switch {
+	case errors.Is(err, errHandedBack):
+		return true
+	case settled(ctx, err):
+		if err == nil {
+			e.m.processed.WithLabelValues(TypeRunExecute).Inc()
 		}
-	}()
-	// RUN_TIMEOUT is the worker's own, whatever timeout the task was
-	// enqueued with (asynq's deadline, when sooner, still applies).
+		e.settle(ctx, p.OrgID, []string{p.RunID}, time.Since(began))
+	default:
+		e.retry(ctx, p, err)
+	}
+	return false
+}
+
+// attempt is one delivery of p: the fast path, else under a claim.
+func (e *RunExecutor) attempt(ctx context.Context, p RunPayload) error {
+	// RUN_TIMEOUT bounds one attempt.
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	e.m.picked(p)
@@ -134,6 +149,76 @@ func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) (err error
 	return e.claimed(ctx, p.RunID)
 }
 
+// retry schedules p's next attempt after a failed one (err): a failure of
+// the run counts as a retry, the worker's own trouble (a transient database
+// error, a stall) does not. Failing, the run is still queued, and the
+// sweeper hands it on.
+func (e *RunExecutor) retry(ctx context.Context, p RunPayload, err error) {
+	n := p.Retries
+	delay := retryDelay(e.retryBase, n, err)
+	if !notAFailure(err) {
+		p.Retries++
+	}
+	p.Rescheduled++
+	p.Redelivery = true
+	e.log.WarnContext(ctx, "run attempt failed; retried later", "run_id", p.RunID, "error", err,
+		"counts_as_retry", !notAFailure(err), "retry_in", delay)
+	rctx, cancel := detached(ctx)
+	defer cancel()
+	if serr := e.queue.scheduleRetry(rctx, p, delay); serr != nil {
+		e.log.WarnContext(ctx, "could not schedule a run's retry; the sweeper will hand it on", "run_id", p.RunID, "error", serr)
+	}
+}
+
+// ProcessTask handles TypeRunExecute, a retry that is due (or a run task an
+// earlier version left in Redis): it pushes the run back onto ready,
+// through the gate, where it keeps its place.
+func (e *RunExecutor) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	var p RunPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.RunID == "" {
+		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
+	}
+	if err := e.queue.send(ctx, admission{org: p.OrgID, recorded: true, in: []RunPayload{p}}); err != nil {
+		return err
+	}
+	if id, ok := asynq.GetTaskID(ctx); ok {
+		// Only this retry's entry: a later retry of the run may have been
+		// scheduled meanwhile.
+		_ = forgetRetryScript.Run(ctx, e.queue.redis, []string{retryIndex}, p.RunID, id).Err()
+	}
+	return nil
+}
+
+// forgetRetryScript removes run ARGV[1] from the retry index KEYS[1] if
+// its entry is task ARGV[2].
+var forgetRetryScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+`)
+
+// ProcessBatch handles TypeRunBatch, a task of several runs an earlier
+// version left in Redis: it pushes them onto ready, through the gate.
+func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
+	var b BatchPayload
+	if err := json.Unmarshal(t.Payload(), &b); err != nil {
+		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
+	}
+	byOrg := map[string][]RunPayload{}
+	for _, p := range b.Runs {
+		if p.RunID != "" {
+			byOrg[p.OrgID] = append(byOrg[p.OrgID], p)
+		}
+	}
+	for org, runs := range byOrg {
+		if err := e.queue.send(ctx, admission{org: org, recorded: true, in: runs}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // fast is the fast path; done is false when the run must execute under a
 // claim instead (nothing was written then).
 func (e *RunExecutor) fast(ctx context.Context, p RunPayload) (done bool, err error) {
@@ -141,7 +226,7 @@ func (e *RunExecutor) fast(ctx context.Context, p RunPayload) (done bool, err er
 	if v != fastWrite {
 		return v == fastNothing, nil
 	}
-	ended, err := e.fin.finish(out)
+	ended, err := e.fin.finish(ctx, out)
 	return e.afterWrite(ctx, out, ended, err)
 }
 
@@ -237,100 +322,8 @@ func (e *RunExecutor) compute(ctx context.Context, p RunPayload) (models.Outcome
 	return out, fastWrite
 }
 
-// ProcessBatch executes the runs of a batch task (TypeRunBatch: the
-// hand-off of several runs at once): each is validated by the fast path and
-// their outcomes written in one statement. A run the fast path cannot
-// decide (its validation outlasts fastBudget, say) goes back to the queue
-// as a task of its own, executed under a claim by whichever worker is free,
-// and so do the batch's runs not validated yet: runs that long are better
-// spread over the workers than run one after another. Every write is
-// fenced, so a batch delivered again (its worker died) executes nothing
-// twice.
-func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) (err error) {
-	var b BatchPayload
-	if err := json.Unmarshal(t.Payload(), &b); err != nil || len(b.Runs) == 0 {
-		return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
-	}
-	if e.tracer != nil {
-		var end func(error)
-		ctx, end = e.traceBatch(ctx, t.Headers(), b.Runs)
-		defer func() { end(err) }()
-	}
-	if e.dequeued != nil {
-		ids := make([]string, len(b.Runs))
-		for i, p := range b.Runs {
-			ids[i] = p.RunID
-		}
-		e.dequeued(ids)
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.timeout)
-	defer cancel()
-	began := time.Now()
-	var outs []models.Outcome
-	var octx []context.Context // each outcome's run's context: its logs name its request
-	var apart []string
-	for _, p := range b.Runs {
-		switch {
-		case p.RunID == "":
-			continue
-		case e.fastBudget <= 0 || len(apart) > 0 || time.Since(began) > batchBudget:
-			apart = append(apart, p.RunID)
-			continue
-		}
-		e.m.picked(p)
-		rctx := telemetry.WithRequestID(ctx, p.RequestID)
-		switch out, v := e.compute(rctx, p); v {
-		case fastWrite:
-			outs = append(outs, out)
-			octx = append(octx, rctx)
-		case fastClaim:
-			apart = append(apart, p.RunID)
-		}
-	}
-	if len(outs) > 0 {
-		ended, err := e.runs.FinishUnclaimed(ctx, outs)
-		if models.IsTransient(err) {
-			return err // asynq retries the batch soon, without spending a retry
-		}
-		for i, out := range outs {
-			if done, _ := e.afterWrite(octx[i], out, ended[out.RunID], err); !done {
-				apart = append(apart, out.RunID)
-			}
-		}
-	}
-	settledByOrg := map[string][]string{}
-	for _, p := range b.Runs {
-		if p.RunID == "" {
-			continue
-		}
-		if slices.Contains(apart, p.RunID) {
-			// Still in the queue, as a task of its own.
-			if err := e.queue.enqueueOne(ctx, RunPayload{RunID: p.RunID, OrgID: p.OrgID, Redelivery: true,
-				RequestID: p.RequestID, Trace: p.Trace}); err != nil {
-				return fmt.Errorf("hand run %s back to the queue: %w", p.RunID, err) // asynq retries the batch
-			}
-			continue
-		}
-		settledByOrg[p.OrgID] = append(settledByOrg[p.OrgID], p.RunID)
-	}
-	if e.done != nil {
-		e.done(ctx, b.Runs)
-	}
-	done := len(b.Runs) - len(apart)
-	for org, ids := range settledByOrg {
-		e.settle(ctx, org, ids, time.Since(began)/time.Duration(max(done, 1)))
-	}
-	return nil
-}
-
-// batchBudget is how long a batch task validates its runs one after
-// another: the runs left then go back to the queue as tasks of their own,
-// behind whatever other organisations queued meanwhile, and spread over
-// the workers.
-const batchBudget = 100 * time.Millisecond
-
-// settled reports whether a run task's delivery that returned err leaves
-// the queue: asynq will not retry it.
+// settled reports whether a delivery that returned err leaves the queue:
+// no retry follows.
 func settled(ctx context.Context, err error) bool {
 	return err == nil || errors.Is(err, asynq.SkipRetry) || lastTry(ctx, err)
 }
@@ -343,281 +336,26 @@ func (e *RunExecutor) settle(ctx context.Context, org string, ids []string, cost
 	}
 }
 
-// claimed executes a run under a claim.
-func (e *RunExecutor) claimed(ctx context.Context, runID string) error {
-	p := RunPayload{RunID: runID}
-	run, err := e.runs.Claim(ctx, p.RunID, e.lease, e.maxAttempts)
-	var leased *models.RunLeasedError
-	switch {
-	case errors.As(err, &leased):
-		// That delivery renews its lease while it works; if it dies, the
-		// sweeper re-enqueues the run when the lease runs out.
-		e.log.InfoContext(ctx, "run held by another delivery; leaving it to that one",
-			"run_id", p.RunID, "attempt", leased.Attempts)
-		return nil
-	case errors.Is(err, models.ErrRunFinished):
-		e.log.InfoContext(ctx, "run already finished; not executing it again", "run_id", p.RunID)
-		return nil
-	case errors.Is(err, models.ErrNotFound):
-		e.log.WarnContext(ctx, "run does not exist", "run_id", p.RunID)
-		return nil
-	case errors.Is(err, models.ErrAttemptsExhausted):
-		e.endUnheld(ctx, p.RunID, fmt.Sprintf("gave up: the run was started %d times without finishing "+
-			"(its executions failed, or their workers stopped or lost their lease)", e.maxAttempts))
-		return nil
-	case err != nil:
-		e.failedBeforeClaim(ctx, p.RunID, err)
-		return err
-	}
-	e.log.InfoContext(ctx, "run claimed", "run_id", run.ID, "attempt", run.Attempts)
-	err = e.safeExecute(ctx, run)
-	if err != nil {
-		e.failed(ctx, run, err)
-	}
-	return err
-}
-
-// safeExecute is execute with a panic turned into an error, so that the
-// run's lease is released (or the run ended) like after any other failure.
-func (e *RunExecutor) safeExecute(ctx context.Context, run *models.ClaimedRun) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("run %s: panic: %v", run.ID, p)
-		}
-	}()
-	return e.execute(ctx, run)
-}
-
-// execute validates a claimed run while heartbeating its lease, and
-// finishes it. A nil error means the run needs nothing more from this
-// delivery: it finished, ended in error, or another delivery owns it.
-func (e *RunExecutor) execute(ctx context.Context, run *models.ClaimedRun) error {
-	prog, err := e.program(run)
-	if err != nil {
-		// The workflow was compiled when created; failing now cannot heal.
-		return fmt.Errorf("compile workflow %s: %v: %w", run.WorkflowID, err, asynq.SkipRetry)
-	}
-	xctx, stopHeartbeat := e.hold(ctx, run)
-	defer stopHeartbeat() // after a panic; a no-op after the call below
-	if e.beforeRun != nil {
-		e.beforeRun(xctx, run.ID)
-	}
-	findings, err := prog.Run(xctx, run.Submission, run.Metadata)
-	stopped := stopHeartbeat()
-	switch {
-	case errors.Is(stopped, errHandedBack):
-		return fmt.Errorf("run %s: %w", run.ID, errHandedBack)
-	case stopped != nil:
-		e.m.leasesLost.Inc()
-		e.log.WarnContext(ctx, "lease lost while executing; execution stopped, the run is left to the delivery that holds it",
-			"run_id", run.ID, "attempt", run.Attempts)
-		return nil
-	case errors.Is(err, validate.ErrLimitExceeded):
-		e.end(ctx, run, err.Error())
-		return nil
-	case errors.Is(err, validate.ErrWorkerStalled):
-		e.log.WarnContext(ctx, "the worker lost the time of a validation; the run is retried",
-			"run_id", run.ID, "attempt", run.Attempts, "error", err)
-		return fmt.Errorf("run %s: %w", run.ID, err)
-	case errors.Is(err, validate.ErrInvalidSubmission), errors.Is(err, validate.ErrInvalidMetadata):
-		return fmt.Errorf("run %s: %w: %w", run.ID, err, asynq.SkipRetry)
-	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
-		e.end(ctx, run, fmt.Sprintf("the run took longer than its time limit (%s)", e.timeout))
-		return nil
-	case err != nil:
-		return fmt.Errorf("run %s: %w", run.ID, err)
-	}
-	status := models.RunPassed
-	if validate.Failed(findings) {
-		status = models.RunFailed
-	}
-	rows := make([]models.Finding, len(findings))
-	for i, f := range findings {
-		rows[i] = models.Finding{Step: f.Step, Severity: f.Severity, Path: f.Path, Message: f.Message}
-	}
-	owned, err := e.runs.Finish(ctx, run.ID, run.Attempts, status, rows)
-	if err != nil {
-		return err
-	}
-	if !owned {
-		e.m.leasesLost.Inc()
-		e.log.WarnContext(ctx, "run was taken over by another delivery; result discarded", "run_id", run.ID, "attempt", run.Attempts)
-		return nil
-	}
-	e.countEnded(status)
-	e.log.InfoContext(ctx, "run finished", "run_id", run.ID, "status", status, "findings", len(findings), "attempt", run.Attempts)
-	return nil
-}
-
-// hold renews the run's lease every heartbeat while the run executes. The
-// returned context ends when the lease is lost: another delivery took the
-// run over, or no renewal succeeded for a whole lease (the run may be taken
-// over at any moment, so the work stops); or when the worker hands the run
-// back at shutdown. stop ends the heartbeat and returns errLeaseLost or
-// errHandedBack if either ended the execution, else nil.
-func (e *RunExecutor) hold(ctx context.Context, run *models.ClaimedRun) (context.Context, func() error) {
-	xctx, cancel := context.WithCancelCause(ctx)
-	x := &execution{cancel: cancel}
-	e.mu.Lock()
-	if e.inflight == nil {
-		e.inflight = map[*execution]struct{}{}
-	}
-	e.inflight[x] = struct{}{}
-	if e.stopping {
-		cancel(errHandedBack)
-	}
-	e.mu.Unlock()
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tick := time.NewTicker(e.heartbeat)
-		defer tick.Stop()
-		renewed := time.Now() // the claim
-		for {
-			select {
-			case <-done:
-				return
-			case <-xctx.Done():
-				return
-			case <-tick.C:
-			}
-			hctx, hcancel := context.WithTimeout(xctx, e.heartbeat)
-			owned, err := e.runs.Heartbeat(hctx, run.ID, run.Attempts, e.lease)
-			hcancel()
-			switch {
-			case xctx.Err() != nil: // the execution ended meanwhile
-				return
-			case err == nil && owned:
-				renewed = time.Now()
-			case err == nil:
-				cancel(errLeaseLost)
-				return
-			case time.Since(renewed) >= e.lease:
-				e.log.WarnContext(ctx, "lease not renewed in time", "run_id", run.ID, "attempt", run.Attempts, "error", err)
-				cancel(errLeaseLost)
-				return
-			default:
-				e.log.WarnContext(ctx, "heartbeat failed; retrying", "run_id", run.ID, "attempt", run.Attempts, "error", err)
-			}
-		}
-	}()
-	return xctx, sync.OnceValue(func() error {
-		close(done)
-		wg.Wait()
-		e.mu.Lock()
-		delete(e.inflight, x)
-		e.mu.Unlock()
-		var why error
-		if cause := context.Cause(xctx); errors.Is(cause, errLeaseLost) || errors.Is(cause, errHandedBack) {
-			why = cause
-		}
-		cancel(nil)
-		return why
-	})
-}
-
-// handBack is the executor's part of a shutdown, once asynq takes no new
-// tasks: it lets the executions under way finish for up to timeout, then
-// stops the rest (their context ends with errHandedBack, and each releases
-// its run's lease before its task goes back to asynq) and waits for them.
-func (e *RunExecutor) handBack(timeout time.Duration) {
-	e.waitIdle(timeout)
-	e.mu.Lock()
-	e.stopping = true
-	for x := range e.inflight {
-		x.cancel(errHandedBack)
-	}
-	e.mu.Unlock()
-	e.waitIdle(10 * time.Second)
-}
-
-// waitIdle waits until no execution is under way, for up to timeout.
-func (e *RunExecutor) waitIdle(timeout time.Duration) {
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		e.mu.Lock()
-		n := len(e.inflight)
-		e.mu.Unlock()
-		if n == 0 {
-			return
-		}
-	}
-}
-
-// end ends the run this delivery holds in status error with the reason.
-func (e *RunExecutor) end(ctx context.Context, run *models.ClaimedRun, reason string) {
-	fctx, cancel := detached(ctx)
-	defer cancel()
-	ended, err := e.runs.FailAttempt(fctx, run.ID, run.Attempts, reason)
-	switch {
-	case err != nil:
-		// Its lease runs out and the sweeper re-enqueues it: nothing is lost.
-		e.log.ErrorContext(ctx, "could not end run in error", "run_id", run.ID, "error", err)
-	case ended:
-		e.countEnded(models.RunError)
-		e.log.WarnContext(ctx, "run ended in error", "run_id", run.ID, "attempt", run.Attempts, "reason", reason)
-	}
-}
-
-// endUnheld ends a run that no delivery holds in status error.
-func (e *RunExecutor) endUnheld(ctx context.Context, runID, reason string) {
-	fctx, cancel := detached(ctx)
-	defer cancel()
-	ended, err := e.runs.Fail(fctx, runID, reason)
-	switch {
-	case err != nil:
-		e.log.ErrorContext(ctx, "could not end run in error", "run_id", runID, "error", err)
-	case ended:
-		e.countEnded(models.RunError)
-		e.log.WarnContext(ctx, "run ended in error", "run_id", runID, "reason", reason)
-	}
-}
-
-// failed is told about a failed execution of a claimed run. When no retry
-// will follow (the failure cannot heal, or it was the last retry), the run
-// ends in status error with the reason; otherwise its lease is released, so
-// the next delivery claims it at once.
-func (e *RunExecutor) failed(ctx context.Context, run *models.ClaimedRun, err error) {
-	switch {
-	case errors.Is(err, asynq.SkipRetry):
-		e.end(ctx, run, err.Error())
-	case lastTry(ctx, err), run.Attempts >= e.maxAttempts && !notAFailure(err) && ctx.Err() == nil:
-		// The worker's RUN_MAX_RETRY decides too, whatever the task was
-		// enqueued with.
-		e.end(ctx, run, fmt.Sprintf("gave up after %d attempts: %v", run.Attempts, err))
-	default:
-		rctx, cancel := detached(ctx)
-		defer cancel()
-		if rerr := e.runs.Release(rctx, run.ID, run.Attempts); rerr != nil {
-			// The lease runs out by itself; the retry or the sweeper takes over then.
-			e.log.WarnContext(ctx, "could not release the run's lease", "run_id", run.ID, "error", rerr)
-		}
-	}
-}
-
-// failedBeforeClaim is told about a task that failed before it could claim
-// its run; after the last retry, the run ends in error if nobody holds it.
-func (e *RunExecutor) failedBeforeClaim(ctx context.Context, runID string, err error) {
-	if lastTry(ctx, err) {
-		e.endUnheld(ctx, runID, fmt.Sprintf("gave up: its task failed before it could start: %v", err))
-	}
-}
-
-// lastTry reports whether asynq will not retry the task after err. A
-// transient database error never ends a run: asynq does not count it as a
-// failure, and if the task is archived anyway, the sweeper re-enqueues the
-// run. Nor does a run handed back at shutdown, or a task whose context
-// asynq cancelled (it gave up waiting at shutdown, or lost the task's own
-// lease in Redis). Outside an asynq server (a direct call) nothing is the
-// last try.
+// lastTry reports whether no retry follows err: the run's retries are
+// spent. A transient database error, a run handed back at shutdown or a
+// stall never ends a run (they do not count as retries), nor does an
+// attempt whose context ended. Outside a delivery (a direct call) nothing
+// is the last try.
 func lastTry(ctx context.Context, err error) bool {
 	if notAFailure(err) || ctx.Err() != nil {
 		return false
 	}
-	retried, ok := asynq.GetRetryCount(ctx)
-	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
-	return ok && ok2 && retried >= maxRetry
+	t, ok := ctx.Value(triesKey{}).(tries)
+	return ok && t.n >= t.max
+}
+
+// tries is how often a delivery's run was retried (n) and may be (max).
+type tries struct{ n, max int }
+
+type triesKey struct{}
+
+func withTries(ctx context.Context, n, max int) context.Context {
+	return context.WithValue(ctx, triesKey{}, tries{n, max})
 }
 
 // detached is a short context for writes that must happen even when the

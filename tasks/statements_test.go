@@ -125,41 +125,35 @@ func TestStatementsPerExecution(t *testing.T) {
 		return qs
 	}
 	// Warm up: the worker compiles the workflow once (a read of its rules).
-	require.NoError(t, w.Mux().ProcessTask(ctx, tasks.NewRunTaskFor(queued(1)[0])))
+	require.NoError(t, tasks.Deliver(ctx, w.Worker, tasks.NewRunTaskFor(queued(1)[0])))
 
 	const n = 6
-	singles, batch := queued(n), queued(n)
+	singles := queued(n)
 	listed := func() (c int64) {
 		var ids []string
-		for _, q := range append(singles, batch...) {
+		for _, q := range singles {
 			ids = append(ids, q.ID)
 		}
 		require.NoError(t, env.DB.Raw(`SELECT count(*) FROM unfinished_runs WHERE id = ANY(CAST(? AS uuid[]))`,
 			"{"+strings.Join(ids, ",")+"}").Row().Scan(&c))
 		return c
 	}
-	require.EqualValues(t, 2*n, listed(), "each queued run is listed as unfinished, for the sweeper")
+	require.EqualValues(t, n, listed(), "each queued run is listed as unfinished, for the sweeper")
 	x0 := nextXid(t, env)
 	tr.set(true)
 	for _, q := range singles {
-		require.NoError(t, w.Mux().ProcessTask(ctx, tasks.NewRunTaskFor(q)))
+		require.NoError(t, tasks.Deliver(ctx, w.Worker, tasks.NewRunTaskFor(q)))
 	}
 	stmts, trips, sqls := tr.set(false)
 	x1 := nextXid(t, env)
-	tr.set(true)
-	require.NoError(t, w.Mux().ProcessTask(ctx, tasks.NewBatchTaskFor(batch)))
-	bStmts, bTrips, bSQL := tr.set(false)
-	x2 := nextXid(t, env)
 	writtenBy, written := rowsWritten(t, env, x0, x1)
-	bWrittenBy, bWritten := rowsWritten(t, env, x1, x2)
-	for _, q := range append(singles, batch...) {
+	for _, q := range singles {
 		require.Contains(t, []string{"passed", "failed"}, readRun(t, env, q.ID).Status)
 	}
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%-28s %10s %11s %12s\n", "execution, per run", "statements", "round trips", "rows written")
 	fmt.Fprintf(&b, "%-28s %10.2f %11.2f %12.2f\n", "alone (fast path)", float64(stmts)/n, float64(trips)/n, float64(written)/n)
-	fmt.Fprintf(&b, "%-28s %10.2f %11.2f %12.2f\n", fmt.Sprintf("in a batch of %d", n), float64(bStmts)/n, float64(bTrips)/n, float64(bWritten)/n)
 	b.WriteString("(rows written: row versions stored, by their xmin; the same statement deletes the run's row in unfinished_runs, checked below)\n")
 	t.Log(b.String())
 	// The end and its own setting (sequential scans off: see
@@ -168,7 +162,6 @@ func TestStatementsPerExecution(t *testing.T) {
 	require.Equal(t, n, trips, "one round trip per run")
 	require.Equal(t, map[string]int64{"public.validation_runs": n}, writtenBy, "one row written per run: the run, once")
 	require.Zero(t, listed(), "the statement that ends a run unlists it")
-	require.Equal(t, 2, bStmts, "one statement for the whole batch, with its setting: %q", bSQL)
 	// Named as models loads them: the runs end by sql/finish_unclaimed.sql.
 	ends := func(sqls []string) (k int) {
 		for _, q := range sqls {
@@ -179,7 +172,4 @@ func TestStatementsPerExecution(t *testing.T) {
 		return k
 	}
 	require.Equal(t, n, ends(sqls), "each run alone ends by finish_unclaimed: %q", sqls)
-	require.Equal(t, 1, ends(bSQL), "the batch ends by one finish_unclaimed: %q", bSQL)
-	require.Equal(t, 1, bTrips)
-	require.Equal(t, map[string]int64{"public.validation_runs": n}, bWrittenBy, "one row written per run: the run, once")
 }

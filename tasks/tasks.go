@@ -1,9 +1,10 @@
-// Package tasks is the background side of valruns, on asynq: the task types
-// and their handlers (executing a validation run, deleting expired
-// idempotency keys), the mux, the periodic cleanup, the dispatcher that
-// hands committed runs to Redis right after their start, and the sweeper
-// that re-enqueues the runs Redis lost or whose worker died: PostgreSQL,
-// not Redis, is what says a run still has to be executed.
+// Package tasks is the background side of valruns: the dispatcher that
+// hands committed runs to Redis right after their start (through the
+// fair-share gate, onto one ready list), the worker that takes them from
+// that list and executes them, asynq for what must wait (a failed
+// attempt's retry, the periodic cleanup), the webhook sender, and the
+// sweeper that hands on the runs Redis lost or whose worker died:
+// PostgreSQL, not Redis, is what says a run still has to be executed.
 package tasks
 
 import (
@@ -18,20 +19,27 @@ import (
 
 // Task types.
 const (
-	// TypeRunExecute validates one run's submission.
+	// TypeRunExecute is a run's retry, due after a delay: its task pushes
+	// the run back onto ready.
 	TypeRunExecute = models.RunJobName
 	// TypeCleanup deletes expired idempotency keys.
 	TypeCleanup = "idempotency:cleanup"
 )
 
-// RunPayload is the payload of TypeRunExecute.
+// RunPayload is a run handed to the workers: the payload of a hand-off
+// item and of a retry's task (TypeRunExecute).
 type RunPayload struct {
 	RunID string `json:"run_id"`
 	// Redelivery: the sweeper sent it (the run was lost, or its worker
 	// died); it is executed under a claim, never by the fast path.
 	Redelivery bool `json:"redelivery,omitempty"`
-	// Redeliveries numbers a redelivery's TaskID (runTaskID).
+	// Redeliveries counts the sweeper's redeliveries of the run.
 	Redeliveries int `json:"redeliveries,omitempty"`
+	// Retries counts the retries of the run after its failures
+	// (RUN_MAX_RETRY bounds it); Rescheduled counts every retry scheduled,
+	// those after the worker's own trouble too (it names the retry's task).
+	Retries     int `json:"retries,omitempty"`
+	Rescheduled int `json:"rescheduled,omitempty"`
 	// OrgID is the run's organisation: the queue admits runs by it (gate).
 	OrgID string `json:"org_id,omitempty"`
 	// What executing the run needs, carried when small (inlineMax), so the
@@ -75,40 +83,27 @@ func newRunTask(p RunPayload, headers map[string]string) (*asynq.Task, error) {
 	return asynq.NewTask(TypeRunExecute, b), nil
 }
 
-// runTaskOptions are the options of every run task. No retention: a task
-// that completed leaves Redis at once.
-func runTaskOptions(maxRetry int, timeout time.Duration) []asynq.Option {
-	return []asynq.Option{asynq.MaxRetry(maxRetry), asynq.Timeout(timeout)}
+// retryTaskOptions are the options of a retry's task, which only pushes
+// its run back onto ready (asynq retries the push while Redis fails it).
+// No retention: a task that completed leaves Redis at once.
+func retryTaskOptions(timeout time.Duration) []asynq.Option {
+	return []asynq.Option{asynq.MaxRetry(retryPushRetries), asynq.Timeout(min(timeout, time.Minute))}
 }
 
-// TypeRunBatch executes several runs handed off together (BatchPayload):
-// one task, one dequeue and one final statement for all of them.
+// retryPushRetries is how often asynq retries a retry's push.
+const retryPushRetries = 10
+
+// retryTaskID is the TaskID of a run's n-th retry scheduled.
+func retryTaskID(runID string, n int) string {
+	return fmt.Sprintf("%s%s:retry:%d", models.RunTaskIDPrefix, runID, n)
+}
+
+// TypeRunBatch carried several runs in one task in earlier versions; the
+// worker still pushes the runs of such a task, left in Redis by an
+// upgrade, onto ready.
 const TypeRunBatch = "validation_run:batch"
 
-// BatchPayload is the payload of TypeRunBatch: each run as a single task
-// would carry it.
+// BatchPayload is the payload of TypeRunBatch.
 type BatchPayload struct {
 	Runs []RunPayload `json:"runs"`
-}
-
-// batchIndexKey is the Redis hash from a run's id to the batch task that
-// carries it, while it waits: the sweeper reads it to know whether a queued
-// run's task still exists, the worker forgets the runs of a batch it
-// processed.
-const batchIndexKey = "valruns:run_batch_task"
-
-// batchTaskID is the TaskID of the batch task carrying runs.
-func batchTaskID(runs []RunPayload) string { return "validation_runs:" + runs[0].RunID }
-
-// newBatchTask builds the task executing runs, each carried as a single
-// task would carry it.
-func newBatchTask(runs []RunPayload, headers map[string]string) (*asynq.Task, error) {
-	p, err := json.Marshal(BatchPayload{Runs: runs})
-	if err != nil {
-		return nil, fmt.Errorf("batch task: %w", err)
-	}
-	if headers != nil {
-		return asynq.NewTaskWithHeaders(TypeRunBatch, p, headers), nil
-	}
-	return asynq.NewTask(TypeRunBatch, p), nil
 }

@@ -21,12 +21,11 @@ import (
 	"github.com/valruns/valruns/tasks"
 )
 
-// TestBatchTaskLinksEachRunsTrace: a batch task carries runs started by
-// three requests, each in a trace of its own. Its enqueue and its
-// execution link to each of the three traces (rather than picking one),
-// and the execution is the child of the enqueue, whose context the task's
-// headers carried.
-func TestBatchTaskLinksEachRunsTrace(t *testing.T) {
+// TestHandOffCarriesEachRunsTrace: three runs, each started by a request
+// in a trace of its own, are handed off together. Each run's hand-off is
+// the child of its request's span, and its execution the child of its
+// hand-off, whose context the item carried: one trace per run.
+func TestHandOffCarriesEachRunsTrace(t *testing.T) {
 	t.Parallel()
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
@@ -39,50 +38,49 @@ func TestBatchTaskLinksEachRunsTrace(t *testing.T) {
 	ids, _ := startBodies(t, env, org, wf, "traced", 3)
 	store := models.NewRunStore(env.DB)
 	ctx := context.Background()
-	runs := make([]*models.QueuedRun, len(ids))
-	var traces []string
-	for i, id := range ids {
+	traces := map[string]string{} // run id -> its request's trace
+	d := tasks.NewDispatcher(tasks.DispatcherConfig{Redis: rdb, MaxRetry: 5, Timeout: time.Minute, GiveUp: time.Minute, Tracing: tp})
+	t.Cleanup(d.Close)
+	for _, id := range ids {
 		q, err := store.Queued(ctx, id)
 		require.NoError(t, err)
 		rctx, span := telemetry.Tracer(tp).Start(ctx, "request")
 		q.Trace = telemetry.Inject(rctx)
 		span.End()
-		traces = append(traces, span.SpanContext().TraceID().String())
-		runs[i] = q
+		traces[id] = span.SpanContext().TraceID().String()
+		d.HandOff(q)
 	}
-	d := tasks.NewDispatcher(tasks.DispatcherConfig{Redis: rdb, MaxRetry: 5, Timeout: time.Minute, GiveUp: time.Minute, Tracing: tp})
-	t.Cleanup(d.Close)
-	tasks.SendBatch(d, runs)
 	require.NoError(t, w.Start(ctx))
 	t.Cleanup(w.Stop)
 	for _, id := range ids {
 		waitRun(t, env, org, id, 30*time.Second)
 	}
 
-	var enqueue, execute sdktrace.ReadOnlySpan
-	apitest.Eventually(t, 10*time.Second, func() bool {
+	spans := func(name string) map[string]sdktrace.ReadOnlySpan {
+		out := map[string]sdktrace.ReadOnlySpan{}
 		for _, s := range exp.GetSpans().Snapshots() {
-			switch s.Name() {
-			case "enqueue " + tasks.TypeRunBatch:
-				enqueue = s
-			case "execute " + tasks.TypeRunBatch:
-				execute = s
+			if s.Name() != name {
+				continue
+			}
+			for _, a := range s.Attributes() {
+				if a.Key == "valruns.run_id" {
+					out[a.Value.AsString()] = s
+				}
 			}
 		}
-		return enqueue != nil && execute != nil
-	}, "the batch's enqueue and execution spans")
-	for _, s := range []sdktrace.ReadOnlySpan{enqueue, execute} {
-		var linked []string
-		for _, l := range s.Links() {
-			linked = append(linked, l.SpanContext.TraceID().String())
-		}
-		slices.Sort(linked)
-		want := slices.Sorted(slices.Values(traces))
-		require.Equal(t, want, linked, "%s links to each run's trace", s.Name())
+		return out
 	}
-	require.Equal(t, enqueue.SpanContext().SpanID(), execute.Parent().SpanID(), "the task's headers carry the enqueue's context")
-	require.Equal(t, enqueue.SpanContext().TraceID(), execute.SpanContext().TraceID())
-	require.NotContains(t, traces, execute.SpanContext().TraceID().String(), "no run's trace is picked")
+	apitest.Eventually(t, 10*time.Second, func() bool {
+		return len(spans("execute "+tasks.TypeRunExecute)) == len(ids)
+	}, "each run's execution span")
+	handOffs, executions := spans("enqueue "+tasks.TypeRunExecute), spans("execute "+tasks.TypeRunExecute)
+	for _, id := range ids {
+		h, x := handOffs[id], executions[id]
+		require.NotNil(t, h, "run %s's hand-off span", id)
+		require.Equal(t, traces[id], h.SpanContext().TraceID().String(), "the hand-off is in the request's trace")
+		require.Equal(t, h.SpanContext().SpanID(), x.Parent().SpanID(), "the item carries the hand-off's context")
+		require.Equal(t, traces[id], x.SpanContext().TraceID().String())
+	}
 }
 
 // TestWebhookAttemptsAreTraced: each attempt of a delivery is a span

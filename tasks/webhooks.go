@@ -7,10 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
+	"sync"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -19,16 +18,11 @@ import (
 	"github.com/valruns/valruns/webhooks"
 )
 
-// TypeWebhookDeliver makes one attempt of one webhook delivery
-// (WebhookPayload).
+// TypeWebhookDeliver names one attempt of one webhook delivery
+// (WebhookPayload) in valruns_tasks_processed_total.
 const TypeWebhookDeliver = "webhook:deliver"
 
-// webhookQueue is the asynq queue of webhook attempts: a server of its own
-// (WebhookConcurrency) serves it, so slow receivers never hold the slots
-// that execute runs.
-const webhookQueue = "webhooks"
-
-// WebhookPayload is the payload of TypeWebhookDeliver.
+// WebhookPayload names one attempt: a delivery and its claim.
 type WebhookPayload struct {
 	DeliveryID string `json:"delivery_id"`
 	// Claim names the claim the attempt is made under: when it runs out,
@@ -63,16 +57,16 @@ func WebhookRetryDelay(base time.Duration, n int) time.Duration {
 }
 
 // webhookSender sends the webhook outbox: its poller claims due deliveries
-// (models.WebhookStore.ClaimDueDeliveries) and enqueues one task per
-// attempt; the task sends the event (webhooks.Sender) and records the
-// outcome, which schedules the next attempt. PostgreSQL says what is left
-// to deliver: a task lost with Redis, a worker killed mid-attempt, or an
-// outcome that could not be written leaves a claim that runs out (lease),
-// and the delivery is claimed and attempted again.
+// (models.WebhookStore.ClaimDueDeliveries), as many as it has free slots,
+// and makes one attempt of each in a slot of its own: it sends the event
+// (webhooks.Sender) and records the outcome, which schedules the next
+// attempt. PostgreSQL says what is left to deliver: a worker killed
+// mid-attempt, or an outcome that could not be written, leaves a claim
+// that runs out (lease), and the delivery is claimed and attempted again.
+// Redis plays no part.
 type webhookSender struct {
-	store  *models.WebhookStore
-	client *asynq.Client
-	send   *webhooks.Sender
+	store *models.WebhookStore
+	send  *webhooks.Sender
 	// eventData is the run as the API shows it (handlers' view, injected).
 	eventData func(*models.ValidationRun) any
 	interval  time.Duration
@@ -88,6 +82,12 @@ type webhookSender struct {
 	poke chan struct{}
 	// tracer traces each attempt; nil: tracing is off.
 	tracer trace.Tracer
+	// processed counts the attempts made and recorded.
+	processed prometheus.Counter
+
+	mu       sync.Mutex
+	inflight int
+	attempts sync.WaitGroup
 }
 
 type webhookMetrics struct {
@@ -133,7 +133,7 @@ func (s *webhookSender) run(ctx context.Context) {
 			s.readOldest(ctx)
 		}
 		wait := s.interval
-		if n == s.limit {
+		if n > 0 {
 			wait = gap
 		}
 		t := time.NewTimer(wait)
@@ -178,29 +178,59 @@ func (s *webhookSender) readOldest(ctx context.Context) {
 	}
 }
 
-// dispatch claims the deliveries due and enqueues an attempt of each. The
-// TaskID names the delivery and its claim, a new one each time it is
-// claimed: an attempt whose task asynq archived (its worker was killed
-// while it ran, or it failed: it has no retries) never stands in the way
-// of the next claim's. An attempt still waiting in Redis when its delivery
-// is claimed again finds its claim gone and sends nothing (ProcessTask).
+// dispatch claims the deliveries due, as many as it has free slots, and
+// starts an attempt of each. It returns how many it claimed.
 func (s *webhookSender) dispatch(ctx context.Context) (int, error) {
-	claims, err := s.store.ClaimDueDeliveries(ctx, s.limit, webhookPerEndpoint, s.lease)
+	s.mu.Lock()
+	free := s.limit - s.inflight
+	s.mu.Unlock()
+	if free <= 0 {
+		return 0, nil
+	}
+	claims, err := s.store.ClaimDueDeliveries(ctx, free, webhookPerEndpoint, s.lease)
 	if err != nil {
 		return 0, err
 	}
+	s.mu.Lock()
+	s.inflight += len(claims)
+	s.mu.Unlock()
 	for _, c := range claims {
-		claim := c.Claim.UnixMicro()
-		b, _ := json.Marshal(WebhookPayload{DeliveryID: c.ID, Claim: claim}) // a string and a number: cannot fail
-		_, err := s.client.EnqueueContext(ctx, asynq.NewTask(TypeWebhookDeliver, b), asynq.Queue(webhookQueue),
-			asynq.TaskID("webhook:"+c.ID+":"+strconv.FormatInt(claim, 10)), asynq.MaxRetry(0), asynq.Timeout(2*webhooks.Timeout))
-		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) { // a conflict: this claim's attempt is enqueued already
-			// Its claim runs out and it is due again.
-			s.log.WarnContext(ctx, "could not enqueue a webhook attempt; it is retried once its claim runs out",
-				"delivery_id", c.ID, "error", err)
-		}
+		p := WebhookPayload{DeliveryID: c.ID, Claim: c.Claim.UnixMicro()}
+		s.attempts.Go(func() {
+			defer func() {
+				s.mu.Lock()
+				s.inflight--
+				s.mu.Unlock()
+				s.wake() // a slot is free: more may be due
+			}()
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*webhooks.Timeout)
+			defer cancel()
+			if err := s.attempt(actx, p); err != nil {
+				// Its claim runs out and it is due again.
+				s.log.WarnContext(ctx, "webhook attempt failed to run; its delivery is due again once its claim runs out",
+					"delivery_id", p.DeliveryID, "error", err)
+				return
+			}
+			if s.processed != nil {
+				s.processed.Inc()
+			}
+		})
 	}
 	return len(claims), nil
+}
+
+// wait waits, up to timeout, for the attempts under way; one that
+// outlasts it is made again once its claim runs out.
+func (s *webhookSender) wait(timeout time.Duration) {
+	idle := make(chan struct{})
+	go func() {
+		s.attempts.Wait()
+		close(idle)
+	}()
+	select {
+	case <-idle:
+	case <-time.After(timeout):
+	}
 }
 
 // Event is the body of a webhook delivery.
@@ -217,15 +247,11 @@ type TestEventData struct {
 	EndpointID string `json:"endpoint_id"`
 }
 
-// ProcessTask makes one attempt of a delivery and records its outcome. It
+// attempt makes one attempt of a delivery and records its outcome. It
 // returns nil whatever the endpoint answered (the outcome schedules the
-// next attempt, not asynq); an error only when it could not read or write
-// the delivery, whose claim then runs out.
-func (s *webhookSender) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
-	var p WebhookPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.DeliveryID == "" {
-		return fmt.Errorf("webhook task payload %q: %w", t.Payload(), asynq.SkipRetry)
-	}
+// next attempt); an error only when it could not read or write the
+// delivery, whose claim then runs out.
+func (s *webhookSender) attempt(ctx context.Context, p WebhookPayload) (err error) {
 	if s.tracer != nil {
 		var span trace.Span
 		ctx, span = s.tracer.Start(ctx, "webhook attempt", trace.WithSpanKind(trace.SpanKindClient),

@@ -30,7 +30,7 @@ type Config struct {
 	DB *gorm.DB
 	// Redis is where asynq keeps its queues.
 	Redis asynq.RedisConnOpt
-	// Concurrency is how many tasks run at once; 0 means 10.
+	// Concurrency is how many runs the worker executes at once; 0 means 40.
 	Concurrency int
 	// CleanupSchedule is the cron spec of the periodic cleanup; "" means @hourly.
 	CleanupSchedule string
@@ -53,10 +53,10 @@ type Config struct {
 	// RunTimeout bounds one execution of a run, behind the validation
 	// engine's own limits; a run past it ends in error. 0 means 5m.
 	RunTimeout time.Duration
-	// PollInterval is how long the runs' task server waits, when its queue
-	// is empty, before it looks again (asynq's TaskCheckInterval: it sleeps
-	// between half and one and a half times it): a run enqueued meanwhile
-	// waits for it. 0 means 2 ms.
+	// PollInterval is how long asynq's server waits, when its queue is
+	// empty, before it looks again (TaskCheckInterval): only retries due
+	// and the cleanup go through it, runs are taken from the hand-off
+	// without polling. 0 means 5s.
 	PollInterval time.Duration
 	// SweepInterval is how often the sweeper looks for stranded runs; 0
 	// means 5s.
@@ -76,9 +76,9 @@ type Config struct {
 	// ShutdownTimeout is how long in-flight tasks may finish at shutdown
 	// before they are handed back to the queue; 0 means 20s.
 	ShutdownTimeout time.Duration
-	// WebhookConcurrency is how many webhook attempts run at once, on an
-	// asynq server of their own (slow receivers never hold the slots that
-	// execute runs); 0 means 10, negative: this worker sends no webhooks.
+	// WebhookConcurrency is how many webhook attempts run at once, beside
+	// the runs (slow receivers never hold the slots that execute runs); 0
+	// means 10, negative: this worker sends no webhooks.
 	WebhookConcurrency int
 	// WebhookPollInterval is how often the worker looks for webhook
 	// deliveries due (and at once, at most ten times as often, when it ends
@@ -94,14 +94,6 @@ type Config struct {
 	// WebhookRetention is how long the cleanup keeps a delivery delivered
 	// or failed; 0 means 30 days, negative: for ever.
 	WebhookRetention time.Duration
-	// SingleNode: the worker runs inside an API process (serve --worker),
-	// whose new runs its local lane executes at once (RunHere) while a slot
-	// is free. It then takes no runs from the direct hand-off: under load
-	// its lane's slots, full of its own runs, made that list a second queue
-	// beside asynq's batches, which drain a backlog at less cost per run
-	// (measured at 128 clients: 0.81 of the runs started finished within
-	// the loop, 0.96 without).
-	SingleNode bool
 	// WebhookClaimLease is how long a claim holds a delivery for one
 	// attempt; an attempt that has not recorded its outcome by then lets
 	// the delivery be claimed and attempted again. 0 means 2 min.
@@ -126,8 +118,9 @@ type Config struct {
 	Tracing trace.TracerProvider
 }
 
-// Worker is the background side of valruns in one process: an asynq server
-// with its mux, the periodic cleanup's schedule, and the sweeper.
+// Worker is the background side of valruns in one process: the taker of
+// the hand-off and the executor of its runs, an asynq server (retries due,
+// the cleanup), the cleanup's schedule, the sweeper and the webhook sender.
 type Worker struct {
 	cfg       Config
 	log       *slog.Logger
@@ -137,30 +130,66 @@ type Worker struct {
 	inspector *asynq.Inspector
 	redis     redis.UniversalClient // the sweeper's and Ping's
 	sweeper   *Sweeper
-	queue     queueWriter // the gate's and the run tasks' writer
+	queue     queueWriter // the gate's writer and the retries'
 	runs      *RunExecutor
-	local     *localLane   // runs this process started, executed here at once (RunHere)
-	direct    *directTaker // pops runs of the direct hand-off into local's slots
-	noDirect  bool         // this worker does not take from the direct hand-off (SingleNode; tests)
+	taker     *taker // takes runs from ready into runs' slots
 	cleanup   *Cleanup
 	hooks     *webhookSender // nil: this worker sends no webhooks
 	notice    *endedNotice   // tells the API processes' long-polls that runs ended
-	hookSrv   *asynq.Server  // the server of hooks' attempts (nil with it)
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	m         *metrics
-	// running is set while the task server runs: from Start until
-	// Shutdown begins (Ready, valruns_worker_running).
+	// running is set while the worker runs: from Start until Shutdown
+	// begins (Ready, valruns_worker_running).
 	running atomic.Bool
 }
 
-// ErrNotRunning: the worker's task server is not running (not started yet,
-// or shutting down).
+// ErrNotRunning: the worker is not running (not started yet, or shutting
+// down).
 var ErrNotRunning = errors.New("the task server is not running")
 
 // NewWorker builds a worker; Start runs it.
 func NewWorker(cfg Config) (*Worker, error) {
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, 10)
+	cfg = withDefaults(cfg)
+	if cfg.RunHeartbeat >= cfg.RunLease {
+		return nil, fmt.Errorf("run heartbeat %s must be shorter than the run lease %s", cfg.RunHeartbeat, cfg.RunLease)
+	}
+	sched, err := config.ParseSchedule(cfg.CleanupSchedule)
+	if err != nil {
+		return nil, err
+	}
+	rc, ok := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
+	if !ok {
+		return nil, errors.New("redis: unsupported connection option")
+	}
+	log := cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
+	w := &Worker{cfg: cfg, log: log, m: newMetrics(cfg.Registry), sched: sched, redis: rc,
+		client: asynq.NewClient(cfg.Redis), inspector: asynq.NewInspector(cfg.Redis)}
+	w.registerRunning()
+	tracer := telemetry.Tracer(cfg.Tracing)
+	w.queue = newQueueWriter(cfg.Redis, cfg.RunMaxRetry, cfg.RunTimeout, cfg.RunShare, tracer)
+	runs := w.newExecutor(tracer)
+	w.taker = w.newTaker()
+	w.sweeper = &Sweeper{runs: runs, redis: rc, queue: w.queue, release: w.release,
+		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, batch: 500, log: log, m: w.m}
+	w.server = w.newServer()
+	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), hooks: models.NewWebhookStore(cfg.DB),
+		retention: cfg.WebhookRetention, batch: cfg.CleanupBatchSize, log: log, m: w.m}
+	w.notice = newEndedNotice(rc)
+	w.runs.ended = w.notice.ended
+	if cfg.WebhookConcurrency > 0 {
+		w.hooks = w.newWebhookSender(tracer)
+		w.runs.ended = func() {
+			w.hooks.wake()
+			w.notice.ended()
+		}
+	}
+	return w, nil
+}
+
+// withDefaults fills cfg's zero values with the defaults its fields name.
+func withDefaults(cfg Config) Config {
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, 40)
 	cfg.CleanupSchedule = cmp.Or(cfg.CleanupSchedule, "@hourly")
 	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, 1000)
 	cfg.RunLease = cmp.Or(cfg.RunLease, 15*time.Second)
@@ -169,7 +198,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	cfg.RetryDelay = cmp.Or(cfg.RetryDelay, time.Second)
 	cfg.RunTimeout = cmp.Or(cfg.RunTimeout, 5*time.Minute)
 	cfg.SweepInterval = cmp.Or(cfg.SweepInterval, 5*time.Second)
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, 2*time.Millisecond)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, 5*time.Second)
 	cfg.RedeliverAfter = cmp.Or(cfg.RedeliverAfter, 10*time.Second)
 	cfg.FastBudget = min(cmp.Or(cfg.FastBudget, time.Second), cfg.RunHeartbeat)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 20*time.Second)
@@ -186,126 +215,87 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	log := cfg.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if cfg.RunHeartbeat >= cfg.RunLease {
-		return nil, fmt.Errorf("run heartbeat %s must be shorter than the run lease %s", cfg.RunHeartbeat, cfg.RunLease)
-	}
-	sched, err := config.ParseSchedule(cfg.CleanupSchedule)
-	if err != nil {
-		return nil, err
-	}
-	m := newMetrics(cfg.Registry)
-	w := &Worker{cfg: cfg, log: log, m: m, noDirect: cfg.SingleNode}
-	cfg.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	return cfg
+}
+
+// registerRunning exports valruns_worker_running.
+func (w *Worker) registerRunning() {
+	w.cfg.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "valruns_worker_running",
-		Help: "1 while this worker's task server runs (from its start until its shutdown begins), else 0.",
+		Help: "1 while this worker runs (from its start until its shutdown begins), else 0.",
 	}, func() float64 {
 		if w.running.Load() {
 			return 1
 		}
 		return 0
 	}))
+}
+
+// newExecutor builds the run executor (w.runs) and returns its store.
+func (w *Worker) newExecutor(tracer trace.Tracer) *models.RunStore {
+	cfg := w.cfg
 	runs := models.NewRunStore(cfg.DB)
-	runs.SetEndObserver(m.observeEnded)
+	runs.SetEndObserver(w.m.observeEnded)
 	w.runs = &RunExecutor{runs: runs, lease: cfg.RunLease, heartbeat: cfg.RunHeartbeat,
-		maxAttempts: cfg.RunMaxRetry + 1, timeout: cfg.RunTimeout, log: log, m: m,
-		fastBudget: max(cfg.FastBudget, 0), fin: newFinisher(runs)}
-	hooks := models.NewWebhookStore(cfg.DB)
-	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), hooks: hooks, retention: cfg.WebhookRetention,
-		batch: cfg.CleanupBatchSize, log: log, m: m}
-	w.client = asynq.NewClient(cfg.Redis)
-	w.inspector = asynq.NewInspector(cfg.Redis)
-	rc, ok := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
-	if !ok {
-		return nil, errors.New("redis: unsupported connection option")
-	}
-	w.redis = rc
-	tracer := telemetry.Tracer(cfg.Tracing)
-	w.runs.tracer = tracer
-	w.queue = newQueueWriter(cfg.Redis, cfg.RunMaxRetry, cfg.RunTimeout, cfg.RunShare, tracer)
-	w.runs.queue, w.runs.release = w.queue, newReleaser(w.release).release
-	w.runs.done = func(ctx context.Context, runs []RunPayload) {
-		ids := make([]string, len(runs))
-		for i, r := range runs {
-			ids[i] = r.RunID
-		}
-		if err := rc.HDel(ctx, batchIndexKey, ids...).Err(); err != nil {
-			log.WarnContext(ctx, "could not forget a batch's runs in the batch index", "error", err)
-		}
-	}
-	// One slot more than the 4 per WORKER_CONCURRENCY: the direct
-	// hand-off's pop waits holding it (and the other free slots, for the
-	// runs its round trip may take besides: fetch). RunHere is called only
-	// with SingleNode (serve --worker), where no pop runs, and may take
-	// them all.
-	w.local = newLocalLane(w.runs, 4*cfg.Concurrency+1, w.requeue, cfg.Registry)
-	pop, _ := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
+		maxAttempts: cfg.RunMaxRetry + 1, timeout: cfg.RunTimeout, log: w.log, m: w.m,
+		fastBudget: max(cfg.FastBudget, 0), fin: newFinisher(runs), tracer: tracer,
+		queue: w.queue, retryBase: cfg.RetryDelay, release: newReleaser(w.release).release}
+	return runs
+}
+
+// newTaker builds the worker's taker of the hand-off, with a Redis client
+// of its own for the blocking takes.
+func (w *Worker) newTaker() *taker {
+	pop, _ := w.cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	if c, ok := pop.(*redis.Client); ok {
-		// A pop's pipeline is read within the client's timeouts, not a
-		// blocking command's own (its wait and ten seconds, as go-redis
-		// gives a BLMOVE sent alone): a reply cut off there would leave
-		// the runs it moved in the worker's list of runs taken.
-		pop = c.WithTimeout(directBlock + 10*time.Second)
+		// A take's pipeline is read within the client's timeouts, not a
+		// blocking command's own. A take that fails is not sent again
+		// (go-redis would, on a timeout or a broken connection): the
+		// taker looks for what it may have moved first (orphans).
+		c = c.WithTimeout(takerBlock + 10*time.Second)
+		c.Options().MaxRetries = 0 // normalised already: 0 is one try
+		pop = c
 	}
-	w.direct = newDirectTaker(w.local, rc, pop, w.queue.enqueueOne, log)
-	w.sweeper = &Sweeper{runs: runs, redis: rc, queue: w.queue, release: w.release,
-		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, lease: cfg.RunLease, taskInfo: w.inspector.GetTaskInfo,
-		batch: 500, log: log, m: m}
-	w.server = asynq.NewServer(cfg.Redis, asynq.Config{
-		Concurrency:     cfg.Concurrency,
-		ShutdownTimeout: cfg.ShutdownTimeout,
-		// When its queues are empty, asynq sleeps between half and one and a
-		// half times this (default 1s) before it looks again: a run enqueued
-		// meanwhile waits for it. It has no wake-up; RUN_POLL_INTERVAL
-		// (2 ms) keeps the hand-off from a committed start to an idle
-		// worker about a millisecond on average, for one Redis script per
-		// interval while the worker is idle (a busy worker never sleeps).
+	return newTaker(w.redis, pop, w.cfg.Concurrency, w.cfg.RunLease, w.runs.run, w.log)
+}
+
+// newServer builds the asynq server: it pushes the retries due back onto
+// ready and runs the cleanup. Nothing waits on its poll but those.
+func (w *Worker) newServer() *asynq.Server {
+	cfg := w.cfg
+	return asynq.NewServer(cfg.Redis, asynq.Config{
+		// The slots alive the gate reads (inspector.Servers): the runs
+		// this worker executes at once.
+		Concurrency:              cfg.Concurrency,
+		ShutdownTimeout:          cfg.ShutdownTimeout,
 		TaskCheckInterval:        cfg.PollInterval,
-		DelayedTaskCheckInterval: time.Second,
-		Logger:                   slogAdapter{log},
+		DelayedTaskCheckInterval: cfg.PollInterval,
+		HealthCheckInterval:      time.Minute,
+		JanitorInterval:          time.Minute,
+		Logger:                   slogAdapter{w.log},
 		LogLevel:                 asynq.WarnLevel,
-		// A database that is restarting or unreachable is not the task's
-		// fault: asynq retries it soon and does not spend a retry on it.
-		IsFailure:      func(err error) bool { return !notAFailure(err) },
-		RetryDelayFunc: retryDelay(cfg.RetryDelay),
+		IsFailure:                func(err error) bool { return !notAFailure(err) },
+		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
+			if t.Type() == TypeCleanup {
+				return asynq.DefaultRetryDelayFunc(n, err, t)
+			}
+			return retryDelay(cfg.RetryDelay, n, err)
+		},
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
-			m.failed.WithLabelValues(t.Type()).Inc()
-			log.WarnContext(ctx, "task failed", "type", t.Type(), "error", err, "counts_as_retry", !notAFailure(err))
+			w.m.failed.WithLabelValues(t.Type()).Inc()
+			w.log.WarnContext(ctx, "task failed", "type", t.Type(), "error", err, "counts_as_retry", !notAFailure(err))
 		}),
 	})
-	w.sched = sched
-	if cfg.WebhookConcurrency > 0 {
-		w.hooks = &webhookSender{store: hooks, client: w.client,
-			send: webhooks.NewSender(cfg.WebhookAllowPrivate, 0), eventData: cfg.EventData,
-			interval: cfg.WebhookPollInterval, limit: cfg.WebhookConcurrency, base: cfg.WebhookRetryBase,
-			horizon: cfg.WebhookRetryHorizon, lease: cfg.WebhookClaimLease, log: log, m: newWebhookMetrics(cfg.Registry), poke: make(chan struct{}, 1),
-			tracer: tracer}
-		w.hookSrv = asynq.NewServer(cfg.Redis, asynq.Config{
-			Concurrency:     cfg.WebhookConcurrency,
-			Queues:          map[string]int{webhookQueue: 1},
-			ShutdownTimeout: cfg.ShutdownTimeout,
-			// As the runs' server: an attempt enqueued waits at most ~30 ms.
-			TaskCheckInterval: 20 * time.Millisecond,
-			Logger:            slogAdapter{log},
-			LogLevel:          asynq.WarnLevel,
-			ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
-				m.failed.WithLabelValues(t.Type()).Inc()
-				log.WarnContext(ctx, "webhook attempt failed to run; its delivery is due again once its claim runs out", "error", err)
-			}),
-		})
-	}
-	w.notice = newEndedNotice(rc)
-	w.runs.ended = w.notice.ended
-	if hooks := w.hooks; hooks != nil {
-		w.runs.ended = func() {
-			hooks.wake()
-			w.notice.ended()
-		}
-	}
-	return w, nil
+}
+
+// newWebhookSender builds the webhook sender.
+func (w *Worker) newWebhookSender(tracer trace.Tracer) *webhookSender {
+	cfg := w.cfg
+	return &webhookSender{store: models.NewWebhookStore(cfg.DB),
+		send: webhooks.NewSender(cfg.WebhookAllowPrivate, 0), eventData: cfg.EventData,
+		interval: cfg.WebhookPollInterval, limit: cfg.WebhookConcurrency, base: cfg.WebhookRetryBase,
+		horizon: cfg.WebhookRetryHorizon, lease: cfg.WebhookClaimLease, log: w.log, m: newWebhookMetrics(cfg.Registry),
+		processed: w.m.processed.WithLabelValues(TypeWebhookDeliver), poke: make(chan struct{}, 1), tracer: tracer}
 }
 
 // Mux routes task types to their handlers, counting outcomes.
@@ -324,7 +314,7 @@ func (w *Worker) Mux() *asynq.ServeMux {
 func (w *Worker) countProcessed(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		err := next.ProcessTask(ctx, t)
-		if err == nil {
+		if err == nil && t.Type() != TypeRunExecute { // a retry's push: the run's execution counts
 			w.runs.m.processed.WithLabelValues(t.Type()).Inc()
 		}
 		return err
@@ -351,82 +341,49 @@ func (w *Worker) Ready(ctx context.Context) error {
 	return nil
 }
 
-// Start runs the server, the scheduler and the sweeper in the background.
+// Start runs the taker, the server, the scheduler, the sweeper and the
+// webhook sender in the background.
 func (w *Worker) Start(ctx context.Context) error {
 	if err := w.server.Start(w.Mux()); err != nil {
 		return fmt.Errorf("start task server: %w", err)
 	}
-	if w.hooks != nil {
-		mux := asynq.NewServeMux()
-		mux.Handle(TypeWebhookDeliver, w.hooks)
-		mux.Use(w.countProcessed)
-		if err := w.hookSrv.Start(mux); err != nil {
-			w.server.Shutdown()
-			return fmt.Errorf("start webhook task server: %w", err)
-		}
-	}
 	ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	w.running.Store(true)
-	w.local.open()
-	if w.runs.fastBudget > 0 && !w.noDirect {
-		w.direct.start()
-	}
+	w.taker.start()
 	if w.hooks != nil {
 		w.wg.Go(func() { w.hooks.run(ctx) })
 	}
 	w.wg.Go(func() { w.watchBacklog(ctx, w.cfg.BacklogInterval) })
 	w.wg.Go(func() { w.notice.run(ctx) })
-	w.wg.Add(2)
-	go func() {
-		defer w.wg.Done()
-		w.sweeper.Run(ctx)
-	}()
-	go func() {
-		defer w.wg.Done()
-		w.scheduleCleanup(ctx)
-	}()
+	w.wg.Go(func() { w.sweeper.Run(ctx) })
+	w.wg.Go(func() { w.scheduleCleanup(ctx) })
 	w.log.InfoContext(ctx, "worker started", "concurrency", w.cfg.Concurrency, "cleanup_schedule", w.cfg.CleanupSchedule,
 		"run_lease", w.cfg.RunLease, "run_heartbeat", w.cfg.RunHeartbeat, "sweep_interval", w.cfg.SweepInterval, "poll_interval", w.cfg.PollInterval)
 	return nil
 }
 
-// Shutdown stops taking work, lets in-flight tasks finish for up to
-// ShutdownTimeout and hands the rest back to the queue. A run handed back
-// releases its lease first, so another worker takes it at once.
+// Shutdown stops taking runs, lets those under way finish for up to
+// ShutdownTimeout, stops the rest (a claimed run's lease is released), and
+// gives back every run taken and not finished: the head of ready, where
+// another worker takes it at once.
 func (w *Worker) Shutdown() {
 	w.running.Store(false)
-	w.direct.stop()
-	w.local.close(w.cfg.ShutdownTimeout)
-	w.direct.leave()
+	w.taker.stopTaking()
+	w.runs.handBack(w.cfg.ShutdownTimeout)
+	w.taker.wait(10 * time.Second)
+	w.taker.giveBack()
 	w.cancel()
 	w.wg.Wait()
-	w.server.Stop()
 	if w.hooks != nil {
-		w.hookSrv.Stop()
+		w.hooks.wait(w.cfg.ShutdownTimeout)
 	}
-	w.runs.handBack(w.cfg.ShutdownTimeout)
 	w.server.Shutdown()
-	if w.hooks != nil {
-		w.hookSrv.Shutdown()
-	}
 	_ = w.inspector.Close()
 	_ = w.client.Close()
 	_ = w.queue.client.Close()
 	_ = w.queue.redis.Close()
 	_ = w.redis.Close()
 	w.log.Info("worker stopped")
-}
-
-// RunHere executes r, a run this process has just committed, in this
-// process at once if one of its local slots (4 per WORKER_CONCURRENCY) is
-// free (single-node mode: serve --worker), and reports whether it took r;
-// if not, the caller hands r to the queue. See localLane.
-func (w *Worker) RunHere(r *models.QueuedRun) bool { return w.local.take(r) }
-
-// requeue hands p to the queue through the gate (the local lane's runs
-// it could not decide).
-func (w *Worker) requeue(ctx context.Context, p RunPayload) error {
-	return w.queue.send(ctx, admission{org: p.OrgID, recorded: true, in: []RunPayload{p}})
 }
 
 // release tells the gate that runs of org left the queue, and enqueues the
@@ -472,30 +429,23 @@ func (w *Worker) scheduleCleanup(ctx context.Context) {
 // Sweeper returns the stranded-run sweeper (tests sweep by hand).
 func (w *Worker) Sweeper() *Sweeper { return w.sweeper }
 
-// maxRetryDelay caps the doubling retry delay of a failing task.
+// maxRetryDelay caps the doubling retry delay of a failing run.
 const maxRetryDelay = time.Minute
 
-// retryDelay is the asynq RetryDelayFunc: base after a transient database
-// error or a run handed back at shutdown (which asynq does not count, so n
-// stays put), base doubled per
-// retry for a run task's failures, asynq's default (15 s and more) for
-// other tasks' failures. Each delay is jittered down by up to a half, so
-// tasks that failed together do not retry together.
-func retryDelay(base time.Duration) asynq.RetryDelayFunc {
-	return func(n int, err error, t *asynq.Task) time.Duration {
-		d := base
-		switch {
-		case notAFailure(err):
-		case t.Type() == TypeRunExecute, t.Type() == TypeRunBatch:
-			for i := 0; i < n && d < maxRetryDelay; i++ {
-				d *= 2
-			}
-			d = min(d, max(base, maxRetryDelay))
-		default:
-			return asynq.DefaultRetryDelayFunc(n, err, t)
+// retryDelay is the delay before a run's retry after its n-th retry failed
+// with err: base after a transient database error or a stall (which do not
+// count, so n stays put), base doubled per retry for a run's failures, up
+// to a minute. Each delay is jittered down by up to a half, so runs that
+// failed together do not retry together.
+func retryDelay(base time.Duration, n int, err error) time.Duration {
+	d := base
+	if !notAFailure(err) {
+		for i := 0; i < n && d < maxRetryDelay; i++ {
+			d *= 2
 		}
-		return d/2 + rand.N(d/2+1)
+		d = min(d, max(base, maxRetryDelay))
 	}
+	return d/2 + rand.N(d/2+1)
 }
 
 // slogAdapter lets asynq log through slog.

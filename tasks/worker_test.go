@@ -18,29 +18,16 @@ import (
 	"github.com/valruns/valruns/tasks"
 )
 
-// A run started through the API is handed off after its commit, to a
-// worker waiting on the direct hand-off or, when none waits, to asynq's
-// queue and its task server, and ends passed or failed with exactly the
+// A run started through the API is handed off after its commit, onto the
+// ready list a worker waits on, and ends passed or failed with exactly the
 // engine's findings, written once, in one write (the fast path).
-func TestRunsExecuteThroughHandOffAndServer(t *testing.T) {
+func TestRunsExecuteThroughHandOff(t *testing.T) {
 	t.Parallel()
-	for _, direct := range []bool{true, false} {
-		t.Run(map[bool]string{true: "direct hand-off", false: "asynq queue"}[direct], func(t *testing.T) {
-			t.Parallel()
-			runsExecuteThroughHandOff(t, direct)
-		})
-	}
-}
-
-func runsExecuteThroughHandOff(t *testing.T, direct bool) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
 	// A sweep only after a minute: runs are prompt because the API hands them off.
 	w := newWorker(t, env, newRedis(t), func(c *tasks.Config) { c.SweepInterval, c.RedeliverAfter = time.Minute, time.Minute })
-	if !direct {
-		tasks.NoDirect(w.Worker)
-	}
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
 	handOff(t, env, w.Redis)
@@ -81,17 +68,12 @@ func runsExecuteThroughHandOff(t *testing.T, direct bool) {
 	require.Equal(t, ids[tests[0].name], r.Map(t)["id"])
 	require.EqualValues(t, len(tests), env.Count("validation_runs", ""))
 	require.EqualValues(t, 2+2+1, countFindings(t, env), "each run's findings once")
-	// Which path executed them: the direct hand-off's slots, or the task server.
-	viaQueue, viaDirect := float64(len(tests)), 0.0
-	if direct {
-		viaQueue, viaDirect = 0, float64(len(tests))
-	}
-	eventuallyMetric(t, w.Registry, viaDirect, "valruns_runs_direct_total", "result", "finished")
-	eventuallyMetric(t, w.Registry, viaQueue, "valruns_tasks_processed_total", "type", tasks.TypeRunExecute)
+	eventuallyMetric(t, w.Registry, float64(len(tests)), "valruns_tasks_processed_total", "type", tasks.TypeRunExecute)
 }
 
-// The same run delivered twice (two asynq tasks with different TaskIDs) is
-// executed once: findings written once, one attempt.
+// The same run delivered twice (two run tasks with different TaskIDs, as
+// an earlier version left them in Redis: each pushes the run onto ready)
+// is executed once: findings written once, one attempt.
 func TestDuplicateDeliveryExecutesOnce(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
@@ -109,20 +91,9 @@ func TestDuplicateDeliveryExecutesOnce(t *testing.T) {
 	}
 
 	w := startWorker(t, env, rdb, func(c *tasks.Config) { c.RunLease = 2 * time.Second })
-	insp := asynq.NewInspector(rdb)
-	defer insp.Close()
-	taskIDs := []string{models.RunTaskIDPrefix + id, models.RunTaskIDPrefix + id + ":duplicate"}
 	// Both deliveries complete: the second finds the run held by the first
 	// (and leaves it to that one) or finished.
-	apitest.Eventually(t, 30*time.Second, func() bool {
-		for _, tid := range taskIDs {
-			info, err := insp.GetTaskInfo("default", tid)
-			if err != nil || info.State != asynq.TaskStateCompleted {
-				return false
-			}
-		}
-		return true
-	}, "both deliveries of the run complete")
+	eventuallyMetric(t, w.Registry, 2, "valruns_tasks_processed_total", "type", tasks.TypeRunExecute)
 
 	run := getRun(t, env, org, id)
 	require.Equal(t, "failed", run.Status)
@@ -143,14 +114,14 @@ func TestProcessTaskOfFinishedRunIsANoop(t *testing.T) {
 	task := tasks.NewRunTask(id, false)
 	ctx := context.Background()
 
-	require.NoError(t, w.Mux().ProcessTask(ctx, task))
+	require.NoError(t, tasks.Deliver(ctx, w.Worker, task))
 	first := readRun(t, env, id)
 	require.Equal(t, "failed", first.Status)
 	require.Equal(t, 1, first.Attempts)
 	require.Equal(t, invalidOrderFindings, dbFindings(t, env, id))
 
 	for range 3 {
-		require.NoError(t, w.Mux().ProcessTask(ctx, task))
+		require.NoError(t, tasks.Deliver(ctx, w.Worker, task))
 	}
 	again := readRun(t, env, id)
 	require.Equal(t, first.Status, again.Status)
@@ -162,10 +133,10 @@ func TestProcessTaskOfFinishedRunIsANoop(t *testing.T) {
 	// A run that does not exist (deleted meanwhile) is dropped, not retried.
 	for _, redelivery := range []bool{false, true} {
 		gone := tasks.NewRunTask("00000000-0000-0000-0000-000000000000", redelivery)
-		require.NoError(t, w.Mux().ProcessTask(ctx, gone))
+		require.NoError(t, tasks.Deliver(ctx, w.Worker, gone))
 	}
 	// A payload that names no run can never succeed.
-	require.ErrorIs(t, w.Mux().ProcessTask(ctx, asynq.NewTask(tasks.TypeRunExecute, []byte(`{}`))), asynq.SkipRetry)
+	require.ErrorIs(t, tasks.Deliver(ctx, w.Worker, asynq.NewTask(tasks.TypeRunExecute, []byte(`{}`))), asynq.SkipRetry)
 }
 
 // Two deliveries of the same queued run at the same moment: exactly one
@@ -188,7 +159,7 @@ func TestConcurrentDeliveriesExecuteOnce(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				errs[g] = w.Mux().ProcessTask(context.Background(), task)
+				errs[g] = tasks.Deliver(context.Background(), w.Worker, task)
 			}()
 		}
 		close(start)
@@ -210,9 +181,7 @@ func TestWorkerMetrics(t *testing.T) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
-	// The task server's metrics: runs go through asynq's queue.
 	w := newWorker(t, env, newRedis(t), nil)
-	tasks.NoDirect(w.Worker)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
 	handOff(t, env, w.Redis)
@@ -258,13 +227,9 @@ func TestRunThatCannotExecuteEndsInError(t *testing.T) {
 	require.Equal(t, 1, run.Attempts, "not retried: it cannot heal")
 	require.False(t, readRun(t, env, id).LeaseSet)
 	eventuallyMetric(t, w.Registry, 1, "valruns_runs_finished_total", "status", "error")
-
-	insp := asynq.NewInspector(rdb)
-	defer insp.Close()
-	apitest.Eventually(t, 10*time.Second, func() bool {
-		info, err := insp.GetTaskInfo("default", models.RunTaskIDPrefix+id)
-		return err == nil && info.State == asynq.TaskStateArchived
-	}, "the task is archived")
+	rc := redisClient(rdb)
+	defer rc.Close()
+	require.Zero(t, rc.HLen(context.Background(), tasks.RetryIndex).Val(), "no retry scheduled")
 }
 
 // A run past a validation limit (here a CEL assertion that doubles a string
@@ -364,7 +329,7 @@ func TestLongFindingsAreTruncatedAndStored(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			wf := env.NewWorkflow(org, tt.workflow)
 			id := startRun(t, env, org, wf, map[string]any{"submission": tt.submission})
-			require.NoError(t, w.Mux().ProcessTask(context.Background(), tasks.NewRunTask(id, false)))
+			require.NoError(t, tasks.Deliver(context.Background(), w.Worker, tasks.NewRunTask(id, false)))
 			require.Equal(t, "failed", readRun(t, env, id).Status)
 			fs := dbFindings(t, env, id)
 			require.Len(t, fs, 1)
@@ -374,9 +339,8 @@ func TestLongFindingsAreTruncatedAndStored(t *testing.T) {
 }
 
 // A run claimed by a worker that then died (its lease is never renewed):
-// once the lease has run out, the sweeper re-enqueues it (TaskID
-// :redeliver:1), and that delivery claims it and finishes it once, as
-// attempt 2.
+// once the lease has run out, the sweeper hands it on, and that delivery
+// claims it and finishes it once, as attempt 2.
 func TestDeadWorkersRunIsRedeliveredWhenItsLeaseRunsOut(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
@@ -389,15 +353,10 @@ func TestDeadWorkersRunIsRedeliveredWhenItsLeaseRunsOut(t *testing.T) {
 
 	rdb := newRedis(t)
 	w := startWorker(t, env, rdb, fastSweep)
-	insp := asynq.NewInspector(rdb)
-	t.Cleanup(func() { _ = insp.Close() })
 	run := waitRun(t, env, org, id, 30*time.Second)
 	require.Equal(t, "failed", run.Status)
 	require.Equal(t, 2, readRun(t, env, id).Attempts, "taken over as attempt 2")
 	require.Equal(t, invalidOrderFindings, dbFindings(t, env, id), "findings written once")
-	// Its task leaves Redis once completed (no retention): the sweeper's was the one.
-	_, err = insp.GetTaskInfo("default", models.RunTaskIDPrefix+id+":redeliver:1")
-	require.ErrorIs(t, err, asynq.ErrTaskNotFound)
 	// Attempt 2 is the sweeper's redelivery (nothing else delivers this
 	// run). Its count is not asserted: the sweeper counts a redelivery only
 	// when the run's row is free, and one whose delivery was already writing

@@ -15,7 +15,6 @@ import (
 
 	"github.com/valruns/valruns/config"
 	"github.com/valruns/valruns/handlers"
-	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/tasks"
 )
 
@@ -38,7 +37,7 @@ func cmdServe(ctx context.Context, args []string, out io.Writer) error {
 	setMemoryLimit(a, os.Getenv("GOMEMLIMIT"), *withWorker)
 	var worker *workerProcess
 	if *withWorker {
-		if worker, err = startWorker(ctx, a, true); err != nil {
+		if worker, err = startWorker(ctx, a); err != nil {
 			return err
 		}
 	}
@@ -98,21 +97,8 @@ func serveDeps(ctx context.Context, a *app, worker *workerProcess, draining *ato
 		deps.Redis.Close()
 		return deps, nil, err
 	}
-	deps.HandOff = handOff(dispatcher, worker)
+	deps.HandOff = dispatcher.HandOff
 	return deps, dispatcher, nil
-}
-
-// handOff is where a started run goes: the dispatcher's queue or, in
-// single-node mode, straight to this process's worker when it is idle.
-func handOff(dispatcher *tasks.Dispatcher, worker *workerProcess) func(*models.QueuedRun) {
-	if worker == nil {
-		return dispatcher.HandOff
-	}
-	return func(r *models.QueuedRun) {
-		if !worker.w.RunHere(r) {
-			dispatcher.HandOff(r)
-		}
-	}
 }
 
 // shutdownServer stops srv within SHUTDOWN_TIMEOUT: in-flight requests finish

@@ -29,7 +29,7 @@ func TestServeSetsMemoryLimit(t *testing.T) {
 
 	debug.SetMemoryLimit(math.MaxInt64)
 	setMemoryLimit(a, "", true)
-	require.EqualValues(t, 212<<20, debug.SetMemoryLimit(-1), "serve --worker: 32 MiB + 2 x 1 MiB x 10 slots more")
+	require.EqualValues(t, 272<<20, debug.SetMemoryLimit(-1), "serve --worker: 32 MiB + 2 x 1 MiB x 40 slots more")
 
 	debug.SetMemoryLimit(math.MaxInt64)
 	setMemoryLimit(a, "1GiB", true)

@@ -28,8 +28,8 @@ type workerProcess struct {
 func (p *workerProcess) stop() { p.w.Shutdown() }
 
 // startWorker connects to Redis and starts the task server, the scheduler
-// and the staged-job enqueuer; singleNode: inside serve --worker.
-func startWorker(ctx context.Context, a *app, singleNode bool) (*workerProcess, error) {
+// and the sweeper.
+func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 	redisOpt, err := tasks.ParseRedisURL(a.cfg.RedisURL)
 	if err != nil {
 		return nil, &config.Error{Var: "REDIS_URL", Value: redact(a.cfg.RedisURL), Problem: oneLine(err)}
@@ -48,7 +48,7 @@ func startWorker(ctx context.Context, a *app, singleNode bool) (*workerProcess, 
 		WebhookRetryBase: a.cfg.WebhookRetryBase, WebhookRetryHorizon: a.cfg.WebhookRetryHorizon,
 		WebhookRetention: a.cfg.WebhookDeliveryRetention, WebhookClaimLease: a.cfg.WebhookClaimLease,
 		WebhookAllowPrivate: a.cfg.WebhookAllowPrivateTargets, EventData: handlers.RunEventData,
-		Registry: reg, Log: a.log, Tracing: a.tracing, SingleNode: singleNode,
+		Registry: reg, Log: a.log, Tracing: a.tracing,
 	})
 	if err != nil {
 		return nil, err
@@ -128,7 +128,7 @@ func cmdWorker(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer p.stop()
 	a, ln := p.app, p.ln
-	worker, err := startWorker(ctx, a, false)
+	worker, err := startWorker(ctx, a)
 	if err != nil {
 		return err
 	}
