@@ -42,17 +42,7 @@ func overloadMemory(t *testing.T, s *suite, res *result) {
 	hc := &http.Client{Timeout: 3 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 300}}
 	t.Cleanup(hc.CloseIdleConnections)
 
-	a, err := postJSON(hc, api.url+"/api/workflows/", o.Token, "", []byte(`{"name":"overload"}`))
-	if err != nil || a.Status != http.StatusCreated {
-		t.Fatalf("create workflow: %v %+v", err, a)
-	}
-	var wf struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(a.Body, &wf); err != nil || wf.ID == "" {
-		t.Fatalf("create workflow: %s", clip(a.Body))
-	}
-	start := api.url + "/api/workflows/" + wf.ID + "/start/"
+	start := startURL(t, hc, api.url, o, "overload")
 
 	const parallel = 300
 	var keys []string
@@ -190,4 +180,21 @@ func procStatusBytes(t *testing.T, pid int, field string) int64 {
 	}
 	t.Fatalf("no %s in the status of process %d", field, pid)
 	return 0
+}
+
+// startURL creates a workflow without rules for o, named name, and returns
+// its start's URL.
+func startURL(t *testing.T, hc *http.Client, base string, o org, name string) string {
+	t.Helper()
+	a, err := postJSON(hc, base+"/api/workflows/", o.Token, "", []byte(`{"name":"`+name+`"}`))
+	if err != nil || a.Status != http.StatusCreated {
+		t.Fatalf("create workflow: %v %+v", err, a)
+	}
+	var wf struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(a.Body, &wf); err != nil || wf.ID == "" {
+		t.Fatalf("create workflow: %s", clip(a.Body))
+	}
+	return base + "/api/workflows/" + wf.ID + "/start/"
 }

@@ -1,7 +1,6 @@
 package reliability
 
 import (
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -38,17 +37,7 @@ func overloadRetrying(t *testing.T, s *suite, res *result) {
 	o := c.newOrg("retrying")
 	hc := &http.Client{Timeout: 3 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 300}}
 	t.Cleanup(hc.CloseIdleConnections)
-	a, err := postJSON(hc, api.url+"/api/workflows/", o.Token, "", []byte(`{"name":"retrying"}`))
-	if err != nil || a.Status != http.StatusCreated {
-		t.Fatalf("create workflow: %v %+v", err, a)
-	}
-	var wf struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(a.Body, &wf); err != nil || wf.ID == "" {
-		t.Fatalf("create workflow: %s", clip(a.Body))
-	}
-	start := api.url + "/api/workflows/" + wf.ID + "/start/"
+	start := startURL(t, hc, api.url, o, "retrying")
 
 	// 16 ordinary heavy starts at once: 300 KB arrays of numbers.
 	heavy := []byte(`{"submission":[` + strings.Repeat("12345,", 49_999) + `12345]}`)
