@@ -243,7 +243,7 @@ func TestGoodValues(t *testing.T) {
 			func(t *testing.T, c config.Config) {
 				require.EqualValues(t, 32<<20, c.MaxBodyBytesInFlight, "unset: room for eight of the largest bodies")
 				require.EqualValues(t, 64<<20+12*(32<<20), c.MemoryLimit(false))
-				require.EqualValues(t, 64<<20+12*(32<<20)+32<<20+2*(4<<20)*10, c.MemoryLimit(true), "the worker's slots counted too")
+				require.EqualValues(t, 64<<20+12*(32<<20)+32<<20+2*(4<<20)*40, c.MemoryLimit(true), "the worker's slots counted too")
 			}},
 		{"log level and format are case-insensitive", map[string]string{"LOG_LEVEL": "DEBUG", "LOG_FORMAT": "Json"},
 			func(t *testing.T, c config.Config) {
