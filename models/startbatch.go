@@ -438,7 +438,7 @@ func (w *batchWrite) refusal(rest []*startReq, err error) error {
 // pool's tracer: they are made under a recorded span only. A lone start's
 // statement is a child of its request's span; a statement that carries
 // the starts of several requests is a trace of its own, its root span
-// "start batch" linking each traced request's span, as a batch task does.
+// "start batch" linking each traced request's span.
 // end ends that root span. Tracing off: no span, nothing allocated.
 func tracedBatch(batch []*startReq) (ctx context.Context, end func()) {
 	ctx, end = context.Background(), func() {}

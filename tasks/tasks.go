@@ -51,8 +51,8 @@ type RunPayload struct {
 	CreatedAt  time.Time       `json:"created_at,omitzero"`
 	// RequestID is the id of the request that started the run (its
 	// execution's logs name it), and Trace that request's W3C trace context
-	// (traceparent, tracestate): the parent of the run's enqueue, or a link
-	// of the batch task that executes it. Trace is nil when not traced.
+	// (traceparent, tracestate): the parent of the run's hand-off span, and
+	// of its execution when the hand-off carried none. Nil when not traced.
 	RequestID string            `json:"request_id,omitempty"`
 	Trace     map[string]string `json:"trace,omitempty"`
 }
