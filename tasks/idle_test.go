@@ -22,7 +22,7 @@ const idleMaxPerSecond = 5
 // Finding (issue 47): an idle `valruns worker` sent Redis about 860
 // commands a second, asynq's poll every RUN_POLL_INTERVAL (2 ms) and the
 // direct hand-off's. Now a worker blocks on the ready list and asynq polls
-// every 5 s: an idle `valruns worker` and an idle `valruns serve --worker`,
+// every 10 s: an idle `valruns worker` and an idle `valruns serve --worker`,
 // each on a Redis of its own with its default settings, send at most
 // idleMaxPerSecond commands a second, counted by Redis (INFO
 // commandstats, every command, those its scripts call included).

@@ -69,8 +69,8 @@ func requireFinishedOnce(t *testing.T, env *apitest.Env, org apitest.Org, want m
 // Here the worker keeps running through the loss: its queue is paused so
 // the tasks wait in Redis, Redis is killed and started again empty (which
 // also forgets the pause), and every run must still finish, once. The
-// sweeper runs every 100 ms here; with the defaults (RUN_SWEEP_INTERVAL=5s,
-// RUN_REDELIVER_AFTER=10s) the same takes about 15 s.
+// sweeper runs every 100 ms here; with the defaults (RUN_SWEEP_INTERVAL=10s,
+// RUN_REDELIVER_AFTER=10s) the same takes about 20 s.
 func TestRedisLossAfterEnqueueRunsStillFinish(t *testing.T) {
 	t.Parallel()
 	// share 0: every run is in asynq's queue when Redis dies; 3: three
