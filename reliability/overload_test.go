@@ -121,15 +121,7 @@ func overloadMemory(t *testing.T, s *suite, res *result) {
 	}
 
 	// Every admitted start's run ends final, like any other.
-	final := func() (int64, error) {
-		return c.count(`SELECT count(*) FROM validation_runs WHERE status IN ('queued', 'running')`)
-	}
-	if !waitUntil(3*time.Minute, func() bool { n, err := final(); return err == nil && n == 0 }) {
-		n, _ := final()
-		res.Stranded = int(n)
-		res.fail(t, "%d admitted runs are not final after 3 minutes", n)
-	}
-	res.Runs, _ = c.count(`SELECT count(*) FROM validation_runs`)
+	c.waitAllFinal(t, res)
 	errored, _ := c.count(`SELECT count(*) FROM validation_runs WHERE status = 'error'`)
 	res.Errored = int(errored)
 	if errored > 0 {
@@ -197,4 +189,19 @@ func startURL(t *testing.T, hc *http.Client, base string, o org, name string) st
 		t.Fatalf("create workflow: %s", clip(a.Body))
 	}
 	return base + "/api/workflows/" + wf.ID + "/start/"
+}
+
+// waitAllFinal waits up to 3 minutes for every run to be final, counting
+// those that are not as stranded, then records how many runs exist.
+func (c *cluster) waitAllFinal(t *testing.T, res *result) {
+	t.Helper()
+	final := func() (int64, error) {
+		return c.count(`SELECT count(*) FROM validation_runs WHERE status IN ('queued', 'running')`)
+	}
+	if !waitUntil(3*time.Minute, func() bool { n, err := final(); return err == nil && n == 0 }) {
+		n, _ := final()
+		res.Stranded = int(n)
+		res.fail(t, "%d admitted runs are not final after 3 minutes", n)
+	}
+	res.Runs, _ = c.count(`SELECT count(*) FROM validation_runs`)
 }

@@ -141,13 +141,5 @@ func overloadRetrying(t *testing.T, s *suite, res *result) {
 	if runs != int64(clients-starved) {
 		res.fail(t, "%d clients were accepted but %d runs exist", clients-starved, runs)
 	}
-	final := func() (int64, error) {
-		return c.count(`SELECT count(*) FROM validation_runs WHERE status IN ('queued', 'running')`)
-	}
-	if !waitUntil(3*time.Minute, func() bool { n, err := final(); return err == nil && n == 0 }) {
-		n, _ := final()
-		res.Stranded = int(n)
-		res.fail(t, "%d admitted runs are not final after 3 minutes", n)
-	}
-	res.Runs, _ = c.count(`SELECT count(*) FROM validation_runs`)
+	c.waitAllFinal(t, res)
 }
