@@ -83,15 +83,16 @@ func execOnce(url, stmt string, timeout time.Duration) error {
 // lacks is logged, and the scenarios run all the same, so they fail on their
 // merits rather than being skipped.
 var wantSettings = []struct{ name, value string }{
-	{"AUTH_CACHE_TTL", "1s"},      // revoked tokens stop working fast; auth reads the database often
-	{"RUN_LEASE", "5s"},           // a run held by a dead worker is free soon
-	{"RUN_FAST_PATH", "0"},        // every run under a lease: the kill and pause scenarios catch workers holding them
-	{"RUN_HEARTBEAT", "1s"},       // ... while a live worker keeps it
-	{"RUN_SWEEP_INTERVAL", "2s"},  // lost runs are looked for often
-	{"RUN_REDELIVER_AFTER", "2s"}, // ... and redelivered soon
-	{"RUN_RETRY_DELAY", "500ms"},  // a transient failure is retried soon
-	{"WORKER_CONCURRENCY", "2"},   // slow runs are CPU-bound: 2 cores
-	{"ORG_RUN_SHARE", "4"},        // one run per worker slot (2 workers x 2): noisy_neighbour's bound, 2 x slots, is this share plus a slot's worth of A's runs handed out after B's but claimed a moment before it
+	{"AUTH_CACHE_TTL", "1s"},       // revoked tokens stop working fast; auth reads the database often
+	{"RUN_LEASE", "5s"},            // a run held by a dead worker is free soon
+	{"RUN_FAST_PATH", "0"},         // every run under a lease: the kill and pause scenarios catch workers holding them
+	{"RUN_HEARTBEAT", "1s"},        // ... while a live worker keeps it
+	{"RUN_SWEEP_INTERVAL", "2s"},   // lost runs are looked for often
+	{"RUN_REDELIVER_AFTER", "2s"},  // ... and redelivered soon
+	{"RUN_RETRY_DELAY", "500ms"},   // a transient failure is retried soon
+	{"RUN_POLL_INTERVAL", "500ms"}, // ... once due, and the cleanup runs at each of its ticks
+	{"WORKER_CONCURRENCY", "2"},    // slow runs are CPU-bound: 2 cores
+	{"ORG_RUN_SHARE", "4"},         // one run per worker slot (2 workers x 2): noisy_neighbour's bound, 2 x slots, is this share plus a slot's worth of A's runs handed out after B's but claimed a moment before it
 	{"SHUTDOWN_TIMEOUT", "2s"},
 	{"IDEMPOTENCY_TX_TIMEOUT", "10s"},
 	{"MAX_BODY_BYTES", "1048576"},
