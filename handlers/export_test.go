@@ -1,6 +1,12 @@
 package handlers
 
-import "time"
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // RateLimitPause is how long a process leaves Redis alone after the start
 // rate limit failed open (docs/api.md: "for a second").
@@ -19,3 +25,28 @@ func RateLimitHoldFor(hold time.Duration) time.Duration {
 // at most 100 items a page, a list answer is at most 1.6 MiB whatever the
 // tenant stored (docs/api.md, Limits).
 const MaxListItemBytes = 16 << 10
+
+// RunWaits is the long-poll's hub, for the tests of its mechanism.
+type RunWaits struct{ h *runWaits }
+
+// NewRunWaits is a hub asking finished which runs are final, whose tick is
+// every (a test of the signals sets one longer than any wait) and which
+// hears ended as the workers' channel.
+func NewRunWaits(finished func(context.Context, []string) ([]string, error), every time.Duration, ended <-chan struct{}) RunWaits {
+	h := newRunWaits(finished, 100, make(chan struct{}), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	h.every, h.ended = every, ended
+	return RunWaits{h}
+}
+
+// Wait joins the waiters of run and waits up to d: the outcome (final,
+// timeout), or "" when the hub refused the join.
+func (x RunWaits) Wait(org, run string, d time.Duration) string {
+	w := x.h.join(org, run)
+	if w == nil {
+		return ""
+	}
+	return x.h.wait(context.Background(), w, d)
+}
+
+// Waiting is how many requests wait.
+func (x RunWaits) Waiting() int { return x.h.waiting() }

@@ -19,7 +19,8 @@ const (
 
 // runPollEvery is how often the poller asks PostgreSQL which waited runs
 // are final when nothing signals an end (Deps.RunsEnded): a run that ends
-// is answered within about this long.
+// is answered within about this long, should both its signal and the
+// look a join asks for be lost (the statement failed, say).
 const runPollEvery = 100 * time.Millisecond
 
 // runPollGap is the least time between two of the poller's statements: a
@@ -31,8 +32,10 @@ const runPollGap = 2 * time.Millisecond
 // one poller that, while any request waits, asks PostgreSQL in one
 // statement which of all the runs waited on are final, then wakes their
 // waiters: as soon as a worker says runs ended (ended: the workers' Redis
-// channel, at most every runPollGap) and every runPollEvery in case such a
-// message was lost. The cost to the database is one statement per tick or
+// channel), as soon as a request joins (its run may have ended between the
+// handler's read and the join, its message spent on a look that did not
+// ask for it yet), at most every runPollGap, and every runPollEvery in
+// case a message was lost. The cost to the database is one statement per tick or
 // message per process however many wait, and nothing when none does; no
 // waiter holds a database connection, nor a request slot of the overload
 // guard (the handler gives its slot back before it waits). No NOTIFY: the
@@ -47,7 +50,10 @@ type runWaits struct {
 	// ended signals that runs may have ended: the poller looks at once
 	// (nil: at its tick only).
 	ended <-chan struct{}
-	log   *slog.Logger
+	// joined is marked by each join: the poller looks at once, for the
+	// runs joined since its last statement.
+	joined chan struct{}
+	log    *slog.Logger
 
 	mu      sync.Mutex
 	byRun   map[string]map[*runWaiter]struct{} // run id -> its waiters
@@ -68,7 +74,7 @@ type runWaiter struct {
 func newRunWaits(finished func(context.Context, []string) ([]string, error), max int, stop <-chan struct{},
 	log *slog.Logger, reg prometheus.Registerer) *runWaits {
 	h := &runWaits{
-		finished: finished, every: runPollEvery, max: max, stop: stop, log: log,
+		finished: finished, every: runPollEvery, max: max, stop: stop, log: log, joined: make(chan struct{}, 1),
 		byRun: map[string]map[*runWaiter]struct{}{}, byOrg: map[string]int{},
 		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_run_waits_total",
@@ -115,6 +121,10 @@ func (h *runWaits) join(org, run string) *runWaiter {
 	}
 	h.byRun[run][w] = struct{}{}
 	h.n++
+	select { // a mark there already covers this join too
+	case h.joined <- struct{}{}:
+	default:
+	}
 	if !h.polling {
 		h.polling = true
 		go h.poll()
@@ -158,10 +168,10 @@ func (h *runWaits) leave(w *runWaiter) {
 	}
 }
 
-// poll asks, every h.every and whenever runs end (h.ended, at most every
-// runPollGap), which of the runs waited on are final, and wakes their
-// waiters; it returns once no request waits (or the process stops), so an
-// idle process sends nothing.
+// poll asks, every h.every and whenever runs end or a request joins
+// (h.ended, h.joined: at most every runPollGap), which of the runs waited
+// on are final, and wakes their waiters; it returns once no request waits
+// (or the process stops), so an idle process sends nothing.
 func (h *runWaits) poll() {
 	t := time.NewTicker(h.every)
 	defer t.Stop()
@@ -175,6 +185,8 @@ func (h *runWaits) poll() {
 			return
 		case <-t.C:
 		case <-h.ended:
+			time.Sleep(time.Until(last.Add(runPollGap)))
+		case <-h.joined:
 			time.Sleep(time.Until(last.Add(runPollGap)))
 		}
 		last = time.Now()

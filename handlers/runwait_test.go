@@ -186,6 +186,57 @@ func TestRunLongPollWokenWhenRunsEnd(t *testing.T) {
 	require.EqualValues(t, 1, counterValue(t, f.e.Registry, "valruns_run_waits_total", "outcome", "final"))
 }
 
+// TestRunLongPollJoinAfterTheEnd: a run that ends between the handler's
+// read and its join is answered at once, though its end's message was spent
+// on a look that did not ask for it: the join makes the poller look. The
+// tick is an hour: without the join's look each wait would run out its
+// 20 s and end "timeout".
+func TestRunLongPollJoinAfterTheEnd(t *testing.T) {
+	t.Parallel()
+	f := newLPFixture(t, apitest.Options{})
+	store := models.NewRunStore(f.e.DB)
+	var mu sync.Mutex
+	looks := 0
+	finished := func(ctx context.Context, ids []string) ([]string, error) {
+		mu.Lock()
+		looks++
+		mu.Unlock()
+		return store.Finished(ctx, ids)
+	}
+	looked := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return looks
+	}
+	ended := make(chan struct{}, 1)
+	h := handlers.NewRunWaits(finished, time.Hour, ended)
+	org := f.org.ID
+
+	t.Run("no request waits: the message went unheard", func(t *testing.T) {
+		id := f.queued(t) // read: queued
+		lpFinish(t, f.e, id, models.RunPassed)
+		require.Equal(t, "final", h.Wait(org, id, 20*time.Second))
+	})
+
+	t.Run("another request waits: the message was spent before the join", func(t *testing.T) {
+		other := f.queued(t) // stays queued: its waiter keeps the poller running
+		otherDone := make(chan string, 1)
+		go func() { otherDone <- h.Wait(org, other, 30*time.Second) }()
+		apitest.Eventually(t, time.Minute, func() bool { return h.Waiting() == 1 }, "the other request waits")
+
+		id := f.queued(t) // read: queued
+		lpFinish(t, f.e, id, models.RunPassed)
+		before := looked()
+		ended <- struct{}{} // the worker's message: a look without id
+		apitest.Eventually(t, time.Minute, func() bool { return looked() > before }, "the poller looks")
+		require.Equal(t, "final", h.Wait(org, id, 20*time.Second))
+
+		lpFinish(t, f.e, other, models.RunPassed)
+		ended <- struct{}{}
+		require.Equal(t, "final", <-otherDone)
+	})
+}
+
 // TestRunLongPollCap: the wait applied is at most RUN_MAX_WAIT, however
 // large N is; a run still queued when it runs out is answered as it is,
 // 200 and not an error; RUN_MAX_WAIT=0 answers at once.
