@@ -17,50 +17,15 @@ import (
 	"github.com/valruns/valruns/handlers"
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/tcpproxy"
 	"github.com/valruns/valruns/models"
 )
-
-// dbProxy listens on a loopback port and connects each client to upstream
-// (PostgreSQL), handing both ends to serve; every connection is closed at
-// the end of the test.
-func dbProxy(t *testing.T, upstream string, serve func(client, server net.Conn)) net.Listener {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", upstream)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, u)
-			mu.Unlock()
-			serve(c, u)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln
-}
 
 // freezer is a TCP proxy to PostgreSQL that the test can freeze: while
 // frozen it passes no byte either way, as a SIGSTOPped server answers
 // nothing (the kernel still accepts connections).
 type freezer struct {
-	ln     net.Listener
+	proxy  *tcpproxy.Proxy
 	mu     sync.Mutex
 	cond   *sync.Cond
 	frozen bool
@@ -69,7 +34,7 @@ type freezer struct {
 func newFreezer(t *testing.T, upstream string) *freezer {
 	f := &freezer{}
 	f.cond = sync.NewCond(&f.mu)
-	f.ln = dbProxy(t, upstream, func(c, u net.Conn) {
+	f.proxy = tcpproxy.New(t, upstream, func(c, u net.Conn) {
 		go f.pipe(c, u)
 		go f.pipe(u, c)
 	})
@@ -143,7 +108,7 @@ func TestHungDatabaseIs503(t *testing.T) {
 	u, err := url.Parse(e.DBURL)
 	require.NoError(t, err)
 	fz := newFreezer(t, u.Host)
-	u.Host = fz.ln.Addr().String()
+	u.Host = fz.proxy.Addr()
 	db, err := models.Open(context.Background(), u.String(), models.DBOptions{
 		MaxOpenConns: 4, AcquireTimeout: time.Second, AnswerTimeout: time.Second})
 	require.NoError(t, err)
@@ -230,14 +195,14 @@ func TestNoConnectionIs503(t *testing.T) {
 // closes the connection to the client, as a network that breaks after
 // COMMIT was sent does. The server never notices.
 type dropper struct {
-	ln    net.Listener
+	proxy *tcpproxy.Proxy
 	mu    sync.Mutex
 	armed bool
 }
 
 func newDropper(t *testing.T, upstream string) *dropper {
 	d := &dropper{}
-	d.ln = dbProxy(t, upstream, func(c, u net.Conn) {
+	d.proxy = tcpproxy.New(t, upstream, func(c, u net.Conn) {
 		go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
 		go d.answers(u, c)
 	})
@@ -293,7 +258,7 @@ func TestCommitInDoubtIs503OutcomeUnknown(t *testing.T) {
 	u, err := url.Parse(e.DBURL)
 	require.NoError(t, err)
 	dr := newDropper(t, u.Host)
-	u.Host = dr.ln.Addr().String()
+	u.Host = dr.proxy.Addr()
 	// One connection: the warm-up prepares the start's statements on it.
 	db, err := models.Open(context.Background(), u.String(), models.DBOptions{MaxOpenConns: 1})
 	require.NoError(t, err)

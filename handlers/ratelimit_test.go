@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"regexp"
@@ -23,6 +22,7 @@ import (
 	"github.com/valruns/valruns/handlers"
 	"github.com/valruns/valruns/idempotency"
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/internal/tcpproxy"
 	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/problem"
 )
@@ -622,17 +622,12 @@ func TestStartRateLimitHoldIsBounded(t *testing.T) {
 		30*time.Second, 5*time.Millisecond)
 }
 
-// lateRedis is the tests' Redis behind a proxy (dbProxy) that can make it
-// late or down: each answer is held for delay before it is passed on (0:
-// at once), and once down it refuses connections and has closed those it
-// had.
+// lateRedis is the tests' Redis behind a proxy that can make it late or
+// down: each answer is held for delay before it is passed on (0: at once),
+// and once down it refuses connections and has closed those it had.
 type lateRedis struct {
-	ln    net.Listener
+	proxy *tcpproxy.Proxy
 	delay atomic.Int64 // nanoseconds
-
-	mu    sync.Mutex
-	conns []net.Conn
-	down  bool
 }
 
 // newLateRedis starts the proxy, and returns it with a client of it built
@@ -641,52 +636,17 @@ func newLateRedis(t *testing.T) (*lateRedis, redis.UniversalClient) {
 	t.Helper()
 	up := apitest.Redis(t).(*redis.Client).Options()
 	l := &lateRedis{}
-	l.ln = dbProxy(t, up.Addr, l.pipe)
+	l.proxy = tcpproxy.New(t, up.Addr, tcpproxy.Late(func() time.Duration { return time.Duration(l.delay.Load()) }))
 	to := handlers.RateLimitTimeout
-	rdb := redis.NewClient(&redis.Options{Addr: l.ln.Addr().String(), DB: up.DB, Username: up.Username, Password: up.Password,
+	rdb := redis.NewClient(&redis.Options{Addr: l.proxy.Addr(), DB: up.DB, Username: up.Username, Password: up.Password,
 		DialTimeout: to, ReadTimeout: to, WriteTimeout: to})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return l, rdb
 }
 
-// pipe joins a client's connection c to Redis's u: requests pass at once,
-// answers after delay.
-func (l *lateRedis) pipe(c, u net.Conn) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.down {
-		_, _ = c.Close(), u.Close()
-		return
-	}
-	l.conns = append(l.conns, c, u)
-	go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
-	go func() {
-		defer c.Close()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := u.Read(buf)
-			if n > 0 {
-				time.Sleep(time.Duration(l.delay.Load()))
-				if _, err := c.Write(buf[:n]); err != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-}
-
 // goDown refuses connections from now on and closes those open.
 func (l *lateRedis) goDown() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.down = true
-	_ = l.ln.Close()
-	for _, c := range l.conns {
-		_ = c.Close()
-	}
+	l.proxy.Close()
 }
 
 // closedLoops runs clients loops of starts of o, each with a key of its

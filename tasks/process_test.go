@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"strconv"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/valruns/valruns/internal/apitest"
 	"github.com/valruns/valruns/internal/proctest"
+	"github.com/valruns/valruns/internal/tcpproxy"
 )
 
 // `valruns cleanup` from the shell: --dry-run counts and deletes nothing;
@@ -370,7 +370,7 @@ func TestServeStopHandsOffEveryAcceptedRun(t *testing.T) {
 	org := env.NewOrg("acme")
 	wf := env.NewWorkflow(org, orderWorkflow)
 	opt := newRedis(t)
-	slow := lateProxy(t, opt.Addr, 100*time.Millisecond)
+	slow := tcpproxy.New(t, opt.Addr, tcpproxy.Late(func() time.Duration { return 100 * time.Millisecond })).Addr()
 
 	addr := proctest.FreeAddr(t)
 	log := &proctest.Log{}
@@ -452,56 +452,4 @@ func TestServeStopHandsOffEveryAcceptedRun(t *testing.T) {
 			t.Errorf("a graceful stop left runs to the sweeper: %s", line)
 		}
 	}
-}
-
-// lateProxy is a proxy to Redis at upstream that passes every answer delay
-// late; it returns its address. It closes at the end of the test.
-func lateProxy(t *testing.T, upstream string, delay time.Duration) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", upstream)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, u)
-			mu.Unlock()
-			go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := u.Read(buf)
-					if n > 0 {
-						time.Sleep(delay)
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
 }
