@@ -104,9 +104,10 @@ reliability:
 
 # bench: the benchmark (tools/bench/README.md): the start curve at 1 to 128
 # clients beside the Node peer and the database's limit (pgbench of the
-# hand-written scripts in tools/bench/sql), end to end, idle, the profile, the
-# noisy neighbour and the cleanup; writes tools/bench/RESULTS.md (about 35
-# min). QUICK=1: clients 1, 8 and 32, short runs (checks the harness).
+# hand-written scripts in tools/bench/sql), end to end, the long poll, idle,
+# the profile, the noisy neighbour and the cleanup; writes
+# tools/bench/RESULTS.md (about 40 min). QUICK=1: clients 1, 8 and 32, short
+# runs (checks the harness).
 QUICK ?=
 bench: services
 	@QUICK=$(QUICK) scripts/bench.sh

@@ -6,7 +6,7 @@
 # tools/bench/RESULTS.md with each part's targets.
 #
 #   scripts/bench.sh            full run: the start curve at 1 to 128 clients, end to end,
-#                               idle, the profile, the noisy neighbour, the cleanup
+#                               the long poll, idle, the profile, the noisy neighbour, the cleanup
 #   QUICK=1 scripts/bench.sh    short runs at 1, 8 and 32 clients (checks the harness)
 #   scripts/bench.sh e2e        end to end only (make bench-e2e); replaces its section
 #   scripts/bench.sh noisy      the noisy neighbour only (make bench-noisy); replaces its section

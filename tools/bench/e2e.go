@@ -106,20 +106,11 @@ func (e *env) measureE2E(ctx context.Context, m e2eMode, clients int, warm, dur,
 }
 
 func (e *env) loopE2E(ctx context.Context, m e2eMode, warm, dur, drainWait time.Duration, extra []string, r *e2eResult) error {
-	rg, err := e.newRig(ctx)
+	rg, token, err := e.startMode(ctx, m, extra...)
 	if err != nil {
 		return err
 	}
 	defer rg.close()
-	for _, what := range m.Procs {
-		if _, err := rg.start(ctx, what, extra...); err != nil {
-			return err
-		}
-	}
-	token := e.orgs[0].Token
-	if strings.HasPrefix(m.Procs[0], "peer") {
-		token = "" // the peer has no authentication
-	}
 	url, body, run := rg.base+e.orgs[0].startPath(), []byte(startBody), time.Now().UnixNano()
 	next := func(c, i int) request {
 		return request{http.MethodPost, url, headerFor(token, fmt.Sprintf("e2e-%d-%d-%d", run, c, i)), body}
@@ -152,6 +143,25 @@ func (e *env) loopE2E(ctx context.Context, m e2eMode, warm, dur, drainWait time.
 		return fmt.Errorf("%d of the window's 201s named no run id", sent.noID)
 	}
 	return waitTimes(ctx, rg.conn, sent.runs, r)
+}
+
+// startMode is a rig running m's processes (extra: their settings), and
+// the token of orgs[0] on it ("" for the peer, which has no authentication).
+func (e *env) startMode(ctx context.Context, m e2eMode, extra ...string) (*rig, string, error) {
+	rg, err := e.newRig(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	for _, what := range m.Procs {
+		if _, err := rg.start(ctx, what, extra...); err != nil {
+			rg.close()
+			return nil, "", err
+		}
+	}
+	if strings.HasPrefix(m.Procs[0], "peer") {
+		return rg, "", nil
+	}
+	return rg, e.orgs[0].Token, nil
 }
 
 // sentRun is a run a 201 in the window named, and when its request was sent.

@@ -69,9 +69,12 @@ func newHTTPClient(clients int) *http.Client {
 // answer is a 2xx answer counted in the measured window, as an observer
 // sees it.
 type answer struct {
-	Status int
-	Sent   time.Time // when the request was sent, wall clock only
-	Body   []byte    // valid only during the observer's call
+	Status   int
+	Client   int       // the load client that sent it
+	Sent     time.Time // when the request was sent, wall clock only
+	Answered time.Time // when its answer had been read, wall clock only
+	Body     []byte    // valid only during the observer's call
+	InWindow bool      // the window counts it (always, for Observe)
 }
 
 // loadOptions are runLoad's optional parts; the zero value has none.
@@ -84,6 +87,10 @@ type loadOptions struct {
 	// Observe is handed each 2xx answer counted in the window, from the
 	// clients' goroutines at once (only then are bodies kept).
 	Observe func(answer)
+	// Follow is handed each 2xx answer, the warm-up's and those after the
+	// window too, in its client's goroutine before that client makes its
+	// next request: a client's next request may follow from its last answer.
+	Follow func(answer)
 }
 
 // runLoad runs clients for warm, then measures for dur (or until o.Stop
@@ -151,7 +158,7 @@ func (l *loader) client(c int) {
 		var verdict string
 		if err == nil {
 			body.Reset()
-			if l.o.Observe != nil {
+			if l.o.Observe != nil || l.o.Follow != nil {
 				_, err = body.ReadFrom(resp.Body)
 			} else {
 				_, err = io.Copy(io.Discard, resp.Body)
@@ -162,15 +169,20 @@ func (l *loader) client(c int) {
 			}
 		}
 		d := time.Since(t0)
+		in := l.measuring.Load() && !l.done.Load()
+		a := answer{Status: status, Client: c, Sent: t0.Round(0), Answered: t0.Add(d).Round(0), Body: body.Bytes(), InWindow: in}
+		if err == nil && status/100 == 2 && verdict == "" && l.o.Follow != nil {
+			l.o.Follow(a)
+		}
 		switch {
-		case !l.measuring.Load() || l.done.Load():
+		case !in:
 			if err != nil && l.ctx.Err() != nil {
 				return
 			}
 		case err == nil && status/100 == 2 && verdict == "":
 			l.lat[c] = append(l.lat[c], d)
 			if l.o.Observe != nil {
-				l.o.Observe(answer{Status: status, Sent: t0.Round(0), Body: body.Bytes()})
+				l.o.Observe(a)
 			}
 		default:
 			l.failed(status, verdict, err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -110,6 +111,38 @@ func TestRunLoadObserves(t *testing.T) {
 		require.False(t, a.Sent.Before(before.Round(0)))
 		require.Equal(t, a.Sent, a.Sent.Round(0), "wall clock only")
 	}
+}
+
+// TestRunLoadFollows: Follow sees each 2xx answer, the warm-up's too, with
+// its client, before that client's next request, which may follow from it.
+func TestRunLoadFollows(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(r.Header.Get("X-Req")))
+	}))
+	defer srv.Close()
+	last := make([]string, 2) // by client, only from its goroutine
+	var wrong, warm, in atomic.Int64
+	w := newWindowed(2)
+	res := runLoad(context.Background(), 2, 100*time.Millisecond, time.Minute, w.next(func(c, i int) request {
+		if i > 0 && last[c] != fmt.Sprintf("%d-%d", c, i-1) {
+			wrong.Add(1)
+		}
+		return request{Method: http.MethodGet, URL: srv.URL, Header: http.Header{"X-Req": {fmt.Sprintf("%d-%d", c, i)}}}
+	}), loadOptions{Stop: w.stop, OnWindow: w.onWindow, Follow: func(a answer) {
+		last[a.Client] = string(a.Body)
+		if a.Answered.Before(a.Sent) {
+			wrong.Add(1)
+		}
+		if a.InWindow {
+			in.Add(1)
+		} else {
+			warm.Add(1)
+		}
+	}})
+	require.Zero(t, wrong.Load(), "each next request followed its client's last answer")
+	require.Positive(t, warm.Load(), "the warm-up's answers are followed")
+	require.Equal(t, int64(res.Requests), in.Load())
 }
 
 // windowed ends a window once one of its requests has been counted, however

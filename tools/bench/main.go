@@ -34,6 +34,11 @@ type plan struct {
 	// End to end: the loops' client counts and windows.
 	E2ELevels []int
 	E2E       timing
+	// The long poll: its client counts, its rounds (valruns and the peer
+	// in turn), its windows.
+	WaitLevels []int
+	WaitRounds int
+	Wait       timing
 	// ProfileClients: the load of the profile; Idle: the idle window.
 	ProfileClients int
 	Idle           time.Duration
@@ -54,7 +59,7 @@ type plan struct {
 }
 
 // parts are what -only may name, in the order they run.
-var parts = []string{"valruns", "peer", "pgbench", "e2e", "idle", "profile", "noisy", "cleanup"}
+var parts = []string{"valruns", "peer", "pgbench", "e2e", "wait", "idle", "profile", "noisy", "cleanup"}
 
 func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
 
@@ -62,13 +67,15 @@ func makePlan(quick bool) plan {
 	if quick {
 		return plan{Quick: true, Levels: []int{1, 8, 32}, Rounds: 1,
 			HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second}, PG: timing{Warm: time.Second, Dur: 2 * time.Second},
-			E2ELevels: []int{1, 8, 32}, E2E: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: 8, Idle: 10 * time.Second,
+			E2ELevels: []int{1, 8, 32}, E2E: timing{Warm: time.Second, Dur: 5 * time.Second},
+			WaitLevels: []int{1, 8}, WaitRounds: 1, Wait: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: 8, Idle: 10 * time.Second,
 			Noisy: timing{Warm: time.Second, Dur: 10 * time.Second}, NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv,
 			CleanupKeys: 100_000}
 	}
 	return plan{Levels: []int{1, 4, 8, 16, 32, 64, 128}, Rounds: 2,
 		HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second}, PG: timing{Warm: time.Second, Dur: 5 * time.Second},
-		E2ELevels: []int{1, 8, 32, 128}, E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: 8, Idle: time.Minute,
+		E2ELevels: []int{1, 8, 32, 128}, E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second},
+		WaitLevels: []int{1, 8}, WaitRounds: 3, Wait: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: 8, Idle: time.Minute,
 		Noisy: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv,
 		CleanupKeys: 1_000_000}
 }
@@ -101,6 +108,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, error) {
 	fs.DurationVar(&p.HTTP.Dur, "duration", p.HTTP.Dur, "measured time of each start run (and pgbench run)")
 	fs.Var((*intsFlag)(&p.E2ELevels), "e2e-clients", "comma-separated client counts of end to end")
 	fs.DurationVar(&p.E2E.Dur, "e2e-duration", p.E2E.Dur, "measured time of each end-to-end loop")
+	fs.Var((*intsFlag)(&p.WaitLevels), "wait-clients", "comma-separated client counts of the long poll")
+	fs.IntVar(&p.WaitRounds, "wait-rounds", p.WaitRounds, "rounds of the long poll, valruns and the peer in turn")
+	fs.DurationVar(&p.Wait.Dur, "wait-duration", p.Wait.Dur, "measured time of each long-poll round")
 	fs.IntVar(&p.ProfileClients, "profile-clients", p.ProfileClients, "clients of the profile")
 	fs.DurationVar(&p.Idle, "idle-duration", p.Idle, "the window of each idle process")
 	fs.DurationVar(&p.Noisy.Dur, "noisy-duration", p.Noisy.Dur, "noisy neighbour: measured time of each window")
@@ -171,6 +181,9 @@ func run(ctx context.Context) error {
 	}
 	if p.want("e2e") {
 		res.E2E, res.E2ETiming = measureE2ECurve(ctx, e, p), p.E2E
+	}
+	if p.want("wait") && ctx.Err() == nil {
+		res.Wait, res.WaitTiming = measureWait(ctx, e, p), p.Wait
 	}
 	if p.want("idle") && ctx.Err() == nil {
 		res.Idle = measureIdle(ctx, e, p.Idle)

@@ -91,7 +91,7 @@ func TestPeerStartsAndReplays(t *testing.T) {
 // claim: the start enqueues a BullMQ job after its INSERT, and the worker
 // (in the server's process, or as worker.js) validates the submission with
 // ajv against the workflow's JSON Schema and writes the run's status, times
-// and findings.
+// and findings; a read with Prefer: wait answers the run final.
 func TestPeerWorkerWritesTheResult(t *testing.T) {
 	t.Parallel()
 	peerDir, err := filepath.Abs("peer")
@@ -162,6 +162,21 @@ func TestPeerWorkerWritesTheResult(t *testing.T) {
 				require.NoError(t, db.Raw(`SELECT status, started_at IS NOT NULL AS started, finished_at IS NOT NULL AS finished,
 					coalesce(json_array_length(r.findings), 0) AS findings FROM validation_runs r WHERE id = ?`, id).Scan(&f).Error)
 				return f
+			}
+			// The long poll: a read with Prefer: wait answers once the job is
+			// done (its row final), however soon it came.
+			for id, want := range map[string]string{bad: "failed", good: "passed"} {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/runs/"+id+"/", nil)
+				require.NoError(t, err)
+				req.Header.Set("Prefer", "wait=20")
+				resp, err := http.DefaultClient.Do(req)
+				require.NoError(t, err)
+				var run struct{ ID, Status string }
+				require.NoError(t, json.NewDecoder(resp.Body).Decode(&run))
+				_ = resp.Body.Close()
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+				require.Equal(t, id, run.ID)
+				require.Equal(t, want, run.Status, "peer log:\n%s", peer.Tail())
 			}
 			require.Eventually(t, func() bool { return read(good).Finished && read(bad).Finished }, 20*time.Second, 50*time.Millisecond,
 				"the worker never finished the runs; peer log:\n%s", peer.Tail())

@@ -23,10 +23,13 @@ type results struct {
 	Rows      []row
 	E2E       []e2eResult
 	E2ETiming timing
-	Idle      []idleResult
-	Profile   *profileResult
-	Noisy     *noisyLog
-	Cleanup   *cleanupResult
+	// Wait is the long poll's rounds, valruns' and the peer's.
+	Wait       []waitResult
+	WaitTiming timing
+	Idle       []idleResult
+	Profile    *profileResult
+	Noisy      *noisyLog
+	Cleanup    *cleanupResult
 }
 
 // check is one target: what was measured against it.
@@ -86,6 +89,7 @@ func (r *results) sections() []section {
 	}
 	add(len(r.Rows) > 0, r.curveSection)
 	add(len(r.E2E) > 0, r.e2eSection)
+	add(len(r.Wait) > 0, r.waitSection)
 	add(len(r.Idle) > 0, func() section { return idleSection(r.Idle) })
 	add(r.Profile != nil, r.Profile.section)
 	add(r.Noisy != nil, r.Noisy.section)
@@ -165,6 +169,11 @@ func (r *results) failures() []string {
 			errs = append(errs, fmt.Sprintf("e2e %s at %d failed", x.Mode, x.Clients))
 		} else if x.Errors > 0 {
 			errs = append(errs, fmt.Sprintf("e2e %s at %d: %d answers were errors", x.Mode, x.Clients, x.Errors))
+		}
+	}
+	for _, x := range r.Wait {
+		if x.Failed != "" {
+			errs = append(errs, fmt.Sprintf("wait %s at %d, round %d failed", x.Side, x.Clients, x.Round))
 		}
 	}
 	for _, x := range r.Idle {

@@ -8,6 +8,10 @@
 // between the INSERT and the enqueue leaves a run that never runs): it does
 // less than valruns, on purpose.
 //
+// GET /api/runs/:id/ reads the run; with `Prefer: wait=N` (as valruns' long
+// poll) it first waits up to N seconds for the run's job with BullMQ's
+// QueueEvents and job.waitUntilFinished, as a Node team would.
+//
 // Environment (set by the bench harness):
 //   PORT, HOST        where to listen (default 127.0.0.1:18081)
 //   DATABASE_URL      PostgreSQL (the benchmark's database)
@@ -21,7 +25,7 @@ const express = require('express');
 const { idempotency, getSharedIdempotencyService } = require('express-idempotency');
 const RedisAdapter = require('express-idempotency-redis-adapter').default;
 const { Pool } = require('pg');
-const { Queue } = require('bullmq');
+const { Queue, QueueEvents } = require('bullmq');
 const IORedis = require('ioredis');
 const { startWorker, QUEUE } = require('./worker');
 
@@ -46,6 +50,14 @@ const queue = new Queue(QUEUE, {
   connection: new IORedis(need('REDIS_URL'), { maxRetriesPerRequest: null }),
   defaultJobOptions: { removeOnComplete: true, removeOnFail: 1000, attempts: 3, backoff: { type: 'exponential', delay: 1000 } },
 });
+
+// Every waiting read listens for the queue's 'closing' (waitUntilFinished):
+// as many listeners as reads at once, not a leak.
+queue.setMaxListeners(0);
+const queueEvents = new QueueEvents(QUEUE, { connection: new IORedis(need('REDIS_URL'), { maxRetriesPerRequest: null }) });
+
+const readRun = `SELECT id, workflow_id, status, submission, metadata, attempts, created_at, started_at, finished_at
+FROM validation_runs WHERE id = $1`;
 
 const insertRun = `INSERT INTO validation_runs (org_id, workflow_id, submission, metadata)
 VALUES ($1, $2, $3, $4)
@@ -83,6 +95,28 @@ app.post('/api/workflows/:id/start', idempotency({ dataAdapter: adapter }), asyn
   }
 });
 
+app.get('/api/runs/:id', async (req, res, next) => {
+  const wait = /(?:^|[,;\s])wait=(\d+)/.exec(req.get('Prefer') || '');
+  try {
+    if (wait) {
+      // A job already finished and removed (removeOnComplete), or one that
+      // failed or timed out, rejects: the row says how it is either way.
+      const job = await queue.getJob(req.params.id);
+      if (job) {
+        await job.waitUntilFinished(queueEvents, Math.min(Number(wait[1]), 30) * 1000).catch(() => {});
+      }
+    }
+    const r = await pool.query(readRun, [req.params.id]);
+    if (r.rows.length === 0) {
+      res.status(404).json({ error: 'no such run' });
+      return;
+    }
+    res.json(r.rows[0]);
+  } catch (err) {
+    next(err);
+  }
+});
+
 app.use((err, req, res, next) => {
   if (res.headersSent) {
     return next(err);
@@ -91,12 +125,12 @@ app.use((err, req, res, next) => {
   res.status(status).json({ error: err.message });
 });
 
-Promise.all([adapter.connect(), queue.waitUntilReady(), process.env.PEER_WORKER === '1' ? startWorker() : null])
-  .then(([, , inline]) => {
+Promise.all([adapter.connect(), queue.waitUntilReady(), queueEvents.waitUntilReady(), process.env.PEER_WORKER === '1' ? startWorker() : null])
+  .then(([, , , inline]) => {
     const server = app.listen(port, host, () => console.log(`peer listening on ${host}:${port}`));
     server.keepAliveTimeout = 120000;
     const closeAll = () =>
-      Promise.all([pool.end(), adapter.disconnect(), queue.close(), inline ? inline.close() : null]);
+      Promise.all([pool.end(), adapter.disconnect(), queue.close(), queueEvents.close(), inline ? inline.close() : null]);
     const stop = () => server.close(() => closeAll().finally(() => process.exit(0)));
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
