@@ -20,7 +20,7 @@ func TestMarkdownFullAndPartial(t *testing.T) {
 	full := r.markdown(old)
 	require.True(t, strings.HasPrefix(full, resultsTitle))
 	require.NotContains(t, full, "old", "a full run keeps nothing of the old results")
-	require.Contains(t, full, "## The curve: starts\n\nMeasured 2026-12-01 10:00 UTC at abc123, mode quick. Targets: 4 PASS, 4 MISS, 9 not measured.\n\n")
+	require.Contains(t, full, "## The curve: starts\n\nMeasured 2026-12-01 10:00 UTC at abc123, mode quick. Targets: 6 PASS, 7 MISS, 10 not measured.\n\n")
 	require.Less(t, strings.Index(full, "## Machine"), strings.Index(full, "## The curve: starts"))
 
 	r.Partial = true
