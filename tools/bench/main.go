@@ -34,8 +34,9 @@ type plan struct {
 	// End to end: the loops' client counts and windows.
 	E2ELevels []int
 	E2E       timing
-	// ProfileClients: the load of the profile; Idle: the idle window.
-	ProfileClients int
+	// ProfileClients: the loads of the profile, one run each; Idle: the
+	// idle window.
+	ProfileClients []int
 	Idle           time.Duration
 	// The noisy neighbour: its windows, A's flood clients, A's slow runs
 	// queued ahead of B's, B's runs behind them, the settings of each variant.
@@ -62,13 +63,13 @@ func makePlan(quick bool) plan {
 	if quick {
 		return plan{Quick: true, Levels: []int{1, 8, 32}, Rounds: 1,
 			HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second}, PG: timing{Warm: time.Second, Dur: 2 * time.Second},
-			E2ELevels: []int{1, 8, 32}, E2E: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: 8, Idle: 10 * time.Second,
+			E2ELevels: []int{1, 8, 32}, E2E: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: []int{1, 8}, Idle: 10 * time.Second,
 			Noisy: timing{Warm: time.Second, Dur: 10 * time.Second}, NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv,
 			CleanupKeys: 100_000}
 	}
 	return plan{Levels: []int{1, 4, 8, 16, 32, 64, 128}, Rounds: 2,
 		HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second}, PG: timing{Warm: time.Second, Dur: 5 * time.Second},
-		E2ELevels: []int{1, 8, 32, 128}, E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: 8, Idle: time.Minute,
+		E2ELevels: []int{1, 8, 32, 128}, E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: []int{1, 8}, Idle: time.Minute,
 		Noisy: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv,
 		CleanupKeys: 1_000_000}
 }
@@ -101,7 +102,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, error) {
 	fs.DurationVar(&p.HTTP.Dur, "duration", p.HTTP.Dur, "measured time of each start run (and pgbench run)")
 	fs.Var((*intsFlag)(&p.E2ELevels), "e2e-clients", "comma-separated client counts of end to end")
 	fs.DurationVar(&p.E2E.Dur, "e2e-duration", p.E2E.Dur, "measured time of each end-to-end loop")
-	fs.IntVar(&p.ProfileClients, "profile-clients", p.ProfileClients, "clients of the profile")
+	fs.Var((*intsFlag)(&p.ProfileClients), "profile-clients", "comma-separated client counts of the profile, one run each")
 	fs.DurationVar(&p.Idle, "idle-duration", p.Idle, "the window of each idle process")
 	fs.DurationVar(&p.Noisy.Dur, "noisy-duration", p.Noisy.Dur, "noisy neighbour: measured time of each window")
 	fs.IntVar(&p.NoisyRuns, "noisy-runs", p.NoisyRuns, "noisy neighbour: A's slow runs queued ahead of B's")
@@ -175,9 +176,10 @@ func run(ctx context.Context) error {
 	if p.want("idle") && ctx.Err() == nil {
 		res.Idle = measureIdle(ctx, e, p.Idle)
 	}
-	if p.want("profile") && ctx.Err() == nil {
-		r := e.measureProfile(ctx, p.ProfileClients, p.E2E.Warm, p.E2E.Dur, scratch)
-		res.Profile = &r
+	for _, n := range p.ProfileClients {
+		if p.want("profile") && ctx.Err() == nil {
+			res.Profile = append(res.Profile, e.measureProfile(ctx, n, p.E2E.Warm, p.E2E.Dur, scratch))
+		}
 	}
 	if p.want("noisy") && ctx.Err() == nil {
 		res.Noisy = measureNoisy(ctx, e, p)

@@ -24,7 +24,7 @@ type results struct {
 	E2E       []e2eResult
 	E2ETiming timing
 	Idle      []idleResult
-	Profile   *profileResult
+	Profile   []profileResult // one per count
 	Noisy     *noisyLog
 	Cleanup   *cleanupResult
 }
@@ -87,7 +87,7 @@ func (r *results) sections() []section {
 	add(len(r.Rows) > 0, r.curveSection)
 	add(len(r.E2E) > 0, r.e2eSection)
 	add(len(r.Idle) > 0, func() section { return idleSection(r.Idle) })
-	add(r.Profile != nil, r.Profile.section)
+	add(len(r.Profile) > 0, func() section { return profileSection(r.Profile) })
 	add(r.Noisy != nil, r.Noisy.section)
 	add(r.Cleanup != nil, r.Cleanup.section)
 	return out
@@ -172,8 +172,10 @@ func (r *results) failures() []string {
 			errs = append(errs, "idle "+x.Mode+" failed")
 		}
 	}
-	if r.Profile != nil && r.Profile.Failed != "" {
-		errs = append(errs, "the profile failed")
+	for _, x := range r.Profile {
+		if x.Failed != "" {
+			errs = append(errs, "the profile at "+clientsText(x.Clients)+" failed")
+		}
 	}
 	if r.Noisy != nil {
 		errs = append(errs, r.Noisy.failures()...)

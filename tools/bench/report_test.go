@@ -47,7 +47,7 @@ func TestFailures(t *testing.T) {
 	r.E2E[0].Errors = 2
 	require.Equal(t, []string{"e2e serve --worker at 1: 2 answers were errors", "e2e peer, one process at 32 failed"}, r.failures())
 
-	require.Equal(t, []string{"the profile failed"}, (&results{Profile: &profileResult{Failed: "no pprof"}}).failures())
+	require.Equal(t, []string{"the profile at 8 clients failed"}, (&results{Profile: []profileResult{{Clients: 1}, {Clients: 8, Failed: "no pprof"}}}).failures())
 	require.Equal(t, []string{"the cleanup failed or its starts had errors"}, (&results{Cleanup: &cleanupResult{During: row{Non2xx: 1}}}).failures())
 	require.Empty(t, (&results{Cleanup: &cleanupResult{}}).failures())
 }
