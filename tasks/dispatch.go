@@ -35,11 +35,13 @@ type Dispatcher struct {
 	// giveUp is how long a sender keeps trying one run before leaving it
 	// to the sweeper.
 	giveUp time.Duration
-	in     chan *models.QueuedRun
+	in     chan handed
 	log    *slog.Logger
 	sent   *prometheus.CounterVec
-	// queuedAfter observes, per run it enqueued, the time from its start.
+	// queuedAfter observes, per run it enqueued, the time from its start;
+	// handOffTook, the time from its commit (HandOff).
 	queuedAfter prometheus.Histogram
+	handOffTook prometheus.Histogram
 	wg          sync.WaitGroup
 	ctx         context.Context
 	cancel      context.CancelFunc
@@ -86,7 +88,7 @@ func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
 	d := &Dispatcher{
 		w:       newQueueWriter(cfg.Redis, cfg.MaxRetry, cfg.Timeout, cfg.RunShare, telemetry.Tracer(cfg.Tracing)),
 		giveUp:  max(cfg.GiveUp, time.Second),
-		in:      make(chan *models.QueuedRun, dispatchBuffer),
+		in:      make(chan handed, dispatchBuffer),
 		log:     log,
 		closing: make(chan struct{}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -99,11 +101,16 @@ func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
 		Help:    "Time from a run's start (created_at) to its task being in the queue, for the runs this API process handed off and the gate let in at once (the dispatch: the buffer, the gate, the enqueue).",
 		Buckets: handOffBuckets,
 	})
+	d.handOffTook = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "valruns_run_handoff_seconds",
+		Help:    "Time from a run's commit (its hand-off) to its task being in the queue, for the runs this API process handed off and the gate let in at once (the buffer, the gate's script, the push); the request does not wait for it.",
+		Buckets: handOffBuckets,
+	})
 	for _, r := range []string{"queued", "waiting", "dropped"} {
 		d.sent.WithLabelValues(r)
 	}
 	if cfg.Registry != nil {
-		cfg.Registry.MustRegister(d.sent, d.queuedAfter)
+		cfg.Registry.MustRegister(d.sent, d.queuedAfter, d.handOffTook)
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.wg.Add(dispatchSenders)
@@ -123,10 +130,16 @@ func (d *Dispatcher) HandOff(r *models.QueuedRun) {
 		return
 	}
 	select {
-	case d.in <- r:
+	case d.in <- handed{r, time.Now()}:
 	default:
 		d.sent.WithLabelValues("dropped").Inc()
 	}
+}
+
+// handed is a run handed off, and when.
+type handed struct {
+	*models.QueuedRun
+	at time.Time
 }
 
 // batchMax is the most runs one call of the gate carries.
@@ -137,7 +150,7 @@ const batchMax = 64
 func (d *Dispatcher) send() {
 	defer d.wg.Done()
 	for {
-		var r *models.QueuedRun
+		var r handed
 		select {
 		case r = <-d.in:
 		case <-d.closing:
@@ -149,7 +162,7 @@ func (d *Dispatcher) send() {
 		case <-d.ctx.Done():
 			return
 		}
-		runs := []*models.QueuedRun{r}
+		runs := []handed{r}
 	more:
 		for len(runs) < batchMax {
 			select {
@@ -159,7 +172,7 @@ func (d *Dispatcher) send() {
 				break more
 			}
 		}
-		byOrg := map[string][]*models.QueuedRun{}
+		byOrg := map[string][]handed{}
 		var orgs []string
 		for _, r := range runs {
 			if byOrg[r.OrgID] == nil {
@@ -176,10 +189,10 @@ func (d *Dispatcher) send() {
 // deliver passes runs of one organisation through the gate, which pushes
 // those it admits onto ready, until Redis takes them, they are old enough
 // for the sweeper, or the dispatcher closes.
-func (d *Dispatcher) deliver(org string, runs []*models.QueuedRun) {
+func (d *Dispatcher) deliver(org string, runs []handed) {
 	in := make([]RunPayload, len(runs))
 	for i, r := range runs {
-		in[i] = payloadOf(r)
+		in[i] = payloadOf(r.QueuedRun)
 	}
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
@@ -191,6 +204,7 @@ func (d *Dispatcher) deliver(org string, runs []*models.QueuedRun) {
 				if slices.Contains(let.admitted, r.ID) {
 					queued++
 					d.queuedAfter.Observe(time.Since(r.CreatedAt).Seconds())
+					d.handOffTook.Observe(time.Since(r.at).Seconds())
 				}
 			}
 			d.sent.WithLabelValues("queued").Add(float64(queued))

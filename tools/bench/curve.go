@@ -25,6 +25,30 @@ const (
 
 var startCurve = [][2]string{{noKey, "Start without a key"}, {newKey, "Start with a new key"}, {replay, "Replay (each client re-sends its one finished key)"}}
 
+// The curve's sides, by the section of their rows: valruns, the peer, and
+// the stricter peer of issue 48 (the peer without its enqueue), which runs
+// with the peer's part at strictCounts only.
+const (
+	valrunsSide = "valruns"
+	peerSide    = "peer"
+	strictSide  = "peer, no enqueue"
+)
+
+// sides are the sides of scenario measured at clients, in a round's order.
+func (p plan) sides(scenario string, clients int) []string {
+	var out []string
+	if p.want(valrunsSide) {
+		out = append(out, valrunsSide)
+	}
+	if p.want(peerSide) {
+		out = append(out, peerSide)
+		if scenario != replay && slices.Contains(strictCounts, clients) {
+			out = append(out, strictSide)
+		}
+	}
+	return out
+}
+
 // row is one measured run: a start scenario at a count, or pgbench.
 type row struct {
 	Section, Scenario        string // Section: valruns, peer, pgbench
@@ -63,32 +87,28 @@ func mergeRounds(rs []row) row {
 	return m
 }
 
-// measureCurve runs the curve: at each count, each scenario on valruns
-// then on the peer, p.Rounds times (a row is the merge of its rounds), and
-// after the new-key starts pgbench of the peer's INSERT and of valruns'
-// start statements.
+// measureCurve runs the curve: at each count, each scenario on each side
+// in turn, p.Rounds times (a row is the merge of its rounds), and after
+// the new-key starts pgbench of the peer's INSERT and of valruns' start
+// statements.
 func measureCurve(ctx context.Context, e *env, p plan, res *results) error {
 	add := func(r row) {
-		say("%-8s %-28s c=%-3d %8.0f rps  p50 %6s  p99 %7s ms  %s", r.Section, r.Scenario, r.Clients, r.RPS, ms(r.P50), ms(r.P99), short(r.Failed, 200))
+		say("%-16s %-28s c=%-3d %8.0f rps  p50 %6s  p99 %7s ms  %s", r.Section, r.Scenario, r.Clients, r.RPS, ms(r.P50), ms(r.P99), short(r.Failed, 200))
 		res.Rows = append(res.Rows, r)
 	}
 	for _, c := range p.Levels {
 		for _, sc := range startCurve {
-			rounds := map[bool][]row{}
+			sides, rounds := p.sides(sc[0], c), map[string][]row{}
 			for range max(p.Rounds, 1) {
-				for _, peer := range []bool{false, true} {
+				for _, side := range sides {
 					if ctx.Err() != nil {
 						return ctx.Err()
 					}
-					if p.want(sideOf(peer)) {
-						rounds[peer] = append(rounds[peer], e.runHTTP(ctx, sc[0], peer, c, p.HTTP))
-					}
+					rounds[side] = append(rounds[side], e.runHTTP(ctx, sc[0], side, c, p.HTTP))
 				}
 			}
-			for _, peer := range []bool{false, true} {
-				if len(rounds[peer]) > 0 {
-					add(mergeRounds(rounds[peer]))
-				}
+			for _, side := range sides {
+				add(mergeRounds(rounds[side]))
 			}
 			if sc[0] == newKey && p.want("pgbench") {
 				add(e.runPgbench(ctx, peerSQL, c, p.PG))
@@ -99,33 +119,28 @@ func measureCurve(ctx context.Context, e *env, p plan, res *results) error {
 	return ctx.Err()
 }
 
-// sideOf is a run's section: valruns, or the peer.
-func sideOf(peer bool) string {
-	if peer {
-		return "peer"
-	}
-	return "valruns"
-}
-
-// runHTTP measures one scenario of valruns (or the peer) at one
-// concurrency on a fresh database.
-func (e *env) runHTTP(ctx context.Context, scenario string, peer bool, clients int, t timing) row {
-	r := row{Section: sideOf(peer), Scenario: scenario, Clients: clients}
+// runHTTP measures one scenario of a side at one concurrency on a fresh
+// database.
+func (e *env) runHTTP(ctx context.Context, scenario, side string, clients int, t timing) row {
+	r := row{Section: side, Scenario: scenario, Clients: clients}
 	err := func() error {
 		rg, err := e.newRig(ctx)
 		if err != nil {
 			return err
 		}
 		defer rg.close()
-		what := "serve"
-		if peer {
+		what, extra := "serve", []string(nil)
+		switch side {
+		case peerSide:
 			what = "peer"
+		case strictSide:
+			what, extra = "peer", []string{"PEER_ENQUEUE=0"}
 		}
-		srv, err := rg.start(ctx, what)
+		srv, err := rg.start(ctx, what, extra...)
 		if err != nil {
 			return err
 		}
-		next, check, err := e.requests(ctx, scenario, peer, rg.base, clients)
+		next, check, err := e.requests(ctx, scenario, side != valrunsSide, rg.base, clients)
 		if err != nil {
 			return err
 		}
@@ -217,16 +232,24 @@ func clientsText(n int) string {
 func startCheck(scenario string, clients int, v, p *row) (check, bool) {
 	bound, p50 := startGoal(scenario, clients)
 	c := check{Name: fmt.Sprintf("%s, %s: valruns vs the peer", scenario, clientsText(clients)), Target: ">= " + times(bound) + " the peer"}
+	var noHigher func(a, b time.Duration) bool
 	if p50 {
 		c.Target += ", p50 <= the peer's"
+		noHigher = func(a, b time.Duration) bool { return a <= b }
 	}
+	return versus(c, bound, v, p, noHigher), bound > 0
+}
+
+// versus is c measured as v against p: at least bound times p's rps and,
+// when p50 is set, p50(v's p50, p's).
+func versus(c check, bound float64, v, p *row, p50 func(a, b time.Duration) bool) check {
 	ok := measured(v) && measured(p)
 	c = ratio(c, ok, rpsOf(v), rpsOf(p), bound, false, fmt.Sprintf("%.0f / %.0f rps", rpsOf(v), rpsOf(p)))
-	if p50 && ok {
+	if p50 != nil && ok {
 		c.Measured += fmt.Sprintf(", p50 %s / %s ms", ms(v.P50), ms(p.P50))
-		c.Pass = c.Pass && v.P50 <= p.P50
+		c.Pass = c.Pass && p50(v.P50, p.P50)
 	}
-	return c, bound > 0
+	return c
 }
 
 func measured(x *row) bool { return x != nil && x.Failed == "" }
@@ -273,6 +296,7 @@ func (r *results) curveChecks() []check {
 			}
 		}
 	}
+	out = append(out, r.strictChecks()...)
 	none, keyed := rpsOf(r.rowAt("valruns", noKey, 32)), rpsOf(r.rowAt("valruns", newKey, 32))
 	return append(out, ratio(check{Name: "start, new key vs start, no key, 32 clients (valruns)", Target: ">= 0.8x"}, keyed > 0, keyed, none, 0.8, false,
 		fmt.Sprintf("%.0f / %.0f rps", keyed, none)))
@@ -303,6 +327,7 @@ func (r *results) curveSection() section {
 				rpsCell(lim), fraction(rpsOf(v), rpsOf(lim)), rpsCell(r.rowAt("pgbench", pgbenchStartScenario, n)), latCell(v), latCell(p), verdict)
 		}
 	}
+	b.WriteString(r.strictTable())
 	return section{Heading: "## The curve: starts", Body: b.String(), Checks: r.curveChecks()}
 }
 

@@ -51,11 +51,16 @@ func curveResults() *results {
 		at("valruns", "start, new key", 1, 1000, ms), at("peer", "start, new key", 1, 1000, ms),
 		at("valruns", "replay", 1, 5000, ms/5), at("peer", "replay", 1, 1000, ms),
 		at("pgbench", pgbenchPeerScenario, 1, 3000, ms/3), at("pgbench", pgbenchStartScenario, 1, 700, 2*ms),
+		// The stricter peer at 1: no key 1.22x but a p50 above its; new key
+		// 1.25x and a p50 below.
+		at(strictSide, "start, no key", 1, 900, ms), at(strictSide, "start, new key", 1, 800, 2*ms),
 		// 8 clients: 1.29x is a MISS of 1.3x; the replay 4.99x a MISS of 5x.
 		at("valruns", "start, no key", 8, 1290, 5*ms), at("peer", "start, no key", 8, 1000, 5*ms),
 		at("valruns", "start, new key", 8, 1300, 5*ms), at("peer", "start, new key", 8, 1000, 5*ms),
 		at("valruns", "replay", 8, 4990, ms), at("peer", "replay", 8, 1000, ms),
 		at("pgbench", pgbenchPeerScenario, 8, 5000, ms),
+		// The stricter peer at 8: no key 1.50x, new key missing.
+		at(strictSide, "start, no key", 8, 860, 5*ms),
 		// 32 clients: the peer's no-key run failed, its new-key run is
 		// missing; new key 0.67x no key.
 		at("valruns", "start, no key", 32, 3000, 9*ms), {Section: "peer", Scenario: "start, no key", Clients: 32, RPS: 100, Failed: "the peer exited"},
@@ -85,6 +90,13 @@ func TestCurveChecks(t *testing.T) {
 		"replay, 8 clients: valruns vs the peer":                "MISS", // 4.99x
 		"replay, 32 clients: valruns vs the peer":               "PASS", // 9x
 		"start, new key vs start, no key, 32 clients (valruns)": "MISS", // 0.67x
+
+		"start, no key, 1 client: valruns vs the peer without its enqueue (issue 48)":    "MISS", // 1.22x, but p50 2.0 > 1.0 ms
+		"start, no key, 1 client: valruns vs the limit of the peer's INSERT (issue 48)":  "MISS", // 0.37x
+		"start, no key, 8 clients: valruns vs the peer without its enqueue (issue 48)":   "PASS", // 1.50x
+		"start, new key, 1 client: valruns vs the peer without its enqueue (issue 48)":   "PASS", // 1.25x, p50 1.0 < 2.0 ms
+		"start, new key, 1 client: valruns vs the limit of the peer's INSERT (issue 48)": "MISS", // 0.33x
+		"start, new key, 8 clients: valruns vs the peer without its enqueue (issue 48)":  "not measured",
 	}
 	for _, n := range []int{2, 4, 16, 64, 128} {
 		want["replay, "+clientsText(n)+": valruns vs the peer"] = "not measured"
@@ -120,7 +132,14 @@ func TestCurveSection(t *testing.T) {
 		require.Contains(t, s.Body, want)
 	}
 	require.Equal(t, 3, strings.Count(s.Body, "| clients | valruns rps | peer rps |"))
-	require.Contains(t, s.text(r), "Targets: 4 PASS, 4 MISS, 9 not measured.")
+	require.Contains(t, s.text(r), "Targets: 6 PASS, 7 MISS, 10 not measured.")
+	for _, want := range []string{
+		"| start, no key | 1 | 1100 | 900 | 1.22x | 2.0 / 6.0 | 1.0 / 3.0 | >= 1.2x it, p50 < its | MISS | 0.37x | >= 0.6x the limit | MISS |",
+		"| start, no key | 8 | 1290 | 860 | 1.50x | 5.0 / 15.0 | 5.0 / 15.0 | >= 1.5x it | PASS | 0.26x | - | - |",
+		"| start, new key | 8 | 1300 | not measured | - | 5.0 / 15.0 | - | >= 1.5x it | not measured | 0.26x | - | - |",
+	} {
+		require.Contains(t, s.Body[strings.Index(s.Body, "### Issue 48: against the stricter peer"):], want)
+	}
 }
 
 // TestMergeRounds: a scenario's rounds make one row of their means (errors:

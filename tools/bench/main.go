@@ -39,8 +39,9 @@ type plan struct {
 	WaitLevels []int
 	WaitRounds int
 	Wait       timing
-	// ProfileClients: the load of the profile; Idle: the idle window.
-	ProfileClients int
+	// ProfileClients: the loads of the profile, one run each; Idle: the
+	// idle window.
+	ProfileClients []int
 	Idle           time.Duration
 	// The noisy neighbour: its windows, A's flood clients, A's slow runs
 	// queued ahead of B's, B's runs behind them, the settings of each variant.
@@ -68,14 +69,14 @@ func makePlan(quick bool) plan {
 		return plan{Quick: true, Levels: []int{1, 8, 32}, Rounds: 1,
 			HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second}, PG: timing{Warm: time.Second, Dur: 2 * time.Second},
 			E2ELevels: []int{1, 8, 32}, E2E: timing{Warm: time.Second, Dur: 5 * time.Second},
-			WaitLevels: []int{1, 8}, WaitRounds: 1, Wait: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: 8, Idle: 10 * time.Second,
+			WaitLevels: []int{1, 8}, WaitRounds: 1, Wait: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: []int{1, 8}, Idle: 10 * time.Second,
 			Noisy: timing{Warm: time.Second, Dur: 10 * time.Second}, NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv,
 			CleanupKeys: 100_000}
 	}
 	return plan{Levels: []int{1, 4, 8, 16, 32, 64, 128}, Rounds: 2,
 		HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second}, PG: timing{Warm: time.Second, Dur: 5 * time.Second},
 		E2ELevels: []int{1, 8, 32, 128}, E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second},
-		WaitLevels: []int{1, 8}, WaitRounds: 3, Wait: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: 8, Idle: time.Minute,
+		WaitLevels: []int{1, 8}, WaitRounds: 3, Wait: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: []int{1, 8}, Idle: time.Minute,
 		Noisy: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv,
 		CleanupKeys: 1_000_000}
 }
@@ -111,7 +112,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, error) {
 	fs.Var((*intsFlag)(&p.WaitLevels), "wait-clients", "comma-separated client counts of the long poll")
 	fs.IntVar(&p.WaitRounds, "wait-rounds", p.WaitRounds, "rounds of the long poll, valruns and the peer in turn")
 	fs.DurationVar(&p.Wait.Dur, "wait-duration", p.Wait.Dur, "measured time of each long-poll round")
-	fs.IntVar(&p.ProfileClients, "profile-clients", p.ProfileClients, "clients of the profile")
+	fs.Var((*intsFlag)(&p.ProfileClients), "profile-clients", "comma-separated client counts of the profile, one run each")
 	fs.DurationVar(&p.Idle, "idle-duration", p.Idle, "the window of each idle process")
 	fs.DurationVar(&p.Noisy.Dur, "noisy-duration", p.Noisy.Dur, "noisy neighbour: measured time of each window")
 	fs.IntVar(&p.NoisyRuns, "noisy-runs", p.NoisyRuns, "noisy neighbour: A's slow runs queued ahead of B's")
@@ -188,9 +189,10 @@ func run(ctx context.Context) error {
 	if p.want("idle") && ctx.Err() == nil {
 		res.Idle = measureIdle(ctx, e, p.Idle)
 	}
-	if p.want("profile") && ctx.Err() == nil {
-		r := e.measureProfile(ctx, p.ProfileClients, p.E2E.Warm, p.E2E.Dur, scratch)
-		res.Profile = &r
+	for _, n := range p.ProfileClients {
+		if p.want("profile") && ctx.Err() == nil {
+			res.Profile = append(res.Profile, e.measureProfile(ctx, n, p.E2E.Warm, p.E2E.Dur, scratch))
+		}
 	}
 	if p.want("noisy") && ctx.Err() == nil {
 		res.Noisy = measureNoisy(ctx, e, p)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/proctest"
@@ -19,15 +20,24 @@ import (
 )
 
 // TestPeerStartsAndReplays: the peer the benchmark compares with does what
-// its rows claim: a start inserts one run into validation_runs and answers
-// 201; a retry with the same Idempotency-Key answers the stored 201 and
-// inserts nothing.
+// its rows claim: a start inserts one run into validation_runs, adds its
+// BullMQ job (none with PEER_ENQUEUE=0) and answers 201; a retry with the
+// same Idempotency-Key answers the stored 201 and inserts nothing.
 func TestPeerStartsAndReplays(t *testing.T) {
 	t.Parallel()
-	peerDir, err := filepath.Abs("peer")
-	require.NoError(t, err)
 	needTool(t, "peer") // node, npm and the peer's packages
 	needTool(t, "redis-server")
+	for _, enqueue := range []bool{true, false} {
+		t.Run(map[bool]string{true: "enqueue", false: "PEER_ENQUEUE=0"}[enqueue], func(t *testing.T) {
+			t.Parallel()
+			peerStartsAndReplays(t, enqueue)
+		})
+	}
+}
+
+func peerStartsAndReplays(t *testing.T, enqueue bool) {
+	peerDir, err := filepath.Abs("peer")
+	require.NoError(t, err)
 	ctx := context.Background()
 	db, dbURL := testdb.New(t)
 	var org, wf string
@@ -45,10 +55,15 @@ func TestPeerStartsAndReplays(t *testing.T) {
 		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", logDir)
 	require.NoError(t, err)
 	t.Cleanup(func() { redis.Stop(5 * time.Second) })
+	rdb := goredis.NewClient(&goredis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", rport)})
+	t.Cleanup(func() { _ = rdb.Close() })
 
 	port := proctest.FreePort(t)
-	peer, err := startProc("peer", logDir, peerDir, childEnv("PORT="+strconv.Itoa(port), "HOST=127.0.0.1",
-		"DATABASE_URL="+dbURL, fmt.Sprintf("REDIS_URL=redis://127.0.0.1:%d/0", rport), "ORG_ID="+org), "node", "server.js")
+	kv := []string{"PORT=" + strconv.Itoa(port), "HOST=127.0.0.1", "DATABASE_URL=" + dbURL, fmt.Sprintf("REDIS_URL=redis://127.0.0.1:%d/0", rport), "ORG_ID=" + org}
+	if !enqueue {
+		kv = append(kv, "PEER_ENQUEUE=0")
+	}
+	peer, err := startProc("peer", logDir, peerDir, childEnv(kv...), "node", "server.js")
 	require.NoError(t, err)
 	t.Cleanup(func() { peer.Stop(5 * time.Second) })
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -85,6 +100,9 @@ func TestPeerStartsAndReplays(t *testing.T) {
 		require.Equal(t, first, again)
 	}
 	require.Equal(t, 2, runs(), "replays inserted nothing")
+	jobs, err := rdb.LLen(ctx, "bull:runs:wait").Result() // no worker takes them
+	require.NoError(t, err)
+	require.EqualValues(t, map[bool]int{true: 2, false: 0}[enqueue], jobs, "a job per run inserted, or none")
 }
 
 // TestPeerWorkerWritesTheResult: the peer end to end does what its rows

@@ -30,12 +30,13 @@ type profileResult struct {
 	Window          time.Duration
 	Failed          string
 	// A start: its HTTP request, its wait for a writer, its statement (and
-	// how many starts a statement carried); a run: from its start to the
-	// queue, to a worker, to its final state.
-	HTTP, Waiting, Statement, Queued, Picked, Final histStat
-	BatchMean                                       float64
-	APICPU, WorkerCPU                               time.Duration // per start
-	Top                                             []string      // `go tool pprof -top -cum` of the API
+	// how many starts a statement carried), its hand-off from the commit;
+	// a run: from its start to the queue, to a worker, to its final state.
+	HTTP, Waiting, Statement, Handoff, Queued, Picked, Final histStat
+	BatchMean                                                float64
+	Client                                                   time.Duration // the mean latency the load saw
+	APICPU, WorkerCPU                                        time.Duration // per start
+	Top                                                      []string      // `go tool pprof -top -cum` of the API
 }
 
 func (e *env) measureProfile(ctx context.Context, clients int, warm, dur time.Duration, scratch string) profileResult {
@@ -105,6 +106,7 @@ func (e *env) profile(ctx context.Context, r *profileResult, warm, dur time.Dura
 		if batches := apiAfter.hist(apiBefore, "valruns_start_batch_starts", ""); batches.Count > 0 {
 			r.BatchMean = r.Waiting.Count / batches.Count
 		}
+		r.Handoff = apiAfter.hist(apiBefore, "valruns_run_handoff_seconds", "")
 		r.Queued = apiAfter.hist(apiBefore, "valruns_run_start_to_queued_seconds", "")
 		r.Picked = wrkAfter.hist(wrkBefore, "valruns_run_start_to_picked_seconds", "")
 		r.Final = wrkAfter.hist(wrkBefore, "valruns_run_start_to_final_seconds", `status="passed"`)
@@ -114,7 +116,7 @@ func (e *env) profile(ctx context.Context, r *profileResult, warm, dur time.Dura
 	}
 	if r.Window, r.Starts = res.Duration, res.Requests; r.Starts > 0 {
 		n := time.Duration(r.Starts)
-		r.APICPU, r.WorkerCPU = sm.CPU/n, wm.CPU/n
+		r.APICPU, r.WorkerCPU, r.Client = sm.CPU/n, wm.CPU/n, total(res.Latencies)/n
 	}
 	return errors.Join(append(errs, rg.exited())...)
 }
@@ -169,30 +171,89 @@ func (m metricsText) hist(before metricsText, name, labels string) histStat {
 	return histStat{Count: count, Mean: time.Duration(sum / count * float64(time.Second))}
 }
 
-func (p *profileResult) section() section {
-	s := section{Heading: "## Where the time goes"}
-	if p.Failed != "" {
-		s.Body = "FAILED: " + short(p.Failed, 300) + "\n"
-		return s
-	}
+// profileStage is a line of the profile's tables: what it covers, and its
+// figure in a run.
+type profileStage struct {
+	what   string
+	figure func(p profileResult) string
+}
+
+// profileSection is where the time goes at each count profiled, a column
+// each: a start's stages, a run's, and the API's CPU profile.
+func profileSection(ps []profileResult) section {
 	var b strings.Builder
-	d := func(h histStat) string {
-		if h.Count == 0 {
-			return "-"
+	b.WriteString("A closed loop of new-key starts on `serve` + `worker` at each count, one run each. " +
+		"Each figure is a mean over the measured window, from the processes' own histograms read before and after it " +
+		"(but the client's, from the load's own latencies); the hand-off runs after the commit, while the answer is sent: no request waits for it.\n\n")
+	mean := func(in func(time.Duration) string) func(histStat) string {
+		return func(h histStat) string {
+			if h.Count == 0 {
+				return "-"
+			}
+			return in(h.Mean)
 		}
-		return ms(h.Mean)
 	}
-	fmt.Fprintf(&b, "A closed loop of new-key starts on `serve` + `worker`, %s, %s measured: %d starts (%.0f/s). "+
-		"Each figure is the mean over the window, from the processes' own histograms read before and after it.\n\n",
-		clientsText(p.Clients), p.Window.Round(time.Second), p.Starts, float64(p.Starts)/max(p.Window.Seconds(), 1e-9))
-	b.WriteString("| a start | ms |\n|---|---|\n")
-	fmt.Fprintf(&b, "| the HTTP request, in the API | %s |\n| waiting for a writer | %s |\n", d(p.HTTP), d(p.Waiting))
-	fmt.Fprintf(&b, "| its statement (a connection, PostgreSQL, the commit; %.1f starts per statement) | %s |\n", p.BatchMean, d(p.Statement))
-	b.WriteString("\n| a run, from its created_at until | ms |\n|---|---|\n")
-	fmt.Fprintf(&b, "| it is queued for a worker | %s |\n| a worker begins it | %s |\n| it is final | %s |\n", d(p.Queued), d(p.Picked), d(p.Final))
-	fmt.Fprintf(&b, "\n**CPU per start**: API %s ms, worker %s ms.\n", ms(p.APICPU), ms(p.WorkerCPU))
-	b.WriteString("\n**The API's CPU profile** over the window (`go tool pprof -top -cum`; the profile is kept in the scratch directory):\n\n")
-	b.WriteString("```\n" + strings.Join(p.Top, "\n") + "\n```\n")
-	s.Body = b.String()
-	return s
+	d, d3 := mean(ms), mean(ms3) // a lone start's stages take fractions of a millisecond
+	profileTable(&b, "a start, ms", ps, []profileStage{
+		{"the window: starts measured (per second)", func(p profileResult) string {
+			return fmt.Sprintf("%d in %s (%.0f/s)", p.Starts, p.Window.Round(time.Second), float64(p.Starts)/max(p.Window.Seconds(), 1e-9))
+		}},
+		{"the request as its client sees it, sent to answer read", func(p profileResult) string { return ms3(p.Client) }},
+		{"the HTTP request, in the API (`valruns_http_request_duration_seconds`): the two below and the rest", func(p profileResult) string { return d3(p.HTTP) }},
+		{"waiting for a writer (`valruns_start_phase_seconds{phase=\"waiting_writer\"}`): from the start's submission to its statement being sent", func(p profileResult) string { return d3(p.Waiting) }},
+		{"its statement (`phase=\"statement\"`): a connection, PostgreSQL, the commit; starts per statement", func(p profileResult) string {
+			return fmt.Sprintf("%s (%.1f)", d3(p.Statement), p.BatchMean)
+		}},
+		{"the rest of the request (the request less the two above): authentication, decoding, the key, the answer", func(p profileResult) string {
+			if p.HTTP.Count == 0 || p.Waiting.Count == 0 || p.Statement.Count == 0 {
+				return "-"
+			}
+			return ms3(p.HTTP.Mean - p.Waiting.Mean - p.Statement.Mean)
+		}},
+		{"the hand-off to the queue (`valruns_run_handoff_seconds`): from the commit, the dispatcher's buffer, the gate's script, the push", func(p profileResult) string { return d3(p.Handoff) }},
+		{"CPU per start: API / worker", func(p profileResult) string { return ms3(p.APICPU) + " / " + ms3(p.WorkerCPU) }},
+	})
+	b.WriteString("\n")
+	profileTable(&b, "a run, from its created_at until, ms", ps, []profileStage{
+		{"it is queued for a worker", func(p profileResult) string { return d(p.Queued) }},
+		{"a worker begins it", func(p profileResult) string { return d(p.Picked) }},
+		{"it is final", func(p profileResult) string { return d(p.Final) }},
+	})
+	for _, p := range ps {
+		if p.Failed == "" {
+			fmt.Fprintf(&b, "\n**The API's CPU profile at %s** over the window (`go tool pprof -top -cum`; the profile is kept in the scratch directory):\n\n", clientsText(p.Clients))
+			b.WriteString("```\n" + strings.Join(p.Top, "\n") + "\n```\n")
+		}
+	}
+	return section{Heading: "## Where the time goes", Body: b.String()}
+}
+
+// profileTable writes stages as a table, a column per run: FAILED and why
+// for a run that failed.
+func profileTable(b *strings.Builder, head string, ps []profileResult, stages []profileStage) {
+	fmt.Fprintf(b, "| %s |", head)
+	for _, p := range ps {
+		fmt.Fprintf(b, " %s |", clientsText(p.Clients))
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|", len(ps)) + "\n")
+	for _, st := range stages {
+		b.WriteString("| " + cell(st.what) + " |")
+		for _, p := range ps {
+			f := "FAILED: " + short(p.Failed, 200)
+			if p.Failed == "" {
+				f = st.figure(p)
+			}
+			b.WriteString(" " + cell(f) + " |")
+		}
+		b.WriteString("\n")
+	}
+}
+
+// total is the sum of ds.
+func total(ds []time.Duration) time.Duration {
+	var t time.Duration
+	for _, d := range ds {
+		t += d
+	}
+	return t
 }

@@ -27,7 +27,7 @@ type results struct {
 	Wait       []waitResult
 	WaitTiming timing
 	Idle       []idleResult
-	Profile    *profileResult
+	Profile    []profileResult // one per count
 	Noisy      *noisyLog
 	Cleanup    *cleanupResult
 }
@@ -91,7 +91,7 @@ func (r *results) sections() []section {
 	add(len(r.E2E) > 0, r.e2eSection)
 	add(len(r.Wait) > 0, r.waitSection)
 	add(len(r.Idle) > 0, func() section { return idleSection(r.Idle) })
-	add(r.Profile != nil, r.Profile.section)
+	add(len(r.Profile) > 0, func() section { return profileSection(r.Profile) })
 	add(r.Noisy != nil, r.Noisy.section)
 	add(r.Cleanup != nil, r.Cleanup.section)
 	return out
@@ -181,8 +181,10 @@ func (r *results) failures() []string {
 			errs = append(errs, "idle "+x.Mode+" failed")
 		}
 	}
-	if r.Profile != nil && r.Profile.Failed != "" {
-		errs = append(errs, "the profile failed")
+	for _, x := range r.Profile {
+		if x.Failed != "" {
+			errs = append(errs, "the profile at "+clientsText(x.Clients)+" failed")
+		}
 	}
 	if r.Noisy != nil {
 		errs = append(errs, r.Noisy.failures()...)

@@ -20,7 +20,7 @@ func TestMarkdownFullAndPartial(t *testing.T) {
 	full := r.markdown(old)
 	require.True(t, strings.HasPrefix(full, resultsTitle))
 	require.NotContains(t, full, "old", "a full run keeps nothing of the old results")
-	require.Contains(t, full, "## The curve: starts\n\nMeasured 2026-12-01 10:00 UTC at abc123, mode quick. Targets: 4 PASS, 4 MISS, 9 not measured.\n\n")
+	require.Contains(t, full, "## The curve: starts\n\nMeasured 2026-12-01 10:00 UTC at abc123, mode quick. Targets: 6 PASS, 7 MISS, 10 not measured.\n\n")
 	require.Less(t, strings.Index(full, "## Machine"), strings.Index(full, "## The curve: starts"))
 
 	r.Partial = true
@@ -47,7 +47,7 @@ func TestFailures(t *testing.T) {
 	r.E2E[0].Errors = 2
 	require.Equal(t, []string{"e2e serve --worker at 1: 2 answers were errors", "e2e peer, one process at 32 failed"}, r.failures())
 
-	require.Equal(t, []string{"the profile failed"}, (&results{Profile: &profileResult{Failed: "no pprof"}}).failures())
+	require.Equal(t, []string{"the profile at 8 clients failed"}, (&results{Profile: []profileResult{{Clients: 1}, {Clients: 8, Failed: "no pprof"}}}).failures())
 	require.Equal(t, []string{"the cleanup failed or its starts had errors"}, (&results{Cleanup: &cleanupResult{During: row{Non2xx: 1}}}).failures())
 	require.Empty(t, (&results{Cleanup: &cleanupResult{}}).failures())
 }

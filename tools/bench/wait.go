@@ -92,7 +92,7 @@ func measureWait(ctx context.Context, e *env, p plan) []waitResult {
 				if ctx.Err() != nil {
 					return out
 				}
-				r := waitResult{Side: sideOf(i == 1), Clients: n, Round: round}
+				r := waitResult{Side: []string{valrunsSide, peerSide}[i], Clients: n, Round: round}
 				if err := e.loopWait(ctx, m, p.Wait, &r); err != nil {
 					r.Failed = err.Error()
 					fmt.Fprintf(os.Stderr, "bench: wait %s: %v\n", r.Side, err)

@@ -6,7 +6,8 @@
 // INSERT, the run's job is added to a BullMQ queue on the same Redis
 // (worker.js executes it). No auth, no quota, no audit, no outbox (a crash
 // between the INSERT and the enqueue leaves a run that never runs): it does
-// less than valruns, on purpose.
+// less than valruns, on purpose. With PEER_ENQUEUE=0 it does less still:
+// no enqueue, the INSERT alone (issue 48's peer for starts).
 //
 // GET /api/runs/:id/ reads the run; with `Prefer: wait=N` (as valruns' long
 // poll) it first waits up to N seconds for the run's job with BullMQ's
@@ -19,6 +20,7 @@
 //   ORG_ID            the organisation the runs belong to
 //   PG_POOL_MAX       pg pool size (default 20, like valruns' pool)
 //   PEER_WORKER=1     also run the BullMQ worker (worker.js) in this process
+//   PEER_ENQUEUE=0    add no BullMQ job after the INSERT (default: add one)
 'use strict';
 
 const express = require('express');
@@ -41,6 +43,7 @@ const need = (name) => {
 const port = Number(process.env.PORT || 18081);
 const host = process.env.HOST || '127.0.0.1';
 const orgID = need('ORG_ID');
+const enqueue = process.env.PEER_ENQUEUE !== '0';
 const pool = new Pool({
   connectionString: need('DATABASE_URL'),
   max: Number(process.env.PG_POOL_MAX || 20),
@@ -87,7 +90,9 @@ app.post('/api/workflows/:id/start', idempotency({ dataAdapter: adapter }), asyn
       JSON.stringify(body.metadata || {}),
     ]);
     const run = r.rows[0];
-    await queue.add('run', { runId: run.id, workflowId: run.workflow_id, submission: body.submission }, { jobId: run.id });
+    if (enqueue) {
+      await queue.add('run', { runId: run.id, workflowId: run.workflow_id, submission: body.submission }, { jobId: run.id });
+    }
     res.status(201).location(`/api/runs/${run.id}/`).json(run);
   } catch (err) {
     await svc.reportError(req).catch(() => {});
