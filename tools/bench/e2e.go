@@ -5,7 +5,8 @@ package main
 // took from created_at to finished_at. The start to final a waiting client
 // feels, which the targets judge, runs from when the harness sent the
 // request to the run's finished_at: the two sides stamp created_at at
-// different points.
+// different points. The long poll (wait.go) is the same loop with each
+// start's run read until it is final.
 
 import (
 	"cmp"
@@ -13,9 +14,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
+	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,10 +60,8 @@ type e2eResult struct {
 	Failed                    string
 }
 
-func (r e2eResult) StartedPerSec() float64 { return float64(r.Started) / max(r.Window.Seconds(), 1e-9) }
-func (r e2eResult) FinishedPerSec() float64 {
-	return float64(r.Finished) / max(r.Window.Seconds(), 1e-9)
-}
+func (r e2eResult) StartedPerSec() float64  { return perSec(r.Started, r.Window) }
+func (r e2eResult) FinishedPerSec() float64 { return perSec(r.Finished, r.Window) }
 
 // Ratio is runs finished over runs started in the window (below 1: a backlog grows).
 func (r e2eResult) Ratio() float64 {
@@ -71,6 +69,13 @@ func (r e2eResult) Ratio() float64 {
 		return 0
 	}
 	return float64(r.Finished) / float64(r.Started)
+}
+
+// answered sets r's window and the figures of its answers from the load.
+func (r *e2eResult) answered(lr loadResult, window time.Duration) {
+	r.Window, r.Answers = window, lr.Requests
+	r.StartP50, r.StartP99 = lr.Percentile(.5), lr.Percentile(.99)
+	r.Errors, r.Limited = lr.Errors+lr.Non2xx+lr.Unexpected, lr.Statuses[http.StatusTooManyRequests]
 }
 
 // measureE2ECurve runs the loops: at each count, each valruns mode then
@@ -83,7 +88,7 @@ func measureE2ECurve(ctx context.Context, e *env, p plan) []e2eResult {
 				if ctx.Err() != nil {
 					return out
 				}
-				r := e.measureE2E(ctx, m, n, p.E2E.Warm, p.E2E.Dur, p.E2E.Dur+30*time.Second)
+				r := e.measureE2E(ctx, m, n, p.E2E, p.E2E.Dur+30*time.Second)
 				out = append(out, r)
 				say("e2e %-18s c=%-3d %5.0f started/s %5.0f finished/s, start to final p50 / p99 %s ms, %d not final",
 					r.Mode, r.Clients, r.StartedPerSec(), r.FinishedPerSec(), waitCell(r), r.WaitUnfinished)
@@ -94,131 +99,176 @@ func measureE2ECurve(ctx context.Context, e *env, p plan) []e2eResult {
 }
 
 // measureE2E runs the closed loop of new-key starts of orgs[0] in mode m
-// for dur (after warm), then waits up to drainWait for the window's runs
-// to end, and reads their times. extra are settings of the processes.
-func (e *env) measureE2E(ctx context.Context, m e2eMode, clients int, warm, dur, drainWait time.Duration, extra ...string) e2eResult {
+// for t, then waits up to drainWait for the window's runs to end, and
+// reads their times. extra are settings of the processes.
+func (e *env) measureE2E(ctx context.Context, m e2eMode, clients int, t timing, drainWait time.Duration, extra ...string) e2eResult {
 	r := e2eResult{Mode: m.Name, Clients: clients}
-	if err := e.loopE2E(ctx, m, warm, dur, drainWait, extra, &r); err != nil {
-		r.Failed = err.Error()
-		fmt.Fprintf(os.Stderr, "bench: e2e %s: %v\n", r.Mode, err)
-	}
+	r.Failed = failed("e2e "+m.Name, e.loop(ctx, m, clients, t, false, extra, func(rg *rig, w window) error {
+		r.answered(w.load, w.to.Sub(w.from))
+		if w.noRun > 0 {
+			return fmt.Errorf("%d of the 2xx answers named no run id", w.noRun)
+		}
+		err := rg.conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE created_at >= $1 AND created_at < $2),
+			count(*) FILTER (WHERE finished_at >= $1 AND finished_at < $2) FROM validation_runs`, w.from, w.to).Scan(&r.Started, &r.Finished)
+		// The drain: the window's runs end after the load has stopped.
+		if err == nil {
+			err = e2eTimes(ctx, rg.conn, w.from, w.to, "", drainWait, &r)
+		}
+		if err != nil {
+			return err
+		}
+		finished, err := finishedAt(ctx, rg.conn, w.runs)
+		waitTimes(w.runs, finished, &r)
+		return err
+	}))
 	return r
 }
 
-func (e *env) loopE2E(ctx context.Context, m e2eMode, warm, dur, drainWait time.Duration, extra []string, r *e2eResult) error {
-	rg, token, err := e.startMode(ctx, m, extra...)
+// sentRun is a run the window's load named: when its start was sent, and
+// in the long poll when its final answer was read and the reads it took.
+type sentRun struct {
+	ID             string
+	Sent, Answered time.Time
+	Reads          int
+}
+
+// loopClient is one load client's runs, touched only from its goroutine.
+type loopClient struct {
+	poll  bool    // read each run until it is final before the next start
+	run   sentRun // the run being read ("" ID: the next request is a start)
+	done  []sentRun
+	noRun int // 2xx answers naming no run, or not the run being read
+}
+
+// finalStatus: a run in one of these is final.
+var finalStatus = map[string]bool{"passed": true, "failed": true, "error": true}
+
+// follow is the load's Follow: a start's answer names its run; in the
+// long poll a read's says whether the run is final. A run whose last
+// answer (the start's, or the final read's) fell in the window is kept.
+func (w *loopClient) follow(a answer) {
+	var run struct{ ID, Status string }
+	_ = json.Unmarshal(a.Body, &run)
+	if run.ID == "" || (w.run.ID != "" && run.ID != w.run.ID) {
+		w.noRun++
+		return
+	}
+	if w.run.ID == "" {
+		w.run = sentRun{ID: run.ID, Sent: a.Sent}
+	} else {
+		w.run.Reads++
+	}
+	if w.poll && !finalStatus[run.Status] {
+		return
+	}
+	if a.InWindow {
+		w.run.Answered = a.Answered
+		w.done = append(w.done, w.run)
+	}
+	w.run = sentRun{}
+}
+
+// window is a closed loop's measured window: the load, its bounds on the
+// database's clock (the runs' timestamps are read from it), the runs kept
+// and the answers that named no run.
+type window struct {
+	load     loadResult
+	from, to time.Time
+	runs     []sentRun
+	noRun    int
+}
+
+// loop runs clients in a closed loop of new-key starts of orgs[0] (with
+// poll, each followed by reads of its run with `Prefer: wait=10` until it
+// is final) on a rig running m's processes (extra: their settings), then
+// hands the window to read while the rig still runs.
+func (e *env) loop(ctx context.Context, m e2eMode, clients int, t timing, poll bool, extra []string, read func(*rig, window) error) error {
+	rg, err := e.newRig(ctx)
 	if err != nil {
 		return err
 	}
 	defer rg.close()
-	url, body, run := rg.base+e.orgs[0].startPath(), []byte(startBody), time.Now().UnixNano()
-	next := func(c, i int) request {
-		return request{http.MethodPost, url, headerFor(token, fmt.Sprintf("e2e-%d-%d-%d", run, c, i)), body}
-	}
-	var from, to time.Time
-	var clockErr error
-	var sent sentRuns
-	res := runLoad(ctx, r.Clients, warm, dur, next, loadOptions{Observe: sent.observe, OnWindow: func(open bool) {
-		if open {
-			from = dbNow(ctx, rg.conn, &clockErr)
-		} else {
-			to = dbNow(ctx, rg.conn, &clockErr)
-		}
-	}})
-	if err := cmp.Or(clockErr, rg.exited()); err != nil {
-		return err
-	}
-	r.Window, r.Answers = to.Sub(from), res.Requests
-	r.StartP50, r.StartP99 = res.Percentile(.5), res.Percentile(.99)
-	r.Errors, r.Limited = res.Errors+res.Non2xx+res.Unexpected, res.Statuses[http.StatusTooManyRequests]
-	if err := rg.conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE created_at >= $1 AND created_at < $2),
-		count(*) FILTER (WHERE finished_at >= $1 AND finished_at < $2) FROM validation_runs`, from, to).Scan(&r.Started, &r.Finished); err != nil {
-		return err
-	}
-	// The drain: the window's runs end after the load has stopped.
-	if err := e2eTimes(ctx, rg.conn, from, to, "", drainWait, r); err != nil {
-		return err
-	}
-	if sent.noID > 0 {
-		return fmt.Errorf("%d of the window's 201s named no run id", sent.noID)
-	}
-	return waitTimes(ctx, rg.conn, sent.runs, r)
-}
-
-// startMode is a rig running m's processes (extra: their settings), and
-// the token of orgs[0] on it ("" for the peer, which has no authentication).
-func (e *env) startMode(ctx context.Context, m e2eMode, extra ...string) (*rig, string, error) {
-	rg, err := e.newRig(ctx)
-	if err != nil {
-		return nil, "", err
-	}
 	for _, what := range m.Procs {
 		if _, err := rg.start(ctx, what, extra...); err != nil {
-			rg.close()
-			return nil, "", err
+			return err
 		}
 	}
+	token := e.orgs[0].Token // none for the peer, which has no authentication
 	if strings.HasPrefix(m.Procs[0], "peer") {
-		return rg, "", nil
+		token = ""
 	}
-	return rg, e.orgs[0].Token, nil
+	start, body, run := rg.base+e.orgs[0].startPath(), []byte(startBody), time.Now().UnixNano()
+	cs := make([]loopClient, clients)
+	next := func(c, i int) request {
+		if id := cs[c].run.ID; id != "" {
+			h := headerFor(token, "")
+			h.Set("Prefer", "wait=10")
+			return request{http.MethodGet, rg.base + "/api/runs/" + id + "/", h, nil}
+		}
+		return request{http.MethodPost, start, headerFor(token, fmt.Sprintf("loop-%d-%d-%d", run, c, i)), body}
+	}
+	for c := range cs {
+		cs[c].poll = poll
+	}
+	clock := &dbClock{ctx: ctx, conn: rg.conn}
+	w := window{load: runLoad(ctx, clients, t.Warm, t.Dur, next, loadOptions{OnWindow: clock.window, Follow: func(a answer) { cs[a.Client].follow(a) }})}
+	if err := cmp.Or(clock.err, rg.exited()); err != nil {
+		return err
+	}
+	for _, c := range cs {
+		w.runs, w.noRun = append(w.runs, c.done...), w.noRun+c.noRun
+	}
+	w.from, w.to = clock.from, clock.to
+	return read(rg, w)
 }
 
-// sentRun is a run a 201 in the window named, and when its request was sent.
-type sentRun struct {
-	ID   string
-	Sent time.Time
+// dbClock is an OnWindow of runLoad that reads the database's clock when
+// the window opens and when it closes; a failure is kept in err.
+type dbClock struct {
+	ctx      context.Context
+	conn     *pgx.Conn
+	from, to time.Time
+	err      error
 }
 
-// sentRuns gathers the window's 201s from the load's clients.
-type sentRuns struct {
-	mu   sync.Mutex
-	runs []sentRun
-	noID int // 201s whose body had no "id"
+func (c *dbClock) window(open bool) {
+	at := &c.to
+	if open {
+		at = &c.from
+	}
+	c.err = cmp.Or(c.err, c.conn.QueryRow(c.ctx, `SELECT clock_timestamp()`).Scan(at))
 }
 
-// observe is the load's observer: it keeps a 201's run id and send time.
-func (s *sentRuns) observe(a answer) {
-	if a.Status != http.StatusCreated {
-		return
+// finishedAt is the finished_at of each of runs that has one, by run id.
+func finishedAt(ctx context.Context, conn *pgx.Conn, runs []sentRun) (map[string]time.Time, error) {
+	ids := make([]string, len(runs))
+	for i, x := range runs {
+		ids[i] = x.ID
 	}
-	var run struct{ ID string }
-	_ = json.Unmarshal(a.Body, &run)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if run.ID == "" {
-		s.noID++
-		return
-	}
-	s.runs = append(s.runs, sentRun{ID: run.ID, Sent: a.Sent})
+	rows, _ := conn.Query(ctx, `SELECT id::text, finished_at FROM validation_runs WHERE id = ANY($1::uuid[]) AND finished_at IS NOT NULL`, ids)
+	finished := map[string]time.Time{}
+	var id string
+	var at time.Time
+	_, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error {
+		finished[id] = at
+		return nil
+	})
+	return finished, err
 }
 
 // waitTimes sets r's client-felt start to final, from each run's request
 // sent to its finished_at (the harness, the servers and PostgreSQL share
 // the machine's clock), over the runs final; the others are counted.
-func waitTimes(ctx context.Context, conn *pgx.Conn, runs []sentRun, r *e2eResult) error {
-	ids, sent := make([]string, len(runs)), make([]time.Time, len(runs))
-	for i, s := range runs {
-		ids[i], sent[i] = s.ID, s.Sent
+func waitTimes(runs []sentRun, finished map[string]time.Time, r *e2eResult) {
+	var waits []time.Duration
+	for _, x := range runs {
+		if at, ok := finished[x.ID]; ok {
+			waits = append(waits, at.Sub(x.Sent))
+		}
 	}
-	var p50, p99 float64
-	err := conn.QueryRow(ctx, `SELECT count(r.finished_at),
-		coalesce(percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM r.finished_at - s.sent)), 0),
-		coalesce(percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM r.finished_at - s.sent)), 0)
-		FROM unnest($1::uuid[], $2::timestamptz[]) s(id, sent) LEFT JOIN validation_runs r ON r.id = s.id`, ids, sent).Scan(&r.WaitFinal, &p50, &p99)
-	r.WaitUnfinished = len(runs) - r.WaitFinal
-	r.WaitP50, r.WaitP99 = time.Duration(p50*float64(time.Second)), time.Duration(p99*float64(time.Second))
-	return err
-}
-
-// dbNow is the database's clock (the runs' timestamps are read from it);
-// a failure is kept in *errp.
-func dbNow(ctx context.Context, conn *pgx.Conn, errp *error) time.Time {
-	var ts time.Time
-	if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&ts); err != nil && *errp == nil {
-		*errp = err
-	}
-	return ts
+	slices.Sort(waits)
+	r.WaitFinal, r.WaitUnfinished = len(waits), len(runs)-len(waits)
+	r.WaitP50, r.WaitP99 = percentile(waits, .5), percentile(waits, .99)
 }
 
 // e2eTimes waits up to wait for the runs created in [from, to) (of

@@ -143,21 +143,25 @@ func TestE2ETimesFromTimestamps(t *testing.T) {
 		sent = append(sent, sentRun{ID: add(other, created, 0, time.Duration(i+1)*10*time.Millisecond), Sent: created})
 	}
 	var w e2eResult
-	require.NoError(t, waitTimes(ctx, conn, sent, &w))
+	finished, err := finishedAt(ctx, conn, sent)
+	require.NoError(t, err)
+	waitTimes(sent, finished, &w)
 	require.Equal(t, e2eResult{WaitFinal: 101, WaitUnfinished: 1, WaitP50: 500 * time.Millisecond, WaitP99: 990 * time.Millisecond}, w)
 	require.Equal(t, "500.0 / 990.0", waitCell(w))
 	require.Equal(t, "-", waitCell(e2eResult{}))
 }
 
-// TestSentRunsObserve: a 201's run id and send time are kept; other answers
-// are not, and a 201 naming no run is counted.
-func TestSentRunsObserve(t *testing.T) {
+// TestLoopClientKeepsStarts: without the long poll, each start's answer
+// names its run, kept with its send time when the answer fell in the
+// window; an answer naming no run is counted.
+func TestLoopClientKeepsStarts(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	var s sentRuns
-	s.observe(answer{Status: http.StatusCreated, Sent: at, Body: []byte(`{"id":"5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a","status":"queued"}`)})
-	s.observe(answer{Status: http.StatusOK, Sent: at, Body: []byte(`{"id":"a replay"}`)})
-	s.observe(answer{Status: http.StatusCreated, Sent: at, Body: []byte(`{}`)})
-	require.Equal(t, []sentRun{{ID: "5b0f6b8e-3f7c-4d2a-9a57-3b2f4c1d0e9a", Sent: at}}, s.runs)
-	require.Equal(t, 1, s.noID)
+	var c loopClient
+	c.follow(answer{Status: http.StatusCreated, Sent: at, Answered: at, Body: []byte(`{"id":"w","status":"queued"}`)}) // the warm-up's
+	c.follow(answer{Status: http.StatusCreated, Sent: at, Answered: at, Body: []byte(`{"id":"5b0f","status":"queued"}`), InWindow: true})
+	require.Empty(t, c.run.ID, "the next request is a start")
+	c.follow(answer{Status: http.StatusCreated, Sent: at, Body: []byte(`{}`), InWindow: true})
+	require.Equal(t, []sentRun{{ID: "5b0f", Sent: at, Answered: at}}, c.done)
+	require.Equal(t, 1, c.noRun)
 }

@@ -66,15 +66,14 @@ func newHTTPClient(clients int) *http.Client {
 	}}
 }
 
-// answer is a 2xx answer counted in the measured window, as an observer
-// sees it.
+// answer is a 2xx answer as Follow sees it.
 type answer struct {
 	Status   int
 	Client   int       // the load client that sent it
 	Sent     time.Time // when the request was sent, wall clock only
 	Answered time.Time // when its answer had been read, wall clock only
-	Body     []byte    // valid only during the observer's call
-	InWindow bool      // the window counts it (always, for Observe)
+	Body     []byte    // valid only during the Follow call
+	InWindow bool      // the window counts it
 }
 
 // loadOptions are runLoad's optional parts; the zero value has none.
@@ -84,12 +83,10 @@ type loadOptions struct {
 	Stop <-chan struct{}
 	// OnWindow is called when the measured window opens and when it closes.
 	OnWindow func(open bool)
-	// Observe is handed each 2xx answer counted in the window, from the
-	// clients' goroutines at once (only then are bodies kept).
-	Observe func(answer)
 	// Follow is handed each 2xx answer, the warm-up's and those after the
 	// window too, in its client's goroutine before that client makes its
-	// next request: a client's next request may follow from its last answer.
+	// next request: a client's next request may follow from its last answer
+	// (only then are bodies kept).
 	Follow func(answer)
 }
 
@@ -158,7 +155,7 @@ func (l *loader) client(c int) {
 		var verdict string
 		if err == nil {
 			body.Reset()
-			if l.o.Observe != nil || l.o.Follow != nil {
+			if l.o.Follow != nil {
 				_, err = body.ReadFrom(resp.Body)
 			} else {
 				_, err = io.Copy(io.Discard, resp.Body)
@@ -181,9 +178,6 @@ func (l *loader) client(c int) {
 			}
 		case err == nil && status/100 == 2 && verdict == "":
 			l.lat[c] = append(l.lat[c], d)
-			if l.o.Observe != nil {
-				l.o.Observe(a)
-			}
 		default:
 			l.failed(status, verdict, err)
 		}

@@ -75,10 +75,10 @@ func TestRunLoadIsClosedLoop(t *testing.T) {
 	require.Positive(t, res.RPS())
 }
 
-// TestRunLoadObserves: with an observer, each 2xx answer counted in the
-// window is handed over with its body and the time its request was sent;
-// other answers are not.
-func TestRunLoadObserves(t *testing.T) {
+// TestRunLoadHandsOverAnswers: Follow gets each 2xx answer with its body
+// and the time its request was sent, those counted in the window marked;
+// other answers are not handed over.
+func TestRunLoadHandsOverAnswers(t *testing.T) {
 	t.Parallel()
 	var n atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -97,7 +97,10 @@ func TestRunLoadObserves(t *testing.T) {
 	before := time.Now()
 	res := runLoad(context.Background(), 2, 0, time.Minute, w.next(func(c, i int) request {
 		return request{Method: http.MethodPost, URL: srv.URL, Header: http.Header{}}
-	}), loadOptions{Stop: w.stop, OnWindow: w.onWindow, Observe: func(a answer) {
+	}), loadOptions{Stop: w.stop, OnWindow: w.onWindow, Follow: func(a answer) {
+		if !a.InWindow {
+			return
+		}
 		a.Body = slices.Clone(a.Body) // valid only during the call
 		mu.Lock()
 		defer mu.Unlock()

@@ -103,7 +103,7 @@ func measureNoisy(ctx context.Context, e *env, p plan) *noisyLog {
 		v.Flood = e.noisyB(ctx, settings, "A floods", true, func(rg *rig) e2eResult { return e.flood(ctx, rg, &v, x) })
 		mode := fmt.Sprintf("behind A's %d slow runs", x.BacklogRuns)
 		v.Backlog = e.noisyB(ctx, settings, mode, false, func(rg *rig) e2eResult { return e.backlog(ctx, rg, &v, x, mode) })
-		v.AAlone = e.measureE2E(ctx, modeSeparate, x.Clients, x.Warm, x.Dur, x.Dur+30*time.Second, settings...)
+		v.AAlone = e.measureE2E(ctx, modeSeparate, x.Clients, timing{x.Warm, x.Dur}, x.Dur+30*time.Second, settings...)
 		for _, r := range []e2eResult{v.Alone, v.Flood, v.Backlog, v.AAlone} {
 			if r.Failed != "" {
 				v.Failed = append(v.Failed, r.Mode+": "+r.Failed)
@@ -148,20 +148,12 @@ func (e *env) paceB(ctx context.Context, rg *rig, mode string, warm, dur, wait t
 		time.Sleep(time.Until(t0.Add(time.Duration(i) * bEvery)))
 		return request{http.MethodPost, url, headerFor(b.Token, fmt.Sprintf("b-%d-%d", run, i)), body}
 	}
-	var from, to time.Time
-	var err error
-	lr := runLoad(ctx, 1, warm, dur, next, loadOptions{Check: replayCheck(false), OnWindow: func(open bool) {
-		if open {
-			from = dbNow(ctx, rg.conn, &err)
-		} else {
-			to = dbNow(ctx, rg.conn, &err)
-		}
-	}})
-	res.Window, res.Answers = to.Sub(from), lr.Requests
-	res.StartP50, res.StartP99 = lr.Percentile(.5), lr.Percentile(.99)
-	res.Errors, res.Limited = lr.Errors+lr.Non2xx+lr.Unexpected, lr.Statuses[http.StatusTooManyRequests]
+	clock := &dbClock{ctx: ctx, conn: rg.conn}
+	lr := runLoad(ctx, 1, warm, dur, next, loadOptions{Check: replayCheck(false), OnWindow: clock.window})
+	res.answered(lr, clock.to.Sub(clock.from))
+	err := clock.err
 	if err == nil {
-		err = e2eTimes(ctx, rg.conn, from, to, b.ID, wait, &res)
+		err = e2eTimes(ctx, rg.conn, clock.from, clock.to, b.ID, wait, &res)
 	}
 	if err != nil {
 		res.Failed = err.Error()

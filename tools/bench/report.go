@@ -6,6 +6,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"time"
 )
@@ -235,3 +236,15 @@ func short(s string, n int) string {
 	}
 	return s
 }
+
+// failed is err's text, said on stderr as what's failure ("" for none).
+func failed(what string, err error) string {
+	if err == nil {
+		return ""
+	}
+	fmt.Fprintf(os.Stderr, "bench: %s: %v\n", what, err)
+	return err.Error()
+}
+
+// perSec is n over d, per second.
+func perSec(n int, d time.Duration) float64 { return float64(n) / max(d.Seconds(), 1e-9) }

@@ -10,10 +10,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -39,48 +36,7 @@ type waitResult struct {
 	Failed          string
 }
 
-func (w waitResult) RunsPerSec() float64 { return float64(w.Runs) / max(w.Window.Seconds(), 1e-9) }
-
-// waitRun is a run answered final: its start sent, its final answer read.
-type waitRun struct {
-	ID             string
-	Sent, Answered time.Time
-	Reads          int
-}
-
-// waitClient is one load client's state, touched only from its goroutine.
-type waitClient struct {
-	run   waitRun // the run being read ("" ID: the next request is a start)
-	done  []waitRun
-	noRun int // 2xx answers naming no run, or not the run being read
-}
-
-// finalStatus: a run in one of these is final.
-var finalStatus = map[string]bool{"passed": true, "failed": true, "error": true}
-
-// follow is the load's Follow: a start's answer names the run to read, a
-// read's says whether it is final; a final run inside the window is kept.
-func (w *waitClient) follow(a answer) {
-	var run struct{ ID, Status string }
-	_ = json.Unmarshal(a.Body, &run)
-	if run.ID == "" || (w.run.ID != "" && run.ID != w.run.ID) {
-		w.noRun++
-		return
-	}
-	if w.run.ID == "" {
-		w.run = waitRun{ID: run.ID, Sent: a.Sent}
-	} else {
-		w.run.Reads++
-	}
-	if !finalStatus[run.Status] {
-		return
-	}
-	if a.InWindow {
-		w.run.Answered = a.Answered
-		w.done = append(w.done, w.run)
-	}
-	w.run = waitRun{}
-}
+func (w waitResult) RunsPerSec() float64 { return perSec(w.Runs, w.Window) }
 
 // measureWait runs the long poll: at each count, p.WaitRounds rounds of
 // valruns then the peer.
@@ -93,10 +49,9 @@ func measureWait(ctx context.Context, e *env, p plan) []waitResult {
 					return out
 				}
 				r := waitResult{Side: []string{valrunsSide, peerSide}[i], Clients: n, Round: round}
-				if err := e.loopWait(ctx, m, p.Wait, &r); err != nil {
-					r.Failed = err.Error()
-					fmt.Fprintf(os.Stderr, "bench: wait %s: %v\n", r.Side, err)
-				}
+				r.Failed = failed("wait "+r.Side, e.loop(ctx, m, n, p.Wait, true, nil, func(rg *rig, w window) error {
+					return r.read(ctx, rg, w)
+				}))
 				out = append(out, r)
 				say("wait %-8s c=%-3d round %d: %5.0f runs/s, start to answer p50 / p99 %s / %s ms, %d of %d answered within 5 ms of finished_at",
 					r.Side, n, round, r.RunsPerSec(), ms(r.P50), ms(r.P99), r.Within5, r.Runs)
@@ -106,68 +61,23 @@ func measureWait(ctx context.Context, e *env, p plan) []waitResult {
 	return out
 }
 
-// loopWait runs r's clients in the closed loop of start then long poll on
-// a rig running m, then reads the runs' finished_at.
-func (e *env) loopWait(ctx context.Context, m e2eMode, t timing, r *waitResult) error {
-	rg, token, err := e.startMode(ctx, m)
-	if err != nil {
-		return err
-	}
-	defer rg.close()
-	start, body, run := rg.base+e.orgs[0].startPath(), []byte(startBody), time.Now().UnixNano()
-	clients := make([]waitClient, r.Clients)
-	next := func(c, i int) request {
-		if id := clients[c].run.ID; id != "" {
-			h := headerFor(token, "")
-			h.Set("Prefer", "wait=10")
-			return request{http.MethodGet, rg.base + "/api/runs/" + id + "/", h, nil}
-		}
-		return request{http.MethodPost, start, headerFor(token, fmt.Sprintf("wait-%d-%d-%d", run, c, i)), body}
-	}
-	res := runLoad(ctx, r.Clients, t.Warm, t.Dur, next, loadOptions{Follow: func(a answer) { clients[a.Client].follow(a) }})
-	if err := rg.exited(); err != nil {
-		return err
-	}
-	var runs []waitRun
-	for _, c := range clients {
-		runs, r.Errors = append(runs, c.done...), r.Errors+c.noRun
-	}
-	r.Window, r.Errors = res.Duration, r.Errors+res.Errors+res.Non2xx+res.Unexpected
+// read sets r from a window of the long poll: no answer may be an error
+// or name no run; then the runs' finished_at.
+func (r *waitResult) read(ctx context.Context, rg *rig, w window) error {
+	l := w.load
+	r.Window, r.Errors = l.Duration, w.noRun+l.Errors+l.Non2xx+l.Unexpected
 	if r.Errors > 0 {
-		return fmt.Errorf("%d answers were errors or named no run (first error: %s, non-2xx: %v)", r.Errors, res.FirstError, res.Statuses)
+		return fmt.Errorf("%d answers were errors or named no run (first error: %s, non-2xx: %v)", r.Errors, l.FirstError, l.Statuses)
 	}
-	finished := map[string]time.Time{}
-	rows, err := rg.conn.Query(ctx, `SELECT id::text, finished_at FROM validation_runs WHERE id = ANY($1::uuid[]) AND finished_at IS NOT NULL`, runIDs(runs))
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var id string
-		var at time.Time
-		if err := rows.Scan(&id, &at); err != nil {
-			return err
-		}
-		finished[id] = at
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	r.tally(runs, finished)
-	return nil
-}
-
-func runIDs(runs []waitRun) []string {
-	ids := make([]string, len(runs))
-	for i, x := range runs {
-		ids[i] = x.ID
-	}
-	return ids
+	finished, err := finishedAt(ctx, rg.conn, w.runs)
+	r.tally(w.runs, finished)
+	return err
 }
 
 // tally sets r's figures from its runs and their finished_at (by run id):
 // start to answer over every run, the gap answer - finished_at over those
 // with a finished_at.
-func (r *waitResult) tally(runs []waitRun, finished map[string]time.Time) {
+func (r *waitResult) tally(runs []sentRun, finished map[string]time.Time) {
 	var took, gaps []time.Duration
 	reads := 0
 	for _, x := range runs {

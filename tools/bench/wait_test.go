@@ -83,7 +83,7 @@ func TestWaitFollowAndTally(t *testing.T) {
 	ans := func(body string, sent, answered time.Duration, in bool) answer {
 		return answer{Status: 200, Sent: at.Add(sent), Answered: at.Add(answered), Body: []byte(body), InWindow: in}
 	}
-	var w waitClient
+	w := loopClient{poll: true}
 	w.follow(ans(`{"id":"a","status":"queued"}`, 0, time.Millisecond, false)) // a start in the warm-up
 	require.Equal(t, "a", w.run.ID)
 	w.follow(ans(`{"id":"a","status":"running"}`, 2*time.Millisecond, 10*time.Second, true)) // a long poll that ran out
@@ -96,7 +96,7 @@ func TestWaitFollowAndTally(t *testing.T) {
 	w.follow(ans(`{"id":"d","status":"error"}`, 14*time.Second, 15*time.Second, false)) // after the window
 	w.follow(ans(`{}`, 16*time.Second, 16*time.Second, true))
 	require.Equal(t, 2, w.noRun)
-	require.Equal(t, []waitRun{
+	require.Equal(t, []sentRun{
 		{ID: "a", Sent: at, Answered: at.Add(11*time.Second + 5*time.Millisecond), Reads: 2},
 		{ID: "b", Sent: at.Add(12 * time.Second), Answered: at.Add(13*time.Second + 20*time.Millisecond), Reads: 1},
 	}, w.done)
