@@ -31,12 +31,9 @@ type cleanupResult struct {
 
 var deletedRe = regexp.MustCompile(`deleted ([0-9]+) expired`)
 
-func (e *env) measureCleanup(ctx context.Context, keys int, t timing) cleanupResult {
-	c := cleanupResult{Keys: keys}
-	if err := e.cleanup(ctx, &c, t); err != nil {
-		c.Failed = err.Error()
-		say("cleanup failed: %v", err)
-	}
+func (e *env) measureCleanup(ctx context.Context, keys int, t timing) *cleanupResult {
+	c := &cleanupResult{Keys: keys}
+	c.Failed = failed("cleanup", e.cleanup(ctx, c, t))
 	return c
 }
 

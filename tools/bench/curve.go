@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -148,10 +147,7 @@ func (e *env) runHTTP(ctx context.Context, scenario, side string, clients int, t
 		r.fill(runLoad(ctx, clients, t.Warm, t.Dur, next, loadOptions{Check: check, OnWindow: m.window}), m)
 		return rg.exited()
 	}()
-	if err != nil {
-		r.Failed = err.Error()
-		fmt.Fprintf(os.Stderr, "bench: %s %s c=%d: %v\n", r.Section, scenario, clients, err)
-	}
+	r.Failed = failed(fmt.Sprintf("%s %s c=%d", r.Section, scenario, clients), err)
 	return r
 }
 
@@ -220,12 +216,7 @@ func times(f float64) string {
 	return strconv.FormatFloat(f, 'f', -1, 64) + "x"
 }
 
-func clientsText(n int) string {
-	if n == 1 {
-		return "1 client"
-	}
-	return fmt.Sprintf("%d clients", n)
-}
+func clientsText(n int) string { return plural(n, "client") }
 
 // startCheck is the target of a scenario at clients, from its runs (nil:
 // not run); false when the count has none.
@@ -256,20 +247,15 @@ func measured(x *row) bool { return x != nil && x.Failed == "" }
 
 // rowAt is the run of section and scenario at clients (nil: not run).
 func (r *results) rowAt(section, scenario string, clients int) *row {
-	for i := range r.Rows {
-		if x := &r.Rows[i]; x.Section == section && x.Scenario == scenario && x.Clients == clients {
-			return x
-		}
-	}
-	return nil
+	return find(r.Rows, func(x row) bool { return x.Section == section && x.Scenario == scenario && x.Clients == clients })
 }
 
-// curveCounts are the counts a table lists: the full plan's, and any
-// other count measured.
-func curveCounts(own []int, measured ...int) []int {
+// curveCounts are the counts a table lists: the full plan's own, and the
+// count of any run measured.
+func curveCounts[T any](own []int, runs []T, clients func(T) int) []int {
 	out := slices.Clone(own)
-	for _, n := range measured {
-		if !slices.Contains(out, n) {
+	for _, x := range runs {
+		if n := clients(x); !slices.Contains(out, n) {
 			out = append(out, n)
 		}
 	}
@@ -278,11 +264,7 @@ func curveCounts(own []int, measured ...int) []int {
 }
 
 func (r *results) curveCounts() []int {
-	var ns []int
-	for _, x := range r.Rows {
-		ns = append(ns, x.Clients)
-	}
-	return curveCounts(makePlan(false).Levels, ns...)
+	return curveCounts(makePlan(false).Levels, r.Rows, func(x row) int { return x.Clients })
 }
 
 // curveChecks are the curve's targets at every count that has one, and

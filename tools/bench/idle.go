@@ -40,9 +40,7 @@ func measureIdle(ctx context.Context, e *env, dur time.Duration) []idleResult {
 	var out []idleResult
 	for _, what := range []string{"worker", "serve --worker"} {
 		r := idleResult{Mode: what}
-		if err := e.idle(ctx, &r, dur); err != nil {
-			r.Failed = err.Error()
-		}
+		r.Failed = failed("idle "+what, e.idle(ctx, &r, dur))
 		say("idle %s: %.1f Redis commands/s, %.1f PostgreSQL transactions/s %s", what, r.Commands, r.Xacts, r.Failed)
 		out = append(out, r)
 	}

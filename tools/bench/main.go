@@ -180,27 +180,20 @@ func run(ctx context.Context) error {
 	if err := measureCurve(ctx, e, p, res); err != nil {
 		return err
 	}
-	if p.want("e2e") {
-		res.E2E, res.E2ETiming = measureE2ECurve(ctx, e, p), p.E2E
-	}
-	if p.want("wait") && ctx.Err() == nil {
-		res.Wait, res.WaitTiming = measureWait(ctx, e, p), p.Wait
-	}
-	if p.want("idle") && ctx.Err() == nil {
-		res.Idle = measureIdle(ctx, e, p.Idle)
-	}
-	for _, n := range p.ProfileClients {
-		if p.want("profile") && ctx.Err() == nil {
-			res.Profile = append(res.Profile, e.measureProfile(ctx, n, p.E2E.Warm, p.E2E.Dur, scratch))
+	// part measures a part when the plan wants it and the run goes on.
+	part := func(name string, measure func()) {
+		if p.want(name) && ctx.Err() == nil {
+			measure()
 		}
 	}
-	if p.want("noisy") && ctx.Err() == nil {
-		res.Noisy = measureNoisy(ctx, e, p)
+	part("e2e", func() { res.E2E, res.E2ETiming = measureE2ECurve(ctx, e, p), p.E2E })
+	part("wait", func() { res.Wait, res.WaitTiming = measureWait(ctx, e, p), p.Wait })
+	part("idle", func() { res.Idle = measureIdle(ctx, e, p.Idle) })
+	for _, n := range p.ProfileClients {
+		part("profile", func() { res.Profile = append(res.Profile, e.measureProfile(ctx, n, p.E2E, scratch)) })
 	}
-	if p.want("cleanup") && ctx.Err() == nil {
-		c := e.measureCleanup(ctx, p.CleanupKeys, p.HTTP)
-		res.Cleanup = &c
-	}
+	part("noisy", func() { res.Noisy = measureNoisy(ctx, e, p) })
+	part("cleanup", func() { res.Cleanup = e.measureCleanup(ctx, p.CleanupKeys, p.HTTP) })
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}

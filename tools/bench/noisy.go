@@ -155,9 +155,7 @@ func (e *env) paceB(ctx context.Context, rg *rig, mode string, warm, dur, wait t
 	if err == nil {
 		err = e2eTimes(ctx, rg.conn, clock.from, clock.to, b.ID, wait, &res)
 	}
-	if err != nil {
-		res.Failed = err.Error()
-	}
+	res.Failed = failed("noisy B "+mode, err)
 	return res
 }
 

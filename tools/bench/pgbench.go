@@ -111,33 +111,30 @@ func (e *env) availableConns(ctx context.Context) int {
 // after checking it there.
 func (e *env) runPgbench(ctx context.Context, s sqlScript, clients int, t timing) row {
 	r := row{Section: "pgbench", Scenario: s.Scenario, Clients: clients}
-	fail := func(err error) row {
-		r.Failed = err.Error()
-		return r
-	}
-	rg, err := e.newRig(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	defer rg.close()
-	if err := e.checkScript(ctx, rg.conn, rg.db, s); err != nil {
-		return fail(err)
-	}
-	c := min(clients, e.availableConns(ctx))
-	// With more of one organisation's transactions in flight than its usage
-	// slots, the server's start would wait for a slot (its slow path); the
-	// script's goes slow and writes nothing.
-	if s.Slots {
-		c = min(c, models.UsageSlots)
-	}
-	if c != clients {
-		r.CappedAt = c
-	}
-	secs := func(d time.Duration) string { return strconv.Itoa(max(1, int(d.Round(time.Second).Seconds()))) }
-	_, _, _ = e.pgbench(ctx, rg.db, s.Path, c, "-T", secs(t.Warm))
-	if r.RPS, r.Errors, err = e.pgbench(ctx, rg.db, s.Path, c, "-T", secs(t.Dur)); err != nil {
-		return fail(err)
-	}
+	r.Failed = failed(fmt.Sprintf("pgbench %s c=%d", s.Path, clients), func() error {
+		rg, err := e.newRig(ctx)
+		if err != nil {
+			return err
+		}
+		defer rg.close()
+		if err := e.checkScript(ctx, rg.conn, rg.db, s); err != nil {
+			return err
+		}
+		c := min(clients, e.availableConns(ctx))
+		// With more of one organisation's transactions in flight than its
+		// usage slots, the server's start would wait for a slot (its slow
+		// path); the script's goes slow and writes nothing.
+		if s.Slots {
+			c = min(c, models.UsageSlots)
+		}
+		if c != clients {
+			r.CappedAt = c
+		}
+		secs := func(d time.Duration) string { return strconv.Itoa(max(1, int(d.Round(time.Second).Seconds()))) }
+		_, _, _ = e.pgbench(ctx, rg.db, s.Path, c, "-T", secs(t.Warm))
+		r.RPS, r.Errors, err = e.pgbench(ctx, rg.db, s.Path, c, "-T", secs(t.Dur))
+		return err
+	}())
 	return r
 }
 

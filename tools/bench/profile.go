@@ -39,16 +39,13 @@ type profileResult struct {
 	Top                                                      []string      // `go tool pprof -top -cum` of the API
 }
 
-func (e *env) measureProfile(ctx context.Context, clients int, warm, dur time.Duration, scratch string) profileResult {
+func (e *env) measureProfile(ctx context.Context, clients int, t timing, scratch string) profileResult {
 	r := profileResult{Clients: clients}
-	if err := e.profile(ctx, &r, warm, dur, scratch); err != nil {
-		r.Failed = err.Error()
-		say("profile: %v", err)
-	}
+	r.Failed = failed("profile", e.profile(ctx, &r, t, scratch))
 	return r
 }
 
-func (e *env) profile(ctx context.Context, r *profileResult, warm, dur time.Duration, scratch string) error {
+func (e *env) profile(ctx context.Context, r *profileResult, t timing, scratch string) error {
 	rg, err := e.newRig(ctx)
 	if err != nil {
 		return err
@@ -79,7 +76,7 @@ func (e *env) profile(ctx context.Context, r *profileResult, warm, dur time.Dura
 		return m
 	}
 	sm, wm := &usageMeter{pid: srv.cmd.Process.Pid}, &usageMeter{pid: worker.cmd.Process.Pid}
-	res := runLoad(ctx, r.Clients, warm, dur, next, loadOptions{OnWindow: func(open bool) {
+	res := runLoad(ctx, r.Clients, t.Warm, t.Dur, next, loadOptions{OnWindow: func(open bool) {
 		sm.window(open)
 		wm.window(open)
 		if open {
@@ -87,7 +84,7 @@ func (e *env) profile(ctx context.Context, r *profileResult, warm, dur time.Dura
 			// pprof fetches the profile itself and keeps it in PPROF_TMPDIR.
 			go func() {
 				cmd := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-cum", "-nodecount=25",
-					"-seconds", strconv.Itoa(max(int(dur/time.Second)-1, 1)), e.bin, "http://"+pprofAddr+"/debug/pprof/profile")
+					"-seconds", strconv.Itoa(max(int(t.Dur/time.Second)-1, 1)), e.bin, "http://"+pprofAddr+"/debug/pprof/profile")
 				cmd.Env = append(os.Environ(), "PPROF_TMPDIR="+scratch)
 				out, err := cmd.Output()
 				for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {

@@ -157,42 +157,34 @@ func (r *results) machineSection() section {
 // answer that was not as expected.
 func (r *results) failures() []string {
 	var errs []string
-	for _, x := range r.Rows {
-		if x.Failed != "" {
-			errs = append(errs, fmt.Sprintf("%s %s at %d failed: %s", x.Section, x.Scenario, x.Clients, short(x.Failed, 200)))
-		} else if x.Errors+x.Non2xx+x.Unexpect > 0 {
-			errs = append(errs, fmt.Sprintf("%s %s at %d: %d transport errors, %d non-2xx, %d unexpected (%s)",
-				x.Section, x.Scenario, x.Clients, x.Errors, x.Non2xx, x.Unexpect, strings.Join(x.Notes, "; ")))
+	add := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Sprintf(format, args...))
 		}
+	}
+	for _, x := range r.Rows {
+		add(x.Failed != "", "%s %s at %d failed: %s", x.Section, x.Scenario, x.Clients, short(x.Failed, 200))
+		add(x.Failed == "" && x.Errors+x.Non2xx+x.Unexpect > 0, "%s %s at %d: %d transport errors, %d non-2xx, %d unexpected (%s)",
+			x.Section, x.Scenario, x.Clients, x.Errors, x.Non2xx, x.Unexpect, strings.Join(x.Notes, "; "))
 	}
 	for _, x := range r.E2E {
-		if x.Failed != "" {
-			errs = append(errs, fmt.Sprintf("e2e %s at %d failed", x.Mode, x.Clients))
-		} else if x.Errors > 0 {
-			errs = append(errs, fmt.Sprintf("e2e %s at %d: %d answers were errors", x.Mode, x.Clients, x.Errors))
-		}
+		add(x.Failed != "", "e2e %s at %d failed", x.Mode, x.Clients)
+		add(x.Failed == "" && x.Errors > 0, "e2e %s at %d: %d answers were errors", x.Mode, x.Clients, x.Errors)
 	}
 	for _, x := range r.Wait {
-		if x.Failed != "" {
-			errs = append(errs, fmt.Sprintf("wait %s at %d, round %d failed", x.Side, x.Clients, x.Round))
-		}
+		add(x.Failed != "", "wait %s at %d, round %d failed", x.Side, x.Clients, x.Round)
 	}
 	for _, x := range r.Idle {
-		if x.Failed != "" {
-			errs = append(errs, "idle "+x.Mode+" failed")
-		}
+		add(x.Failed != "", "idle %s failed", x.Mode)
 	}
 	for _, x := range r.Profile {
-		if x.Failed != "" {
-			errs = append(errs, "the profile at "+clientsText(x.Clients)+" failed")
-		}
+		add(x.Failed != "", "the profile at %s failed", clientsText(x.Clients))
 	}
 	if r.Noisy != nil {
 		errs = append(errs, r.Noisy.failures()...)
 	}
-	if c := r.Cleanup; c != nil && (c.Failed != "" || c.Without.Errors+c.Without.Non2xx+c.During.Errors+c.During.Non2xx > 0) {
-		errs = append(errs, "the cleanup failed or its starts had errors")
-	}
+	c := r.Cleanup
+	add(c != nil && (c.Failed != "" || c.Without.Errors+c.Without.Non2xx+c.During.Errors+c.During.Non2xx > 0), "the cleanup failed or its starts had errors")
 	return errs
 }
 
@@ -248,3 +240,21 @@ func failed(what string, err error) string {
 
 // perSec is n over d, per second.
 func perSec(n int, d time.Duration) float64 { return float64(n) / max(d.Seconds(), 1e-9) }
+
+// find is the first of xs that is (nil: none).
+func find[T any](xs []T, is func(T) bool) *T {
+	for i := range xs {
+		if is(xs[i]) {
+			return &xs[i]
+		}
+	}
+	return nil
+}
+
+// plural is n things: "1 client", "8 clients".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
