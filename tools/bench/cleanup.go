@@ -149,18 +149,16 @@ func (c *cleanupResult) checks() []check {
 }
 
 func (c *cleanupResult) section() section {
-	s := section{Heading: "## Cleanup", Checks: c.checks()}
+	s := section{Heading: "## Cleanup", Checks: c.checks(), Intro: "FAILED: " + short(c.Failed, 400)}
 	if c.Failed != "" {
-		s.Body = "FAILED: " + short(c.Failed, 400) + "\n"
 		return s
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%d expired keys (copies of a key row the server wrote), deleted by `valruns cleanup` alone: %d keys in %.2f s, "+
+	s.Intro = fmt.Sprintf("%d expired keys (copies of a key row the server wrote), deleted by `valruns cleanup` alone: %d keys in %.2f s, "+
 		"%.1f MB of WAL (`pg_current_wal_lsn()` before and after: the whole server's). Then as many again while new-key starts arrive from %d clients: "+
-		"%d keys in %.2f s; the window of the starts \"during\" is the cleanup's.\n\n",
+		"%d keys in %.2f s; the window of the starts \"during\" is the cleanup's.",
 		c.Keys, c.AloneKeys, c.Alone.Seconds(), float64(c.AloneWAL)/(1<<20), cleanupClients, c.DuringKeys, c.DuringTime.Seconds())
-	b.WriteString(checkTable(s.Checks))
-	b.WriteString("\n| starts | rps | p50 ms | p99 ms | p99.9 ms | errors | non-2xx | CPU ms/req |\n|---|---|---|---|---|---|---|---|\n")
+	var b strings.Builder
+	b.WriteString("| starts | rps | p50 ms | p99 ms | p99.9 ms | errors | non-2xx | CPU ms/req |\n|---|---|---|---|---|---|---|---|\n")
 	for _, x := range []row{c.Without, c.During} {
 		fmt.Fprintf(&b, "| %s | %.0f | %s | %s | %s | %d | %d | %s |\n", x.Scenario, x.RPS, ms(x.P50), ms(x.P99), ms(x.P999), x.Errors, x.Non2xx, ms3(x.CPUPerReq))
 	}

@@ -284,33 +284,34 @@ func (r *results) curveChecks() []check {
 		fmt.Sprintf("%.0f / %.0f rps", keyed, none)))
 }
 
-// curveSection is the start curve: one table per scenario.
+// curveSection is the start curve: its targets, then a table per
+// scenario and issue 48's.
 func (r *results) curveSection() section {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Each scenario at every client count, `valruns serve` beside the peer, back to back at each count "+
-		"(%s warm-up, %s measured, a fresh database each; in rounds, valruns and the peer in turn: a row is the rounds' mean), "+
-		"and the database's limit at the same count: pgbench of the peer's one `INSERT` (`%s`), %s measured; "+
-		"\"own SQL\" is pgbench of valruns' start statements (`%s`, one organisation). pgbench runs with `-M prepared`, its connections capped by "+
-		"`max_connections` and, for valruns' statements, by the organisation's usage slots (shown when they were).\n",
-		r.Timing.Warm, r.Timing.Dur, peerScript, r.PgTiming.Dur, startScript)
 	for _, sc := range startCurve {
 		fmt.Fprintf(&b, "\n### %s\n\n", sc[1])
-		b.WriteString("| clients | valruns rps | peer rps | valruns / peer | limit: pgbench of the peer's INSERT, tps | valruns / limit | own SQL, tps | valruns p50 / p99 ms | peer p50 / p99 ms | target | result |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| clients | valruns rps | peer rps | valruns / peer | limit: pgbench of the peer's INSERT, tps | valruns / limit | own SQL, tps | valruns p50 / p99 ms | peer p50 / p99 ms |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 		for _, n := range r.curveCounts() {
 			v, p, lim := r.rowAt("valruns", sc[0], n), r.rowAt("peer", sc[0], n), r.rowAt("pgbench", pgbenchPeerScenario, n)
-			verdict := "- | -"
-			if c, has := startCheck(sc[0], n, v, p); has {
-				verdict = cell(c.Target) + " | " + c.result()
-			} else if v == nil && p == nil {
-				verdict = "- | not measured"
-			}
-			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, rpsCell(v), rpsCell(p), fraction(rpsOf(v), rpsOf(p)),
-				rpsCell(lim), fraction(rpsOf(v), rpsOf(lim)), rpsCell(r.rowAt("pgbench", pgbenchStartScenario, n)), latCell(v), latCell(p), verdict)
+			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, rpsCell(v), rpsCell(p), fraction(rpsOf(v), rpsOf(p)),
+				rpsCell(lim), fraction(rpsOf(v), rpsOf(lim)), rpsCell(r.rowAt("pgbench", pgbenchStartScenario, n)), latCell(v), latCell(p))
 		}
 	}
-	b.WriteString(r.strictTable())
-	return section{Heading: "## The curve: starts", Body: b.String(), Checks: r.curveChecks()}
+	b.WriteString("\n### Issue 48: against the stricter peer\n\n" +
+		"The peer without its enqueue (`PEER_ENQUEUE=0`: one `INSERT`, no BullMQ job) in the same rounds, at 1 and 8 clients; the limit is pgbench of that `INSERT`.\n\n")
+	b.WriteString("| scenario | clients | valruns rps | stricter peer rps | valruns / it | valruns p50 / p99 ms | its p50 / p99 ms | valruns / limit |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	r.strictRows(func(sc string, n int, v, p, lim *row) {
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", sc, n, rpsCell(v), rpsCell(p), fraction(rpsOf(v), rpsOf(p)),
+			latCell(v), latCell(p), fraction(rpsOf(v), rpsOf(lim)))
+	})
+	intro := fmt.Sprintf("Valruns (`serve`) beside the peer at each count, %s warm-up, %s measured, a fresh database each; "+
+		"a row is the mean of the rounds, the two sides in turn. The limit: pgbench of the peer's `INSERT` (`%s`), %s measured; "+
+		"own SQL: pgbench of valruns' start statements (`%s`). pgbench runs with `-M prepared`, its connections capped by `max_connections` "+
+		"and for valruns' statements by the organisation's usage slots (shown when they were).",
+		r.Timing.Warm, r.Timing.Dur, peerScript, r.PgTiming.Dur, startScript)
+	return section{Heading: "## The curve: starts", Intro: intro, Checks: r.curveChecks(), Body: b.String()}
 }
 
 // rpsCell is a run's rate (with pgbench's connections when capped), "not
@@ -348,4 +349,65 @@ func fraction(a, b float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2fx", a/b)
+}
+
+// Issue 48's targets for starts: valruns beside the stricter peer, the
+// peer without its BullMQ enqueue (express-idempotency on Redis and `pg`
+// doing one INSERT), at 1 and 8 clients, and at 1 client beside the
+// database's limit of that INSERT (pgbench of the peer's script), at
+// strictCounts, the counts the stricter peer runs at.
+var strictCounts = []int{1, 8}
+
+// strictGoal is issue 48's target at clients: at least ratio times the
+// stricter peer's rps, at 1 client a p50 below its, and at least limit
+// times pgbench of the peer's INSERT (0: no target).
+func strictGoal(clients int) (ratio float64, p50 bool, limit float64) {
+	switch clients {
+	case 1:
+		return 1.2, true, 0.6
+	case 8:
+		return 1.5, false, 0
+	}
+	return 0, false, 0
+}
+
+// strictCheck is issue 48's target of scenario at clients beside the
+// stricter peer p, and when there is one, beside the limit lim.
+func strictCheck(scenario string, clients int, v, p, lim *row) (peer check, limit *check) {
+	bound, p50, atLeast := strictGoal(clients)
+	what := fmt.Sprintf("%s, %s: valruns vs ", scenario, clientsText(clients))
+	peer = check{Name: what + "the peer without its enqueue (issue 48)", Target: ">= " + times(bound) + " it"}
+	var below func(a, b time.Duration) bool
+	if p50 {
+		peer.Target += ", p50 < its"
+		below = func(a, b time.Duration) bool { return a < b }
+	}
+	peer = versus(peer, bound, v, p, below)
+	if atLeast > 0 {
+		c := ratio(check{Name: what + "the limit of the peer's INSERT (issue 48)", Target: ">= " + times(atLeast) + " the limit"},
+			measured(v) && measured(lim), rpsOf(v), rpsOf(lim), atLeast, false, fmt.Sprintf("%.0f rps / %.0f tps", rpsOf(v), rpsOf(lim)))
+		limit = &c
+	}
+	return peer, limit
+}
+
+// strictRows are the starts issue 48 names, at each of its counts.
+func (r *results) strictRows(each func(scenario string, clients int, v, p, lim *row)) {
+	for _, sc := range []string{noKey, newKey} {
+		for _, n := range strictCounts {
+			each(sc, n, r.rowAt(valrunsSide, sc, n), r.rowAt(strictSide, sc, n), r.rowAt("pgbench", pgbenchPeerScenario, n))
+		}
+	}
+}
+
+// strictChecks are issue 48's targets of starts.
+func (r *results) strictChecks() []check {
+	var out []check
+	r.strictRows(func(sc string, n int, v, p, lim *row) {
+		peer, limit := strictCheck(sc, n, v, p, lim)
+		if out = append(out, peer); limit != nil {
+			out = append(out, *limit)
+		}
+	})
+	return out
 }

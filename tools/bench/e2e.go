@@ -364,17 +364,7 @@ func waitOf(r *e2eResult, p99 bool) time.Duration {
 // e2eSection is end to end: the targets, and one row per loop.
 func (r *results) e2eSection() section {
 	var b strings.Builder
-	fmt.Fprintf(&b, "A closed loop of new-key starts (%s warm-up, %s measured, a fresh database each) at each client count, "+
-		"valruns in each mode beside the peer in its matching mode, back to back; then the harness waits for the window's runs to end. "+
-		"Runs finished per second come from the runs' own timestamps. Start to final, which the targets judge, runs from the moment the harness sent the request to the run's finished_at: "+
-		"what a waiting client feels. The runs' own finished_at - created_at (\"timestamps\") does not start at the same point on both sides: "+
-		"the peer stamps created_at in its INSERT, after its middleware, its idempotency library's Redis calls and its pool wait, valruns when it reads the request. "+
-		"Runs a 201 named that were not final when the harness stopped waiting are counted (then the p99 is a floor). "+
-		"The peer's start enqueues a BullMQ job after its INSERT; its worker (ajv, no CEL) writes status, times and findings in one statement.\n\n",
-		r.E2ETiming.Warm, r.E2ETiming.Dur)
-	cs := r.e2eChecks()
-	b.WriteString(checkTable(cs))
-	b.WriteString("\n| clients | mode | runs finished/s | finished / started | start to final p50 / p99 ms | timestamps p50 ms | not final |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("| clients | mode | runs finished/s | finished / started | start to final p50 / p99 ms | timestamps p50 ms | not final |\n|---|---|---|---|---|---|---|\n")
 	for _, x := range r.E2E {
 		if x.Failed != "" {
 			fmt.Fprintf(&b, "| %d | %s | FAILED: %s | | | | |\n", x.Clients, x.Mode, cell(short(x.Failed, 300)))
@@ -382,7 +372,14 @@ func (r *results) e2eSection() section {
 		}
 		fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %s | %s | %d |\n", x.Clients, x.Mode, x.FinishedPerSec(), x.Ratio(), waitCell(x), ms(x.FinalP50), x.WaitUnfinished)
 	}
-	return section{Heading: "## The curve: end to end", Body: b.String(), Checks: cs}
+	intro := fmt.Sprintf("A closed loop of new-key starts (%s warm-up, %s measured, a fresh database each), each valruns mode beside the peer's matching mode, "+
+		"back to back; then the harness waits for the window's runs to end. Runs finished/s come from the runs' own timestamps. "+
+		"Start to final, which the targets judge, runs from the request sent to the run's finished_at: what a waiting client feels. "+
+		"\"timestamps\" (finished_at - created_at) start at different points: the peer stamps created_at in its INSERT, after its middleware, "+
+		"its idempotency library's Redis calls and its pool wait, valruns when it reads the request. Runs not final when the harness stopped waiting "+
+		"are counted (then the p99 is a floor). The peer's worker (ajv, no CEL) writes status, times and findings in one statement.",
+		r.E2ETiming.Warm, r.E2ETiming.Dur)
+	return section{Heading: "## The curve: end to end", Intro: intro, Checks: r.e2eChecks(), Body: b.String()}
 }
 
 // fin is a measured loop's runs finished per second, else 0.
@@ -551,17 +548,7 @@ func waitP99Check(n int, vs, peers []waitResult) check {
 // waitSection is the long poll: the targets, and one row per round and side.
 func (r *results) waitSection() section {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Each client, in a closed loop, starts a run with a new key, then reads it with `Prefer: wait=10` until it is final (passed, failed or error), "+
-		"then starts the next (%s warm-up, %s measured, a fresh database each); valruns (`serve` + `worker`, two processes) beside the peer (server.js + worker.js, two processes), "+
-		"in rounds, in turn. The peer's read waits for the run's job with BullMQ's QueueEvents and `job.waitUntilFinished`, then reads the row. "+
-		"A run counts when its final answer was read inside the window. Start to answer runs from the start's request sent to the final answer read. "+
-		"The gap is the final answer read minus the run's finished_at, read from PostgreSQL after the window: finished_at is the final transaction's now(), "+
-		"taken before its commit, so the gap slightly over-counts the time from the commit to the answer; the harness and PostgreSQL share one clock on one machine. "+
-		"The 5 ms target pools valruns' rounds at a count; the peer's gap is shown beside it, not judged.\n\n",
-		r.WaitTiming.Warm, r.WaitTiming.Dur)
-	cs := r.waitChecks()
-	b.WriteString(checkTable(cs))
-	b.WriteString("\n| clients | round | side | runs/s | start to answer p50 / p99 ms | reads per run | answered within 5 ms of finished_at | gap p50 / p99.9 ms |\n|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| clients | round | side | runs/s | start to answer p50 / p99 ms | reads per run | answered within 5 ms of finished_at | gap p50 / p99.9 ms |\n|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Wait {
 		if x.Failed != "" {
 			fmt.Fprintf(&b, "| %d | %d | %s | FAILED: %s | | | | |\n", x.Clients, x.Round, x.Side, cell(short(x.Failed, 300)))
@@ -574,5 +561,12 @@ func (r *results) waitSection() section {
 		fmt.Fprintf(&b, "| %d | %d | %s | %.0f | %s / %s | %.2f | %s | %s / %s |\n",
 			x.Clients, x.Round, x.Side, x.RunsPerSec(), ms(x.P50), ms(x.P99), x.ReadsPerRun, share, ms(x.GapP50), ms(x.GapP999))
 	}
-	return section{Heading: "## Long poll: start to final answer", Body: b.String(), Checks: cs}
+	intro := fmt.Sprintf("Each client starts a run with a new key, reads it with `Prefer: wait=10` until it is final, then starts the next "+
+		"(%s warm-up, %s measured, a fresh database each); valruns (`serve` + `worker`) beside the peer (server.js + worker.js, its read waiting "+
+		"with BullMQ's QueueEvents and `job.waitUntilFinished`), in rounds, in turn. A run counts when its final answer was read in the window; "+
+		"start to answer runs from the start sent to that answer. The gap is that answer less the run's finished_at (read from PostgreSQL "+
+		"after the window): finished_at is the final transaction's now(), taken before its commit, so the gap slightly over-counts; "+
+		"one clock on one machine. The 5 ms target pools valruns' rounds; the peer's gap is shown, not judged.",
+		r.WaitTiming.Warm, r.WaitTiming.Dur)
+	return section{Heading: "## Long poll: start to final answer", Intro: intro, Checks: r.waitChecks(), Body: b.String()}
 }

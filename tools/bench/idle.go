@@ -103,26 +103,17 @@ func commandStats(ctx context.Context, rdb *redis.Client, errp *error) map[strin
 
 func idleSection(rs []idleResult) section {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Each process idle for its window, after %s to start, on a Redis and a database of its own: "+
-		"the Redis commands it sent per second (the change in `INFO commandstats`, the harness's one INFO left out), the commands it sent most, "+
-		"and the transactions PostgreSQL ran for its database per second (`pg_stat_database`).\n\n", idleSettle)
 	var cs []check
+	b.WriteString("| process | Redis commands/s | the most sent, per second | PostgreSQL transactions/s |\n|---|---|---|---|\n")
 	for _, r := range rs {
 		c := check{Name: fmt.Sprintf("idle `valruns %s`: Redis commands per second", r.Mode), Target: fmt.Sprintf("<= %.0f/s", idleMost)}
 		if r.Failed != "" {
-			c = notMeasured(c)
-		} else {
-			c.Measured, c.Pass = fmt.Sprintf("%.1f/s over %s", r.Commands, r.Window.Round(time.Second)), r.Commands <= idleMost
-		}
-		cs = append(cs, c)
-	}
-	b.WriteString(checkTable(cs))
-	b.WriteString("\n| process | Redis commands/s | the most sent, per second | PostgreSQL transactions/s |\n|---|---|---|---|\n")
-	for _, r := range rs {
-		if r.Failed != "" {
+			cs = append(cs, notMeasured(c))
 			fmt.Fprintf(&b, "| `valruns %s` | FAILED: %s | | |\n", r.Mode, cell(short(r.Failed, 300)))
 			continue
 		}
+		c.Measured, c.Pass = fmt.Sprintf("%.1f/s over %s", r.Commands, r.Window.Round(time.Second)), r.Commands <= idleMost
+		cs = append(cs, c)
 		names := slices.SortedFunc(maps.Keys(r.Top), func(a, b string) int { return cmp.Or(cmp.Compare(r.Top[b], r.Top[a]), strings.Compare(a, b)) })
 		var top []string
 		for _, n := range names[:min(len(names), 5)] {
@@ -130,5 +121,8 @@ func idleSection(rs []idleResult) section {
 		}
 		fmt.Fprintf(&b, "| `valruns %s` | %.1f | %s | %.1f |\n", r.Mode, r.Commands, strings.Join(top, ", "), r.Xacts)
 	}
-	return section{Heading: "## Idle", Body: b.String(), Checks: cs}
+	intro := fmt.Sprintf("Each process idle for its window, after %s to start, on a Redis and a database of its own: the Redis commands it sent "+
+		"per second (the change in `INFO commandstats`, less the harness's one INFO), the most sent, and PostgreSQL's transactions per second "+
+		"for its database (`pg_stat_database`).", idleSettle)
+	return section{Heading: "## Idle", Intro: intro, Checks: cs, Body: b.String()}
 }

@@ -275,20 +275,17 @@ func (x *noisyLog) failures() []string {
 
 // section is the noisy neighbour's section of the results.
 func (x *noisyLog) section() section {
-	var b strings.Builder
-	fmt.Fprintf(&b, "Load average %s (1 min). ", x.Load)
-	b.WriteString("Organisation A floods, organisation B starts a run every 0.5 s (~2 starts/s, new keys, the bench invoice workflow), on `valruns serve` + `valruns worker` (a fresh database each). ")
-	fmt.Fprintf(&b, "B's start latency is the 201's round trip; start-to-final is B's runs' `finished_at - created_at`. "+
-		"\"alone\": B's %s window with nothing else; \"A floods\": the same while A sends new-key starts from %d clients, closed loop; "+
-		"\"behind A's slow runs\": A first queues %d runs of the fault suite's heavy workflow (%d CEL scans of %d integers) with no worker running, then the worker starts and B starts %d runs. "+
-		"\"A alone\": A's closed loop of %d clients for %s, its runs started and finished per second (end to end, as the curve's loops). "+
-		"A p99 over fewer than 100 samples is nearly the maximum.\n\n",
-		x.Dur, x.Clients, x.BacklogRuns, workload.SlowChecks, workload.SlowItems, x.BacklogB, x.Clients, x.Dur)
+	intro := fmt.Sprintf("Load average %s (1 min). Organisation A floods, organisation B starts a run every 0.5 s (new keys, the bench invoice), "+
+		"on `valruns serve` + `valruns worker` (a fresh database each). B's start latency is the 201's round trip; start-to-final is B's runs' "+
+		"`finished_at - created_at`. \"alone\": B's %s window with nothing else; \"A floods\": the same while A sends new-key starts from %d clients; "+
+		"\"behind A's slow runs\": A first queues %d runs of the fault suite's heavy workflow (%d CEL scans of %d integers) with no worker running, "+
+		"then the worker starts and B starts %d runs. \"A alone\": A's closed loop of %d clients for %s, end to end. "+
+		"A p99 over fewer than 100 samples is nearly the maximum.",
+		x.Load, x.Dur, x.Clients, x.BacklogRuns, workload.SlowChecks, workload.SlowItems, x.BacklogB, x.Clients, x.Dur)
 	if len(x.ServerEnv) > 0 {
-		fmt.Fprintf(&b, "BENCH_SERVER_ENV for every process: `%s`.\n\n", strings.Join(x.ServerEnv, " "))
+		intro += fmt.Sprintf("\n\nBENCH_SERVER_ENV for every process: `%s`.", strings.Join(x.ServerEnv, " "))
 	}
-	cs := x.checks()
-	b.WriteString(checkTable(cs))
+	var b strings.Builder
 	for _, v := range x.Variants {
 		fmt.Fprintf(&b, "\n### Settings: %s\n\n", v.label())
 		b.WriteString("| B | starts | start p50 ms | start p99 ms | start-to-final p50 ms | p99 ms | not final | errors | A meanwhile |\n|---|---|---|---|---|---|---|---|---|\n")
@@ -316,5 +313,5 @@ func (x *noisyLog) section() section {
 		fmt.Fprintf(&b, "\nA alone, %d clients: **%.0f starts/s, %.0f runs finished/s** (%.2f), start-to-final p50 %s / p99 %s ms, start answer p50 %s / p99 %s ms, %d answers 429, %d other errors.\n",
 			a.Clients, a.StartedPerSec(), a.FinishedPerSec(), a.Ratio(), ms(a.FinalP50), ms(a.FinalP99), ms(a.StartP50), ms(a.StartP99), a.Limited, a.Errors-a.Limited)
 	}
-	return section{Heading: noisyHeading, Body: b.String(), Checks: cs}
+	return section{Heading: noisyHeading, Intro: intro, Checks: x.checks(), Body: b.String()}
 }

@@ -87,7 +87,7 @@ func TestNoisyMarkdownAndFailure(t *testing.T) {
 	x.ServerEnv = []string{"LOG_LEVEL=warn", "WORKER_CONCURRENCY=20", "ORG_START_RATE=0"}
 	x.Variants[2].AFloodStatuses = map[int]int{429: 7000}
 	x.Variants[2].AFloodRPS = 100
-	md := x.section().Body
+	md := x.section().text(&results{})
 	for _, want := range []string{
 		"| alone | 120 | 10.0 | 30.0 | 30.0 | 60.0 | 0 | 0 | - |",
 		"| A floods | 120 | 160.0 | 480.0 | 500.0 | 1000.0 | 0 | 0 | 64 clients: 500 starts/s answered 201, 0 answers 429 |",

@@ -179,9 +179,6 @@ type profileStage struct {
 // each: a start's stages, a run's, and the API's CPU profile.
 func profileSection(ps []profileResult) section {
 	var b strings.Builder
-	b.WriteString("A closed loop of new-key starts on `serve` + `worker` at each count, one run each. " +
-		"Each figure is a mean over the measured window, from the processes' own histograms read before and after it " +
-		"(but the client's, from the load's own latencies); the hand-off runs after the commit, while the answer is sent: no request waits for it.\n\n")
 	mean := func(in func(time.Duration) string) func(histStat) string {
 		return func(h histStat) string {
 			if h.Count == 0 {
@@ -193,7 +190,7 @@ func profileSection(ps []profileResult) section {
 	d, d3 := mean(ms), mean(ms3) // a lone start's stages take fractions of a millisecond
 	profileTable(&b, "a start, ms", ps, []profileStage{
 		{"the window: starts measured (per second)", func(p profileResult) string {
-			return fmt.Sprintf("%d in %s (%.0f/s)", p.Starts, p.Window.Round(time.Second), float64(p.Starts)/max(p.Window.Seconds(), 1e-9))
+			return fmt.Sprintf("%d in %s (%.0f/s)", p.Starts, p.Window.Round(time.Second), perSec(p.Starts, p.Window))
 		}},
 		{"the request as its client sees it, sent to answer read", func(p profileResult) string { return ms3(p.Client) }},
 		{"the HTTP request, in the API (`valruns_http_request_duration_seconds`): the two below and the rest", func(p profileResult) string { return d3(p.HTTP) }},
@@ -222,7 +219,10 @@ func profileSection(ps []profileResult) section {
 			b.WriteString("```\n" + strings.Join(p.Top, "\n") + "\n```\n")
 		}
 	}
-	return section{Heading: "## Where the time goes", Body: b.String()}
+	intro := "A closed loop of new-key starts on `serve` + `worker` at each count, one run each. Each figure is a mean over the window, " +
+		"from the processes' own histograms read before and after it (the client's from the load's latencies); " +
+		"the hand-off runs after the commit, while the answer is sent: no request waits for it."
+	return section{Heading: "## Where the time goes", Intro: intro, Body: b.String()}
 }
 
 // profileTable writes stages as a table, a column per run: FAILED and why

@@ -73,11 +73,12 @@ func ratio(c check, ok bool, a, b, bound float64, most bool, figures string) che
 	return c
 }
 
-// section is a part of RESULTS.md: its heading, its text, its targets.
+// section is a part of RESULTS.md: its heading, its intro, its targets
+// (written as a table after the intro) and the rest of its body.
 type section struct {
-	Heading string
-	Body    string
-	Checks  []check
+	Heading, Intro string
+	Checks         []check
+	Body           string
 }
 
 // sections are the parts this run measured, in order.
@@ -117,19 +118,25 @@ func (r *results) markdown(old string) string {
 }
 
 // text is the section as written: heading, when, the count of its
-// targets by result, its body.
+// targets by result, its intro, the table of its targets, the rest.
 func (s section) text(r *results) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\nMeasured %s at %s, mode %s.", s.Heading, r.Date.UTC().Format("2006-01-02 15:04 MST"), r.Commit, r.Mode)
+	parts := []string{s.Intro}
 	if len(s.Checks) > 0 {
 		n := map[string]int{}
 		for _, c := range s.Checks {
 			n[c.result()]++
 		}
 		fmt.Fprintf(&b, " Targets: %d PASS, %d MISS, %d not measured.", n["PASS"], n["MISS"], n["not measured"])
+		parts = append(parts, checkTable(s.Checks))
 	}
-	b.WriteString("\n\n" + strings.TrimLeft(s.Body, "\n"))
-	return b.String()
+	for _, p := range append(parts, s.Body) {
+		if p = strings.Trim(p, "\n"); p != "" {
+			b.WriteString("\n\n" + p)
+		}
+	}
+	return b.String() + "\n"
 }
 
 // checkTable is checks as a Markdown table.
