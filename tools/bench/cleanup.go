@@ -49,7 +49,7 @@ func (e *env) cleanup(ctx context.Context, c *cleanupResult, t timing) error {
 	}
 	org, run := e.orgs[0], time.Now().UnixNano()
 	proto, url := fmt.Sprintf("cleanup-proto-%d", run), rg.base+org.startPath()
-	if err := sendAll(ctx, url, []byte(startBody), []http.Header{headerFor(org.Token, proto)}); err != nil {
+	if err := sendAll(ctx, url, []byte(startBody), headerFor(org.Token, proto)); err != nil {
 		return err
 	}
 	if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {

@@ -193,7 +193,7 @@ func (e *env) requests(ctx context.Context, scenario string, peer bool, base str
 		for c := range hs {
 			hs[c] = next(c, 0).Header
 		}
-		return next, check, sendAll(ctx, url, body, hs)
+		return next, check, sendAll(ctx, url, body, hs...)
 	}
 	return next, check, nil
 }

@@ -10,9 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -47,8 +45,7 @@ const startBody = `{"submission":{"customer":"ACME","total":42,"lines":[{"sku":"
 
 type env struct {
 	root, bin, logDir string
-	baseURL           *url.URL // DATABASE_URL
-	pg                *pgx.ConnConfig
+	baseURL           *url.URL  // DATABASE_URL
 	admin             *pgx.Conn // to the server's maintenance database
 	prefix, tmpl      string
 	seq               int
@@ -72,11 +69,7 @@ func openEnv(ctx context.Context, root, bin, logDir string, port int) (*env, err
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return nil, fmt.Errorf("DATABASE_URL=%q: the benchmark needs a postgres:// URL", raw)
 	}
-	pg, err := pgx.ParseConfig(raw)
-	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	e := &env{root: root, bin: bin, logDir: logDir, baseURL: u, pg: pg, port: port, created: map[string]bool{},
+	e := &env{root: root, bin: bin, logDir: logDir, baseURL: u, port: port, created: map[string]bool{},
 		prefix: cmp.Or(os.Getenv("BENCH_DB_PREFIX"), "valruns_bench") + fmt.Sprintf("_%d", os.Getpid()), serverEnv: strings.Fields(os.Getenv("BENCH_SERVER_ENV"))}
 	for p := port; p <= port+3; p++ {
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
@@ -198,7 +191,6 @@ func (e *env) makeTemplate(ctx context.Context) error {
 	if _, err := r.start(ctx, "serve"); err != nil {
 		return err
 	}
-	hc := &http.Client{Timeout: 30 * time.Second}
 	for _, name := range []string{"a", "b"} {
 		var o benchOrg
 		out, err := cli("org", "create", "bench org "+name)
@@ -210,10 +202,10 @@ func (e *env) makeTemplate(ctx context.Context) error {
 			o.Token = strings.TrimSpace(out) // alone on stdout
 		}
 		if err == nil {
-			o.Workflow, err = createWorkflow(hc, r.base, o.Token, workflowBody)
+			o.Workflow, err = createWorkflow(ctx, r.base, o.Token, workflowBody)
 		}
 		if err == nil {
-			err = sendOnce(ctx, hc, r.base+o.startPath(), []byte(startBody), headerFor(o.Token, ""))
+			err = sendAll(ctx, r.base+o.startPath(), []byte(startBody), headerFor(o.Token, ""))
 		}
 		if err == nil {
 			err = r.conn.QueryRow(ctx, `SELECT t.id::text, (SELECT coalesce(max(quota), 0) FROM usage_slots s WHERE s.org_id = t.org_id)
@@ -228,20 +220,13 @@ func (e *env) makeTemplate(ctx context.Context) error {
 }
 
 // createWorkflow creates the workflow body defines, as token's organisation.
-func createWorkflow(hc *http.Client, base, token, body string) (string, error) {
-	req, _ := http.NewRequest(http.MethodPost, base+"/api/workflows/", strings.NewReader(body))
-	req.Header = headerFor(token, "")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+func createWorkflow(ctx context.Context, base, token, body string) (string, error) {
+	b, err := post(ctx, base+"/api/workflows/", []byte(body), headerFor(token, ""))
 	var wf struct{ ID string }
-	if resp.StatusCode != http.StatusCreated || json.Unmarshal(b, &wf) != nil || wf.ID == "" {
-		return "", fmt.Errorf("create workflow: %d %s", resp.StatusCode, b)
+	if err == nil && (json.Unmarshal(b, &wf) != nil || wf.ID == "") {
+		err = fmt.Errorf("create workflow: no id in %s", b)
 	}
-	return wf.ID, nil
+	return wf.ID, err
 }
 
 // rig is one measurement's system: a fresh clone of the template, a

@@ -230,45 +230,44 @@ func replayCheck(replayed bool) checkFunc {
 	}
 }
 
-// sendAll sends one start with each header, each answered 201 (sendOnce).
-func sendAll(ctx context.Context, url string, body []byte, hs []http.Header) error {
-	hc := newHTTPClient(1)
-	defer hc.CloseIdleConnections()
+// sendAll sends one start with each header, each answered 201 (post).
+func sendAll(ctx context.Context, url string, body []byte, hs ...http.Header) error {
 	for _, h := range hs {
-		if err := sendOnce(ctx, hc, url, body, h); err != nil {
+		if _, err := post(ctx, url, body, h); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// sendOnce sends a start until it is answered 201: a 503 (the box too busy
-// to hand out a connection in time), a 409 (its own retry still in flight)
-// or a 429 (the organisation's start rate, which stores nothing) is retried
-// with the same key after a while, as a client would.
-func sendOnce(ctx context.Context, hc *http.Client, url string, body []byte, h http.Header) error {
+// post sends body until it is answered 201, and returns that answer: a
+// 503 (the box too busy to hand out a connection in time), a 409 (its own
+// retry still in flight) or a 429 (the organisation's start rate, which
+// stores nothing) is retried with the same key after a while, as a client
+// would.
+func post(ctx context.Context, url string, body []byte, h http.Header) ([]byte, error) {
 	for try := 1; ; try++ {
 		r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		r.Header = h.Clone()
-		resp, err := hc.Do(r)
+		resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(r)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		b, _ := io.ReadAll(resp.Body)
 		_ = resp.Body.Close()
 		switch resp.StatusCode {
 		case http.StatusCreated:
-			return nil
+			return b, nil
 		case http.StatusServiceUnavailable, http.StatusConflict, http.StatusTooManyRequests:
 			if try < 20 {
 				sleep(ctx, 300*time.Millisecond)
 				continue
 			}
 		}
-		return fmt.Errorf("first request of a key: %d %s", resp.StatusCode, short(string(b), 200))
+		return nil, fmt.Errorf("POST %s: %d %s", url, resp.StatusCode, short(string(b), 200))
 	}
 }
 

@@ -193,13 +193,13 @@ func (e *env) backlog(ctx context.Context, rg *rig, v *noisyVariant, x *noisyLog
 	a := e.orgs[0]
 	wfBody, _ := json.Marshal(map[string]any{"name": "noisy heavy", "schema": workload.SlowSchema, "assertions": workload.Scans(workload.SlowChecks)})
 	heavy, _ := json.Marshal(map[string]any{"submission": workload.Items(workload.SlowItems), "metadata": map[string]string{"source": "bench"}})
-	wf, err := createWorkflow(&http.Client{Timeout: 30 * time.Second}, rg.base, a.Token, string(wfBody))
+	wf, err := createWorkflow(ctx, rg.base, a.Token, string(wfBody))
 	hs := make([]http.Header, x.BacklogRuns)
 	for i := range hs {
 		hs[i] = headerFor(a.Token, fmt.Sprintf("heavy-%d-%d", time.Now().UnixNano(), i))
 	}
 	if err == nil {
-		err = sendAll(ctx, rg.base+"/api/workflows/"+wf+"/start/", heavy, hs)
+		err = sendAll(ctx, rg.base+"/api/workflows/"+wf+"/start/", heavy, hs...)
 	}
 	if err == nil {
 		_, err = rg.start(ctx, "worker", v.Settings...)

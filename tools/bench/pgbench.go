@@ -9,7 +9,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -56,11 +55,9 @@ func (e *env) pgbench(ctx context.Context, db, script string, clients int, args 
 	o := e.orgs[0]
 	a := []string{"-n", "-M", "prepared", "-f", filepath.Join(e.root, script),
 		"-D", "org=" + o.ID, "-D", "wf=" + o.Workflow, "-D", "token=" + o.TokenID, "-D", "quota=" + strconv.FormatInt(o.Quota, 10),
-		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(max(1, min(clients, runtime.NumCPU()))),
-		"-h", e.pg.Host, "-p", strconv.Itoa(int(e.pg.Port)), "-U", e.pg.User}
-	cmd := exec.CommandContext(ctx, "pgbench", append(append(a, args...), db)...)
-	cmd.Env = append(os.Environ(), "PGPASSWORD="+e.pg.Password, "PGSSLMODE="+cmp.Or(e.baseURL.Query().Get("sslmode"), "prefer"))
-	out, err := cmd.CombinedOutput()
+		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(max(1, min(clients, runtime.NumCPU())))}
+	// The database's URL in place of its name: libpq reads it whole.
+	out, err := exec.CommandContext(ctx, "pgbench", append(append(a, args...), e.dbURL(db))...).CombinedOutput()
 	tps, failed, aborted := parsePgbench(string(out))
 	if err != nil || aborted {
 		err = fmt.Errorf("pgbench %s: %s", script, pgbenchErrors(string(out)))

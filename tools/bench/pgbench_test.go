@@ -32,11 +32,9 @@ func TestScriptsRunInPgbench(t *testing.T) {
 	require.NoError(t, db.Raw(`INSERT INTO workflows (org_id, name) VALUES (?, 'bench') RETURNING id`, o.ID).Scan(&o.Workflow).Error)
 	require.NoError(t, db.Exec(`INSERT INTO usage_slots (org_id, period, slot, runs, quota, cap)
 		SELECT ?, date_trunc('month', now() AT TIME ZONE 'UTC'), g, 0, 0, 0 FROM generate_series(0, 63) g`, o.ID).Error)
-	cfg, err := pgx.ParseConfig(dbURL)
-	require.NoError(t, err)
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
-	e := &env{root: root, pg: cfg, baseURL: u, orgs: []benchOrg{o}}
+	e := &env{root: root, baseURL: u, orgs: []benchOrg{o}}
 	name := strings.TrimPrefix(u.Path, "/")
 	count := func(q string) (n int) {
 		require.NoError(t, db.Raw(q).Scan(&n).Error)
