@@ -7,7 +7,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -33,23 +32,15 @@ var deletedRe = regexp.MustCompile(`deleted ([0-9]+) expired`)
 
 func (e *env) measureCleanup(ctx context.Context, keys int, t timing) *cleanupResult {
 	c := &cleanupResult{Keys: keys}
-	c.Failed = failed("cleanup", e.cleanup(ctx, c, t))
+	c.Failed = failed("cleanup", e.onRig(ctx, []string{"serve"}, nil, func(rg *rig, ps []*proc) error {
+		return e.cleanup(ctx, rg, ps[0], c, t)
+	}))
 	return c
 }
 
-func (e *env) cleanup(ctx context.Context, c *cleanupResult, t timing) error {
-	rg, err := e.newRig(ctx)
-	if err != nil {
-		return err
-	}
-	defer rg.close()
-	srv, err := rg.start(ctx, "serve")
-	if err != nil {
-		return err
-	}
-	org, run := e.orgs[0], time.Now().UnixNano()
-	proto, url := fmt.Sprintf("cleanup-proto-%d", run), rg.base+org.startPath()
-	if err := sendAll(ctx, url, []byte(startBody), headerFor(org.Token, proto)); err != nil {
+func (e *env) cleanup(ctx context.Context, rg *rig, srv *proc, c *cleanupResult, t timing) (err error) {
+	org, proto := e.orgs[0], "cleanup-proto" // the rig's database is fresh
+	if err := sendAll(ctx, rg.base+org.startPath(), []byte(startBody), headerFor(org.Token, proto)); err != nil {
 		return err
 	}
 	if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {
@@ -63,10 +54,7 @@ func (e *env) cleanup(ctx context.Context, c *cleanupResult, t timing) error {
 	}
 	starts := func(name string, warm, dur time.Duration, stop <-chan struct{}, opened func()) row {
 		r, m := row{Section: "valruns", Scenario: name, Clients: cleanupClients}, &usageMeter{pid: srv.cmd.Process.Pid}
-		next := func(c, i int) request {
-			return request{http.MethodPost, url, headerFor(org.Token, fmt.Sprintf("%s-%d-%d-%d", name, run, c, i)), []byte(startBody)}
-		}
-		r.fill(runLoad(ctx, cleanupClients, warm, dur, next, loadOptions{Stop: stop, OnWindow: func(open bool) {
+		r.fill(runLoad(ctx, cleanupClients, warm, dur, newKeys(rg.base, org, org.Token), loadOptions{Stop: stop, OnWindow: func(open bool) {
 			m.window(open)
 			if open && opened != nil {
 				opened()

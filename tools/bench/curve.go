@@ -122,31 +122,22 @@ func measureCurve(ctx context.Context, e *env, p plan, res *results) error {
 // database.
 func (e *env) runHTTP(ctx context.Context, scenario, side string, clients int, t timing) row {
 	r := row{Section: side, Scenario: scenario, Clients: clients}
-	err := func() error {
-		rg, err := e.newRig(ctx)
-		if err != nil {
-			return err
-		}
-		defer rg.close()
-		what, extra := "serve", []string(nil)
-		switch side {
-		case peerSide:
-			what = "peer"
-		case strictSide:
-			what, extra = "peer", []string{"PEER_ENQUEUE=0"}
-		}
-		srv, err := rg.start(ctx, what, extra...)
-		if err != nil {
-			return err
-		}
+	what, extra := "serve", []string(nil)
+	switch side {
+	case peerSide:
+		what = "peer"
+	case strictSide:
+		what, extra = "peer", []string{"PEER_ENQUEUE=0"}
+	}
+	err := e.onRig(ctx, []string{what}, extra, func(rg *rig, ps []*proc) error {
 		next, check, err := e.requests(ctx, scenario, side != valrunsSide, rg.base, clients)
 		if err != nil {
 			return err
 		}
-		m := &usageMeter{pid: srv.cmd.Process.Pid}
+		m := &usageMeter{pid: ps[0].cmd.Process.Pid}
 		r.fill(runLoad(ctx, clients, t.Warm, t.Dur, next, loadOptions{Check: check, OnWindow: m.window}), m)
-		return rg.exited()
-	}()
+		return nil
+	})
 	r.Failed = failed(fmt.Sprintf("%s %s c=%d", r.Section, scenario, clients), err)
 	return r
 }

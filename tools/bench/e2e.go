@@ -141,7 +141,6 @@ type sentRun struct {
 
 // loopClient is one load client's runs, touched only from its goroutine.
 type loopClient struct {
-	poll  bool    // read each run until it is final before the next start
 	run   sentRun // the run being read ("" ID: the next request is a start)
 	done  []sentRun
 	noRun int // 2xx answers naming no run, or not the run being read
@@ -150,10 +149,11 @@ type loopClient struct {
 // finalStatus: a run in one of these is final.
 var finalStatus = map[string]bool{"passed": true, "failed": true, "error": true}
 
-// follow is the load's Follow: a start's answer names its run; in the
-// long poll a read's says whether the run is final. A run whose last
-// answer (the start's, or the final read's) fell in the window is kept.
-func (w *loopClient) follow(a answer) {
+// follow is the load's Follow: a start's answer names its run; with poll
+// (the long poll: each run read until final before the next start) a
+// read's says whether the run is final. A run whose last answer (the
+// start's, or the final read's) fell in the window is kept.
+func (w *loopClient) follow(a answer, poll bool) {
 	var run struct{ ID, Status string }
 	_ = json.Unmarshal(a.Body, &run)
 	if run.ID == "" || (w.run.ID != "" && run.ID != w.run.ID) {
@@ -165,7 +165,7 @@ func (w *loopClient) follow(a answer) {
 	} else {
 		w.run.Reads++
 	}
-	if w.poll && !finalStatus[run.Status] {
+	if poll && !finalStatus[run.Status] {
 		return
 	}
 	if a.InWindow {
@@ -190,43 +190,31 @@ type window struct {
 // is final) on a rig running m's processes (extra: their settings), then
 // hands the window to read while the rig still runs.
 func (e *env) loop(ctx context.Context, m e2eMode, clients int, t timing, poll bool, extra []string, read func(*rig, window) error) error {
-	rg, err := e.newRig(ctx)
-	if err != nil {
-		return err
-	}
-	defer rg.close()
-	for _, what := range m.Procs {
-		if _, err := rg.start(ctx, what, extra...); err != nil {
-			return err
+	return e.onRig(ctx, m.Procs, extra, func(rg *rig, _ []*proc) error {
+		token := e.orgs[0].Token // none for the peer, which has no authentication
+		if m.Side == peerSide {
+			token = ""
 		}
-	}
-	token := e.orgs[0].Token // none for the peer, which has no authentication
-	if m.Side == peerSide {
-		token = ""
-	}
-	start, body, run := rg.base+e.orgs[0].startPath(), []byte(startBody), time.Now().UnixNano()
-	cs := make([]loopClient, clients)
-	next := func(c, i int) request {
-		if id := cs[c].run.ID; id != "" {
-			h := headerFor(token, "")
-			h.Set("Prefer", "wait=10")
-			return request{http.MethodGet, rg.base + "/api/runs/" + id + "/", h, nil}
+		starts, cs := newKeys(rg.base, e.orgs[0], token), make([]loopClient, clients)
+		next := func(c, i int) request {
+			if id := cs[c].run.ID; id != "" {
+				h := headerFor(token, "")
+				h.Set("Prefer", "wait=10")
+				return request{http.MethodGet, rg.base + "/api/runs/" + id + "/", h, nil}
+			}
+			return starts(c, i)
 		}
-		return request{http.MethodPost, start, headerFor(token, fmt.Sprintf("loop-%d-%d-%d", run, c, i)), body}
-	}
-	for c := range cs {
-		cs[c].poll = poll
-	}
-	clock := &dbClock{ctx: ctx, conn: rg.conn}
-	w := window{load: runLoad(ctx, clients, t.Warm, t.Dur, next, loadOptions{OnWindow: clock.window, Follow: func(a answer) { cs[a.Client].follow(a) }})}
-	if err := cmp.Or(clock.err, rg.exited()); err != nil {
-		return err
-	}
-	for _, c := range cs {
-		w.runs, w.noRun = append(w.runs, c.done...), w.noRun+c.noRun
-	}
-	w.from, w.to = clock.from, clock.to
-	return read(rg, w)
+		clock := &dbClock{ctx: ctx, conn: rg.conn}
+		w := window{load: runLoad(ctx, clients, t.Warm, t.Dur, next, loadOptions{OnWindow: clock.window, Follow: func(a answer) { cs[a.Client].follow(a, poll) }})}
+		if err := cmp.Or(clock.err, rg.exited()); err != nil {
+			return err // a process that ended spoils the window
+		}
+		for _, c := range cs {
+			w.runs, w.noRun = append(w.runs, c.done...), w.noRun+c.noRun
+		}
+		w.from, w.to = clock.from, clock.to
+		return read(rg, w)
+	})
 }
 
 // dbClock is an OnWindow of runLoad that reads the database's clock when

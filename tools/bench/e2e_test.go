@@ -158,10 +158,10 @@ func TestLoopClientKeepsStarts(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	var c loopClient
-	c.follow(answer{Status: http.StatusCreated, Sent: at, Answered: at, Body: []byte(`{"id":"w","status":"queued"}`)}) // the warm-up's
-	c.follow(answer{Status: http.StatusCreated, Sent: at, Answered: at, Body: []byte(`{"id":"5b0f","status":"queued"}`), InWindow: true})
+	c.follow(answer{Status: http.StatusCreated, Sent: at, Answered: at, Body: []byte(`{"id":"w","status":"queued"}`)}, false) // the warm-up's
+	c.follow(answer{Status: http.StatusCreated, Sent: at, Answered: at, Body: []byte(`{"id":"5b0f","status":"queued"}`), InWindow: true}, false)
 	require.Empty(t, c.run.ID, "the next request is a start")
-	c.follow(answer{Status: http.StatusCreated, Sent: at, Body: []byte(`{}`), InWindow: true})
+	c.follow(answer{Status: http.StatusCreated, Sent: at, Body: []byte(`{}`), InWindow: true}, false)
 	require.Equal(t, []sentRun{{ID: "5b0f", Sent: at, Answered: at}}, c.done)
 	require.Equal(t, 1, c.noRun)
 }

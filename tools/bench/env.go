@@ -254,6 +254,23 @@ func (e *env) newRig(ctx context.Context) (*rig, error) {
 	return r, nil
 }
 
+// onRig runs f on a fresh rig running procs (started in order, each with
+// extra), then closes the rig; a process that ended meanwhile is an error.
+func (e *env) onRig(ctx context.Context, procs, extra []string, f func(*rig, []*proc) error) error {
+	rg, err := e.newRig(ctx)
+	if err != nil {
+		return err
+	}
+	defer rg.close()
+	ps := make([]*proc, len(procs))
+	for i, what := range procs {
+		if ps[i], err = rg.start(ctx, what, extra...); err != nil {
+			return err
+		}
+	}
+	return cmp.Or(f(rg, ps), rg.exited())
+}
+
 // open starts the rig's Redis and connects to its database.
 func (r *rig) open(ctx context.Context) (err error) {
 	if r.redis, r.redisURL, err = startRedis(r.e.logDir); err == nil {

@@ -40,22 +40,17 @@ func measureIdle(ctx context.Context, e *env, dur time.Duration) []idleResult {
 	var out []idleResult
 	for _, what := range []string{"worker", "serve --worker"} {
 		r := idleResult{Mode: what}
-		r.Failed = failed("idle "+what, e.idle(ctx, &r, dur))
+		r.Failed = failed("idle "+what, e.onRig(ctx, []string{what}, nil, func(rg *rig, _ []*proc) error {
+			return e.idle(ctx, rg, &r, dur)
+		}))
 		say("idle %s: %.1f Redis commands/s, %.1f PostgreSQL transactions/s %s", what, r.Commands, r.Xacts, r.Failed)
 		out = append(out, r)
 	}
 	return out
 }
 
-func (e *env) idle(ctx context.Context, r *idleResult, dur time.Duration) error {
-	rg, err := e.newRig(ctx)
-	if err != nil {
-		return err
-	}
-	defer rg.close()
-	if _, err := rg.start(ctx, r.Mode); err != nil {
-		return err
-	}
+// idle measures r on rg, its process started.
+func (e *env) idle(ctx context.Context, rg *rig, r *idleResult, dur time.Duration) (err error) {
 	opt, _ := redis.ParseURL(rg.redisURL)
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
@@ -81,7 +76,7 @@ func (e *env) idle(ctx context.Context, r *idleResult, dur time.Duration) error 
 		}
 	}
 	r.Xacts = float64(x1-x0) / secs
-	return cmp.Or(err, rg.exited())
+	return err
 }
 
 // commandStats is INFO commandstats: the calls of each command so far,

@@ -216,6 +216,15 @@ func headerFor(token, key string) http.Header {
 	return h
 }
 
+// newKeys is a requestFunc of starts of o's workflow at base as token
+// ("" for none), each with a key of its own.
+func newKeys(base string, o benchOrg, token string) requestFunc {
+	url, body, run := base+o.startPath(), []byte(startBody), time.Now().UnixNano()
+	return func(c, i int) request {
+		return request{http.MethodPost, url, headerFor(token, fmt.Sprintf("%d-%d-%d", run, c, i)), body}
+	}
+}
+
 // replayCheck judges a 2xx of valruns: a finished key must be answered as
 // a replay (replayed), a new key must not.
 func replayCheck(replayed bool) checkFunc {

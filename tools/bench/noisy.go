@@ -6,6 +6,7 @@ package main
 // and the fair queue on and off in one run.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -99,10 +100,10 @@ func measureNoisy(ctx context.Context, e *env, p plan) *noisyLog {
 		}
 		v := noisyVariant{Settings: settings}
 		say("noisy [%s]: B alone; B while A floods at %d clients; B behind A's %d slow runs; A alone", v.label(), x.Clients, x.BacklogRuns)
-		v.Alone = e.noisyB(ctx, settings, "alone", true, func(rg *rig) e2eResult { return e.paceB(ctx, rg, "alone", x.Warm, x.Dur, 30*time.Second) })
-		v.Flood = e.noisyB(ctx, settings, "A floods", true, func(rg *rig) e2eResult { return e.flood(ctx, rg, &v, x) })
+		v.Alone = e.noisyB(ctx, settings, "alone", modeSeparate.Procs, func(rg *rig) e2eResult { return e.paceB(ctx, rg, "alone", x.Warm, x.Dur, 30*time.Second) })
+		v.Flood = e.noisyB(ctx, settings, "A floods", modeSeparate.Procs, func(rg *rig) e2eResult { return e.flood(ctx, rg, &v, x) })
 		mode := fmt.Sprintf("behind A's %d slow runs", x.BacklogRuns)
-		v.Backlog = e.noisyB(ctx, settings, mode, false, func(rg *rig) e2eResult { return e.backlog(ctx, rg, &v, x, mode) })
+		v.Backlog = e.noisyB(ctx, settings, mode, []string{"serve"}, func(rg *rig) e2eResult { return e.backlog(ctx, rg, &v, x, mode) })
 		v.AAlone = e.measureE2E(ctx, modeSeparate, x.Clients, timing{x.Warm, x.Dur}, x.Dur+30*time.Second, settings...)
 		for _, r := range []e2eResult{v.Alone, v.Flood, v.Backlog, v.AAlone} {
 			if r.Failed != "" {
@@ -118,21 +119,16 @@ func measureNoisy(ctx context.Context, e *env, p plan) *noisyLog {
 	return x
 }
 
-// noisyB measures one of B's rows with measure, on a fresh rig with the
-// variant's settings: serve, and the worker when worker.
-func (e *env) noisyB(ctx context.Context, settings []string, mode string, worker bool, measure func(*rig) e2eResult) e2eResult {
-	rg, err := e.newRig(ctx)
-	if err == nil {
-		defer rg.close()
-		_, err = rg.start(ctx, "serve", settings...)
-	}
-	if err == nil && worker {
-		_, err = rg.start(ctx, "worker", settings...)
-	}
-	if err != nil {
-		return e2eResult{Mode: mode, Failed: err.Error()}
-	}
-	return measure(rg)
+// noisyB measures one of B's rows with measure, on a fresh rig running
+// procs with the variant's settings.
+func (e *env) noisyB(ctx context.Context, settings []string, mode string, procs []string, measure func(*rig) e2eResult) e2eResult {
+	res := e2eResult{Mode: mode}
+	err := e.onRig(ctx, procs, settings, func(rg *rig, _ []*proc) error {
+		res = measure(rg)
+		return nil
+	})
+	res.Failed = cmp.Or(res.Failed, failed("noisy B "+mode, err))
+	return res
 }
 
 // paceB sends B's new-key starts, one every bEvery, for warm then dur,
@@ -141,12 +137,11 @@ func (e *env) noisyB(ctx context.Context, settings []string, mode string, worker
 func (e *env) paceB(ctx context.Context, rg *rig, mode string, warm, dur, wait time.Duration) e2eResult {
 	b := e.orgs[1]
 	res := e2eResult{Mode: mode, Clients: 1}
-	url, body, run := rg.base+b.startPath(), []byte(startBody), time.Now().UnixNano()
 	// The first start leaves after the window has surely opened (warm 0).
-	t0 := time.Now().Add(100 * time.Millisecond)
+	starts, t0 := newKeys(rg.base, b, b.Token), time.Now().Add(100*time.Millisecond)
 	next := func(c, i int) request {
 		time.Sleep(time.Until(t0.Add(time.Duration(i) * bEvery)))
-		return request{http.MethodPost, url, headerFor(b.Token, fmt.Sprintf("b-%d-%d", run, i)), body}
+		return starts(c, i)
 	}
 	clock := &dbClock{ctx: ctx, conn: rg.conn}
 	lr := runLoad(ctx, 1, warm, dur, next, loadOptions{Check: replayCheck(false), OnWindow: clock.window})
@@ -162,12 +157,7 @@ func (e *env) paceB(ctx context.Context, rg *rig, mode string, warm, dur, wait t
 // flood: A floods (new-key starts, x.Clients at once, closed loop) while B
 // starts 2 runs a second; B's window opens once A's flood has warmed up.
 func (e *env) flood(ctx context.Context, rg *rig, v *noisyVariant, x *noisyLog) e2eResult {
-	a := e.orgs[0]
-	url, body, run := rg.base+a.startPath(), []byte(startBody), time.Now().UnixNano()
-	next := func(c, i int) request {
-		return request{http.MethodPost, url, headerFor(a.Token, fmt.Sprintf("a-%d-%d-%d", run, c, i)), body}
-	}
-	stop := make(chan struct{})
+	next, stop := newKeys(rg.base, e.orgs[0], e.orgs[0].Token), make(chan struct{})
 	var ares loadResult
 	var wg sync.WaitGroup
 	wg.Go(func() { ares = runLoad(ctx, x.Clients, x.Warm, 24*time.Hour, next, loadOptions{Stop: stop}) })

@@ -108,12 +108,7 @@ func (e *env) availableConns(ctx context.Context) int {
 // after checking it there.
 func (e *env) runPgbench(ctx context.Context, s sqlScript, clients int, t timing) row {
 	r := row{Section: "pgbench", Scenario: s.Scenario, Clients: clients}
-	r.Failed = failed(fmt.Sprintf("pgbench %s c=%d", s.Path, clients), func() error {
-		rg, err := e.newRig(ctx)
-		if err != nil {
-			return err
-		}
-		defer rg.close()
+	r.Failed = failed(fmt.Sprintf("pgbench %s c=%d", s.Path, clients), e.onRig(ctx, nil, nil, func(rg *rig, _ []*proc) (err error) {
 		if err := e.checkScript(ctx, rg.conn, rg.db, s); err != nil {
 			return err
 		}
@@ -131,7 +126,7 @@ func (e *env) runPgbench(ctx context.Context, s sqlScript, clients int, t timing
 		_, _, _ = e.pgbench(ctx, rg.db, s.Path, c, "-T", secs(t.Warm))
 		r.RPS, r.Errors, err = e.pgbench(ctx, rg.db, s.Path, c, "-T", secs(t.Dur))
 		return err
-	}())
+	}))
 	return r
 }
 

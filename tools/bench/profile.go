@@ -41,30 +41,21 @@ type profileResult struct {
 
 func (e *env) measureProfile(ctx context.Context, clients int, t timing, scratch string) profileResult {
 	r := profileResult{Clients: clients}
-	r.Failed = failed("profile", e.profile(ctx, &r, t, scratch))
+	pprofAddr := fmt.Sprintf("127.0.0.1:%d", e.port+3)
+	r.Failed = failed("profile", e.onRig(ctx, []string{"serve"}, []string{"PPROF_ADDR=" + pprofAddr}, func(rg *rig, ps []*proc) error {
+		return e.profile(ctx, rg, ps[0], pprofAddr, &r, t, scratch)
+	}))
 	return r
 }
 
-func (e *env) profile(ctx context.Context, r *profileResult, t timing, scratch string) error {
-	rg, err := e.newRig(ctx)
-	if err != nil {
-		return err
-	}
-	defer rg.close()
-	pprofAddr := fmt.Sprintf("127.0.0.1:%d", e.port+3)
-	srv, err := rg.start(ctx, "serve", "PPROF_ADDR="+pprofAddr)
-	if err != nil {
-		return err
-	}
+// profile measures r on rg, serve (srv) started with its pprof at pprofAddr.
+func (e *env) profile(ctx context.Context, rg *rig, srv *proc, pprofAddr string, r *profileResult, t timing, scratch string) error {
 	worker, err := rg.start(ctx, "worker")
 	if err != nil {
 		return err
 	}
 	api, wrk := rg.base+"/metrics", fmt.Sprintf("http://127.0.0.1:%d/metrics", e.port+2)
-	org, run := e.orgs[0], time.Now().UnixNano()
-	next := func(c, i int) request {
-		return request{http.MethodPost, rg.base + org.startPath(), headerFor(org.Token, fmt.Sprintf("profile-%d-%d-%d", run, c, i)), []byte(startBody)}
-	}
+	next := newKeys(rg.base, e.orgs[0], e.orgs[0].Token)
 	var (
 		apiBefore, wrkBefore metricsText
 		top                  = make(chan error, 1)
@@ -115,7 +106,7 @@ func (e *env) profile(ctx context.Context, r *profileResult, t timing, scratch s
 		n := time.Duration(r.Starts)
 		r.APICPU, r.WorkerCPU, r.Client = sm.CPU/n, wm.CPU/n, total(res.Latencies)/n
 	}
-	return errors.Join(append(errs, rg.exited())...)
+	return errors.Join(errs...)
 }
 
 // metricsText is a /metrics page: its sample lines.

@@ -83,18 +83,18 @@ func TestWaitFollowAndTally(t *testing.T) {
 	ans := func(body string, sent, answered time.Duration, in bool) answer {
 		return answer{Status: 200, Sent: at.Add(sent), Answered: at.Add(answered), Body: []byte(body), InWindow: in}
 	}
-	w := loopClient{poll: true}
-	w.follow(ans(`{"id":"a","status":"queued"}`, 0, time.Millisecond, false)) // a start in the warm-up
+	var w loopClient
+	w.follow(ans(`{"id":"a","status":"queued"}`, 0, time.Millisecond, false), true) // a start in the warm-up
 	require.Equal(t, "a", w.run.ID)
-	w.follow(ans(`{"id":"a","status":"running"}`, 2*time.Millisecond, 10*time.Second, true)) // a long poll that ran out
-	w.follow(ans(`{"id":"a","status":"passed"}`, 11*time.Second, 11*time.Second+5*time.Millisecond, true))
+	w.follow(ans(`{"id":"a","status":"running"}`, 2*time.Millisecond, 10*time.Second, true), true) // a long poll that ran out
+	w.follow(ans(`{"id":"a","status":"passed"}`, 11*time.Second, 11*time.Second+5*time.Millisecond, true), true)
 	require.Empty(t, w.run.ID, "the next request is a start")
-	w.follow(ans(`{"id":"b","status":"queued"}`, 12*time.Second, 12*time.Second, true))
-	w.follow(ans(`{"id":"c","status":"passed"}`, 13*time.Second, 13*time.Second, true)) // not the run being read
-	w.follow(ans(`{"id":"b","status":"failed"}`, 13*time.Second, 13*time.Second+20*time.Millisecond, true))
-	w.follow(ans(`{"id":"d","status":"queued"}`, 14*time.Second, 14*time.Second, true))
-	w.follow(ans(`{"id":"d","status":"error"}`, 14*time.Second, 15*time.Second, false)) // after the window
-	w.follow(ans(`{}`, 16*time.Second, 16*time.Second, true))
+	w.follow(ans(`{"id":"b","status":"queued"}`, 12*time.Second, 12*time.Second, true), true)
+	w.follow(ans(`{"id":"c","status":"passed"}`, 13*time.Second, 13*time.Second, true), true) // not the run being read
+	w.follow(ans(`{"id":"b","status":"failed"}`, 13*time.Second, 13*time.Second+20*time.Millisecond, true), true)
+	w.follow(ans(`{"id":"d","status":"queued"}`, 14*time.Second, 14*time.Second, true), true)
+	w.follow(ans(`{"id":"d","status":"error"}`, 14*time.Second, 15*time.Second, false), true) // after the window
+	w.follow(ans(`{}`, 16*time.Second, 16*time.Second, true), true)
 	require.Equal(t, 2, w.noRun)
 	require.Equal(t, []sentRun{
 		{ID: "a", Sent: at, Answered: at.Add(11*time.Second + 5*time.Millisecond), Reads: 2},
