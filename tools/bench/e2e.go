@@ -472,13 +472,7 @@ func (r *waitResult) tally(runs []sentRun, finished map[string]time.Time) {
 
 // waitAt are the rounds of side at clients, in order.
 func (r *results) waitAt(side string, clients int) []waitResult {
-	var out []waitResult
-	for _, x := range r.Wait {
-		if x.Side == side && x.Clients == clients {
-			out = append(out, x)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(r.Wait), func(x waitResult) bool { return x.Side != side || x.Clients != clients })
 }
 
 // waitChecks are the long poll's targets (issue 48) at 1 and 8 clients

@@ -45,7 +45,7 @@ type loadResult struct {
 }
 
 // RPS is completed requests per second.
-func (r loadResult) RPS() float64 { return float64(r.Requests) / max(r.Duration.Seconds(), 1e-9) }
+func (r loadResult) RPS() float64 { return perSec(r.Requests, r.Duration) }
 
 // Percentile is the q-quantile (0 < q <= 1) latency, nearest rank.
 func (r loadResult) Percentile(q float64) time.Duration { return percentile(r.Latencies, q) }
@@ -106,19 +106,17 @@ func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next req
 		case <-ctx.Done():
 		}
 	}
-	window := func(open bool) {
-		if o.OnWindow != nil {
-			o.OnWindow(open)
-		}
+	if o.OnWindow == nil {
+		o.OnWindow = func(bool) {}
 	}
 	wait(warm)
 	l.measuring.Store(true)
-	window(true)
+	o.OnWindow(true)
 	start := time.Now()
 	wait(dur)
 	l.done.Store(true)
 	l.res.Duration = time.Since(start)
-	window(false)
+	o.OnWindow(false)
 	wg.Wait()
 	l.res.Latencies = slices.Concat(l.lat...)
 	slices.Sort(l.res.Latencies)

@@ -161,10 +161,7 @@ func (e *env) flood(ctx context.Context, rg *rig, v *noisyVariant, x *noisyLog) 
 	var ares loadResult
 	var wg sync.WaitGroup
 	wg.Go(func() { ares = runLoad(ctx, x.Clients, x.Warm, 24*time.Hour, next, loadOptions{Stop: stop}) })
-	select {
-	case <-time.After(x.Warm):
-	case <-ctx.Done():
-	}
+	sleep(ctx, x.Warm)
 	// B's runs queue behind A's flood: they may take as long as the
 	// worker takes to drain it.
 	res := e.paceB(ctx, rg, "A floods", time.Second, x.Dur, x.Dur+2*time.Minute)
