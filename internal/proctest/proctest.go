@@ -103,15 +103,32 @@ func (l *Log) String() string {
 	return l.buf.String()
 }
 
-// FreePort returns a loopback port nothing listens on right now.
+// handedOut are the ports FreePort returned in this process: the kernel
+// may hand a port closed a moment ago to the next listener on port 0, so
+// two children started at once could be given one port.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// FreePort returns a loopback port nothing listens on right now, and that
+// it has not returned before in this process.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // FreeAddr is 127.0.0.1:FreePort().
