@@ -154,6 +154,24 @@ func (p *parser) parseWord(word string) (int, error) {
 	return p.addNode(node{kind: kindLiteral, inBody: true, start: start, end: p.pos}), nil
 }
 
+// separator reads what follows a container's element: a comma (false) or
+// the container's closing byte (true); in names the container for errors.
+func (p *parser) separator(closing byte, in string) (bool, error) {
+	p.skipSpace()
+	if p.pos >= len(p.data) {
+		return false, p.errorf("unexpected end of input in %s", in)
+	}
+	switch p.data[p.pos] {
+	case closing:
+		p.pos++
+		return true, nil
+	case ',':
+		p.pos++
+		return false, nil
+	}
+	return false, p.errorf("expected ',' or '%c' in %s", closing, in)
+}
+
 func (p *parser) parseArray(depth int) (int, error) {
 	if depth > MaxDepth {
 		return 0, p.errorf("nesting deeper than %d", MaxDepth)
@@ -186,18 +204,12 @@ func (p *parser) parseArray(depth int) (int, error) {
 				run = -1
 			}
 			p.path = p.path[:len(p.path)-1]
-			p.skipSpace()
-			if p.pos >= len(p.data) {
-				return 0, p.errorf("unexpected end of input in array")
+			closed, err := p.separator(']', "array")
+			if err != nil {
+				return 0, err
 			}
-			c := p.data[p.pos]
-			p.pos++
-			if c == ']' {
+			if closed {
 				break
-			}
-			if c != ',' {
-				p.pos--
-				return 0, p.errorf("expected ',' or ']' in array")
 			}
 		}
 	}
@@ -270,18 +282,12 @@ func (p *parser) parseObject(depth int) (int, error) {
 			}
 			p.path = p.path[:len(p.path)-1]
 			p.stack = append(p.stack, k, v)
-			p.skipSpace()
-			if p.pos >= len(p.data) {
-				return 0, p.errorf("unexpected end of input in object")
+			closed, err := p.separator('}', "object")
+			if err != nil {
+				return 0, err
 			}
-			c := p.data[p.pos]
-			p.pos++
-			if c == '}' {
+			if closed {
 				break
-			}
-			if c != ',' {
-				p.pos--
-				return 0, p.errorf("expected ',' or '}' in object")
 			}
 		}
 	}
