@@ -227,7 +227,7 @@ var Vars = []Var{
 	{"AUTH_CACHE_TTL", "30s", "how long a verified API token is trusted without a database read; 0 disables"},
 	{"SHUTDOWN_TIMEOUT", "20s", "graceful shutdown deadline"},
 	{"SHUTDOWN_DRAIN", "5s", "how long `serve` keeps serving after SIGTERM or SIGINT with `/readyz` answering 503, so a load balancer stops sending it requests, before it stops accepting them and shuts down (then `SHUTDOWN_TIMEOUT`); a second signal ends the drain; 0 = no drain"},
-	{"WORKER_CONCURRENCY", "40", "runs one worker process executes at once: it takes that many from the ready list (the hand-off), and no more; webhook attempts have slots of their own (`WEBHOOK_CONCURRENCY`)"},
+	{"WORKER_CONCURRENCY", "40", "runs one worker process validates at once: it takes that many from the ready list (the hand-off), and no more; a run whose outcome is computed gives its slot back while its final write waits (at most 256 such runs); webhook attempts have slots of their own (`WEBHOOK_CONCURRENCY`)"},
 	{"RUN_LEASE", "15s", "how long a claim or heartbeat holds a running run; a dead worker's run is taken over once it runs out"},
 	{"RUN_HEARTBEAT", "0", "how often a worker renews the lease of a run it executes; 0 = a third of `RUN_LEASE`; must be shorter than `RUN_LEASE`"},
 	{"RUN_MAX_RETRY", "5", "retries of a failing run task before the run ends in status `error`; a run is started at most this + 1 times"},

@@ -190,5 +190,5 @@ func Deliver(ctx context.Context, w *Worker, task *asynq.Task) error {
 	if err := json.Unmarshal(task.Payload(), &p); err != nil || p.RunID == "" {
 		return asynq.SkipRetry
 	}
-	return w.runs.attempt(withTries(ctx, p.Retries, w.runs.maxAttempts-1), p)
+	return w.runs.attempt(withTries(ctx, p.Retries, w.runs.maxAttempts-1), p, func() {})
 }

@@ -151,19 +151,25 @@ func newTakerID() string {
 }
 
 // taker is a worker's side of the hand-off: it takes runs from ready into
-// its free slots, one wait at a time, and executes each (run).
+// its free slots, one wait at a time, and executes each (run). A slot is
+// held while a run computes; a run whose outcome is computed moves to
+// writing, where it waits for its final write and the gate's release, so
+// that waiting on PostgreSQL and Redis does not keep the next run out.
 type taker struct {
 	redis redis.UniversalClient
 	// pop is a client of its own, for the blocking takes: closed to stop
 	// one at once.
 	pop redis.UniversalClient
 	id  string
-	// run executes one run; handBack: the worker is stopping and the run
-	// goes back to ready.
-	run   func(it handoffItem) (handBack bool)
-	slots chan struct{}
-	lease time.Duration
-	log   *slog.Logger
+	// run executes one run, calling computed (if at all) once its outcome
+	// is computed; handBack: the worker is stopping and the run goes back
+	// to ready.
+	run func(it handoffItem, computed func()) (handBack bool)
+	// slots bounds the runs computing (WORKER_CONCURRENCY); writing, the
+	// runs computed and waiting for their write (writingMax).
+	slots, writing chan struct{}
+	lease          time.Duration
+	log            *slog.Logger
 	// block bounds one wait on ready (takerBlock; tests set shorter).
 	block time.Duration
 
@@ -178,9 +184,13 @@ type taker struct {
 	execs  sync.WaitGroup // the runs under way
 }
 
-func newTaker(rc, pop redis.UniversalClient, slots int, lease time.Duration, run func(handoffItem) bool, log *slog.Logger) *taker {
+// writingMax bounds the runs computed and waiting for their final write
+// and release: as many as the finisher's writers batch at once.
+const writingMax = finishBatchMax * finishWriters
+
+func newTaker(rc, pop redis.UniversalClient, slots int, lease time.Duration, run func(handoffItem, func()) bool, log *slog.Logger) *taker {
 	return &taker{redis: rc, pop: pop, id: newTakerID(), run: run, slots: make(chan struct{}, max(slots, 1)),
-		lease: lease, log: log, block: takerBlock, inflight: map[string]int{}}
+		writing: make(chan struct{}, writingMax), lease: lease, log: log, block: takerBlock, inflight: map[string]int{}}
 }
 
 // start joins the takers and begins taking.
@@ -267,8 +277,16 @@ func (t *taker) execute(raw string) {
 	t.inflight[raw]++
 	t.mu.Unlock()
 	t.execs.Go(func() {
-		defer func() { <-t.slots }()
-		handBack := t.run(it)
+		held := t.slots
+		computed := func() {
+			if held == t.slots {
+				t.writing <- struct{}{} // a place to wait first: a full writing holds the slot
+				<-t.slots
+				held = t.writing
+			}
+		}
+		handBack := t.run(it, computed)
+		<-held
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		if t.inflight[raw]--; t.inflight[raw] <= 0 {

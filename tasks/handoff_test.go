@@ -262,3 +262,40 @@ func TestARunMovedByALostTakeIsExecuted(t *testing.T) {
 		return len(tasks.TakenBy(t, rdb, tasks.TakerID(w.Worker))) == 0
 	}, "the run leaves the taking list once final")
 }
+
+// A run whose outcome is computed gives its slot to the next run while its
+// final write waits: with one slot, a second run is validated while the
+// first run's write is held by a lock on its row.
+func TestAWaitingWriteFreesItsSlot(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t)
+	org := env.NewOrg("acme")
+	wf := env.NewWorkflow(org, orderWorkflow)
+	rdb := newRedis(t)
+	w := newWorker(t, env, rdb, func(c *tasks.Config) { c.Concurrency = 1; noSweep(c) })
+	lock := env.DB.Begin()
+	t.Cleanup(func() { lock.Rollback() })
+	began := make(chan string, 2)
+	var first sync.Once
+	tasks.SetBeforeRun(w.Worker, func(_ context.Context, id string) {
+		first.Do(func() { // the first run's row is locked before its write
+			require.NoError(t, lock.Exec("SELECT 1 FROM validation_runs WHERE id = ? FOR UPDATE", id).Error)
+		})
+		began <- id
+	})
+	handOff(t, env, rdb)
+	ids := []string{startRun(t, env, org, wf, validOrder), startRun(t, env, org, wf, validOrder)}
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(w.Stop)
+	held := <-began
+	select {
+	case <-began:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second run waited for the first one's write")
+	}
+	require.Equal(t, "queued", readRun(t, env, held).Status, "the first run's write still waits")
+	require.NoError(t, lock.Rollback().Error)
+	for _, id := range ids {
+		require.Equal(t, "passed", waitRun(t, env, org, id, 30*time.Second).Status)
+	}
+}

@@ -102,8 +102,9 @@ func notAFailure(err error) bool {
 // executes under a claim: a lease the delivery renews, so a worker that
 // dies mid-run is noticed and its run taken over. A failed attempt is
 // retried after a delay (scheduleRetry). It returns true when the worker
-// is stopping and the run goes back to ready.
-func (e *RunExecutor) run(it handoffItem) (handBack bool) {
+// is stopping and the run goes back to ready. computed is called once a
+// fast outcome is computed, before its write: the slot goes to the next run.
+func (e *RunExecutor) run(it handoffItem, computed func()) (handBack bool) {
 	p := it.Run
 	if e.dequeued != nil {
 		e.dequeued([]string{p.RunID})
@@ -117,7 +118,7 @@ func (e *RunExecutor) run(it handoffItem) (handBack bool) {
 	}
 	ctx = withTries(ctx, p.Retries, e.maxAttempts-1)
 	began := time.Now()
-	err = e.attempt(ctx, p)
+	err = e.attempt(ctx, p, computed)
 	if err != nil && !errors.Is(err, errHandedBack) {
 		e.m.failed.WithLabelValues(TypeRunExecute).Inc()
 	}
@@ -136,13 +137,13 @@ func (e *RunExecutor) run(it handoffItem) (handBack bool) {
 }
 
 // attempt is one delivery of p: the fast path, else under a claim.
-func (e *RunExecutor) attempt(ctx context.Context, p RunPayload) error {
+func (e *RunExecutor) attempt(ctx context.Context, p RunPayload, computed func()) error {
 	// RUN_TIMEOUT bounds one attempt.
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	e.m.picked(p)
 	if !p.Redelivery && e.fastBudget > 0 {
-		if done, err := e.fast(ctx, p); done {
+		if done, err := e.fast(ctx, p, computed); done {
 			return err
 		}
 	}
@@ -221,11 +222,12 @@ func (e *RunExecutor) ProcessBatch(ctx context.Context, t *asynq.Task) error {
 
 // fast is the fast path; done is false when the run must execute under a
 // claim instead (nothing was written then).
-func (e *RunExecutor) fast(ctx context.Context, p RunPayload) (done bool, err error) {
+func (e *RunExecutor) fast(ctx context.Context, p RunPayload, computed func()) (done bool, err error) {
 	out, v := e.compute(ctx, p)
 	if v != fastWrite {
 		return v == fastNothing, nil
 	}
+	computed()
 	ended, err := e.fin.finish(ctx, out)
 	return e.afterWrite(ctx, out, ended, err)
 }
