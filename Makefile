@@ -104,7 +104,7 @@ reliability:
 
 # bench: the benchmark (tools/bench/README.md): the start curve at 1 to 128
 # clients beside the Node peer and the database's limit (pgbench of the
-# hand-written scripts in tools/bench/sql), end to end, the long poll, idle,
+# hand-written scripts in tools/bench/sql), end to end, the long poll,
 # the profile, the noisy neighbour and the cleanup; writes
 # tools/bench/RESULTS.md (about 40 min). QUICK=1: clients 1, 8 and 32, short
 # runs (checks the harness).

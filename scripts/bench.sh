@@ -6,12 +6,12 @@
 # tools/bench/RESULTS.md with each part's targets.
 #
 #   scripts/bench.sh            full run: the start curve at 1 to 128 clients, end to end,
-#                               the long poll, idle, the profile, the noisy neighbour, the cleanup
+#                               the long poll, the profile, the noisy neighbour, the cleanup
 #   QUICK=1 scripts/bench.sh    short runs at 1, 8 and 32 clients (checks the harness)
 #   scripts/bench.sh e2e        end to end only (make bench-e2e); replaces its section
 #   scripts/bench.sh noisy      the noisy neighbour only (make bench-noisy); replaces its section
 #   scripts/bench.sh go         the Go micro-benchmarks of the handlers (make bench-go)
-#   scripts/bench.sh -- ARGS    pass ARGS to the harness (e.g. -- -only idle -idle-duration 5s)
+#   scripts/bench.sh -- ARGS    pass ARGS to the harness (e.g. -- -only wait -wait-duration 5s)
 #
 # It needs PostgreSQL at DATABASE_URL (make services starts one), pgbench,
 # Node.js with npm, and redis-server: scripts/install-bench-tools.sh installs

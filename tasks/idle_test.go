@@ -15,17 +15,19 @@ import (
 	"github.com/valruns/valruns/internal/proctest"
 )
 
-// idleMaxPerSecond is the most Redis commands a second an idle process
-// may send (issue 47: "idle is free").
+// idleMaxPerSecond is the most Redis commands, and the most PostgreSQL
+// transactions, a second an idle process may send (issue 47: "idle is
+// free").
 const idleMaxPerSecond = 5
 
 // Finding (issue 47): an idle `valruns worker` sent Redis about 860
 // commands a second, asynq's poll every RUN_POLL_INTERVAL (2 ms) and the
 // direct hand-off's. Now a worker blocks on the ready list and asynq polls
 // every 10 s: an idle `valruns worker` and an idle `valruns serve --worker`,
-// each on a Redis of its own with its default settings, send at most
-// idleMaxPerSecond commands a second, counted by Redis (INFO
-// commandstats, every command, those its scripts call included).
+// each on a Redis and a database of its own with its default settings,
+// send at most idleMaxPerSecond commands a second over a minute, counted
+// by Redis (INFO commandstats, every command, those its scripts call
+// included), and as many PostgreSQL transactions (pg_stat_database).
 func TestAnIdleWorkerBarelyTalksToRedis(t *testing.T) {
 	t.Parallel()
 	bin := proctest.Binary(t)
@@ -62,10 +64,10 @@ func TestAnIdleWorkerBarelyTalksToRedis(t *testing.T) {
 			}, "the worker has started")
 			time.Sleep(3 * time.Second) // past start-up's own calls
 
-			const window = 20 * time.Second
-			before := redisCalls(t, rc)
+			const window = time.Minute
+			before, xacts := redisCalls(t, rc), dbXacts(t, env)
 			time.Sleep(window)
-			after := redisCalls(t, rc)
+			after, xacts := redisCalls(t, rc), dbXacts(t, env)-xacts
 			var total float64
 			var busiest []string
 			for name, n := range after {
@@ -76,10 +78,13 @@ func TestAnIdleWorkerBarelyTalksToRedis(t *testing.T) {
 				total += float64(d)
 				busiest = append(busiest, name+"="+strconv.FormatInt(d, 10))
 			}
-			rate := total / window.Seconds()
-			t.Logf("idle %s: %.2f Redis commands a second (%s over %s)", tc.name, rate, strings.Join(busiest, " "), window)
+			rate, xrate := total/window.Seconds(), float64(xacts)/window.Seconds()
+			t.Logf("idle %s: %.2f Redis commands a second (%s), %.2f PostgreSQL transactions a second, over %s",
+				tc.name, rate, strings.Join(busiest, " "), xrate, window)
 			require.LessOrEqual(t, rate, float64(idleMaxPerSecond), "an idle %s sends Redis at most %d commands a second: %s",
 				tc.name, idleMaxPerSecond, strings.Join(busiest, " "))
+			require.LessOrEqual(t, xrate, float64(idleMaxPerSecond), "an idle %s sends PostgreSQL at most %d transactions a second",
+				tc.name, idleMaxPerSecond)
 		})
 	}
 }
@@ -104,4 +109,14 @@ func redisCalls(t *testing.T, rc *redis.Client) map[string]int64 {
 		}
 	}
 	return calls
+}
+
+// dbXacts is the transactions committed and rolled back in env's database
+// so far (pg_stat_database; a backend reports its own within about a
+// second of going idle).
+func dbXacts(t *testing.T, env *apitest.Env) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, env.DB.Raw(`SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n).Error)
+	return n
 }

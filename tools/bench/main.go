@@ -39,10 +39,8 @@ type plan struct {
 	WaitLevels []int
 	WaitRounds int
 	Wait       timing
-	// ProfileClients: the loads of the profile, one run each; Idle: the
-	// idle window.
+	// ProfileClients: the loads of the profile, one run each.
 	ProfileClients []int
-	Idle           time.Duration
 	// The noisy neighbour: its windows, A's flood clients, A's slow runs
 	// queued ahead of B's, B's runs behind them, the settings of each variant.
 	Noisy        timing
@@ -60,7 +58,7 @@ type plan struct {
 }
 
 // parts are what -only may name, in the order they run.
-var parts = []string{"valruns", "peer", "pgbench", "e2e", "wait", "idle", "profile", "noisy", "cleanup"}
+var parts = []string{"valruns", "peer", "pgbench", "e2e", "wait", "profile", "noisy", "cleanup"}
 
 func (p plan) want(part string) bool { return len(p.Only) == 0 || p.Only[part] }
 
@@ -69,14 +67,14 @@ func makePlan(quick bool) plan {
 		return plan{Quick: true, Levels: []int{1, 8, 32}, Rounds: 1,
 			HTTP: timing{Warm: 500 * time.Millisecond, Dur: 2 * time.Second}, PG: timing{Warm: time.Second, Dur: 2 * time.Second},
 			E2ELevels: []int{1, 8, 32}, E2E: timing{Warm: time.Second, Dur: 5 * time.Second},
-			WaitLevels: []int{1, 8}, WaitRounds: 1, Wait: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: []int{1, 8}, Idle: 10 * time.Second,
+			WaitLevels: []int{1, 8}, WaitRounds: 1, Wait: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: []int{1, 8},
 			Noisy: timing{Warm: time.Second, Dur: 10 * time.Second}, NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv,
 			CleanupKeys: 100_000}
 	}
 	return plan{Levels: []int{1, 4, 8, 16, 32, 64, 128}, Rounds: 2,
 		HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second}, PG: timing{Warm: time.Second, Dur: 5 * time.Second},
 		E2ELevels: []int{1, 8, 32, 128}, E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second},
-		WaitLevels: []int{1, 8}, WaitRounds: 3, Wait: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: []int{1, 8}, Idle: time.Minute,
+		WaitLevels: []int{1, 8}, WaitRounds: 3, Wait: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: []int{1, 8},
 		Noisy: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv,
 		CleanupKeys: 1_000_000}
 }
@@ -113,7 +111,6 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, error) {
 	fs.IntVar(&p.WaitRounds, "wait-rounds", p.WaitRounds, "rounds of the long poll, valruns and the peer in turn")
 	fs.DurationVar(&p.Wait.Dur, "wait-duration", p.Wait.Dur, "measured time of each long-poll round")
 	fs.Var((*intsFlag)(&p.ProfileClients), "profile-clients", "comma-separated client counts of the profile, one run each")
-	fs.DurationVar(&p.Idle, "idle-duration", p.Idle, "the window of each idle process")
 	fs.DurationVar(&p.Noisy.Dur, "noisy-duration", p.Noisy.Dur, "noisy neighbour: measured time of each window")
 	fs.IntVar(&p.NoisyRuns, "noisy-runs", p.NoisyRuns, "noisy neighbour: A's slow runs queued ahead of B's")
 	fs.IntVar(&p.NoisyClients, "noisy-clients", p.NoisyClients, "noisy neighbour: clients of A's flood")
@@ -188,7 +185,6 @@ func run(ctx context.Context) error {
 	}
 	part("e2e", func() { res.E2E, res.E2ETiming = measureE2ECurve(ctx, e, p), p.E2E })
 	part("wait", func() { res.Wait, res.WaitTiming = measureWait(ctx, e, p), p.Wait })
-	part("idle", func() { res.Idle = measureIdle(ctx, e, p.Idle) })
 	for _, n := range p.ProfileClients {
 		part("profile", func() { res.Profile = append(res.Profile, e.measureProfile(ctx, n, p.E2E, scratch)) })
 	}

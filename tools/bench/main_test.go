@@ -33,14 +33,14 @@ func TestParseFlagsPlan(t *testing.T) {
 	require.Equal(t, want, p)
 
 	p, err = parse(t, "-quick", "-clients", "2,4", "-duration", "3s", "-e2e-clients", "8", "-e2e-duration", "4s",
-		"-noisy-duration", "5s", "-cleanup-keys", "11", "-noisy-runs", "13", "-noisy-clients", "16", "-noisy-env", "ORG_START_RATE=", "-idle-duration", "5s",
+		"-noisy-duration", "5s", "-cleanup-keys", "11", "-noisy-runs", "13", "-noisy-clients", "16", "-noisy-env", "ORG_START_RATE=",
 		"-profile-clients", "1", "-wait-clients", "8", "-wait-rounds", "2", "-wait-duration", "6s", "-only", "noisy, peer", "-out", "/tmp/r.md", "-scratch", "/tmp/s", "-bin", "b")
 	require.NoError(t, err)
 	want = makePlan(true)
 	want.Out, want.Bin, want.Scratch, want.Port = "/tmp/r.md", "b", "/tmp/s", 18080
 	want.Levels, want.HTTP.Dur, want.PG.Dur, want.E2ELevels, want.E2E.Dur = []int{2, 4}, 3*time.Second, 3*time.Second, []int{8}, 4*time.Second
 	want.Noisy.Dur, want.CleanupKeys, want.NoisyRuns, want.NoisyEnv, want.ProfileClients = 5*time.Second, 11, 13, [][]string{{"ORG_START_RATE="}}, []int{1}
-	want.NoisyClients, want.Idle = 16, 5*time.Second
+	want.NoisyClients = 16
 	want.WaitLevels, want.WaitRounds, want.Wait.Dur = []int{8}, 2, 6*time.Second
 	want.Only = map[string]bool{"noisy": true, "peer": true}
 	require.Equal(t, want, p)

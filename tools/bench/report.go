@@ -27,7 +27,6 @@ type results struct {
 	// Wait is the long poll's rounds, valruns' and the peer's.
 	Wait       []waitResult
 	WaitTiming timing
-	Idle       []idleResult
 	Profile    []profileResult // one per count
 	Noisy      *noisyLog
 	Cleanup    *cleanupResult
@@ -92,7 +91,6 @@ func (r *results) sections() []section {
 	add(len(r.Rows) > 0, r.curveSection)
 	add(len(r.E2E) > 0, r.e2eSection)
 	add(len(r.Wait) > 0, r.waitSection)
-	add(len(r.Idle) > 0, func() section { return idleSection(r.Idle) })
 	add(len(r.Profile) > 0, func() section { return profileSection(r.Profile) })
 	add(r.Noisy != nil, r.Noisy.section)
 	add(r.Cleanup != nil, r.Cleanup.section)
@@ -180,9 +178,6 @@ func (r *results) failures() []string {
 	}
 	for _, x := range r.Wait {
 		add(x.Failed != "", "wait %s at %d, round %d failed", x.Side, x.Clients, x.Round)
-	}
-	for _, x := range r.Idle {
-		add(x.Failed != "", "idle %s failed", x.Mode)
 	}
 	for _, x := range r.Profile {
 		add(x.Failed != "", "the profile at %s failed", clientsText(x.Clients))
