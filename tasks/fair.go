@@ -87,7 +87,9 @@ const defaultSlots = 10
 // runs, at their recent average duration (an EWMA kept per organisation),
 // takes to execute for the target wait: between twice and sixteen times the
 // slots alive. Cheap runs get a large share, slow ones a small one (another
-// organisation's run waits about the target behind them).
+// organisation's run waits about the target behind them). Until its first
+// runs report how long they took, an organisation gets the smallest share:
+// a burst of slow runs started before any ran cannot fill the ready list.
 //
 // Returns {share, id...}: the runs admitted (pushed), of those handed in
 // (a redelivery of a run admitted before keeps its place) and of the
@@ -114,9 +116,8 @@ if share < 0 then
   if fixed > 0 then
     share = fixed
   else
-    share = 16 * slots
-    if cost > 0 then share = math.floor(target * slots / cost) end
-    share = math.max(2 * slots, math.min(16 * slots, share))
+    share = 2 * slots
+    if cost > 0 then share = math.max(2 * slots, math.min(16 * slots, math.floor(target * slots / cost))) end
   end
 end
 redis.call('ZREMRANGEBYSCORE', adm, '-inf', now - stale)

@@ -247,3 +247,29 @@ func TestTheGateRecoversWhatAFailoverForgot(t *testing.T) {
 		})
 	}
 }
+
+// The adaptive share starts small: an organisation whose runs have not yet
+// said how long they take gets twice the slots alive (no worker alive: 10
+// slots assumed), not sixteen times, so that a burst of slow runs started
+// before any ran does not fill the ready list ahead of other organisations.
+func TestTheAdaptiveShareStartsAtItsSmallest(t *testing.T) {
+	t.Parallel()
+	const burst = 100
+	env := apitest.New(t)
+	a := env.NewOrg("a")
+	wf := env.NewWorkflow(a, orderWorkflow)
+	redis := newRedis(t)
+	d := tasks.NewDispatcher(tasks.DispatcherConfig{Redis: redis, MaxRetry: 5, Timeout: time.Minute, GiveUp: time.Minute})
+	env.SetHandOff(d.HandOff)
+	t.Cleanup(func() {
+		env.SetHandOff(nil)
+		d.Close()
+	})
+	for range burst {
+		startRun(t, env, a, wf, validOrder)
+	}
+	apitest.Eventually(t, 30*time.Second, func() bool {
+		return tasks.GateWaiting(t, redis) == burst-20
+	}, "the rest of the burst waits at the gate")
+	require.Len(t, tasks.ReadyRuns(t, redis), 20, "twice the 10 slots assumed are in the ready list")
+}
