@@ -32,50 +32,46 @@ var deletedRe = regexp.MustCompile(`deleted ([0-9]+) expired`)
 
 func (e *env) measureCleanup(ctx context.Context, keys int, t timing) *cleanupResult {
 	c := &cleanupResult{Keys: keys}
-	c.Failed = failed("cleanup", e.onRig(ctx, []string{"serve"}, nil, func(rg *rig, ps []*proc) error {
-		return e.cleanup(ctx, rg, ps[0], c, t)
+	c.Failed = failed("cleanup", e.onRig(ctx, []string{"serve"}, nil, func(rg *rig, ps []*proc) (err error) {
+		org, proto, srv := e.orgs[0], "cleanup-proto", ps[0] // the rig's database is fresh
+		if _, err := post(ctx, rg.base+org.startPath(), []byte(startBody), headerFor(org.Token, proto)); err != nil {
+			return err
+		}
+		if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {
+			return err
+		}
+		if c.Alone, c.AloneKeys, c.AloneWAL, err = e.runCleanup(ctx, rg); err != nil {
+			return err
+		}
+		if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {
+			return err
+		}
+		starts := func(name string, warm, dur time.Duration, stop <-chan struct{}, opened func()) row {
+			r, m := row{Section: "valruns", Scenario: name, Clients: cleanupClients}, &usageMeter{pid: srv.cmd.Process.Pid}
+			r.fill(runLoad(ctx, cleanupClients, warm, dur, newKeys(rg.base, org, org.Token), loadOptions{Stop: stop, OnWindow: func(open bool) {
+				m.window(open)
+				if open && opened != nil {
+					opened()
+				}
+			}}), m)
+			return r
+		}
+		c.Without = starts("new key, no cleanup", t.Warm, t.Dur, nil, nil)
+		// The window opens when the cleanup starts and closes when it ends
+		// (or after 3 minutes; the cleanup is then still waited for).
+		stop, started, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		go func() {
+			<-started
+			var err error
+			c.DuringTime, c.DuringKeys, _, err = e.runCleanup(ctx, rg)
+			close(stop)
+			done <- err
+		}()
+		c.During = starts("new key, during cleanup", t.Warm/2, 3*time.Minute, stop, func() { close(started) })
+		say("cleanup: %d keys in %.1f s alone; starts %.0f rps without it, %.0f during", c.AloneKeys, c.Alone.Seconds(), c.Without.RPS, c.During.RPS)
+		return <-done
 	}))
 	return c
-}
-
-func (e *env) cleanup(ctx context.Context, rg *rig, srv *proc, c *cleanupResult, t timing) (err error) {
-	org, proto := e.orgs[0], "cleanup-proto" // the rig's database is fresh
-	if err := sendAll(ctx, rg.base+org.startPath(), []byte(startBody), headerFor(org.Token, proto)); err != nil {
-		return err
-	}
-	if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {
-		return err
-	}
-	if c.Alone, c.AloneKeys, c.AloneWAL, err = e.runCleanup(ctx, rg); err != nil {
-		return err
-	}
-	if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {
-		return err
-	}
-	starts := func(name string, warm, dur time.Duration, stop <-chan struct{}, opened func()) row {
-		r, m := row{Section: "valruns", Scenario: name, Clients: cleanupClients}, &usageMeter{pid: srv.cmd.Process.Pid}
-		r.fill(runLoad(ctx, cleanupClients, warm, dur, newKeys(rg.base, org, org.Token), loadOptions{Stop: stop, OnWindow: func(open bool) {
-			m.window(open)
-			if open && opened != nil {
-				opened()
-			}
-		}}), m)
-		return r
-	}
-	c.Without = starts("new key, no cleanup", t.Warm, t.Dur, nil, nil)
-	// The window opens when the cleanup starts and closes when it ends
-	// (or after 3 minutes; the cleanup is then still waited for).
-	stop, started, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	go func() {
-		<-started
-		var err error
-		c.DuringTime, c.DuringKeys, _, err = e.runCleanup(ctx, rg)
-		close(stop)
-		done <- err
-	}()
-	c.During = starts("new key, during cleanup", t.Warm/2, 3*time.Minute, stop, func() { close(started) })
-	say("cleanup: %d keys in %.1f s alone; starts %.0f rps without it, %.0f during", c.AloneKeys, c.Alone.Seconds(), c.Without.RPS, c.During.RPS)
-	return <-done
 }
 
 // insertExpired copies a real key row (the key proto) n times as expired

@@ -189,11 +189,11 @@ func (e *env) requests(ctx context.Context, scenario string, peer bool, base str
 	}
 	next := func(c, i int) request { return request{http.MethodPost, url, headerFor(token, key(c, i)), body} }
 	if scenario == replay {
-		hs := make([]http.Header, clients)
-		for c := range hs {
-			hs[c] = next(c, 0).Header
+		for c := range clients {
+			if _, err := post(ctx, url, body, next(c, 0).Header); err != nil {
+				return nil, nil, err
+			}
 		}
-		return next, check, sendAll(ctx, url, body, hs...)
 	}
 	return next, check, nil
 }
@@ -310,7 +310,7 @@ func (r *results) curveSection() section {
 		"a row is the mean of the rounds, the two sides in turn. The limit: pgbench of the peer's `INSERT` (`%s`), %s measured; "+
 		"own SQL: pgbench of valruns' start statements (`%s`). pgbench runs with `-M prepared`, its connections capped by `max_connections` "+
 		"and for valruns' statements by the organisation's usage slots (shown when they were).",
-		r.Timing.Warm, r.Timing.Dur, peerScript, r.PgTiming.Dur, startScript)
+		r.Timing.Warm, r.Timing.Dur, peerSQL.Path, r.PgTiming.Dur, startSQL.Path)
 	return section{Heading: "## The curve: starts", Intro: intro, Checks: r.curveChecks(), Body: b.String()}
 }
 
@@ -429,13 +429,11 @@ type sqlScript struct {
 const (
 	pgbenchPeerScenario  = "the peer's INSERT"
 	pgbenchStartScenario = "valruns' start statements"
-	peerScript           = "tools/bench/sql/peer_insert.sql"
-	startScript          = "tools/bench/sql/valruns_start.sql"
 )
 
 var (
-	peerSQL  = sqlScript{Scenario: pgbenchPeerScenario, Path: peerScript}
-	startSQL = sqlScript{Scenario: pgbenchStartScenario, Path: startScript, Slots: true}
+	peerSQL  = sqlScript{Scenario: pgbenchPeerScenario, Path: "tools/bench/sql/peer_insert.sql"}
+	startSQL = sqlScript{Scenario: pgbenchStartScenario, Path: "tools/bench/sql/valruns_start.sql", Slots: true}
 )
 
 var (

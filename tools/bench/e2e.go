@@ -311,7 +311,11 @@ func (r *results) e2eChecks() []check {
 			c.Measured, c.Pass = fmt.Sprintf("finished / started %.2f", v.Ratio()), v.Ratio() >= 0.95
 			if n == 8 || n == 32 {
 				c.Target = ">= 1.5x the peer, " + c.Target
-				vs := ratio(c, peer != nil, v.FinishedPerSec(), fin(peer), 1.5, false, fmt.Sprintf("%.0f / %.0f runs/s", v.FinishedPerSec(), fin(peer)))
+				pf := 0.0
+				if peer != nil {
+					pf = peer.FinishedPerSec()
+				}
+				vs := ratio(c, peer != nil, v.FinishedPerSec(), pf, 1.5, false, fmt.Sprintf("%.0f / %.0f runs/s", v.FinishedPerSec(), pf))
 				vs.Measured, vs.Pass = vs.Measured+", "+c.Measured, vs.Pass && c.Pass
 				c = vs
 			}
@@ -370,14 +374,6 @@ func (r *results) e2eSection() section {
 	return section{Heading: "## The curve: end to end", Intro: intro, Checks: r.e2eChecks(), Body: b.String()}
 }
 
-// fin is a measured loop's runs finished per second, else 0.
-func fin(x *e2eResult) float64 {
-	if x == nil {
-		return 0
-	}
-	return x.FinishedPerSec()
-}
-
 // waitCell is the client-felt start to final, p50 / p99, or "-".
 func waitCell(r e2eResult) string {
 	if r.WaitFinal == 0 {
@@ -421,27 +417,22 @@ func (w waitResult) RunsPerSec() float64 { return perSec(w.Runs, w.Window) }
 func measureWait(ctx context.Context, e *env, p plan) (out []waitResult) {
 	turns(ctx, p.WaitLevels, p.WaitRounds, e2ePairs[1][:], func(m e2eMode, n, round int) {
 		r := waitResult{Side: m.Side, Clients: n, Round: round}
+		// No answer may be an error or name no run; then the runs' finished_at.
 		r.Failed = failed("wait "+r.Side, e.loop(ctx, m, n, p.Wait, true, nil, func(rg *rig, w window) error {
-			return r.read(ctx, rg, w)
+			l := w.load
+			r.Window, r.Errors = l.Duration, w.noRun+l.Errors+l.Non2xx+l.Unexpected
+			if r.Errors > 0 {
+				return fmt.Errorf("%d answers were errors or named no run (first error: %s, non-2xx: %v)", r.Errors, l.FirstError, l.Statuses)
+			}
+			finished, err := finishedAt(ctx, rg.conn, w.runs)
+			r.tally(w.runs, finished)
+			return err
 		}))
 		out = append(out, r)
 		say("wait %-8s c=%-3d round %d: %5.0f runs/s, start to answer p50 / p99 %s / %s ms, %d of %d answered within 5 ms of finished_at",
 			r.Side, n, round, r.RunsPerSec(), ms(r.P50), ms(r.P99), r.Within5, r.Runs)
 	})
 	return out
-}
-
-// read sets r from a window of the long poll: no answer may be an error
-// or name no run; then the runs' finished_at.
-func (r *waitResult) read(ctx context.Context, rg *rig, w window) error {
-	l := w.load
-	r.Window, r.Errors = l.Duration, w.noRun+l.Errors+l.Non2xx+l.Unexpected
-	if r.Errors > 0 {
-		return fmt.Errorf("%d answers were errors or named no run (first error: %s, non-2xx: %v)", r.Errors, l.FirstError, l.Statuses)
-	}
-	finished, err := finishedAt(ctx, rg.conn, w.runs)
-	r.tally(w.runs, finished)
-	return err
 }
 
 // tally sets r's figures from its runs and their finished_at (by run id):

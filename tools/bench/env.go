@@ -84,9 +84,7 @@ func openEnv(ctx context.Context, root, bin, logDir string, port int) (*env, err
 		}
 		_ = ln.Close()
 	}
-	admin := *u
-	admin.Path = "/postgres"
-	if e.admin, err = pgx.Connect(ctx, admin.String()); err != nil {
+	if e.admin, err = pgx.Connect(ctx, e.dbURL("postgres")); err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL (DATABASE_URL with database postgres): %w", err)
 	}
 	if err := e.makeTemplate(ctx); err != nil {
@@ -211,7 +209,7 @@ func (e *env) makeTemplate(ctx context.Context) error {
 			o.Workflow, err = createWorkflow(ctx, r.base, o.Token, workflowBody)
 		}
 		if err == nil {
-			err = sendAll(ctx, r.base+o.startPath(), []byte(startBody), headerFor(o.Token, ""))
+			_, err = post(ctx, r.base+o.startPath(), []byte(startBody), headerFor(o.Token, ""))
 		}
 		if err == nil {
 			err = r.conn.QueryRow(ctx, `SELECT t.id::text, (SELECT coalesce(max(quota), 0) FROM usage_slots s WHERE s.org_id = t.org_id)
@@ -247,27 +245,18 @@ type rig struct {
 	procs        []*proc
 }
 
-func (e *env) newRig(ctx context.Context) (*rig, error) {
-	e.seq++
-	r := &rig{e: e, db: fmt.Sprintf("%s_%d", e.prefix, e.seq)}
-	if err := e.createDB(ctx, r.db, e.tmpl); err != nil {
-		return nil, err
-	}
-	if err := r.open(ctx); err != nil {
-		r.close()
-		return nil, err
-	}
-	return r, nil
-}
-
 // onRig runs f on a fresh rig running procs (started in order, each with
 // extra), then closes the rig; a process that ended meanwhile is an error.
-func (e *env) onRig(ctx context.Context, procs, extra []string, f func(*rig, []*proc) error) error {
-	rg, err := e.newRig(ctx)
-	if err != nil {
+func (e *env) onRig(ctx context.Context, procs, extra []string, f func(*rig, []*proc) error) (err error) {
+	e.seq++
+	rg := &rig{e: e, db: fmt.Sprintf("%s_%d", e.prefix, e.seq)}
+	if err = e.createDB(ctx, rg.db, e.tmpl); err != nil {
 		return err
 	}
 	defer rg.close()
+	if err = rg.open(ctx); err != nil {
+		return err
+	}
 	ps := make([]*proc, len(procs))
 	for i, what := range procs {
 		if ps[i], err = rg.start(ctx, what, extra...); err != nil {

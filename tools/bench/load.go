@@ -57,15 +57,6 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[max(0, min(int(q*float64(len(sorted))+0.999999999)-1, len(sorted)-1))]
 }
 
-// newHTTPClient is a keep-alive client with one connection per load client.
-func newHTTPClient(clients int) *http.Client {
-	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext:  (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns: clients * 2, MaxIdleConnsPerHost: clients * 2, MaxConnsPerHost: clients,
-		IdleConnTimeout: time.Minute, DisableCompression: true,
-	}}
-}
-
 // answer is a 2xx answer as Follow sees it.
 type answer struct {
 	Status   int
@@ -93,7 +84,13 @@ type loadOptions struct {
 // runLoad runs clients for warm, then measures for dur (or until o.Stop
 // is closed).
 func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next requestFunc, o loadOptions) loadResult {
-	l := &loader{ctx: ctx, hc: newHTTPClient(clients), next: next, o: o, res: loadResult{Statuses: map[int]int{}}, lat: make([][]time.Duration, clients)}
+	// A keep-alive client with one connection per load client.
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext:  (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns: clients * 2, MaxIdleConnsPerHost: clients * 2, MaxConnsPerHost: clients,
+		IdleConnTimeout: time.Minute, DisableCompression: true,
+	}}
+	l := &loader{ctx: ctx, hc: hc, next: next, o: o, res: loadResult{Statuses: map[int]int{}}, lat: make([][]time.Duration, clients)}
 	defer l.hc.CloseIdleConnections()
 	var wg sync.WaitGroup
 	for c := range clients {
@@ -235,16 +232,6 @@ func replayCheck(replayed bool) checkFunc {
 		}
 		return ""
 	}
-}
-
-// sendAll sends one start with each header, each answered 201 (post).
-func sendAll(ctx context.Context, url string, body []byte, hs ...http.Header) error {
-	for _, h := range hs {
-		if _, err := post(ctx, url, body, h); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // post sends body until it is answered 201, and returns that answer: a

@@ -19,8 +19,6 @@ import (
 	"github.com/valruns/valruns/internal/workload"
 )
 
-const noisyHeading = "## Noisy neighbour"
-
 // bEvery is B's pace: one start every half second, ~2 starts/s.
 const bEvery = 500 * time.Millisecond
 
@@ -181,12 +179,9 @@ func (e *env) backlog(ctx context.Context, rg *rig, v *noisyVariant, x *noisyLog
 	wfBody, _ := json.Marshal(map[string]any{"name": "noisy heavy", "schema": workload.SlowSchema, "assertions": workload.Scans(workload.SlowChecks)})
 	heavy, _ := json.Marshal(map[string]any{"submission": workload.Items(workload.SlowItems), "metadata": map[string]string{"source": "bench"}})
 	wf, err := createWorkflow(ctx, rg.base, a.Token, string(wfBody))
-	hs := make([]http.Header, x.BacklogRuns)
-	for i := range hs {
-		hs[i] = headerFor(a.Token, fmt.Sprintf("heavy-%d-%d", time.Now().UnixNano(), i))
-	}
-	if err == nil {
-		err = sendAll(ctx, rg.base+"/api/workflows/"+wf+"/start/", heavy, hs...)
+	for i := 0; err == nil && i < x.BacklogRuns; i++ {
+		key := fmt.Sprintf("heavy-%d-%d", time.Now().UnixNano(), i)
+		_, err = post(ctx, rg.base+"/api/workflows/"+wf+"/start/", heavy, headerFor(a.Token, key))
 	}
 	if err == nil {
 		_, err = rg.start(ctx, "worker", v.Settings...)
@@ -300,5 +295,5 @@ func (x *noisyLog) section() section {
 		fmt.Fprintf(&b, "\nA alone, %d clients: **%.0f starts/s, %.0f runs finished/s** (%.2f), start-to-final p50 %s / p99 %s ms, start answer p50 %s / p99 %s ms, %d answers 429, %d other errors.\n",
 			a.Clients, a.StartedPerSec(), a.FinishedPerSec(), a.Ratio(), ms(a.FinalP50), ms(a.FinalP99), ms(a.StartP50), ms(a.StartP99), a.Limited, a.Errors-a.Limited)
 	}
-	return section{Heading: noisyHeading, Intro: intro, Checks: x.checks(), Body: b.String()}
+	return section{Heading: "## Noisy neighbour", Intro: intro, Checks: x.checks(), Body: b.String()}
 }

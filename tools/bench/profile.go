@@ -39,74 +39,73 @@ type profileResult struct {
 	Top                                                      []string      // `go tool pprof -top -cum` of the API
 }
 
+// measureProfile measures one run at clients, serve started with its pprof.
 func (e *env) measureProfile(ctx context.Context, clients int, t timing, scratch string) profileResult {
 	r := profileResult{Clients: clients}
 	pprofAddr := fmt.Sprintf("127.0.0.1:%d", e.port+3)
 	r.Failed = failed("profile", e.onRig(ctx, []string{"serve"}, []string{"PPROF_ADDR=" + pprofAddr}, func(rg *rig, ps []*proc) error {
-		return e.profile(ctx, rg, ps[0], pprofAddr, &r, t, scratch)
+		worker, err := rg.start(ctx, "worker")
+		if err != nil {
+			return err
+		}
+		api, wrk := rg.base+"/metrics", fmt.Sprintf("http://127.0.0.1:%d/metrics", e.port+2)
+		next := newKeys(rg.base, e.orgs[0], e.orgs[0].Token)
+		var (
+			apiBefore, wrkBefore metricsText
+			top                  = make(chan error, 1)
+			errs                 []error
+		)
+		scrape := func(url string) metricsText {
+			m, err := scrape(url)
+			errs = append(errs, err)
+			return m
+		}
+		sm, wm := &usageMeter{pid: ps[0].cmd.Process.Pid}, &usageMeter{pid: worker.cmd.Process.Pid}
+		res := runLoad(ctx, r.Clients, t.Warm, t.Dur, next, loadOptions{OnWindow: func(open bool) {
+			sm.window(open)
+			wm.window(open)
+			if open {
+				apiBefore, wrkBefore = scrape(api), scrape(wrk)
+				// pprof fetches the profile itself and keeps it in PPROF_TMPDIR.
+				go func() {
+					cmd := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-cum", "-nodecount=25",
+						"-seconds", strconv.Itoa(max(int(t.Dur/time.Second)-1, 1)), e.bin, "http://"+pprofAddr+"/debug/pprof/profile")
+					cmd.Env = append(os.Environ(), "PPROF_TMPDIR="+scratch)
+					out, err := cmd.Output()
+					for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+						if !strings.HasPrefix(l, "File:") && !strings.HasPrefix(l, "Build ID:") && !strings.HasPrefix(l, "Time:") {
+							r.Top = append(r.Top, l)
+						}
+					}
+					top <- err
+				}()
+				return
+			}
+			apiAfter, wrkAfter := scrape(api), scrape(wrk)
+			r.HTTP = apiAfter.hist(apiBefore, "valruns_http_request_duration_seconds", `route="/api/workflows/:id/start"`)
+			r.Waiting = apiAfter.hist(apiBefore, "valruns_start_phase_seconds", `phase="waiting_writer"`)
+			r.Statement = apiAfter.hist(apiBefore, "valruns_start_phase_seconds", `phase="statement"`)
+			if batches := apiAfter.hist(apiBefore, "valruns_start_batch_starts", ""); batches.Count > 0 {
+				r.BatchMean = r.Waiting.Count / batches.Count
+			}
+			r.Handoff = apiAfter.hist(apiBefore, "valruns_run_handoff_seconds", "")
+			r.Queued = apiAfter.hist(apiBefore, "valruns_run_start_to_queued_seconds", "")
+			r.Picked = wrkAfter.hist(wrkBefore, "valruns_run_start_to_picked_seconds", "")
+			r.Final = wrkAfter.hist(wrkBefore, "valruns_run_start_to_final_seconds", `status="passed"`)
+		}})
+		if err := <-top; err != nil {
+			r.Top = []string{"no CPU profile: " + err.Error()}
+		}
+		if r.Window, r.Starts = res.Duration, res.Requests; r.Starts > 0 {
+			for _, d := range res.Latencies {
+				r.Client += d
+			}
+			n := time.Duration(r.Starts)
+			r.APICPU, r.WorkerCPU, r.Client = sm.CPU/n, wm.CPU/n, r.Client/n
+		}
+		return errors.Join(errs...)
 	}))
 	return r
-}
-
-// profile measures r on rg, serve (srv) started with its pprof at pprofAddr.
-func (e *env) profile(ctx context.Context, rg *rig, srv *proc, pprofAddr string, r *profileResult, t timing, scratch string) error {
-	worker, err := rg.start(ctx, "worker")
-	if err != nil {
-		return err
-	}
-	api, wrk := rg.base+"/metrics", fmt.Sprintf("http://127.0.0.1:%d/metrics", e.port+2)
-	next := newKeys(rg.base, e.orgs[0], e.orgs[0].Token)
-	var (
-		apiBefore, wrkBefore metricsText
-		top                  = make(chan error, 1)
-		errs                 []error
-	)
-	scrape := func(url string) metricsText {
-		m, err := scrape(url)
-		errs = append(errs, err)
-		return m
-	}
-	sm, wm := &usageMeter{pid: srv.cmd.Process.Pid}, &usageMeter{pid: worker.cmd.Process.Pid}
-	res := runLoad(ctx, r.Clients, t.Warm, t.Dur, next, loadOptions{OnWindow: func(open bool) {
-		sm.window(open)
-		wm.window(open)
-		if open {
-			apiBefore, wrkBefore = scrape(api), scrape(wrk)
-			// pprof fetches the profile itself and keeps it in PPROF_TMPDIR.
-			go func() {
-				cmd := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-cum", "-nodecount=25",
-					"-seconds", strconv.Itoa(max(int(t.Dur/time.Second)-1, 1)), e.bin, "http://"+pprofAddr+"/debug/pprof/profile")
-				cmd.Env = append(os.Environ(), "PPROF_TMPDIR="+scratch)
-				out, err := cmd.Output()
-				for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-					if !strings.HasPrefix(l, "File:") && !strings.HasPrefix(l, "Build ID:") && !strings.HasPrefix(l, "Time:") {
-						r.Top = append(r.Top, l)
-					}
-				}
-				top <- err
-			}()
-			return
-		}
-		apiAfter, wrkAfter := scrape(api), scrape(wrk)
-		r.HTTP = apiAfter.hist(apiBefore, "valruns_http_request_duration_seconds", `route="/api/workflows/:id/start"`)
-		r.Waiting = apiAfter.hist(apiBefore, "valruns_start_phase_seconds", `phase="waiting_writer"`)
-		r.Statement = apiAfter.hist(apiBefore, "valruns_start_phase_seconds", `phase="statement"`)
-		if batches := apiAfter.hist(apiBefore, "valruns_start_batch_starts", ""); batches.Count > 0 {
-			r.BatchMean = r.Waiting.Count / batches.Count
-		}
-		r.Handoff = apiAfter.hist(apiBefore, "valruns_run_handoff_seconds", "")
-		r.Queued = apiAfter.hist(apiBefore, "valruns_run_start_to_queued_seconds", "")
-		r.Picked = wrkAfter.hist(wrkBefore, "valruns_run_start_to_picked_seconds", "")
-		r.Final = wrkAfter.hist(wrkBefore, "valruns_run_start_to_final_seconds", `status="passed"`)
-	}})
-	if err := <-top; err != nil {
-		r.Top = []string{"no CPU profile: " + err.Error()}
-	}
-	if r.Window, r.Starts = res.Duration, res.Requests; r.Starts > 0 {
-		n := time.Duration(r.Starts)
-		r.APICPU, r.WorkerCPU, r.Client = sm.CPU/n, wm.CPU/n, total(res.Latencies)/n
-	}
-	return errors.Join(errs...)
 }
 
 // metricsText is a /metrics page: its sample lines.
@@ -235,13 +234,4 @@ func profileTable(b *strings.Builder, head string, ps []profileResult, stages []
 		}
 		b.WriteString("\n")
 	}
-}
-
-// total is the sum of ds.
-func total(ds []time.Duration) time.Duration {
-	var t time.Duration
-	for _, d := range ds {
-		t += d
-	}
-	return t
 }

@@ -122,12 +122,13 @@ func (s section) text(r *results) string {
 	fmt.Fprintf(&b, "%s\n\nMeasured %s at %s, mode %s.", s.Heading, r.Date.UTC().Format("2006-01-02 15:04 MST"), r.Commit, r.Mode)
 	parts := []string{s.Intro}
 	if len(s.Checks) > 0 {
-		n := map[string]int{}
+		n, table := map[string]int{}, "| target | measured | goal | result |\n|---|---|---|---|\n"
 		for _, c := range s.Checks {
 			n[c.result()]++
+			table += fmt.Sprintf("| %s | %s | %s | %s |\n", cell(c.Name), cell(c.Measured), cell(c.Target), c.result())
 		}
 		fmt.Fprintf(&b, " Targets: %d PASS, %d MISS, %d not measured.", n["PASS"], n["MISS"], n["not measured"])
-		parts = append(parts, checkTable(s.Checks))
+		parts = append(parts, table)
 	}
 	for _, p := range append(parts, s.Body) {
 		if p = strings.Trim(p, "\n"); p != "" {
@@ -135,16 +136,6 @@ func (s section) text(r *results) string {
 		}
 	}
 	return b.String() + "\n"
-}
-
-// checkTable is checks as a Markdown table.
-func checkTable(cs []check) string {
-	var b strings.Builder
-	b.WriteString("| target | measured | goal | result |\n|---|---|---|---|\n")
-	for _, c := range cs {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", cell(c.Name), cell(c.Measured), cell(c.Target), c.result())
-	}
-	return b.String()
 }
 
 func (r *results) machineSection() section {
