@@ -362,13 +362,7 @@ var strictCounts = []int{1, 8}
 // stricter peer's rps, at 1 client a p50 below its, and at least limit
 // times pgbench of the peer's INSERT (0: no target).
 func strictGoal(clients int) (ratio float64, p50 bool, limit float64) {
-	switch clients {
-	case 1:
-		return 1.2, true, 0.6
-	case 8:
-		return 1.5, false, 0
-	}
-	return 0, false, 0
+	return map[int]float64{1: 1.2, 8: 1.5}[clients], clients == 1, map[int]float64{1: 0.6}[clients]
 }
 
 // strictCheck is issue 48's target of scenario at clients beside the

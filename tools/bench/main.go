@@ -226,12 +226,7 @@ func finish(res *results, out, scratch string) error {
 // intsFlag is a flag of comma-separated positive numbers.
 type intsFlag []int
 
-func (f *intsFlag) String() string {
-	if f == nil {
-		return ""
-	}
-	return fmt.Sprint([]int(*f))
-}
+func (f *intsFlag) String() string { return fmt.Sprint([]int(*f)) }
 
 func (f *intsFlag) Set(v string) error {
 	*f = nil

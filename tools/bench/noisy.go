@@ -74,18 +74,13 @@ func (v noisyVariant) setting(serverEnv []string, name string) (val string) {
 // label is the variant's settings as given ("NAME default" for an empty
 // value, which the service reads as its default).
 func (v noisyVariant) label() string {
-	var out []string
-	for _, kv := range v.Settings {
+	out := slices.Clone(v.Settings)
+	for i, kv := range out {
 		if name, val, _ := strings.Cut(kv, "="); val == "" {
-			out = append(out, name+" default")
-		} else {
-			out = append(out, kv)
+			out[i] = name + " default"
 		}
 	}
-	if len(out) == 0 {
-		return "the harness's settings"
-	}
-	return strings.Join(out, " ")
+	return cmp.Or(strings.Join(out, " "), "the harness's settings")
 }
 
 // measureNoisy measures each variant in turn.
@@ -271,21 +266,15 @@ func (x *noisyLog) section() section {
 	for _, v := range x.Variants {
 		fmt.Fprintf(&b, "\n### Settings: %s\n\n", v.label())
 		b.WriteString("| B | starts | start p50 ms | start p99 ms | start-to-final p50 ms | p99 ms | not final | errors | A meanwhile |\n|---|---|---|---|---|---|---|---|---|\n")
-		for _, row := range []struct {
-			r    e2eResult
-			what string
-		}{
-			{v.Alone, "-"},
-			{v.Flood, fmt.Sprintf("%d clients: %.0f starts/s answered 201, %d answers 429", x.Clients, v.AFloodRPS, v.AFloodStatuses[http.StatusTooManyRequests])},
-			{v.Backlog, fmt.Sprintf("%d of A's slow runs not final when B began", v.AQueued)},
-		} {
-			r := row.r
+		meanwhile := []string{"-", fmt.Sprintf("%d clients: %.0f starts/s answered 201, %d answers 429", x.Clients, v.AFloodRPS, v.AFloodStatuses[http.StatusTooManyRequests]),
+			fmt.Sprintf("%d of A's slow runs not final when B began", v.AQueued)}
+		for i, r := range []e2eResult{v.Alone, v.Flood, v.Backlog} {
 			if r.Failed != "" {
 				fmt.Fprintf(&b, "| %s | FAILED: %s ||||||||\n", r.Mode, cell(short(r.Failed, 300)))
 				continue
 			}
 			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %d | %d | %s |\n", r.Mode, r.Answers, ms(r.StartP50), ms(r.StartP99),
-				ms(r.FinalP50), ms(r.FinalP99), r.Unfinished, r.Errors, row.what)
+				ms(r.FinalP50), ms(r.FinalP99), r.Unfinished, r.Errors, meanwhile[i])
 		}
 		a := v.AAlone
 		if a.Failed != "" {
