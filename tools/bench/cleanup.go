@@ -1,8 +1,7 @@
 package main
 
-// The cleanup: N expired keys deleted by `valruns cleanup` alone (its time
-// and the WAL it wrote), then new-key starts at 32 clients while it
-// deletes N more, beside the same starts without it.
+// The cleanup: N expired keys deleted by `valruns cleanup` alone (its time and
+// WAL), then N more beside new-key starts at 32 clients, and those starts alone.
 
 import (
 	"context"
@@ -74,9 +73,8 @@ func (e *env) measureCleanup(ctx context.Context, keys int, t timing) *cleanupRe
 	return c
 }
 
-// insertExpired copies a real key row (the key proto) n times as expired
-// keys, in one statement: every column the server fills, whatever the
-// schema has become.
+// insertExpired copies the key row proto n times as expired keys: every
+// column the server fills, whatever the schema has become.
 func insertExpired(ctx context.Context, conn *pgx.Conn, n int, proto string) error {
 	tag, err := conn.Exec(ctx, `INSERT INTO idempotency_keys
 		SELECT r.* FROM idempotency_keys k, generate_series(1, $1::int) g,
@@ -93,8 +91,7 @@ func insertExpired(ctx context.Context, conn *pgx.Conn, n int, proto string) err
 	return err
 }
 
-// runCleanup runs `valruns cleanup` on the rig: its wall time, the keys it
-// deleted, and the WAL written meanwhile.
+// runCleanup runs `valruns cleanup` on the rig: its time, keys deleted, WAL written.
 func (e *env) runCleanup(ctx context.Context, rg *rig) (d time.Duration, n int, wal int64, err error) {
 	var lsn string
 	if err = rg.conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
@@ -114,8 +111,7 @@ func (e *env) runCleanup(ctx context.Context, rg *rig) (d time.Duration, n int, 
 	return
 }
 
-// checks are the cleanup's targets: its speed alone, and what it costs the
-// starts (issue 49).
+// checks are the cleanup's targets (issue 49): its speed alone, its cost to starts.
 func (c *cleanupResult) checks() []check {
 	ok := c.Failed == "" && c.Alone > 0
 	alone := check{Name: "cleanup of expired keys, alone", Target: ">= 50000 keys/s"}

@@ -1,9 +1,8 @@
 package main
 
 // The start curve: starts without a key, with a new key and replays at
-// each client count, valruns beside the peer (each run on a fresh
-// database, in rounds, in turn), and the database's limit at the same
-// count (pgbench). A count that was not measured is never a PASS.
+// each client count, valruns beside the peer and the database's limit
+// (pgbench). A count that was not measured is never a PASS.
 
 import (
 	"cmp"
@@ -33,9 +32,8 @@ const (
 
 var startCurve = [][2]string{{noKey, "Start without a key"}, {newKey, "Start with a new key"}, {replay, "Replay (each client re-sends its one finished key)"}}
 
-// The curve's sides, by the section of their rows: valruns, the peer, and
-// the stricter peer of issue 48 (the peer without its enqueue), which runs
-// with the peer's part at strictCounts only.
+// The curve's sides, by the section of their rows; the stricter peer of
+// issue 48 runs with the peer's part, at strictCounts only.
 const (
 	valrunsSide = "valruns"
 	peerSide    = "peer"
@@ -95,10 +93,8 @@ func mergeRounds(rs []row) row {
 	return m
 }
 
-// measureCurve runs the curve: at each count, each scenario on each side
-// in turn, p.Rounds times (a row is the merge of its rounds), and after
-// the new-key starts pgbench of the peer's INSERT and of valruns' start
-// statements.
+// measureCurve runs the curve: at each count, each scenario on each side in
+// turn, p.Rounds times (a row merges them); after the new-key starts, pgbench.
 func measureCurve(ctx context.Context, e *env, p plan, res *results) error {
 	add := func(r row) {
 		say("%-16s %-28s c=%-3d %8.0f rps  p50 %6s  p99 %7s ms  %s", r.Section, r.Scenario, r.Clients, r.RPS, ms(r.P50), ms(r.P99), short(r.Failed, 200))
@@ -127,8 +123,7 @@ func measureCurve(ctx context.Context, e *env, p plan, res *results) error {
 	return ctx.Err()
 }
 
-// runHTTP measures one scenario of a side at one concurrency on a fresh
-// database.
+// runHTTP measures one scenario of a side at one count on a fresh database.
 func (e *env) runHTTP(ctx context.Context, scenario, side string, clients int, t timing) row {
 	r := row{Section: side, Scenario: scenario, Clients: clients}
 	what, extra := "serve", []string(nil)
@@ -151,8 +146,8 @@ func (e *env) runHTTP(ctx context.Context, scenario, side string, clients int, t
 	return r
 }
 
-// fill sets the row's figures from a window, and the server's CPU per
-// request from m, measured over the same window.
+// fill sets the row's figures from a window, and its CPU per request from
+// m, the server's over the same window.
 func (r *row) fill(res loadResult, m *usageMeter) {
 	r.RPS = res.RPS()
 	r.P50, r.P99, r.P999 = res.Percentile(0.50), res.Percentile(0.99), res.Percentile(0.999)
@@ -250,8 +245,7 @@ func (r *results) rowAt(section, scenario string, clients int) *row {
 	return find(r.Rows, func(x row) bool { return x.Section == section && x.Scenario == scenario && x.Clients == clients })
 }
 
-// curveCounts are the counts a table lists: the full plan's own, and the
-// count of any run measured.
+// curveCounts are the counts a table lists: the full plan's, and any measured.
 func curveCounts[T any](own []int, runs []T, clients func(T) int) []int {
 	out := slices.Clone(own)
 	for _, x := range runs {
@@ -284,8 +278,7 @@ func (r *results) curveChecks() []check {
 		fmt.Sprintf("%.0f / %.0f rps", keyed, none)))
 }
 
-// curveSection is the start curve: its targets, then a table per
-// scenario and issue 48's.
+// curveSection is the start curve: its targets, a table per scenario, issue 48's.
 func (r *results) curveSection() section {
 	var b strings.Builder
 	for _, sc := range startCurve {
@@ -351,11 +344,8 @@ func fraction(a, b float64) string {
 	return fmt.Sprintf("%.2fx", a/b)
 }
 
-// Issue 48's targets for starts: valruns beside the stricter peer, the
-// peer without its BullMQ enqueue (express-idempotency on Redis and `pg`
-// doing one INSERT), at 1 and 8 clients, and at 1 client beside the
-// database's limit of that INSERT (pgbench of the peer's script), at
-// strictCounts, the counts the stricter peer runs at.
+// strictCounts are the counts of issue 48's stricter peer: the peer
+// without its BullMQ enqueue (express-idempotency and one INSERT).
 var strictCounts = []int{1, 8}
 
 // strictGoal is issue 48's target at clients: at least ratio times the
@@ -407,16 +397,13 @@ func (r *results) strictChecks() []check {
 }
 
 // The database's limit: pgbench running a start's statements, written by
-// hand in tools/bench/sql/ (the peer's one INSERT, valruns' start
-// statements as the server sends them), at the same client counts as the
-// HTTP runs, with -M prepared as the drivers' statement caches do.
+// hand in tools/bench/sql/, with -M prepared as the drivers' caches do.
 
 // sqlScript is a hand-written pgbench script and the scenario of its rows.
 type sqlScript struct {
 	Scenario string
 	Path     string // from the repository's root
-	// Slots: the script is valruns' start, which claims one of the
-	// organisation's usage slots with SKIP LOCKED.
+	// Slots: the script is valruns' start, which claims a usage slot (SKIP LOCKED).
 	Slots bool
 }
 
@@ -435,9 +422,8 @@ var (
 	failedRe = regexp.MustCompile(`(?m)^number of failed transactions: ([0-9]+)`)
 )
 
-// pgbench runs the script on database db with clients connections, the
-// bench organisation's ids as its variables: its tps and failed
-// transactions, or PostgreSQL's errors when it was aborted.
+// pgbench runs the script on database db, the organisation's ids as its
+// variables: its tps and failed transactions, or the errors if aborted.
 func (e *env) pgbench(ctx context.Context, db, script string, clients int, args ...string) (tps float64, failed int, err error) {
 	o := e.orgs[0]
 	a := []string{"-n", "-M", "prepared", "-f", filepath.Join(e.root, script),
@@ -463,9 +449,8 @@ func parsePgbench(out string) (tps float64, failed int, aborted bool) {
 	return tps, failed, strings.Contains(out, "aborted")
 }
 
-// checkScript runs the script on database db for a few transactions and
-// fails when PostgreSQL refuses it, or when they did not each write a run
-// (valruns' start gone to its slow path writes nothing).
+// checkScript runs the script for a few transactions: an error if PostgreSQL
+// refuses it or they did not each write a run (as on valruns' slow path).
 func (e *env) checkScript(ctx context.Context, conn *pgx.Conn, db string, s sqlScript) error {
 	var before, after int
 	_ = conn.QueryRow(ctx, `SELECT count(*) FROM validation_runs`).Scan(&before)
@@ -479,8 +464,7 @@ func (e *env) checkScript(ctx context.Context, conn *pgx.Conn, db string, s sqlS
 	return nil
 }
 
-// availableConns is how many more connections the server accepts now,
-// keeping a margin for everyone else.
+// availableConns is how many more connections the server accepts, less a margin.
 func (e *env) availableConns(ctx context.Context) int {
 	var maxc, reserved, used int
 	err := e.admin.QueryRow(ctx, `SELECT current_setting('max_connections')::int,
@@ -491,8 +475,7 @@ func (e *env) availableConns(ctx context.Context) int {
 	return max(1, maxc-reserved-used-10)
 }
 
-// runPgbench measures the script at one concurrency on a fresh database,
-// after checking it there.
+// runPgbench checks, then measures the script at one count on a fresh database.
 func (e *env) runPgbench(ctx context.Context, s sqlScript, clients int, t timing) row {
 	r := row{Section: "pgbench", Scenario: s.Scenario, Clients: clients}
 	r.Failed = failed(fmt.Sprintf("pgbench %s c=%d", s.Path, clients), e.onRig(ctx, nil, nil, func(rg *rig, _ []*proc) (err error) {
@@ -500,9 +483,8 @@ func (e *env) runPgbench(ctx context.Context, s sqlScript, clients int, t timing
 			return err
 		}
 		c := min(clients, e.availableConns(ctx))
-		// With more of one organisation's transactions in flight than its
-		// usage slots, the server's start would wait for a slot (its slow
-		// path); the script's goes slow and writes nothing.
+		// Beyond the organisation's usage slots the server's start would wait
+		// for one (its slow path); the script's goes slow and writes nothing.
 		if s.Slots {
 			c = min(c, models.UsageSlots)
 		}
@@ -517,8 +499,7 @@ func (e *env) runPgbench(ctx context.Context, s sqlScript, clients int, t timing
 	return r
 }
 
-// pgbenchErrors is the first error lines of pgbench's output (or its last
-// lines when it printed no error).
+// pgbenchErrors is pgbench's first error lines, or its last lines if none.
 func pgbenchErrors(s string) string {
 	var errs []string
 	for _, l := range strings.Split(s, "\n") {

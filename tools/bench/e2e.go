@@ -1,12 +1,8 @@
 package main
 
-// End to end: a closed loop of new-key starts, then the runs' own
-// timestamps say how many runs finished per second and how long a run
-// took from created_at to finished_at. The start to final a waiting client
-// feels, which the targets judge, runs from when the harness sent the
-// request to the run's finished_at: the two sides stamp created_at at
-// different points. The long poll (below) is the same loop with each
-// start's run read until it is final.
+// End to end: a closed loop of new-key starts; the runs' own timestamps give
+// runs finished/s. The start to final the targets judge runs from the request
+// sent to the run's finished_at (the sides stamp created_at at other points).
 
 import (
 	"cmp"
@@ -78,8 +74,7 @@ func (r *e2eResult) answered(lr loadResult, window time.Duration) {
 	r.Errors, r.Limited = lr.Errors+lr.Non2xx+lr.Unexpected, lr.Statuses[http.StatusTooManyRequests]
 }
 
-// measureE2ECurve runs the loops: at each count, each valruns mode then
-// the peer's matching mode, back to back.
+// measureE2ECurve runs the loops: at each count each valruns mode, then the peer's.
 func measureE2ECurve(ctx context.Context, e *env, p plan) (out []e2eResult) {
 	turns(ctx, p.E2ELevels, 1, slices.Concat(e2ePairs[0][:], e2ePairs[1][:]), func(m e2eMode, n, _ int) {
 		r := e.measureE2E(ctx, m, n, p.E2E, p.E2E.Dur+30*time.Second)
@@ -90,8 +85,7 @@ func measureE2ECurve(ctx context.Context, e *env, p plan) (out []e2eResult) {
 	return out
 }
 
-// turns calls f with each mode at each count, rounds times in turn (round
-// from 1), until ctx ends.
+// turns calls f with each mode at each count, rounds times (from 1), until ctx ends.
 func turns(ctx context.Context, counts []int, rounds int, modes []e2eMode, f func(m e2eMode, clients, round int)) {
 	for _, n := range counts {
 		for round := 1; round <= max(rounds, 1); round++ {
@@ -105,9 +99,8 @@ func turns(ctx context.Context, counts []int, rounds int, modes []e2eMode, f fun
 	}
 }
 
-// measureE2E runs the closed loop of new-key starts of orgs[0] in mode m
-// for t, then waits up to drainWait for the window's runs to end, and
-// reads their times. extra are settings of the processes.
+// measureE2E runs the closed loop in mode m (extra: its settings), then
+// waits up to drainWait for the window's runs to end, and reads their times.
 func (e *env) measureE2E(ctx context.Context, m e2eMode, clients int, t timing, drainWait time.Duration, extra ...string) e2eResult {
 	r := e2eResult{Mode: m.Name, Clients: clients}
 	r.Failed = failed("e2e "+m.Name, e.loop(ctx, m, clients, t, false, extra, func(rg *rig, w window) error {
@@ -150,8 +143,7 @@ type loopClient struct {
 var finalStatus = map[string]bool{"passed": true, "failed": true, "error": true}
 
 // follow is the load's Follow: a start's answer names its run; with poll
-// (the long poll: each run read until final before the next start) a
-// read's says whether the run is final. A run whose last answer (the
+// a read's says whether the run is final. A run whose last answer (the
 // start's, or the final read's) fell in the window is kept.
 func (w *loopClient) follow(a answer, poll bool) {
 	var run struct{ ID, Status string }
@@ -176,8 +168,7 @@ func (w *loopClient) follow(a answer, poll bool) {
 }
 
 // window is a closed loop's measured window: the load, its bounds on the
-// database's clock (the runs' timestamps are read from it), the runs kept
-// and the answers that named no run.
+// database's clock (the runs' own), the runs kept and the answers naming no run.
 type window struct {
 	load     loadResult
 	from, to time.Time
@@ -186,9 +177,8 @@ type window struct {
 }
 
 // loop runs clients in a closed loop of new-key starts of orgs[0] (with
-// poll, each followed by reads of its run with `Prefer: wait=10` until it
-// is final) on a rig running m's processes (extra: their settings), then
-// hands the window to read while the rig still runs.
+// poll, each run read with `Prefer: wait=10` until final) on a rig running
+// m's processes (extra: their settings), and hands the window to read.
 func (e *env) loop(ctx context.Context, m e2eMode, clients int, t timing, poll bool, extra []string, read func(*rig, window) error) error {
 	return e.onRig(ctx, m.Procs, extra, func(rg *rig, _ []*proc) error {
 		token := e.orgs[0].Token // none for the peer, which has no authentication
@@ -251,9 +241,8 @@ func finishedAt(ctx context.Context, conn *pgx.Conn, runs []sentRun) (map[string
 	return finished, err
 }
 
-// waitTimes sets r's client-felt start to final, from each run's request
-// sent to its finished_at (the harness, the servers and PostgreSQL share
-// the machine's clock), over the runs final; the others are counted.
+// waitTimes sets r's client-felt start to final, from each request sent to
+// its run's finished_at (one clock), over the runs final; the others counted.
 func waitTimes(runs []sentRun, finished map[string]time.Time, r *e2eResult) {
 	var waits []time.Duration
 	for _, x := range runs {
@@ -266,9 +255,8 @@ func waitTimes(runs []sentRun, finished map[string]time.Time, r *e2eResult) {
 	r.WaitP50, r.WaitP99 = percentile(waits, .5), percentile(waits, .99)
 }
 
-// e2eTimes waits up to wait for the runs created in [from, to) (of
-// organisation org, "" for all) to be final, then reads how many are and
-// their finished_at - created_at.
+// e2eTimes waits up to wait for org's runs created in [from, to) ("": all)
+// to be final, then reads how many are and their finished_at - created_at.
 func e2eTimes(ctx context.Context, conn *pgx.Conn, from, to time.Time, org string, wait time.Duration, r *e2eResult) error {
 	const window = ` FROM validation_runs WHERE created_at >= $1 AND created_at < $2 AND ($3 = '' OR org_id::text = $3)`
 	for deadline := time.Now().Add(wait); ; time.Sleep(200 * time.Millisecond) {
@@ -341,8 +329,7 @@ func (r *results) e2eChecks() []check {
 	return out
 }
 
-// waitOf is a measured loop's client-felt start to final, p50 or p99 (0:
-// not measured, or no run final).
+// waitOf is a loop's client-felt start to final, p50 or p99 (0: none or unmeasured).
 func waitOf(r *e2eResult, p99 bool) time.Duration {
 	switch {
 	case r == nil || r.WaitFinal == 0:
@@ -382,13 +369,8 @@ func waitCell(r e2eResult) string {
 	return ms(r.WaitP50) + " / " + ms(r.WaitP99)
 }
 
-// The long poll: each client starts a run with a new key, then reads it
-// with `Prefer: wait=10` until it is final, and starts the next; valruns
-// (serve + worker) beside the peer (server.js + worker.js, its read
-// waiting with BullMQ's job.waitUntilFinished), in rounds, in turn. The
-// harness keeps each run's start sent and final answer read; after the
-// window, PostgreSQL gives each run's finished_at, and the gap between it
-// and the answer says whether the answer waited for a tick.
+// The long poll: each client starts a run and reads it with `Prefer: wait=10`
+// until final; the gap from finished_at to that answer says if it waited for a tick.
 
 // waitResult is one round of one side at one count.
 type waitResult struct {
@@ -396,9 +378,8 @@ type waitResult struct {
 	Clients int
 	Round   int // from 1
 	Window  time.Duration
-	// Runs whose final answer was read inside the window; their start to
-	// answer (from the start's request sent to the final answer read),
-	// and their reads (GETs) per run.
+	// Runs whose final answer was read in the window; their start to answer
+	// (the start sent to the final answer read), and their reads (GETs) per run.
 	Runs        int
 	P50, P99    time.Duration
 	ReadsPerRun float64
@@ -412,8 +393,7 @@ type waitResult struct {
 
 func (w waitResult) RunsPerSec() float64 { return perSec(w.Runs, w.Window) }
 
-// measureWait runs the long poll: at each count, p.WaitRounds rounds of
-// valruns (serve + worker) then the peer (+ worker.js).
+// measureWait runs the long poll: at each count, rounds of valruns then the peer.
 func measureWait(ctx context.Context, e *env, p plan) (out []waitResult) {
 	turns(ctx, p.WaitLevels, p.WaitRounds, e2ePairs[1][:], func(m e2eMode, n, round int) {
 		r := waitResult{Side: m.Side, Clients: n, Round: round}
@@ -436,8 +416,7 @@ func measureWait(ctx context.Context, e *env, p plan) (out []waitResult) {
 }
 
 // tally sets r's figures from its runs and their finished_at (by run id):
-// start to answer over every run, the gap answer - finished_at over those
-// with a finished_at.
+// start to answer over every run, the gap over those with a finished_at.
 func (r *waitResult) tally(runs []sentRun, finished map[string]time.Time) {
 	var took, gaps []time.Duration
 	reads := 0
@@ -494,9 +473,8 @@ func (r *results) waitChecks() []check {
 	return out
 }
 
-// waitP99Check is the p99 target at n clients: each valruns round beside
-// the peer's round of the same number; one round missing or failed, and
-// the target is not measured.
+// waitP99Check is the p99 target at n clients, each valruns round beside the
+// peer's of the same number: not measured if one is missing or failed.
 func waitP99Check(n int, vs, peers []waitResult) check {
 	c := check{Name: "long-poll start-to-answer p99, valruns vs the peer, " + clientsText(n), Target: "<= 1.5x the peer's, every round"}
 	if len(vs) == 0 || len(vs) != len(peers) {

@@ -1,9 +1,8 @@
 package main
 
 // The benchmark's environment: a template database (migrated, with the
-// organisations, tokens and workflows every part uses), and the rig of
-// each measurement: a fresh clone of it, a private redis-server, and the
-// processes started on them (valruns serve and worker, the peer).
+// organisations every part uses), and each measurement's rig: a clone of
+// it, a private redis-server, and the processes started on them.
 
 import (
 	"cmp"
@@ -165,9 +164,8 @@ func (e *env) dropDB(ctx context.Context, name string) error {
 var orgCreated = regexp.MustCompile(`slug=(\S+) id=(\S+)`)
 
 // makeTemplate creates the template database with the binary's own
-// commands (migrate up, org create, token create), then through the API
-// each organisation's workflow and one start, so that its usage slots of
-// this month exist, as an active tenant's do.
+// commands, then through the API each organisation's workflow and one
+// start, so that its usage slots of this month exist, as a tenant's do.
 func (e *env) makeTemplate(ctx context.Context) error {
 	e.tmpl = e.prefix + "_tmpl"
 	if err := e.createDB(ctx, e.tmpl, ""); err != nil {
@@ -233,9 +231,8 @@ func createWorkflow(ctx context.Context, base, token, body string) (string, erro
 	return wf.ID, err
 }
 
-// rig is one measurement's system: a fresh clone of the template, a
-// redis-server of its own, a connection to the database, and the
-// processes started on them.
+// rig is one measurement's system: a clone of the template, a redis-server
+// of its own, a connection to the database, and the processes started.
 type rig struct {
 	e            *env
 	db, redisURL string
@@ -274,10 +271,9 @@ func (r *rig) open(ctx context.Context) (err error) {
 	return err
 }
 
-// start runs one of the rig's processes, with extra settings last (the
-// last of a name wins), and waits until it is ready: "serve [--worker]",
-// "worker", "peer [--worker]" (BullMQ's worker in its process),
-// "peer-worker" (node worker.js apart).
+// start runs one of the rig's processes, extra settings last (the last of a
+// name wins), and waits until it is ready: "serve [--worker]", "worker",
+// "peer [--worker]" (BullMQ's worker in-process), "peer-worker" (worker.js).
 func (r *rig) start(ctx context.Context, what string, extra ...string) (*proc, error) {
 	e, api, aside := r.e, fmt.Sprintf("127.0.0.1:%d", r.e.port), fmt.Sprintf("127.0.0.1:%d", r.e.port+2)
 	bin, dir, ready, args := e.bin, e.root, "http://"+aside+"/healthz", strings.Fields(what)
@@ -338,12 +334,10 @@ func (r *rig) close() {
 	_ = r.e.dropDB(context.Background(), r.db)
 }
 
-// peerDir is the peer's directory (server.js, worker.js, node_modules),
-// under the repository's root the harness runs from.
+// peerDir is the peer's directory, under the root the harness runs from.
 func (e *env) peerDir() string { return filepath.Join(e.root, "tools", "bench", "peer") }
 
-// Child processes (valruns serve and worker, the peer, redis-server), what
-// /proc says about them (CPU time, resident memory), and the machine.
+// Child processes (valruns, the peer, redis-server), their CPU time, the machine.
 
 // proc is a child process the harness started.
 type proc struct {
@@ -469,8 +463,7 @@ func parseStatCPU(stat string) (time.Duration, error) {
 	return time.Duration(ut+st) * time.Second / 100, errors.Join(err1, err2)
 }
 
-// usageMeter is a process's CPU time over a window; window is runLoad's
-// OnWindow.
+// usageMeter is a process's CPU time over a window (window: an OnWindow).
 type usageMeter struct {
 	pid        int
 	start, CPU time.Duration

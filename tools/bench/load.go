@@ -1,8 +1,8 @@
 package main
 
 // The closed-loop load generator: N clients on keep-alive connections, each
-// sending its next request when the previous answer has arrived. The
-// latencies of the requests completed in the window are kept whole.
+// sending its next request when the previous answer has arrived; the
+// window's latencies are kept whole.
 
 import (
 	"bytes"
@@ -74,15 +74,13 @@ type loadOptions struct {
 	Stop <-chan struct{}
 	// OnWindow is called when the measured window opens and when it closes.
 	OnWindow func(open bool)
-	// Follow is handed each 2xx answer, the warm-up's and those after the
-	// window too, in its client's goroutine before that client makes its
-	// next request: a client's next request may follow from its last answer
-	// (only then are bodies kept).
+	// Follow is handed each 2xx answer (the warm-up's and after the window's
+	// too) in its client's goroutine, before that client's next request, which
+	// may follow from it (only then are bodies kept).
 	Follow func(answer)
 }
 
-// runLoad runs clients for warm, then measures for dur (or until o.Stop
-// is closed).
+// runLoad runs clients for warm, then measures for dur (or until o.Stop closes).
 func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next requestFunc, o loadOptions) loadResult {
 	// A keep-alive client with one connection per load client.
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
@@ -211,8 +209,7 @@ func headerFor(token, key string) http.Header {
 	return h
 }
 
-// newKeys is a requestFunc of starts of o's workflow at base as token
-// ("" for none), each with a key of its own.
+// newKeys is a requestFunc of new-key starts of o's workflow as token ("": none).
 func newKeys(base string, o benchOrg, token string) requestFunc {
 	url, body, run := base+o.startPath(), []byte(startBody), time.Now().UnixNano()
 	return func(c, i int) request {
@@ -234,11 +231,9 @@ func replayCheck(replayed bool) checkFunc {
 	}
 }
 
-// post sends body until it is answered 201, and returns that answer: a
-// 503 (the box too busy to hand out a connection in time), a 409 (its own
-// retry still in flight) or a 429 (the organisation's start rate, which
-// stores nothing) is retried with the same key after a while, as a client
-// would.
+// post sends body until it is answered 201, and returns that answer; a 503
+// (the box too busy), a 409 (its own retry in flight) or a 429 (the start
+// rate, which stores nothing) is retried with the same key, as a client would.
 func post(ctx context.Context, url string, body []byte, h http.Header) ([]byte, error) {
 	for try := 1; ; try++ {
 		r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))

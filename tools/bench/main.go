@@ -1,10 +1,6 @@
 // Command bench is valruns' benchmark harness (`make bench`, from the
-// repository's root). It drives the real binary with a closed-loop load
-// beside the peer a team would otherwise pick (tools/bench/peer) and the
-// database's own limit (pgbench), and writes tools/bench/RESULTS.md: one
-// section per part, each with its targets and PASS or MISS. It uses
-// PostgreSQL at DATABASE_URL (databases valruns_bench_<pid>_*, dropped at
-// the end), private redis-servers, and ports BENCH_PORT..BENCH_PORT+3.
+// repository's root): the real binary beside the peer and pgbench's limit,
+// written to tools/bench/RESULTS.md with each part's targets (README.md).
 package main
 
 import (
@@ -25,17 +21,15 @@ import (
 // plan is one run's choice of parts, client counts and durations.
 type plan struct {
 	Quick bool
-	// Levels are the start curve's client counts; Rounds how many times
-	// each scenario runs at a count, valruns and the peer in turn (one
-	// 6-second run per side moved a ratio by more than its target's margin).
+	// Levels are the start curve's client counts; Rounds how many times each
+	// scenario runs at a count, the sides in turn (one run is too noisy).
 	Levels   []int
 	Rounds   int
 	HTTP, PG timing
 	// End to end: the loops' client counts and windows.
 	E2ELevels []int
 	E2E       timing
-	// The long poll: its client counts, its rounds (valruns and the peer
-	// in turn), its windows.
+	// The long poll: its client counts, its rounds (sides in turn), its windows.
 	WaitLevels []int
 	WaitRounds int
 	Wait       timing
@@ -50,9 +44,8 @@ type plan struct {
 	NoisyEnv     [][]string
 	CleanupKeys  int
 	Only         map[string]bool
-	// Where a run reads and writes: the results' Markdown, the valruns
-	// binary, the scratch directory (logs, the CPU profile, results.json);
-	// BENCH_PORT, the first of its HTTP ports.
+	// The results' Markdown, the valruns binary, the scratch directory (logs,
+	// the CPU profile, results.json); BENCH_PORT, the first of its ports.
 	Out, Bin, Scratch string
 	Port              int
 }
@@ -146,8 +139,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, error) {
 	return p, nil
 }
 
-// run is one run of the harness: measure each part the plan wants, in
-// order, then write and judge the results.
+// run is one run of the harness: each part the plan wants, then the results.
 func run(ctx context.Context) error {
 	p, err := parseFlags(flag.CommandLine, os.Args[1:])
 	if err != nil {

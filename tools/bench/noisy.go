@@ -1,9 +1,8 @@
 package main
 
 // The noisy neighbour: B's start latency and start-to-final alone, next to
-// A's flood and behind A's backlog of slow runs, and A's throughput alone,
-// for each set of settings (ORG_START_RATE, ORG_RUN_SHARE ...): the limits
-// and the fair queue on and off in one run.
+// A's flood and behind A's slow runs, and A's throughput alone, for each
+// set of settings: the limits and the fair queue on and off in one run.
 
 import (
 	"cmp"
@@ -52,8 +51,7 @@ type noisyVariant struct {
 	AFloodRPS      float64
 	AFloodStatuses map[int]int
 	AFloodErrors   int // transport errors
-	// AQueued is how many of A's runs were not final when B's first run
-	// behind the backlog was started.
+	// AQueued: A's runs not final when B's first run behind the backlog started.
 	AQueued int
 	// A alone: its own throughput, end to end.
 	AAlone e2eResult
@@ -112,8 +110,7 @@ func measureNoisy(ctx context.Context, e *env, p plan) *noisyLog {
 	return x
 }
 
-// noisyB measures one of B's rows with measure, on a fresh rig running
-// procs with the variant's settings.
+// noisyB measures one of B's rows on a fresh rig running procs with settings.
 func (e *env) noisyB(ctx context.Context, settings []string, mode string, procs []string, measure func(*rig) e2eResult) e2eResult {
 	res := e2eResult{Mode: mode}
 	err := e.onRig(ctx, procs, settings, func(rg *rig, _ []*proc) error {
@@ -124,9 +121,8 @@ func (e *env) noisyB(ctx context.Context, settings []string, mode string, procs 
 	return res
 }
 
-// paceB sends B's new-key starts, one every bEvery, for warm then dur,
-// then waits up to wait for the window's runs to be final and reads their
-// times.
+// paceB sends B's new-key starts, one every bEvery, for warm then dur, then
+// waits up to wait for the window's runs to be final and reads their times.
 func (e *env) paceB(ctx context.Context, rg *rig, mode string, warm, dur, wait time.Duration) e2eResult {
 	b := e.orgs[1]
 	res := e2eResult{Mode: mode, Clients: 1}
@@ -164,11 +160,9 @@ func (e *env) flood(ctx context.Context, rg *rig, v *noisyVariant, x *noisyLog) 
 	return res
 }
 
-// backlog: A queues x.BacklogRuns slow runs of the fault suite's heavy
-// workload (CEL scans over a large array; the submission lacks the
-// warehouse its schema asks for, so they end failed, every scan run) with
-// no worker running, then the worker starts and B starts x.BacklogB runs,
-// 2 a second: what B's runs take from start to final, behind A's backlog.
+// backlog: A queues slow runs of the fault suite's heavy workload (they end
+// failed, every CEL scan run) with no worker running, then the worker
+// starts and B starts its runs: their start to final, behind A's backlog.
 func (e *env) backlog(ctx context.Context, rg *rig, v *noisyVariant, x *noisyLog, mode string) e2eResult {
 	a := e.orgs[0]
 	wfBody, _ := json.Marshal(map[string]any{"name": "noisy heavy", "schema": workload.SlowSchema, "assertions": workload.Scans(workload.SlowChecks)})
@@ -222,9 +216,8 @@ func (x *noisyLog) checks() []check {
 	return out
 }
 
-// failures are what could not be measured or went wrong. A's 429s are
-// the rate limit doing its work; anything else B or A got that is not a
-// 2xx is an error.
+// failures are what could not be measured or went wrong: anything B or A got
+// that is not a 2xx, but A's 429s (the rate limit doing its work).
 func (x *noisyLog) failures() []string {
 	var errs []string
 	for _, v := range x.Variants {

@@ -1,9 +1,8 @@
 package main
 
-// The profile: where a start's time goes, and a run's, under a closed loop
-// of new-key starts on `valruns serve` + `valruns worker`, from the
-// processes' own histograms (/metrics before and after the window); the
-// CPU per start of each, and the top of the API's CPU profile.
+// The profile: where a start's time goes, and a run's, under new-key starts on
+// serve + worker, from the processes' own histograms (/metrics before and
+// after the window); CPU per start, and the top of the API's CPU profile.
 
 import (
 	"bufio"
@@ -158,8 +157,7 @@ func (m metricsText) hist(before metricsText, name, labels string) histStat {
 	return histStat{Count: count, Mean: time.Duration(sum / count * float64(time.Second))}
 }
 
-// profileStage is a line of the profile's tables: what it covers, and its
-// figure in a run.
+// profileStage is a line of the profile's tables: what it covers, its figure.
 type profileStage struct {
 	what   string
 	figure func(p profileResult) string
@@ -215,8 +213,7 @@ func profileSection(ps []profileResult) section {
 	return section{Heading: "## Where the time goes", Intro: intro, Body: b.String()}
 }
 
-// profileTable writes stages as a table, a column per run: FAILED and why
-// for a run that failed.
+// profileTable writes stages as a table, a column per run: FAILED and why if failed.
 func profileTable(b *strings.Builder, head string, ps []profileResult, stages []profileStage) {
 	fmt.Fprintf(b, "| %s |", head)
 	for _, p := range ps {

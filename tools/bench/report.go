@@ -1,8 +1,7 @@
 package main
 
-// RESULTS.md: one section per part measured, each with when it was
-// measured and its targets. A full run writes the file afresh; a partial
-// run (-only) replaces its own sections and keeps the others.
+// RESULTS.md: a section per part measured, with when and its targets. A full
+// run writes it afresh; a partial run (-only) replaces only its own sections.
 
 import (
 	"fmt"
@@ -101,9 +100,8 @@ const resultsTitle = "# valruns benchmark results\n\n" +
 	"Written by `make bench` (scripts/bench.sh, the harness in tools/bench/; tools/bench/README.md says what each section measures). " +
 	"Each section says when it was measured: a partial run (`-only`, `make bench-noisy`) replaces only its own.\n"
 
-// markdown is the results written over old (the existing file): afresh
-// for a full run; for a partial one, old with this run's sections
-// replaced (or added).
+// markdown is the results written over old (the existing file): afresh for
+// a full run; for a partial one, old with this run's sections replaced or added.
 func (r *results) markdown(old string) string {
 	doc := resultsTitle
 	if r.Partial && strings.TrimSpace(old) != "" {
@@ -149,8 +147,7 @@ func (r *results) machineSection() section {
 	return section{Heading: "## Machine", Body: b.String()}
 }
 
-// failures are what makes the run fail: a run that could not be made, an
-// answer that was not as expected.
+// failures are what fails the run: a run not made, an answer not as expected.
 func (r *results) failures() []string {
 	var errs []string
 	add := func(bad bool, format string, args ...any) {
