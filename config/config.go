@@ -108,7 +108,7 @@ type Config struct {
 	OrgRunShare int
 	// CleanupSchedule is the asynq cron spec of the expired-key cleanup (CLEANUP_SCHEDULE).
 	CleanupSchedule string
-	// CleanupBatchSize is how many expired keys one cleanup transaction deletes (CLEANUP_BATCH_SIZE).
+	// CleanupBatchSize is how many webhook deliveries one cleanup transaction deletes (CLEANUP_BATCH_SIZE).
 	CleanupBatchSize int
 	// MaxBodyBytes caps request bodies; larger ones answer 413 (MAX_BODY_BYTES).
 	MaxBodyBytes int64
@@ -216,7 +216,7 @@ var Vars = []Var{
 	{"RATE_LIMIT_HOLD", "250ms", "how long a start refused by `ORG_START_RATE` is held at least before its 429 is sent: each refusal is held between this and twice it, at random, so that clients refused together do not come back together (its `Retry-After` counts from the answer); so that a client that retries at once, ignoring `Retry-After`, sends at most a few starts a second per connection and a flood of refused starts leaves the CPU to the other organisations. At most 1,024 refusals are held at once per API process (the rest are answered at once), and a held one does not count against `MAX_REQUESTS_IN_FLIGHT`; 0 = answer at once"},
 	{"ORG_RUN_SHARE", "0", "runs of one organisation that may be in the queue at once, so another organisation's run waits behind at most this many of its runs; the rest wait their turn, in order; 0 = adaptive: what the organisation's recent runs take about 0.5 s to execute on the worker slots alive, between 2 and 16 runs per slot; an org's own share (`valruns org share`) wins"},
 	{"CLEANUP_SCHEDULE", "@hourly", "asynq cron spec of the expired-key cleanup (`@every 1m`, `0 * * * *`)"},
-	{"CLEANUP_BATCH_SIZE", "1000", "keys deleted per cleanup transaction"},
+	{"CLEANUP_BATCH_SIZE", "1000", "webhook deliveries deleted per cleanup transaction (expired keys go with their day's partition)"},
 	{"MAX_BODY_BYTES", "1048576", "largest accepted request body; larger is 413"},
 	{"MAX_REQUESTS_IN_FLIGHT", "256", "`/api/` requests one API process serves at once; past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After`; 0 = unlimited"},
 	{"MAX_BODY_BYTES_IN_FLIGHT", "", "request bodies one API process holds at once, in bytes, each counted by its `Content-Length` (`MAX_BODY_BYTES` when unknown, chunked or gzip); past it a request waits up to `OVERLOAD_WAIT`, then 503 `overloaded` with `Retry-After` (its body read and dropped, never held); empty = 8 x `MAX_BODY_BYTES` (8 MiB), 0 = unlimited, else at least `MAX_BODY_BYTES`"},

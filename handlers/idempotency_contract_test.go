@@ -120,7 +120,10 @@ func (storedKey) TableName() string { return "idempotency_keys" }
 func idemKeyRow(t *testing.T, e *apitest.Env, orgID, endpoint, key string) *storedKey {
 	t.Helper()
 	var rows []storedKey
-	require.NoError(t, e.DB.Where("org_id = ? AND endpoint = ? AND key = ?", orgID, endpoint, key).Find(&rows).Error)
+	// The newest: an expired row stays beside its successor until its
+	// partition is dropped (migration 0012).
+	require.NoError(t, e.DB.Where("org_id = ? AND endpoint = ? AND key = ?", orgID, endpoint, key).
+		Order("expires_at DESC").Find(&rows).Error)
 	if len(rows) == 0 {
 		return nil
 	}
@@ -573,11 +576,11 @@ func TestIdempotencyContract(t *testing.T) {
 			name: "key past expires_at: processed as a new request",
 			run: func(t *testing.T) {
 				f := newIdemFixture(t, nil)
-				// expire makes the key's row 25 hours old and returns
+				// expire makes the key's live row 25 hours old and returns
 				// another process to retry through (anotherProcess).
 				expire := func(key string) *apitest.Env {
 					require.NoError(t, f.e.DB.Exec(`UPDATE idempotency_keys SET created_at = now() - interval '25 hours',
-						expires_at = now() - interval '1 hour' WHERE org_id = ? AND key = ?`, f.org.ID, key).Error)
+						expires_at = now() - interval '1 hour' WHERE org_id = ? AND key = ? AND expires_at > now()`, f.org.ID, key).Error)
 					return f.anotherProcess()
 				}
 				first := f.start(idemBody, idemKey("exp-1")...)
@@ -598,7 +601,8 @@ func TestIdempotencyContract(t *testing.T) {
 				require.Equal(t, string(second.Body), string(k.ResponseBody))
 				require.Equal(t, k.Key, *idemRun(t, f.e, run2).IdempotencyKey)
 				require.Equal(t, k.Key, *idemRun(t, f.e, run1).IdempotencyKey, "the old run still names the key that started it")
-				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Keys: 1}, f.counts(t, f.org.ID))
+				// The expired row stays until its day's partition is dropped.
+				require.Equal(t, idemCounts{Runs: 2, Usage: 2, Audits: 2, Keys: 2}, f.counts(t, f.org.ID))
 				// The new answer replays.
 				requireReplay(t, second, startOn(api, f, idemBody, idemKey("exp-1")...), second.Header.Get("X-Request-Id"))
 
@@ -606,7 +610,7 @@ func TestIdempotencyContract(t *testing.T) {
 				api = expire("exp-1")
 				third := startOn(api, f, idemBodyB, idemKey("exp-1")...)
 				requireExecuted(t, third)
-				require.Equal(t, idemCounts{Runs: 3, Usage: 3, Audits: 3, Keys: 1}, f.counts(t, f.org.ID))
+				require.Equal(t, idemCounts{Runs: 3, Usage: 3, Audits: 3, Keys: 3}, f.counts(t, f.org.ID))
 			},
 		},
 		{

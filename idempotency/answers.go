@@ -39,9 +39,10 @@ const answerOverhead = 256
 // store) lately, so that a retry is answered from memory: the replay
 // fast path without its read.
 //
-// It is safe because a live key's row never changes: a commit replaces a
-// row only past its ExpiresAt (else ErrKeyTaken), and a store deletes one
-// only past it (a cleanup) or when an operator removes its tenant. So an
+// It is safe because a live key's row never changes: a commit writes a
+// key's row only when none is live (else ErrKeyTaken), and a store deletes
+// one only past its ExpiresAt (a cleanup) or when an operator removes its
+// tenant. So an
 // entry is served only before ExpiresAt (less answerCacheSkew) and for at most
 // answerCacheMaxAge; it holds only final answers (2xx and 4xx committed with
 // their key), never a key in flight or an answer that is not stored (a 5xx,

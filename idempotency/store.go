@@ -79,9 +79,10 @@ type Result struct {
 	Kind Kind
 	// Key is the key's row: the live one that answers the request
 	// (KeyAnswered), the one just written (Committed), or an expired one
-	// that the request's work will replace (NotDone, KeyInFlight).
+	// that the request's work will succeed (NotDone, KeyInFlight).
 	Key *Key
-	// Replaced: the row written took over an expired one (Committed).
+	// Replaced: the key had an expired row when this one was written
+	// (Committed): the key was used again after its expiry.
 	Replaced bool
 }
 

@@ -130,10 +130,14 @@ func TestUpDownUp(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, res)
 
-		unique := indexDef(t, db, "idempotency_keys", "UNIQUE INDEX", "(org_id, endpoint, key)")
-		require.NotEmpty(t, unique, "round %d: unique index on idempotency_keys (org_id, endpoint, key)", round)
-		expires := indexDef(t, db, "idempotency_keys", "(expires_at)")
-		require.NotEmpty(t, expires, "round %d: index on idempotency_keys (expires_at)", round)
+		// Keys are partitioned by expiry (migration 0012): the primary key
+		// holds expires_at, and one live row per scoped key rests on the
+		// key's lock (docs/design.md).
+		unique := indexDef(t, db, "idempotency_keys", "UNIQUE INDEX", "(org_id, endpoint, key, expires_at)")
+		require.NotEmpty(t, unique, "round %d: primary key on idempotency_keys (org_id, endpoint, key, expires_at)", round)
+		var partKey string
+		require.NoError(t, db.QueryRowContext(ctx, `SELECT pg_get_partkeydef(CAST('idempotency_keys' AS regclass))`).Scan(&partKey))
+		require.Equal(t, "RANGE (expires_at)", partKey, "round %d", round)
 
 		down, err := p.DownTo(ctx, 0)
 		require.NoError(t, err, "down, round %d", round)
@@ -220,7 +224,9 @@ func TestConstraints(t *testing.T) {
 		{name: "key of 255 characters", sql: insertKey, args: []any{orgID, "workflow_start", strings.Repeat("k", 255)}},
 		{name: "key of 256 characters", sql: insertKey, args: []any{orgID, "workflow_start", strings.Repeat("k", 256)}, wantCode: "23514"},
 		{name: "empty key", sql: insertKey, args: []any{orgID, "workflow_start", ""}, wantCode: "23514"},
-		{name: "same org, endpoint and key", sql: insertKey, args: []any{orgID, "workflow_start", strings.Repeat("k", 255)}, wantCode: "23505"},
+		// A second row of a scoped key, of another expiry: the key's lock,
+		// not an index, keeps one live (migration 0012).
+		{name: "same org, endpoint and key", sql: insertKey, args: []any{orgID, "workflow_start", strings.Repeat("k", 255)}},
 		{name: "same key, other endpoint", sql: insertKey, args: []any{orgID, "workflow_create", strings.Repeat("k", 255)}},
 		{name: "queued run", sql: insertRun, args: []any{orgID, wfID, "queued", "{}", nil, nil}},
 		{name: "unknown status", sql: insertRun, args: []any{orgID, wfID, "done", "{}", nil, nil}, wantCode: "23514"},
@@ -230,13 +236,19 @@ func TestConstraints(t *testing.T) {
 		// The start's statement checks the workflow is the organisation's;
 		// the runs table has no foreign key to workflows (migration 0009).
 		{name: "run of an unknown workflow", sql: insertRun, args: []any{orgID, "00000000-0000-0000-0000-000000000000", "queued", "{}", nil, nil}},
-		// The key's link to its run keeps its foreign key (docs/api.md: a key
-		// names the run it created).
+		// The key's link to its run has no foreign key (migration 0012: a
+		// partition holding one could not be dropped without locking the
+		// runs); valruns deletes no run.
 		{name: "key linked to an unknown run", sql: `INSERT INTO idempotency_keys
 			(org_id, endpoint, key, request_hash, request_method, request_path, response_status,
 			 response_body, request_id, expires_at, validation_run_id)
 			VALUES ($1, 'workflow_start', 'linked', sha256('x'::bytea), 'POST', '/p', 201, '\x7b7d', 'req', now() + interval '1 day',
-			 '00000000-0000-0000-0000-000000000000')`, args: []any{orgID}, wantCode: "23503"},
+			 '00000000-0000-0000-0000-000000000000')`, args: []any{orgID}},
+		{name: "key past the partitions made", sql: `INSERT INTO idempotency_keys
+			(org_id, endpoint, key, request_hash, request_method, request_path, response_status,
+			 response_body, request_id, expires_at)
+			VALUES ($1, 'workflow_start', 'far', sha256('x'::bytea), 'POST', '/p', 201, '\x7b7d', 'req', now() + interval '1 year')`,
+			args: []any{orgID}, wantCode: "23514"},
 		{name: "bad slug", sql: `INSERT INTO organizations (name, slug) VALUES ('x', 'Not A Slug')`, wantCode: "23514"},
 		{name: "token hash not 32 bytes", sql: `INSERT INTO api_tokens (org_id, token_hash, display) VALUES ($1, '\x00', 'vr_x')`, args: []any{orgID}, wantCode: "23514"},
 		{name: "usage period not the first of a month", sql: `INSERT INTO usage_slots (org_id, period, slot, quota) VALUES ($1, '2026-01-02', 0, 0)`, args: []any{orgID}, wantCode: "23514"},
@@ -316,6 +328,59 @@ func TestLeanRunMigrationKeepsData(t *testing.T) {
 	require.Equal(t, 1, rows, "the run and its key are linked both ways again")
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM audit_records WHERE token_id = $1`, token).Scan(&audits))
 	require.Equal(t, 2, audits)
+}
+
+// Migration 0012 partitions the keys by day of expiry: the live keys move
+// into the partitions (made for every day one expires in), the expired
+// ones are left behind; its Down gives the live keys back to one table,
+// with their links to their runs.
+func TestKeyPartitionsMigrationKeepsLiveKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := emptyDB(t)
+	p, err := migrations.NewProvider(db)
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 11)
+	require.NoError(t, err)
+	var org, wf, run string
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&org))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO workflows (org_id, name) VALUES ($1, 'wf') RETURNING id`, org).Scan(&wf))
+	require.NoError(t, db.QueryRowContext(ctx, `INSERT INTO validation_runs (org_id, workflow_id, submission) VALUES ($1, $2, '{}') RETURNING id`,
+		org, wf).Scan(&run))
+	_, err = db.ExecContext(ctx, `INSERT INTO idempotency_keys (org_id, endpoint, key, request_hash, request_method,
+		request_path, response_status, response_body, validation_run_id, request_id, created_at, expires_at)
+		VALUES ($1, 'workflow_start', 'live', sha256('r'), 'POST', '/p', 201, 'x', $2, 'req-1', now() - interval '1 hour', now() + interval '23 hours'),
+		       ($1, 'workflow_start', 'long', sha256('r'), 'POST', '/p', 201, 'x', NULL, 'req-2', now(), now() + interval '6 days'),
+		       ($1, 'workflow_start', 'old', sha256('r'), 'POST', '/p', 201, 'x', NULL, 'req-3', now() - interval '2 days', now() - interval '1 day')`,
+		org, run)
+	require.NoError(t, err)
+
+	_, err = p.UpTo(ctx, 12)
+	require.NoError(t, err)
+	keys := func() []string {
+		rows, err := db.QueryContext(ctx, `SELECT key FROM idempotency_keys ORDER BY key`)
+		require.NoError(t, err)
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var k string
+			require.NoError(t, rows.Scan(&k))
+			out = append(out, k)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	require.Equal(t, []string{"live", "long"}, keys(), "the live keys, in their partitions")
+	var linked string
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT validation_run_id FROM idempotency_keys WHERE key = 'live'`).Scan(&linked))
+	require.Equal(t, run, linked)
+
+	_, err = p.DownTo(ctx, 11)
+	require.NoError(t, err)
+	require.Equal(t, []string{"live", "long"}, keys())
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT validation_run_id FROM idempotency_keys WHERE key = 'live'`).Scan(&linked))
+	require.Equal(t, run, linked, "the link to the run, with its foreign key again")
+	require.NotEmpty(t, indexDef(t, db, "idempotency_keys", "UNIQUE INDEX", "(org_id, endpoint, key)"))
 }
 
 // Migration 0010 lists the runs not final in unfinished_runs (queued and

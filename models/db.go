@@ -306,10 +306,17 @@ func translate(err error) error {
 	return err
 }
 
-// keyConstraint is the unique index of idempotency keys (migration 0004):
-// a write it refuses found the key's live row, which another request
-// committed (sql/save_key.sql, sql/start_batch.sql).
+// keyConstraint names the error idempotency_key_taken raises (migrations
+// 0002, 0004, 0012): a write of a key found the key's live row, which
+// another request committed (sql/save_key.sql, sql/start_batch.sql).
 const keyConstraint = "idempotency_keys_pkey"
+
+// isUndefinedTable reports whether err is undefined_table: a key partition
+// another cleaner detached or dropped meanwhile.
+func isUndefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
 
 // orgForeignKeys are the foreign keys to organizations (migrations/): a
 // write that breaks one names an organisation that no longer exists.

@@ -16,10 +16,12 @@ import (
 
 // KeyStore reads and writes idempotency keys, and is the idempotency
 // wrapper's Store: its transactions are RequestTx. Every lookup is by the
-// scoped key (org_id, endpoint, key), the table's unique index; a key's
-// tenant is its organisation and its scope the endpoint. A key's
-// ResourceID is kept in validation_run_id, a uuid with a foreign key to
-// validation_runs (ON DELETE SET NULL): a run's id, or empty.
+// scoped key (org_id, endpoint, key), a prefix of the primary key, and
+// reads the key's newest row (the table is partitioned by day of
+// expires_at, migration 0012: a key may have an expired row and a live
+// one); a key's tenant is its organisation and its scope the endpoint. A
+// key's ResourceID is kept in validation_run_id, a run's id (no foreign
+// key: migration 0012 says why), or empty.
 type KeyStore struct{ db *gorm.DB }
 
 // NewKeyStore returns a KeyStore on db.
@@ -129,11 +131,10 @@ func (s *KeyStore) TryLock(tx *gorm.DB, lockID int64) (bool, error) {
 }
 
 // The key's statements (sql/lookup_key.sql: Lookup's probe; sql/save_key.sql:
-// RequestTx.Commit's write of the finished row; sql/delete_expired_keys.sql).
+// RequestTx.Commit's write of the finished row).
 var (
-	lookupKeySQL         = statement("lookup_key")
-	saveKeySQL           = statement("save_key")
-	deleteExpiredKeysSQL = statement("delete_expired_keys")
+	lookupKeySQL = statement("lookup_key")
+	saveKeySQL   = statement("save_key")
 )
 
 func saveKeyArgs(k *idempotency.Key) []any {
@@ -156,41 +157,182 @@ func truncate(s string, n int) string {
 	return string([]rune(s)[:n])
 }
 
-// DeleteExpiredBatch deletes up to n keys past expires_at in one short
-// transaction of its own. SKIP LOCKED: rows a concurrent request is
-// overwriting (or another cleaner is deleting) are left for the next batch,
-// so the cleanup never waits on, or blocks, a request. Runs keep existing
-// (and the key they were started with). A key has no id: the batch found
-// by the expires_at index is deleted by the rows' places (ctid).
-func (s *KeyStore) DeleteExpiredBatch(ctx context.Context, n int) (int64, error) {
-	res := s.db.WithContext(ctx).Exec(deleteExpiredKeysSQL, n)
-	if res.Error != nil {
-		return 0, fmt.Errorf("delete expired keys: %w", translate(res.Error))
-	}
-	return res.RowsAffected, nil
+// KeyPartition is one day partition of idempotency_keys (migration 0012).
+type KeyPartition struct {
+	Name string
+	// From and To bound its keys' expires_at: [From, To), a UTC day.
+	From, To time.Time
+	// Attached is false for a partition a cleanup detached but did not drop.
+	Attached bool
+	// Pending: a DETACH ... CONCURRENTLY of it was interrupted.
+	Pending bool
+	// Expired: its whole range has passed (To <= now, the database's clock).
+	Expired bool
+	// Ahead: its range starts after now.
+	Ahead bool
+	// Estimate is the planner's estimate of its rows; -1: never vacuumed
+	// or analysed.
+	Estimate int64
 }
 
-// CountExpired counts the keys past expires_at.
-func (s *KeyStore) CountExpired(ctx context.Context) (int64, error) {
-	var n int64
-	if err := s.db.WithContext(ctx).Raw(`SELECT count(*) FROM idempotency_keys WHERE expires_at <= now()`).Scan(&n).Error; err != nil {
-		return 0, fmt.Errorf("count expired keys: %w", translate(err))
+// KeyCleanup is what a cleanup of the keys did, and the partitions it left.
+type KeyCleanup struct {
+	// Made is the partitions made ahead, Dropped those dropped.
+	Made, Dropped int
+	// Keys is the keys in the partitions dropped (see countBound).
+	Keys int64
+	// Oldest is the lower bound of the oldest partition kept (zero: none).
+	Oldest time.Time
+	// Ahead is the partitions kept whose range starts after now.
+	Ahead int
+}
+
+// partitionMargin is how far past the longest expiry a new key can have
+// (now + IDEMPOTENCY_TTL) partitions are made: a cleanup may miss a day or
+// two (its worker down) without any insert lacking a partition.
+const partitionMargin = 48 * time.Hour
+
+// countBound: a partition the planner estimates below this many rows is
+// counted exactly before it is dropped; above, the estimate is reported
+// (counting would read the whole partition, the cost dropping it avoids).
+const countBound = 1_000_000
+
+// The statements of the partitions (sql/key_partitions.sql lists them;
+// idempotency_key_partitions, migration 0012, makes them).
+var keyPartitionsSQL = statement("key_partitions")
+
+const makePartitionsSQL = `SELECT idempotency_key_partitions(now(), now() + CAST(? AS bigint) * interval '1 microsecond')`
+
+// MakePartitions makes the missing day partitions from today through the
+// day of now + ttl + partitionMargin, and returns how many it made. A
+// partition is made empty and then attached, which takes no lock a start
+// waits on.
+func (s *KeyStore) MakePartitions(ctx context.Context, ttl time.Duration) (int, error) {
+	var made int
+	if err := s.db.WithContext(ctx).Raw(makePartitionsSQL, (ttl + partitionMargin).Microseconds()).Scan(&made).Error; err != nil {
+		return 0, fmt.Errorf("make key partitions: %w", translate(err))
+	}
+	return made, nil
+}
+
+// Partitions lists the day partitions of the keys, oldest first.
+func (s *KeyStore) Partitions(ctx context.Context) ([]KeyPartition, error) {
+	rows, err := s.db.WithContext(ctx).Raw(keyPartitionsSQL).Rows()
+	if err != nil {
+		return nil, fmt.Errorf("list key partitions: %w", translate(err))
+	}
+	defer rows.Close()
+	var out []KeyPartition
+	for rows.Next() {
+		var p KeyPartition
+		if err := rows.Scan(&p.Name, &p.From, &p.To, &p.Attached, &p.Pending, &p.Expired, &p.Ahead, &p.Estimate); err != nil {
+			return nil, fmt.Errorf("list key partitions: %w", translate(err))
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list key partitions: %w", translate(err))
+	}
+	return out, nil
+}
+
+// Clean makes the partitions ahead (MakePartitions), then detaches and
+// drops every partition whose whole range has expired: no key row is
+// deleted, so nothing is written per key and nothing is left to vacuum.
+// The detach is CONCURRENTLY: it takes SHARE UPDATE EXCLUSIVE on the
+// parent, which no start's lock conflicts with, and waits for the
+// transactions that may still see the partition; the drop then locks only
+// the detached table, which no statement reads any more. A detach
+// interrupted (a timeout, a crash) is finished by the next cleanup, and a
+// partition another cleaner is dropping meanwhile is skipped.
+func (s *KeyStore) Clean(ctx context.Context, ttl time.Duration) (KeyCleanup, error) {
+	var c KeyCleanup
+	var err error
+	if c.Made, err = s.MakePartitions(ctx, ttl); err != nil {
+		return c, err
+	}
+	parts, err := s.Partitions(ctx)
+	if err != nil {
+		return c, err
+	}
+	for _, p := range parts {
+		if !p.Expired {
+			if p.Attached && (c.Oldest.IsZero() || p.From.Before(c.Oldest)) {
+				c.Oldest = p.From
+			}
+			if p.Attached && p.Ahead {
+				c.Ahead++
+			}
+			continue
+		}
+		n, err := s.dropPartition(ctx, p)
+		if err != nil {
+			return c, err
+		}
+		c.Dropped++
+		c.Keys += n
+	}
+	return c, nil
+}
+
+// dropPartition detaches (if attached) and drops p, and returns its keys
+// (counted exactly when the planner estimates fewer than countBound). A
+// partition gone meanwhile (another cleaner dropped it) counts no key.
+func (s *KeyStore) dropPartition(ctx context.Context, p KeyPartition) (int64, error) {
+	name := pgx.Identifier{p.Name}.Sanitize()
+	db := s.db.WithContext(ctx)
+	n := p.Estimate
+	if n < countBound {
+		if err := db.Raw(`SELECT count(*) FROM ` + name).Scan(&n).Error; err != nil {
+			if isUndefinedTable(err) {
+				return 0, nil
+			}
+			return 0, fmt.Errorf("count keys of %s: %w", p.Name, translate(err))
+		}
+	}
+	detach := ""
+	switch {
+	case p.Pending:
+		detach = `ALTER TABLE idempotency_keys DETACH PARTITION ` + name + ` FINALIZE`
+	case p.Attached:
+		detach = `ALTER TABLE idempotency_keys DETACH PARTITION ` + name + ` CONCURRENTLY`
+	}
+	if detach != "" {
+		if err := db.Exec(detach).Error; err != nil {
+			// Another cleaner detached it, or is detaching it (it then
+			// drops it, or the next cleanup finishes its detach).
+			var busy bool
+			const attachedSQL = `SELECT NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(?) AND NOT inhdetachpending)`
+			if s.db.WithContext(ctx).Raw(attachedSQL, p.Name).Scan(&busy).Error == nil && busy {
+				return 0, nil
+			}
+			return 0, fmt.Errorf("detach %s: %w", p.Name, translate(err))
+		}
+	}
+	if err := db.Exec(`DROP TABLE IF EXISTS ` + name).Error; err != nil {
+		return 0, fmt.Errorf("drop %s: %w", p.Name, translate(err))
 	}
 	return n, nil
 }
 
-// DeleteExpired deletes every key past expires_at, batch keys per
-// transaction, until none remain, and returns how many it deleted.
-func (s *KeyStore) DeleteExpired(ctx context.Context, batch int) (int64, error) {
-	var total int64
-	for {
-		n, err := s.DeleteExpiredBatch(ctx, batch)
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if n == 0 { // not n < batch: SKIP LOCKED may return a short batch while more remain
-			return total, nil
-		}
+// CountExpired counts the keys a cleanup would drop now: those of the
+// partitions whose whole range has expired (each counted exactly). A key
+// that expired today goes with today's partition, once the day is over.
+func (s *KeyStore) CountExpired(ctx context.Context) (int64, error) {
+	parts, err := s.Partitions(ctx)
+	if err != nil {
+		return 0, err
 	}
+	var total int64
+	for _, p := range parts {
+		if !p.Expired {
+			continue
+		}
+		var n int64
+		if err := s.db.WithContext(ctx).Raw(`SELECT count(*) FROM ` + pgx.Identifier{p.Name}.Sanitize()).Scan(&n).Error; err != nil && !isUndefinedTable(err) {
+			return 0, fmt.Errorf("count keys of %s: %w", p.Name, translate(err))
+		}
+		total += n
+	}
+	return total, nil
 }

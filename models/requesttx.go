@@ -36,7 +36,8 @@ type RequestTx struct {
 	db   *gorm.DB
 	// open: BEGIN was sent and neither COMMIT nor ROLLBACK since.
 	open bool
-	// replaces: the key's expired row is there, and Commit replaces it.
+	// replaces: the key's newest row has expired; Commit writes a new row
+	// beside it (the old one goes with its partition).
 	replaces bool
 }
 
@@ -71,7 +72,7 @@ var beginKeyedSQL = statement("begin_keyed")
 // nil, and the transaction already rolled back, when the request must not
 // execute: a live row answers it (KeyAnswered), or another transaction
 // holds the lock (KeyInFlight). Otherwise the result is NotDone, with the
-// expired row the request's Commit will replace, if there is one.
+// key's newest row, expired, if there is one.
 func BeginRequest(ctx context.Context, db *gorm.DB, timeout time.Duration, k *idempotency.Key) (t *RequestTx, res idempotency.Result, err error) {
 	conn, done, err := requestConn(ctx, db)
 	if errors.Is(err, ErrStalled) {
@@ -141,8 +142,8 @@ var errRolledBack = errors.New("the transaction had failed and was rolled back")
 
 // Commit writes k, the finished key row (nil: none), and commits, in one
 // round trip, and answers Committed with k, its ExpiresAt set by the
-// database's clock. A row of the same scoped key that has expired is taken
-// over (the upsert replaces it). If a live row exists, someone finished
+// database's clock. An expired row of the same scoped key is left alone
+// (the new row succeeds it). If a live row exists, someone finished
 // this key first: nothing is committed, and the error is an ErrConflict
 // and an idempotency.ErrKeyTaken. A transaction that failed (a statement's
 // error was ignored) is rolled back instead, and Commit says so.

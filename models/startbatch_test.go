@@ -154,14 +154,15 @@ func (f *usageFixture) newOrg(t *testing.T, name string) (org, wf string) {
 	return org, wf
 }
 
-// holdKey inserts a live key row of org in holder, a transaction left
-// open: a start of that key waits on its index entry until holder ends.
-func holdKey(t *testing.T, holder *gorm.DB, org, key string) {
+// holdRun inserts a run of p's id in holder, a transaction left open: the
+// statement of p's start waits on the run's index entry until holder ends
+// (and is refused if holder commits). A key row would not do: a key's
+// index entry holds its expiry (migration 0012), and a writer of a key
+// holds the key's lock, which a start does not wait on.
+func holdRun(t *testing.T, holder *gorm.DB, p models.StartParams) {
 	t.Helper()
-	require.NoError(t, holder.Exec(`INSERT INTO idempotency_keys (org_id, endpoint, key, request_hash, request_method,
-		request_path, response_status, response_body, request_id, expires_at)
-		VALUES (?, 'workflow_start', ?, sha256('x'::bytea), 'POST', '/p', 201, '\x7b7d', 'held', now() + interval '1 hour')`,
-		org, key).Error)
+	require.NoError(t, holder.Exec(`INSERT INTO validation_runs (id, org_id, workflow_id, status, submission)
+		VALUES (?, ?, ?, 'queued', '{}')`, p.ID, p.OrgID, p.WorkflowID).Error)
 }
 
 // lockWaits is how many backends of the database wait on a lock.
@@ -189,17 +190,20 @@ func (f *usageFixture) startAsync(p models.StartParams, k *idempotency.Key) chan
 }
 
 // busyWriters sends starts (org i's key held-i) one at a time, so that each
-// takes a writer of its own and waits there on its key, which holder holds.
+// takes a writer of its own and waits there on its run, which holder holds
+// (holdRun).
 func (f *usageFixture) busyWriters(t *testing.T, holder *gorm.DB, orgs, wfs []string) []chan startOutcome {
 	t.Helper()
 	var held []chan startOutcome
+	ps := make([]models.StartParams, len(orgs))
 	for i := range orgs {
-		holdKey(t, holder, orgs[i], fmt.Sprintf("held-%d", i))
+		ps[i] = f.params(orgs[i], wfs[i], 0)
+		holdRun(t, holder, ps[i])
 	}
 	for i := range orgs {
-		held = append(held, f.startAsync(f.params(orgs[i], wfs[i], 0), keyWrite(orgs[i], fmt.Sprintf("held-%d", i))))
+		held = append(held, f.startAsync(ps[i], keyWrite(orgs[i], fmt.Sprintf("held-%d", i))))
 		require.Eventually(t, func() bool { return f.lockWaits(t) == int64(i+1) }, 30*time.Second, 10*time.Millisecond,
-			"start %d does not wait on its held key", i)
+			"start %d does not wait on its held run", i)
 	}
 	return held
 }
@@ -255,21 +259,21 @@ func TestStartBacklogDoesNotHoldAnotherOrganisation(t *testing.T) {
 		"the light organisation's start went in the first statement, with A's oldest starts")
 }
 
-// A statement refused as a whole (here, a key row another transaction
-// committed after the statement took the key's lock) writes nothing, and
-// sends each of its starts to the transactional path, which decides it
-// alone: the key's row answers its start, the other start commits.
+// A statement refused as a whole (here, a run of the same id another
+// transaction committed while the statement waited on it) writes nothing,
+// and sends each of its starts to the transactional path, which decides it
+// alone: each start then commits, the keyed one with its key's row.
 func TestRefusedStatementGoesToTheTransactionalPath(t *testing.T) {
 	t.Parallel()
 	f := newUsageFixture(t)
 	ctx := context.Background()
 	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots
 	before := f.usage(t, f.now)
+	ps := []models.StartParams{f.params(f.org, f.wf, 0), f.params(f.org, f.wf, 0)}
 	holder := f.db.Begin()
 	defer holder.Rollback()
-	holdKey(t, holder, f.org, "raced")
+	holdRun(t, holder, ps[0])
 
-	ps := []models.StartParams{f.params(f.org, f.wf, 0), f.params(f.org, f.wf, 0)}
 	type outcome struct {
 		res  []idempotency.Result
 		errs []error
@@ -280,7 +284,7 @@ func TestRefusedStatementGoesToTheTransactionalPath(t *testing.T) {
 		ch <- outcome{res, errs}
 	}()
 	require.Eventually(t, func() bool { return f.lockWaits(t) == 1 }, 30*time.Second, 10*time.Millisecond,
-		"the statement does not wait on the key's row")
+		"the statement does not wait on the run's row")
 	require.NoError(t, holder.Commit().Error)
 	o := <-ch
 	for i := range ps {
@@ -288,12 +292,19 @@ func TestRefusedStatementGoesToTheTransactionalPath(t *testing.T) {
 		require.Equal(t, idempotency.NotDone, o.res[i].Kind, "start %d goes to the transactional path: %+v", i, o.res[i])
 	}
 	require.Equal(t, before, f.usage(t, f.now), "the refused statement billed nothing")
+	var keys int64
+	require.NoError(t, f.db.Raw(`SELECT count(*) FROM idempotency_keys WHERE key = 'raced'`).Scan(&keys).Error)
+	require.Zero(t, keys, "the refused statement wrote no key")
 
-	tx, stored, err := models.BeginRequest(ctx, f.db, 10*time.Second, &idempotency.Key{Tenant: f.org, Scope: "workflow_start",
-		Key: "raced", LockID: idempotency.LockID(f.org, "workflow_start", "raced")})
+	k := keyWrite(f.org, "raced")
+	tx, res, err := models.BeginRequest(ctx, f.db, 10*time.Second, k)
 	require.NoError(t, err)
-	require.Nil(t, tx, "the key's row answers the keyed start")
-	require.Equal(t, "held", stored.Key.RequestID)
+	require.NotNil(t, tx, "the key is free: %+v", res)
+	ps[0].ID = models.NewRunID()
+	k.ResourceID = ps[0].ID
+	require.NoError(t, f.runs.Start(tx, ps[0]))
+	_, err = tx.Commit(ctx, k)
+	require.NoError(t, err)
 	tx, _, err = models.BeginRequest(ctx, f.db, 10*time.Second, nil)
 	require.NoError(t, err)
 	require.NoError(t, f.runs.Start(tx, ps[1]))
@@ -301,8 +312,8 @@ func TestRefusedStatementGoesToTheTransactionalPath(t *testing.T) {
 	require.NoError(t, err)
 	var n int64
 	require.NoError(t, f.db.Raw(`SELECT count(*) FROM validation_runs WHERE id IN ?`, []string{ps[0].ID, ps[1].ID}).Scan(&n).Error)
-	require.EqualValues(t, 1, n, "the keyed start wrote no run; the other one")
-	require.Equal(t, before+1, f.usage(t, f.now))
+	require.EqualValues(t, 2, n, "each start committed its run alone")
+	require.Equal(t, before+2, f.usage(t, f.now))
 }
 
 // TestStartsWaitForTheWriterAtWork: while a writer's statement runs (here
@@ -355,7 +366,7 @@ func TestStartsWaitForTheWriterAtWork(t *testing.T) {
 			t.Fatalf("start %d of a full batch waited behind the writer at work", i)
 		}
 	}
-	require.EqualValues(t, 1, f.lockWaits(t), "the first writer's statement still waits on its key")
+	require.EqualValues(t, 1, f.lockWaits(t), "the first writer's statement still waits on its run")
 	require.NoError(t, holder.Rollback().Error)
 	requireDone(t, held)
 	mu.Lock()

@@ -11,28 +11,36 @@ import (
 	"github.com/valruns/valruns/models"
 )
 
-// Cleanup handles TypeCleanup: it deletes expired idempotency keys in
-// batches, each batch its own short transaction, until none remain; then
-// the webhook deliveries done (delivered or failed) past their retention.
+// Cleanup handles TypeCleanup: it makes the idempotency keys' partitions
+// ahead and drops those whose whole range has expired (KeyStore.Clean);
+// then it deletes the webhook deliveries done (delivered or failed) past
+// their retention, in batches, each its own short transaction.
 type Cleanup struct {
 	keys  *models.KeyStore
 	hooks *models.WebhookStore
 	// retention is how long a delivery done is kept (0: for ever).
 	retention time.Duration
 	batch     int
-	log       *slog.Logger
-	m         *metrics
+	// ttl is IDEMPOTENCY_TTL: how far ahead the partitions must reach.
+	ttl time.Duration
+	log *slog.Logger
+	m   *metrics
 }
 
 // ProcessTask runs one cleanup.
 func (c *Cleanup) ProcessTask(ctx context.Context, _ *asynq.Task) error {
 	start := time.Now()
-	n, err := c.keys.DeleteExpired(ctx, c.batch)
-	c.m.keysDeleted.Add(float64(n))
+	k, err := c.keys.Clean(ctx, c.ttl)
+	c.m.keysDeleted.Add(float64(k.Keys))
 	if err != nil {
-		return fmt.Errorf("cleanup after %d keys: %w", n, err)
+		return fmt.Errorf("cleanup after %d partitions (%d keys): %w", k.Dropped, k.Keys, err)
 	}
-	c.log.InfoContext(ctx, "expired idempotency keys deleted", "deleted", n, "duration_ms", time.Since(start).Milliseconds())
+	c.m.partitionsAhead.Set(float64(k.Ahead))
+	if !k.Oldest.IsZero() {
+		c.m.oldestPartition.Set(float64(k.Oldest.Unix()))
+	}
+	c.log.InfoContext(ctx, "expired idempotency keys deleted", "deleted", k.Keys, "partitions_dropped", k.Dropped,
+		"partitions_made", k.Made, "partitions_ahead", k.Ahead, "duration_ms", time.Since(start).Milliseconds())
 	if c.hooks == nil || c.retention <= 0 {
 		return nil
 	}

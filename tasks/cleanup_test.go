@@ -17,9 +17,10 @@ import (
 	"github.com/valruns/valruns/tasks"
 )
 
-// The cleanup deletes exactly the expired keys, in batches, while starts
-// keep arriving: every start answers 201, live and new keys stay, runs of
-// deleted keys stay with idempotency_key_id NULL.
+// The cleanup deletes exactly the expired keys (with their day's
+// partition: the keys here expired a day ago) while starts keep arriving:
+// every start answers 201, live and new keys stay, runs of deleted keys
+// stay and still name their key.
 func TestCleanupDeletesExactlyExpiredKeysDuringStarts(t *testing.T) {
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
@@ -101,6 +102,12 @@ func TestCleanupDeletesExactlyExpiredKeysDuringStarts(t *testing.T) {
 	require.EqualValues(t, live, env.Count("idempotency_keys", "key LIKE 'live-%'"))
 	require.EqualValues(t, total, env.Count("idempotency_keys", "key LIKE 'during-%'"))
 	require.EqualValues(t, expired+linked, metricValue(t, w.Registry, "valruns_idempotency_keys_deleted_total"))
+	// The keys' partitions it left: through now + IDEMPOTENCY_TTL and two
+	// days ahead, today's the oldest.
+	require.GreaterOrEqual(t, metricValue(t, w.Registry, "valruns_idempotency_partitions_ahead"), 3.0)
+	var today time.Time
+	require.NoError(t, env.DB.Raw(`SELECT CAST(date_trunc('day', now() AT TIME ZONE 'UTC') AS timestamp) AT TIME ZONE 'UTC'`).Scan(&today).Error)
+	require.EqualValues(t, today.Unix(), metricValue(t, w.Registry, "valruns_idempotency_oldest_partition_timestamp_seconds"))
 	for _, id := range linkedRuns {
 		r := readRun(t, env, id)
 		require.Equal(t, "queued", r.Status, "the run still exists")

@@ -16,6 +16,9 @@ type metrics struct {
 	redelivered *prometheus.CounterVec
 	leasesLost  prometheus.Counter
 	sweeps      *prometheus.CounterVec
+	// The keys' day partitions, as the last cleanup left them.
+	partitionsAhead prometheus.Gauge
+	oldestPartition prometheus.Gauge
 	// What an SLO is written on: each run's time from its start to its
 	// final state, by final status (observed where the run ended), and the
 	// backlog, read on a timer (watchBacklog).
@@ -43,7 +46,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "valruns_tasks_failed_total", Help: "Task executions that returned an error (asynq retries them), by type.",
 		}, []string{"type"}),
 		keysDeleted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "valruns_idempotency_keys_deleted_total", Help: "Expired idempotency keys deleted by the cleanup.",
+			Name: "valruns_idempotency_keys_deleted_total",
+			Help: "Expired idempotency keys deleted by the cleanup, with the partitions it dropped (a partition of a million keys or more counts the planner's estimate).",
+		}),
+		partitionsAhead: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "valruns_idempotency_partitions_ahead",
+			Help: "Day partitions of the idempotency keys made ahead (starting after now), as the last cleanup left them.",
+		}),
+		oldestPartition: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "valruns_idempotency_oldest_partition_timestamp_seconds",
+			Help: "Start (Unix time) of the oldest day partition of the idempotency keys kept, as the last cleanup left them.",
 		}),
 		runsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "valruns_runs_finished_total", Help: "Runs this worker ended, by final status (passed, failed, error).",
@@ -98,7 +110,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, s := range finalStatuses {
 		m.startToFinal.WithLabelValues(s)
 	}
-	for _, c := range []prometheus.Collector{m.processed, m.failed, m.keysDeleted, m.runsEnded, m.redelivered, m.leasesLost, m.sweeps,
+	for _, c := range []prometheus.Collector{m.processed, m.failed, m.keysDeleted, m.partitionsAhead, m.oldestPartition, m.runsEnded, m.redelivered, m.leasesLost, m.sweeps,
 		m.startToFinal, m.startToPicked, m.unfinished, m.oldestUnfinished, m.gateWaiting} {
 		reg.MustRegister(c)
 	}

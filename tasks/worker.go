@@ -34,8 +34,12 @@ type Config struct {
 	Concurrency int
 	// CleanupSchedule is the cron spec of the periodic cleanup; "" means @hourly.
 	CleanupSchedule string
-	// CleanupBatchSize is the keys deleted per transaction; 0 means 1000.
+	// CleanupBatchSize is the webhook deliveries deleted per transaction;
+	// 0 means 1000.
 	CleanupBatchSize int
+	// KeyTTL is IDEMPOTENCY_TTL: the cleanup makes the keys' partitions
+	// through now + KeyTTL and a margin; 0 means 24h.
+	KeyTTL time.Duration
 	// RunLease is how long a claim or a heartbeat holds a running run: a run
 	// whose worker died is taken over once it runs out; 0 means 15s.
 	RunLease time.Duration
@@ -174,7 +178,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 		interval: cfg.SweepInterval, after: cfg.RedeliverAfter, batch: 500, log: log, m: w.m}
 	w.server = w.newServer()
 	w.cleanup = &Cleanup{keys: models.NewKeyStore(cfg.DB), hooks: models.NewWebhookStore(cfg.DB),
-		retention: cfg.WebhookRetention, batch: cfg.CleanupBatchSize, log: log, m: w.m}
+		retention: cfg.WebhookRetention, batch: cfg.CleanupBatchSize, ttl: cfg.KeyTTL, log: log, m: w.m}
 	w.notice = newEndedNotice(rc)
 	w.runs.ended = w.notice.ended
 	if cfg.WebhookConcurrency > 0 {
@@ -192,6 +196,7 @@ func withDefaults(cfg Config) Config {
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 40)
 	cfg.CleanupSchedule = cmp.Or(cfg.CleanupSchedule, "@hourly")
 	cfg.CleanupBatchSize = cmp.Or(cfg.CleanupBatchSize, 1000)
+	cfg.KeyTTL = cmp.Or(cfg.KeyTTL, 24*time.Hour)
 	cfg.RunLease = cmp.Or(cfg.RunLease, 15*time.Second)
 	cfg.RunHeartbeat = cmp.Or(cfg.RunHeartbeat, cfg.RunLease/3)
 	cfg.RunMaxRetry = cmp.Or(cfg.RunMaxRetry, 5)

@@ -151,7 +151,7 @@ func (a *app) ensureMigrated(ctx context.Context) error {
 		return err
 	}
 	if n == 0 {
-		return nil
+		return a.makeKeyPartitions(ctx, mdb)
 	}
 	if !a.cfg.MigrateOnStart {
 		return &exitError{fmt.Sprintf("the database has %d pending migration(s): run `valruns migrate up` (or set MIGRATE_ON_START=true)", n)}
@@ -165,7 +165,18 @@ func (a *app) ensureMigrated(ctx context.Context) error {
 		return fmt.Errorf("migrate up: %w", err)
 	}
 	a.log.InfoContext(ctx, "migrated on start", "applied", len(res))
-	return nil
+	return a.makeKeyPartitions(ctx, mdb)
+}
+
+// makeKeyPartitions makes the idempotency keys' partitions that this
+// process's IDEMPOTENCY_TTL needs and the cleanup has not made yet (a TTL
+// just raised): every start's key row then has its partition.
+func (a *app) makeKeyPartitions(ctx context.Context, db *gorm.DB) error {
+	made, err := models.NewKeyStore(db).MakePartitions(ctx, a.cfg.IdempotencyTTL)
+	if made > 0 {
+		a.log.InfoContext(ctx, "idempotency key partitions made", "made", made)
+	}
+	return err
 }
 
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {

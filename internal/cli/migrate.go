@@ -42,6 +42,9 @@ func cmdMigrate(action string) func(context.Context, []string, io.Writer) error 
 			for _, r := range res {
 				fmt.Fprintf(out, "applied %s (%s)\n", r.Source.Path, r.Duration.Round(time.Millisecond))
 			}
+			if _, err := models.NewKeyStore(a.db).MakePartitions(ctx, a.cfg.IdempotencyTTL); err != nil {
+				return err
+			}
 			v, _ := p.GetDBVersion(ctx)
 			fmt.Fprintf(out, "database at version %d\n", v)
 		case "down":
@@ -71,9 +74,9 @@ func cmdMigrate(action string) func(context.Context, []string, io.Writer) error 
 
 func cmdCleanup(ctx context.Context, args []string, out io.Writer) error {
 	fs := flags("cleanup", "cleanup [--dry-run]", out,
-		"Deletes the idempotency keys past their expiry, in batches of CLEANUP_BATCH_SIZE as the worker's\n"+
-			"scheduled cleanup does, and prints how many.")
-	dry := fs.Bool("dry-run", false, "only count the expired keys")
+		"Drops the idempotency keys' day partitions whose whole range has expired, and makes the partitions\n"+
+			"ahead, as the worker's scheduled cleanup does, and prints how many keys went.")
+	dry := fs.Bool("dry-run", false, "only count the keys that would go")
 	if err := parseFlagsOnly(fs, args); err != nil {
 		return err
 	}
@@ -91,7 +94,7 @@ func cmdCleanup(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "%d expired idempotency keys would be deleted\n", n)
 		return nil
 	}
-	n, err := keys.DeleteExpired(ctx, a.cfg.CleanupBatchSize)
-	fmt.Fprintf(out, "deleted %d expired idempotency keys\n", n)
+	c, err := keys.Clean(ctx, a.cfg.IdempotencyTTL)
+	fmt.Fprintf(out, "deleted %d expired idempotency keys\n", c.Keys)
 	return err
 }

@@ -39,7 +39,7 @@ func startWorker(ctx context.Context, a *app) (*workerProcess, error) {
 	w, err := tasks.NewWorker(tasks.Config{
 		DB: a.db, Redis: redisOpt,
 		Concurrency: a.cfg.WorkerConcurrency, CleanupSchedule: a.cfg.CleanupSchedule,
-		CleanupBatchSize: a.cfg.CleanupBatchSize, RunLease: a.cfg.RunLease, RunHeartbeat: a.cfg.RunHeartbeat,
+		CleanupBatchSize: a.cfg.CleanupBatchSize, KeyTTL: a.cfg.IdempotencyTTL, RunLease: a.cfg.RunLease, RunHeartbeat: a.cfg.RunHeartbeat,
 		RunMaxRetry: a.cfg.RunMaxRetry, RetryDelay: a.cfg.RunRetryDelay, RunTimeout: a.cfg.RunTimeout,
 		SweepInterval: a.cfg.RunSweepInterval, PollInterval: a.cfg.RunPollInterval, RedeliverAfter: a.cfg.RunRedeliverAfter, FastBudget: fastBudget(a.cfg.RunFastPath),
 		RunShare:           a.cfg.OrgRunShare,

@@ -50,6 +50,11 @@ type Options struct {
 	Empty bool
 }
 
+// PastKeyDays is how many days back a test database has partitions of
+// idempotency keys: a test's expired key (expires_at in the past) needs
+// the partition of its day, as no cleanup has dropped it yet.
+const PastKeyDays = 3
+
 // New creates a fresh database (migrated unless opt.Empty), opens a pool on
 // it and drops both at the end of the test. It returns the pool and the
 // database's URL (for child processes).
@@ -98,6 +103,15 @@ func New(t testing.TB, opt ...Options) (*gorm.DB, string) {
 	}
 	if err != nil {
 		t.Fatalf("testdb: open %s: %v", name, err)
+	}
+	if !o.Empty {
+		// The template may be days old: the idempotency keys' partitions
+		// (migration 0012) from PastKeyDays ago, for the tests' expired
+		// keys, through the longest IDEMPOTENCY_TTL and its margin ahead.
+		if err := db.Exec(`SELECT idempotency_key_partitions(now() - CAST(? AS integer) * interval '1 day', now() + interval '10 days')`,
+			PastKeyDays).Error; err != nil {
+			t.Fatalf("testdb: key partitions of %s: %v", name, err)
+		}
 	}
 	t.Cleanup(func() {
 		_ = models.SQLDB(db).Close()

@@ -1,6 +1,7 @@
 -- begin_keyed.sql: the first statement of a keyed request transaction
 -- (BeginRequest): sets its statement_timeout and
--- client_connection_check_interval, reads the key's row and takes the
+-- client_connection_check_interval, reads the key's newest row (live if
+-- any row is) and takes the
 -- key's lock, unless a live row already answers the request (a replay takes
 -- no lock, so a storm of replays of one key never contends on it).
 --
@@ -18,4 +19,7 @@ SELECT k.key, k.request_hash, k.request_method, k.request_path, k.response_statu
 	set_config('client_connection_check_interval', $6, true) AS client_check,
 	CASE WHEN k.key IS NOT NULL AND k.expires_at > now() THEN false ELSE pg_try_advisory_xact_lock($2) END AS locked
 FROM (SELECT 1) AS one
-LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5
+LEFT JOIN LATERAL (
+	SELECT * FROM idempotency_keys k
+	WHERE k.org_id = $3 AND k.endpoint = $4 AND k.key = $5
+	ORDER BY k.expires_at DESC LIMIT 1) k ON true

@@ -1,5 +1,6 @@
 -- lookup_key.sql: the fast path's probe of a key (KeyStore.Lookup), outside
--- any transaction: the key's row, whether it has expired, and, when there
+-- any transaction: the key's newest row (live if any row is: an older row
+-- expired before it; docs/design.md), whether it has expired, and, when there
 -- is no live row, whether another session holds the key's advisory lock
 -- (pg_locks; the lock itself is never touched, so the probe is only a
 -- hint: the lock decides who executes).
@@ -20,4 +21,7 @@ SELECT k.key, k.request_hash, k.request_method, k.request_path, k.response_statu
 		  AND l.classid = CAST(CAST($1 AS bigint) AS oid) AND l.objid = CAST(CAST($2 AS bigint) AS oid))
 	ELSE false END AS in_flight
 FROM (SELECT 1) AS one
-LEFT JOIN idempotency_keys k ON k.org_id = $3 AND k.endpoint = $4 AND k.key = $5
+LEFT JOIN LATERAL (
+	SELECT * FROM idempotency_keys k
+	WHERE k.org_id = $3 AND k.endpoint = $4 AND k.key = $5
+	ORDER BY k.expires_at DESC LIMIT 1) k ON true

@@ -1,9 +1,13 @@
 -- save_key.sql: writes a finished key row (RequestTx.Commit), sent
--- with the request transaction's COMMIT. A row of the same scoped key is
--- replaced only if it has expired; a live one is left alone, and then the
--- statement fails with unique_violation (raised by idempotency_key_taken,
--- migration 0002), so that the COMMIT sent with it does not commit the
--- request's work. start_batch.sql writes the same columns.
+-- with the request transaction's COMMIT, in the partition of its expiry.
+-- An expired row of the same scoped key is left to its partition's drop
+-- (migration 0012). A live one means another request finished the key
+-- first: then nothing is written and the statement fails with
+-- unique_violation (raised by idempotency_key_taken, migration 0004), so
+-- that the COMMIT sent with it does not commit the request's work. The
+-- look is exact: the request holds the key's lock (begin_keyed.sql), taken
+-- before this statement's snapshot, and every writer of a key holds it.
+-- start_batch.sql writes the same columns.
 --
 -- Parameters (saveKeyArgs builds them):
 --   $1 org uuid          $2 endpoint text       $3 key text
@@ -14,19 +18,15 @@
 --   $12 client_ip text   $13 user_agent text    $14 ttl bigint (microseconds)
 -- Returns the row's expires_at.
 WITH saved AS (
-	INSERT INTO idempotency_keys AS k (org_id, endpoint, key, request_hash, request_method, request_path,
+	INSERT INTO idempotency_keys (org_id, endpoint, key, request_hash, request_method, request_path,
 		response_status, response_body, response_headers, validation_run_id, request_id, client_ip, user_agent,
 		created_at, expires_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CAST($9 AS jsonb), CAST($10 AS uuid),
-		$11, $12, $13, now(), now() + $14 * interval '1 microsecond')
-	ON CONFLICT (org_id, endpoint, key) DO UPDATE SET
-		request_hash = EXCLUDED.request_hash, request_method = EXCLUDED.request_method,
-		request_path = EXCLUDED.request_path, response_status = EXCLUDED.response_status,
-		response_body = EXCLUDED.response_body, response_headers = EXCLUDED.response_headers,
-		validation_run_id = EXCLUDED.validation_run_id, request_id = EXCLUDED.request_id,
-		client_ip = EXCLUDED.client_ip, user_agent = EXCLUDED.user_agent,
-		created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-	WHERE k.expires_at <= now()
+	SELECT CAST($1 AS uuid), CAST($2 AS text), CAST($3 AS text), CAST($4 AS bytea), CAST($5 AS text),
+		CAST($6 AS text), CAST($7 AS integer), CAST($8 AS bytea), CAST($9 AS jsonb), CAST($10 AS uuid),
+		CAST($11 AS text), CAST($12 AS text), CAST($13 AS text), now(), now() + CAST($14 AS bigint) * interval '1 microsecond'
+	WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys k
+		WHERE k.org_id = CAST($1 AS uuid) AND k.endpoint = CAST($2 AS text) AND k.key = CAST($3 AS text)
+		  AND k.expires_at > now())
 	RETURNING expires_at
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM saved) THEN (SELECT expires_at FROM saved) ELSE idempotency_key_taken() END

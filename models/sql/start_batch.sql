@@ -13,15 +13,15 @@
 --     slot that has room for all of them, held by no other transaction
 --     (SKIP LOCKED); none: they go slow;
 --   - the rest write their key row and run (and list the run as
---     unfinished). The key row is a plain INSERT, or an UPDATE of the
---     expired row the lookup found (taking it over): not INSERT ... ON
---     CONFLICT, whose speculative insertion costs an index probe and a WAL
---     record more per key.
--- A key row that another request committed after this snapshot makes the
--- INSERT fail (unique_violation on idempotency_keys_pkey), or the takeover
--- find no expired row and write nothing (then idempotency_key_taken raises
--- the same error): the statement writes nothing, and each start goes to
--- the transactional path, which decides it alone.
+--     unfinished). The key row is a plain INSERT, in the partition of its
+--     expiry; an expired row of the key is left to its partition's drop
+--     (migration 0012), never taken over.
+-- One live row per key: a keyed start goes on only with its key's lock,
+-- which start_locks.sql took in an earlier statement of this transaction,
+-- so this statement's snapshot holds every row another holder of the lock
+-- committed (a commit is visible before its locks are released), and no
+-- other writer can commit the key until this transaction ends. The key's
+-- newest row is read (an older one expired before it); a live one answers.
 --
 -- Parameters (arrays, one element per start; startColumns builds them):
 --   $1 id uuid             $2 created_at timestamptz   $3 org uuid
@@ -37,7 +37,7 @@
 -- and one value:
 --   $25 integer: the usage slots per organisation and period (UsageSlots)
 -- Returns per start: i, the outcome (done, stored, inflight, slow), the new
--- key row's expires_at and whether it took over an expired row, and for
+-- key row's expires_at and whether the key had an expired row, and for
 -- stored the live key row's columns.
 WITH input AS (
 	SELECT * FROM unnest(CAST($1 AS uuid[]), CAST($2 AS timestamptz[]), CAST($3 AS uuid[]), CAST($4 AS uuid[]),
@@ -62,7 +62,7 @@ WITH input AS (
 	LEFT JOIN LATERAL (
 		SELECT k.*, k.expires_at > now() AS live FROM idempotency_keys k
 		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key
-		OFFSET 0) f ON true
+		ORDER BY k.expires_at DESC LIMIT 1) f ON true
 ), going AS (
 	SELECT * FROM checked WHERE locked AND live_key IS NULL AND wf_ok
 ), slots AS (
@@ -86,19 +86,8 @@ WITH input AS (
 		created_at, expires_at)
 	SELECT org, endpoint, key, hash, method, path, status, body, CAST(headers AS jsonb), id, key_request_id,
 		ip, ua, now(), now() + ttl * interval '1 microsecond'
-	FROM ran WHERE key IS NOT NULL AND NOT stale
-	RETURNING k.validation_run_id AS run, k.expires_at, false AS replaced
-), retaken AS (
-	UPDATE idempotency_keys k SET request_hash = r.hash, request_method = r.method, request_path = r.path,
-		response_status = r.status, response_body = r.body, response_headers = CAST(r.headers AS jsonb),
-		validation_run_id = r.id, request_id = r.key_request_id, client_ip = r.ip, user_agent = r.ua,
-		created_at = now(), expires_at = now() + r.ttl * interval '1 microsecond'
-	FROM ran r
-	WHERE r.key IS NOT NULL AND r.stale
-	  AND k.org_id = r.org AND k.endpoint = r.endpoint AND k.key = r.key AND k.expires_at <= now()
-	RETURNING k.validation_run_id AS run, k.expires_at, true AS replaced
-), keys AS (
-	SELECT * FROM fresh UNION ALL SELECT * FROM retaken
+	FROM ran WHERE key IS NOT NULL
+	RETURNING k.validation_run_id AS run, k.expires_at
 ), run AS (
 	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
 		token_id, request_id, idempotency_key)
@@ -115,9 +104,9 @@ SELECT c.i,
 	     WHEN r.id IS NULL THEN 'slow'
 	     WHEN c.key IS NOT NULL AND k.run IS NULL THEN CAST(idempotency_key_taken() AS text)
 	     ELSE 'done' END,
-	k.expires_at, k.replaced,
+	k.expires_at, c.stale,
 	c.live_key, c.live_hash, c.live_method, c.live_path, c.live_status, c.live_body, c.live_headers,
 	c.live_run, c.live_request, c.live_created, c.live_expires
 FROM checked c
 LEFT JOIN ran r ON r.i = c.i
-LEFT JOIN keys k ON k.run = r.id
+LEFT JOIN fresh k ON k.run = r.id

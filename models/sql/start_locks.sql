@@ -32,7 +32,7 @@ WITH checked AS MATERIALIZED (
 	LEFT JOIN LATERAL (
 		SELECT k.*, k.expires_at > now() AS live FROM idempotency_keys k
 		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key
-		OFFSET 0) f ON true
+		ORDER BY k.expires_at DESC LIMIT 1) f ON true
 ), settings AS MATERIALIZED (
 	SELECT set_config('valruns.start_locks', (SELECT string_agg(CASE WHEN locked THEN 't' ELSE 'f' END, '' ORDER BY i) FROM checked), true)
 )

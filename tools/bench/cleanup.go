@@ -76,6 +76,11 @@ func (e *env) measureCleanup(ctx context.Context, keys int, t timing) *cleanupRe
 // insertExpired copies the key row proto n times as expired keys: every
 // column the server fills, whatever the schema has become.
 func insertExpired(ctx context.Context, conn *pgx.Conn, n int, proto string) error {
+	// Yesterday's partition of the keys (migration 0012): the cleanup
+	// dropped the last one.
+	if _, err := conn.Exec(ctx, `SELECT idempotency_key_partitions(now() - interval '1 day', now() - interval '1 day')`); err != nil {
+		return err
+	}
 	tag, err := conn.Exec(ctx, `INSERT INTO idempotency_keys
 		SELECT r.* FROM idempotency_keys k, generate_series(1, $1::int) g,
 		LATERAL jsonb_populate_record(k, jsonb_build_object(

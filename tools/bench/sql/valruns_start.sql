@@ -28,7 +28,7 @@ WITH checked AS MATERIALIZED (
 	LEFT JOIN LATERAL (
 		SELECT k.*, k.expires_at > now() AS live FROM idempotency_keys k
 		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key
-		OFFSET 0) f ON true
+		ORDER BY k.expires_at DESC LIMIT 1) f ON true
 ), settings AS MATERIALIZED (
 	SELECT set_config('valruns.start_locks', (SELECT string_agg(CASE WHEN locked THEN 't' ELSE 'f' END, '' ORDER BY i) FROM checked), true)
 )
@@ -82,7 +82,7 @@ WITH input AS (
 	LEFT JOIN LATERAL (
 		SELECT k.*, k.expires_at > now() AS live FROM idempotency_keys k
 		WHERE k.org_id = t.org AND k.endpoint = t.endpoint AND k.key = t.key
-		OFFSET 0) f ON true
+		ORDER BY k.expires_at DESC LIMIT 1) f ON true
 ), going AS (
 	SELECT * FROM checked WHERE locked AND live_key IS NULL AND wf_ok
 ), slots AS (
@@ -106,19 +106,8 @@ WITH input AS (
 		created_at, expires_at)
 	SELECT org, endpoint, key, hash, method, path, status, body, CAST(headers AS jsonb), id, key_request_id,
 		ip, ua, now(), now() + ttl * interval '1 microsecond'
-	FROM ran WHERE key IS NOT NULL AND NOT stale
-	RETURNING k.validation_run_id AS run, k.expires_at, false AS replaced
-), retaken AS (
-	UPDATE idempotency_keys k SET request_hash = r.hash, request_method = r.method, request_path = r.path,
-		response_status = r.status, response_body = r.body, response_headers = CAST(r.headers AS jsonb),
-		validation_run_id = r.id, request_id = r.key_request_id, client_ip = r.ip, user_agent = r.ua,
-		created_at = now(), expires_at = now() + r.ttl * interval '1 microsecond'
-	FROM ran r
-	WHERE r.key IS NOT NULL AND r.stale
-	  AND k.org_id = r.org AND k.endpoint = r.endpoint AND k.key = r.key AND k.expires_at <= now()
-	RETURNING k.validation_run_id AS run, k.expires_at, true AS replaced
-), keys AS (
-	SELECT * FROM fresh UNION ALL SELECT * FROM retaken
+	FROM ran WHERE key IS NOT NULL
+	RETURNING k.validation_run_id AS run, k.expires_at
 ), run AS (
 	INSERT INTO validation_runs (id, org_id, workflow_id, status, submission, metadata, created_at,
 		token_id, request_id, idempotency_key)
@@ -135,10 +124,10 @@ SELECT c.i,
 	     WHEN r.id IS NULL THEN 'slow'
 	     WHEN c.key IS NOT NULL AND k.run IS NULL THEN CAST(idempotency_key_taken() AS text)
 	     ELSE 'done' END,
-	k.expires_at, k.replaced,
+	k.expires_at, c.stale,
 	c.live_key, c.live_hash, c.live_method, c.live_path, c.live_status, c.live_body, c.live_headers,
 	c.live_run, c.live_request, c.live_created, c.live_expires
 FROM checked c
 LEFT JOIN ran r ON r.i = c.i
-LEFT JOIN keys k ON k.run = r.id;
+LEFT JOIN fresh k ON k.run = r.id;
 \endpipeline
