@@ -48,7 +48,8 @@ type Config struct {
 	RedisURL string
 	// HTTPAddr is the listen address of `valruns serve` (HTTP_ADDR).
 	HTTPAddr string
-	// IdempotencyTTL is how long a stored idempotent response is replayed (IDEMPOTENCY_TTL).
+	// IdempotencyTTL is how long a stored idempotent response is replayed
+	// (IDEMPOTENCY_TTL), at most MaxIdempotencyTTL.
 	IdempotencyTTL time.Duration
 	// IdempotencyTxTimeout is the request transaction's own deadline; the
 	// transaction ignores client hang-ups, so this is what bounds it (IDEMPOTENCY_TX_TIMEOUT).
@@ -206,7 +207,7 @@ var Vars = []Var{
 	{"DATABASE_ANSWER_TIMEOUT", "5s", "longest a request waits for the database's answer to its first statement (a read: to its statements); past it, 503 `service_unavailable` with `Retry-After`, so a hung PostgreSQL does not hang requests. Later statements of a start are bounded by `IDEMPOTENCY_TX_TIMEOUT`"},
 	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis connection string: `redis://[:PASSWORD@]HOST:PORT/DB`, `rediss://` for TLS, or for Redis Sentinel `redis-sentinel://[:PASSWORD@]HOST1:PORT1,HOST2:PORT2,.../DB?master=NAME` (the sentinels' addresses; `PASSWORD` is the Redis servers', `&sentinel_password=` the sentinels' if they have one). Everything that talks to Redis (the queue, the scheduler, the sweeper, the fair gate, the rate limit) follows the master Sentinel names"},
 	{"HTTP_ADDR", "127.0.0.1:8080", "listen address of `valruns serve`"},
-	{"IDEMPOTENCY_TTL", "24h", "how long a stored response is replayed; an older key is processed as new"},
+	{"IDEMPOTENCY_TTL", "24h", "how long a stored response is replayed; an older key is processed as new. At most 168h (7 days): the keys are partitioned by day of expiry, and every lookup reads the partitions a key can be in"},
 	{"IDEMPOTENCY_TX_TIMEOUT", "30s", "deadline of the request transaction (it ignores client hang-ups)"},
 	{"IDEMPOTENCY_KEY_REQUIRED", "false", "`true`: a request without Idempotency-Key on an idempotent route is 400 `idempotency_key_missing`"},
 	{"IDEMPOTENCY_MAX_WAIT", "10s", "longest a request with `Prefer: wait=N` waits for the in-flight request with its key (then 409); 0 disables waiting"},
@@ -367,6 +368,9 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	default:
 		c.DatabaseDirectURL = c.DatabaseURL
 	}
+	if p.err == nil && c.IdempotencyTTL > MaxIdempotencyTTL {
+		p.fail("IDEMPOTENCY_TTL", p.raw("IDEMPOTENCY_TTL"), fmt.Sprintf("must be at most %s", MaxIdempotencyTTL))
+	}
 	switch {
 	case p.err != nil:
 	case c.RunHeartbeat == 0:
@@ -381,6 +385,11 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	}
 	return c, nil
 }
+
+// MaxIdempotencyTTL bounds IDEMPOTENCY_TTL: a key's row lives in the day
+// partition of its expiry, the partitions are made that far ahead, and
+// every lookup of a key reads each partition it could be in.
+const MaxIdempotencyTTL = 7 * 24 * time.Hour
 
 // parser keeps the first error so Load reads as a list of fields.
 type parser struct {

@@ -292,6 +292,7 @@ func TestBadValues(t *testing.T) {
 		{"IDEMPOTENCY_TTL", "-1h"},
 		{"IDEMPOTENCY_TTL", "0s"},
 		{"IDEMPOTENCY_TTL", "500ms"},
+		{"IDEMPOTENCY_TTL", "169h"},
 		{"IDEMPOTENCY_TX_TIMEOUT", "soon"},
 		{"IDEMPOTENCY_TX_TIMEOUT", "0"},
 		{"IDEMPOTENCY_TX_TIMEOUT", "-5s"},
