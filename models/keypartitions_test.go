@@ -291,3 +291,29 @@ func TestCleanDropsExpiredPartitionsAndMakesThoseAhead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, models.KeyCleanup{Oldest: c.Oldest, Ahead: c.Ahead}, c, "nothing more to drop or make")
 }
+
+// The cleanup does not read a large partition whole to count its keys: past
+// 100,000 it reports the planner's estimate, or at least 100,000 when the
+// planner has none (a partition never analysed). Fails with the count's
+// bound removed (it counts them all).
+func TestCleanCountsALargePartitionAtLeast(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := testdb.New(t)
+	org, _ := acmeWorkflow(t, db)
+	require.NoError(t, db.Exec(`INSERT INTO idempotency_keys (org_id, endpoint, key, request_hash, request_method,
+		request_path, response_status, response_body, request_id, created_at, expires_at)
+		SELECT ?, 'workflow_start', 'k' || g, sha256('x'::bytea), 'POST', '/p', 201, '\x7b7d', 'req',
+		now() - interval '2 days', now() - interval '1 day' FROM generate_series(1, 100001) g`, org).Error)
+	c, err := models.NewKeyStore(db).Clean(ctx, 24*time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 100_000, c.Keys)
+	require.True(t, c.AtLeast, "a partition counted to the bound reports at least its keys")
+	require.Zero(t, countKeys(t, db), "its keys went with it")
+}
+
+func countKeys(t *testing.T, db *gorm.DB) (n int64) {
+	t.Helper()
+	require.NoError(t, db.Raw(`SELECT count(*) FROM idempotency_keys`).Scan(&n).Error)
+	return n
+}

@@ -179,8 +179,10 @@ type KeyPartition struct {
 type KeyCleanup struct {
 	// Made is the partitions made ahead, Dropped those dropped.
 	Made, Dropped int
-	// Keys is the keys in the partitions dropped (see countBound).
-	Keys int64
+	// Keys is the keys in the partitions dropped: counted, or at least
+	// Keys when AtLeast (a partition past countBound; see dropPartition).
+	Keys    int64
+	AtLeast bool
 	// Oldest is the lower bound of the oldest partition kept (zero: none).
 	Oldest time.Time
 	// Ahead is the partitions kept whose range starts after now.
@@ -192,10 +194,11 @@ type KeyCleanup struct {
 // two (its worker down) without any insert lacking a partition.
 const partitionMargin = 48 * time.Hour
 
-// countBound: a partition the planner estimates below this many rows is
-// counted exactly before it is dropped; above, the estimate is reported
-// (counting would read the whole partition, the cost dropping it avoids).
-const countBound = 1_000_000
+// countBound: a partition's keys are counted up to this many before it is
+// dropped (a few milliseconds); a larger one reports the planner's
+// estimate, or the bound when the planner has none: counting them all
+// would read the whole partition, the cost dropping it avoids.
+const countBound = 100_000
 
 // The statements of the partitions (sql/key_partitions.sql lists them;
 // idempotency_key_partitions, migration 0012, makes them).
@@ -265,29 +268,34 @@ func (s *KeyStore) Clean(ctx context.Context, ttl time.Duration) (KeyCleanup, er
 			}
 			continue
 		}
-		n, err := s.dropPartition(ctx, p)
+		n, atLeast, err := s.dropPartition(ctx, p)
 		if err != nil {
 			return c, err
 		}
 		c.Dropped++
 		c.Keys += n
+		c.AtLeast = c.AtLeast || atLeast
 	}
 	return c, nil
 }
 
-// dropPartition detaches (if attached) and drops p, and returns its keys
-// (counted exactly when the planner estimates fewer than countBound). A
-// partition gone meanwhile (another cleaner dropped it) counts no key.
-func (s *KeyStore) dropPartition(ctx context.Context, p KeyPartition) (int64, error) {
+// dropPartition detaches (if attached) and drops p, and returns its keys:
+// counted up to countBound, past it the planner's estimate (atLeast when
+// it has none, and the count stopped at the bound). A partition gone
+// meanwhile (another cleaner dropped it) counts no key.
+func (s *KeyStore) dropPartition(ctx context.Context, p KeyPartition) (n int64, atLeast bool, _ error) {
 	name := pgx.Identifier{p.Name}.Sanitize()
 	db := s.db.WithContext(ctx)
-	n := p.Estimate
+	n = p.Estimate
 	if n < countBound {
-		if err := db.Raw(`SELECT count(*) FROM ` + name).Scan(&n).Error; err != nil {
+		if err := db.Raw(`SELECT count(*) FROM (SELECT FROM `+name+` LIMIT ?) k`, countBound).Scan(&n).Error; err != nil {
 			if isUndefinedTable(err) {
-				return 0, nil
+				return 0, false, nil
 			}
-			return 0, fmt.Errorf("count keys of %s: %w", p.Name, translate(err))
+			return 0, false, fmt.Errorf("count keys of %s: %w", p.Name, translate(err))
+		}
+		if n == countBound {
+			n, atLeast = max(n, p.Estimate), p.Estimate < countBound
 		}
 	}
 	detach := ""
@@ -304,15 +312,15 @@ func (s *KeyStore) dropPartition(ctx context.Context, p KeyPartition) (int64, er
 			var busy bool
 			const attachedSQL = `SELECT NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(?) AND NOT inhdetachpending)`
 			if s.db.WithContext(ctx).Raw(attachedSQL, p.Name).Scan(&busy).Error == nil && busy {
-				return 0, nil
+				return 0, false, nil
 			}
-			return 0, fmt.Errorf("detach %s: %w", p.Name, translate(err))
+			return 0, false, fmt.Errorf("detach %s: %w", p.Name, translate(err))
 		}
 	}
 	if err := db.Exec(`DROP TABLE IF EXISTS ` + name).Error; err != nil {
-		return 0, fmt.Errorf("drop %s: %w", p.Name, translate(err))
+		return 0, false, fmt.Errorf("drop %s: %w", p.Name, translate(err))
 	}
-	return n, nil
+	return n, atLeast, nil
 }
 
 // CountExpired counts the keys a cleanup would drop now: those of the

@@ -39,7 +39,7 @@ func (c *Cleanup) ProcessTask(ctx context.Context, _ *asynq.Task) error {
 	if !k.Oldest.IsZero() {
 		c.m.oldestPartition.Set(float64(k.Oldest.Unix()))
 	}
-	c.log.InfoContext(ctx, "expired idempotency keys deleted", "deleted", k.Keys, "partitions_dropped", k.Dropped,
+	c.log.InfoContext(ctx, "expired idempotency keys deleted", "deleted", k.Keys, "at_least", k.AtLeast, "partitions_dropped", k.Dropped,
 		"partitions_made", k.Made, "partitions_ahead", k.Ahead, "duration_ms", time.Since(start).Milliseconds())
 	if c.hooks == nil || c.retention <= 0 {
 		return nil

@@ -27,7 +27,7 @@ func TestCleanupDeletesExactlyExpiredKeysDuringStarts(t *testing.T) {
 	wf := env.NewWorkflow(org, orderWorkflow)
 	w := newWorker(t, env, idleRedis(), func(c *tasks.Config) { c.CleanupBatchSize = 1000 })
 
-	const expired, live = 100_000, 1_000
+	const expired, live = 50_000, 1_000
 	insertKeys(t, env, org.ID, "expired-", expired, true)
 	insertKeys(t, env, org.ID, "live-", live, false)
 

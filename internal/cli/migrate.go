@@ -95,6 +95,10 @@ func cmdCleanup(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	c, err := keys.Clean(ctx, a.cfg.IdempotencyTTL)
-	fmt.Fprintf(out, "deleted %d expired idempotency keys\n", c.Keys)
+	atLeast := ""
+	if c.AtLeast {
+		atLeast = "at least "
+	}
+	fmt.Fprintf(out, "deleted %s%d expired idempotency keys\n", atLeast, c.Keys)
 	return err
 }
