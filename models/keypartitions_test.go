@@ -53,13 +53,7 @@ func TestRetryOfAKeyInThePreviousPartitionReplays(t *testing.T) {
 	t.Parallel()
 	f := newUsageFixture(t)
 	ctx := context.Background()
-	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots
-	k := keyWrite(f.org, "retry")
-	k.TTL = 24 * time.Hour
-	first := f.params(f.org, f.wf, 0)
-	res, err := f.runs.StartOne(ctx, first, k)
-	require.NoError(t, err)
-	require.Equal(t, idempotency.Committed, res.Kind)
+	k, first := startDayKey(t, f, "retry")
 
 	// The row's expiry moves to the last second of today: still live, one
 	// partition before the one of now + TTL.
@@ -80,7 +74,7 @@ func TestRetryOfAKeyInThePreviousPartitionReplays(t *testing.T) {
 	require.Equal(t, idempotency.KeyAnswered, got.Kind, "the fast path's probe")
 	require.Equal(t, first.ID, got.Key.ResourceID)
 
-	res, err = f.runs.StartOne(ctx, f.params(f.org, f.wf, 0), k)
+	res, err := f.runs.StartOne(ctx, f.params(f.org, f.wf, 0), k)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.KeyAnswered, res.Kind, "the start's statement: %+v", res)
 	require.Equal(t, first.ID, res.Key.ResourceID)
@@ -181,13 +175,7 @@ func TestExpiredKeyInAnOldPartitionDoesNotAnswer(t *testing.T) {
 	t.Parallel()
 	f := newUsageFixture(t)
 	ctx := context.Background()
-	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots
-	k := keyWrite(f.org, "old")
-	k.TTL = 24 * time.Hour
-	first := f.params(f.org, f.wf, 0)
-	res, err := f.runs.StartOne(ctx, first, k)
-	require.NoError(t, err)
-	require.Equal(t, idempotency.Committed, res.Kind)
+	k, _ := startDayKey(t, f, "old")
 	require.NoError(t, f.db.Exec(`UPDATE idempotency_keys SET created_at = now() - interval '2 days',
 		expires_at = now() - interval '1 day' WHERE key = 'old'`).Error)
 	var yesterday string
@@ -200,7 +188,7 @@ func TestExpiredKeyInAnOldPartitionDoesNotAnswer(t *testing.T) {
 	require.Equal(t, idempotency.NotDone, got.Kind, "the expired row does not answer")
 
 	second := f.params(f.org, f.wf, 0)
-	res, err = f.runs.StartOne(ctx, second, k)
+	res, err := f.runs.StartOne(ctx, second, k)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.Committed, res.Kind, "a new request: %+v", res)
 	require.True(t, res.Replaced, "it reused an expired key")
@@ -316,4 +304,18 @@ func countKeys(t *testing.T, db *gorm.DB) (n int64) {
 	t.Helper()
 	require.NoError(t, db.Raw(`SELECT count(*) FROM idempotency_keys`).Scan(&n).Error)
 	return n
+}
+
+// startDayKey starts a run with key (a day's TTL) on f, committed, after the
+// period's slots; it returns the key and the start's parameters.
+func startDayKey(t *testing.T, f *usageFixture, key string) (*idempotency.Key, models.StartParams) {
+	t.Helper()
+	require.NoError(t, f.startCommitted(t, 0, f.now)) // the period's slots
+	k := keyWrite(f.org, key)
+	k.TTL = 24 * time.Hour
+	first := f.params(f.org, f.wf, 0)
+	res, err := f.runs.StartOne(context.Background(), first, k)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.Committed, res.Kind)
+	return k, first
 }
