@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/valruns/valruns/internal/apitest"
+	"github.com/valruns/valruns/models"
 	"github.com/valruns/valruns/tasks"
 )
 
@@ -24,6 +25,9 @@ func TestAStoppingWorkerGivesBackWhatItTook(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t)
 	org := env.NewOrg("acme")
+	// No share: every run is in ready or taken (the adaptive share starts
+	// at twice the 2 slots, 4 of the 5 runs).
+	require.NoError(t, models.NewOrgStore(env.DB).SetRunShare(context.Background(), org.ID, new(0)))
 	wf := env.NewWorkflow(org, orderWorkflow)
 	rdb := newRedis(t)
 	const slots, n = 2, 5
