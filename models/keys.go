@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -283,20 +284,16 @@ func (s *KeyStore) Clean(ctx context.Context, ttl time.Duration) (KeyCleanup, er
 // counted up to countBound, past it the planner's estimate (atLeast when
 // it has none, and the count stopped at the bound). A partition gone
 // meanwhile (another cleaner dropped it) counts no key.
-func (s *KeyStore) dropPartition(ctx context.Context, p KeyPartition) (n int64, atLeast bool, _ error) {
+func (s *KeyStore) dropPartition(ctx context.Context, p KeyPartition) (n int64, atLeast bool, err error) {
 	name := pgx.Identifier{p.Name}.Sanitize()
 	db := s.db.WithContext(ctx)
 	n = p.Estimate
 	if n < countBound {
-		if err := db.Raw(`SELECT count(*) FROM (SELECT FROM `+name+` LIMIT ?) k`, countBound).Scan(&n).Error; err != nil {
-			if isUndefinedTable(err) {
-				return 0, false, nil
-			}
-			return 0, false, fmt.Errorf("count keys of %s: %w", p.Name, translate(err))
+		var gone bool
+		if n, gone, err = s.countKeys(ctx, p.Name, countBound); err != nil || gone {
+			return 0, false, err
 		}
-		if n == countBound {
-			n, atLeast = max(n, p.Estimate), p.Estimate < countBound
-		}
+		atLeast = n == countBound // the planner's estimate was below the bound, or none
 	}
 	detach := ""
 	switch {
@@ -336,11 +333,24 @@ func (s *KeyStore) CountExpired(ctx context.Context) (int64, error) {
 		if !p.Expired {
 			continue
 		}
-		var n int64
-		if err := s.db.WithContext(ctx).Raw(`SELECT count(*) FROM ` + pgx.Identifier{p.Name}.Sanitize()).Scan(&n).Error; err != nil && !isUndefinedTable(err) {
-			return 0, fmt.Errorf("count keys of %s: %w", p.Name, translate(err))
+		n, _, err := s.countKeys(ctx, p.Name, math.MaxInt64)
+		if err != nil {
+			return 0, err
 		}
 		total += n
 	}
 	return total, nil
+}
+
+// countKeys counts the keys of partition name, up to limit; gone: another
+// cleaner dropped it meanwhile (no key counted).
+func (s *KeyStore) countKeys(ctx context.Context, name string, limit int64) (n int64, gone bool, err error) {
+	err = s.db.WithContext(ctx).Raw(`SELECT count(*) FROM (SELECT FROM `+pgx.Identifier{name}.Sanitize()+` LIMIT ?) k`, limit).Scan(&n).Error
+	switch {
+	case isUndefinedTable(err):
+		return 0, true, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("count keys of %s: %w", name, translate(err))
+	}
+	return n, false, nil
 }
