@@ -117,7 +117,8 @@ if share < 0 then
     share = fixed
   else
     share = 2 * slots
-    if cost > 0 then share = math.max(2 * slots, math.min(16 * slots, math.floor(target * slots / cost))) end
+    if cost > 0 then share = math.floor(target * slots / cost) end
+    share = math.max(2 * slots, math.min(16 * slots, share))
   end
 end
 redis.call('ZREMRANGEBYSCORE', adm, '-inf', now - stale)

@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"type"}),
 		keysDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "valruns_idempotency_keys_deleted_total",
-			Help: "Expired idempotency keys deleted by the cleanup, with the partitions it dropped (a partition of a million keys or more counts the planner's estimate).",
+			Help: "Expired idempotency keys deleted by the cleanup, with the partitions it dropped (a partition is counted up to 100,000 keys; past that, the planner's estimate, or 100,000 when it has none).",
 		}),
 		partitionsAhead: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "valruns_idempotency_partitions_ahead",
