@@ -94,6 +94,9 @@ func cmdCleanup(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "%d expired idempotency keys would be deleted\n", n)
 		return nil
 	}
+	// Logged once connected: where the work (what the worker's scheduled
+	// cleanup does) begins, after the process's own start.
+	a.log.InfoContext(ctx, "cleanup started", "ttl", a.cfg.IdempotencyTTL)
 	c, err := keys.Clean(ctx, a.cfg.IdempotencyTTL)
 	atLeast := ""
 	if c.AtLeast {

@@ -4,6 +4,7 @@ package main
 // WAL), then N more beside new-key starts at 32 clients, and those starts alone.
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os/exec"
@@ -39,34 +40,29 @@ func (e *env) measureCleanup(ctx context.Context, keys int, t timing) *cleanupRe
 		if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {
 			return err
 		}
-		if c.Alone, c.AloneKeys, c.AloneWAL, err = e.runCleanup(ctx, rg); err != nil {
+		if c.Alone, c.AloneKeys, c.AloneWAL, err = e.runCleanup(ctx, rg, make(chan struct{})); err != nil {
 			return err
 		}
 		if err := insertExpired(ctx, rg.conn, c.Keys, proto); err != nil {
 			return err
 		}
-		starts := func(name string, warm, dur time.Duration, stop <-chan struct{}, opened func()) row {
+		starts := func(name string, warm, dur time.Duration, stop, open <-chan struct{}) row {
 			r, m := row{Section: "valruns", Scenario: name, Clients: cleanupClients}, &usageMeter{pid: srv.cmd.Process.Pid}
-			r.fill(runLoad(ctx, cleanupClients, warm, dur, newKeys(rg.base, org, org.Token), loadOptions{Stop: stop, OnWindow: func(open bool) {
-				m.window(open)
-				if open && opened != nil {
-					opened()
-				}
-			}}), m)
+			r.fill(runLoad(ctx, cleanupClients, warm, dur, newKeys(rg.base, org, org.Token), loadOptions{Stop: stop, Open: open, OnWindow: m.window}), m)
 			return r
 		}
 		c.Without = starts("new key, no cleanup", t.Warm, t.Dur, nil, nil)
-		// The window opens when the cleanup starts and closes when it ends
-		// (or after 3 minutes; the cleanup is then still waited for).
-		stop, started, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		// The window opens when the cleanup has begun (runCleanup) and closes
+		// when it ends (or after 3 minutes; the cleanup is then still waited for).
+		stop, begun, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 		go func() {
-			<-started
+			time.Sleep(t.Warm / 2) // the load's warm-up
 			var err error
-			c.DuringTime, c.DuringKeys, _, err = e.runCleanup(ctx, rg)
+			c.DuringTime, c.DuringKeys, _, err = e.runCleanup(ctx, rg, begun)
 			close(stop)
 			done <- err
 		}()
-		c.During = starts("new key, during cleanup", t.Warm/2, 3*time.Minute, stop, func() { close(started) })
+		c.During = starts("new key, during cleanup", t.Warm/2, 3*time.Minute, stop, begun)
 		say("cleanup: %d keys in %.1f s alone; starts %.0f rps without it, %.0f during", c.AloneKeys, c.Alone.Seconds(), c.Without.RPS, c.During.RPS)
 		return <-done
 	}))
@@ -96,22 +92,39 @@ func insertExpired(ctx context.Context, conn *pgx.Conn, n int, proto string) err
 	return err
 }
 
-// runCleanup runs `valruns cleanup` on the rig: its time, keys deleted, WAL written.
-func (e *env) runCleanup(ctx context.Context, rg *rig) (d time.Duration, n int, wal int64, err error) {
+// runCleanup runs `valruns cleanup` on the rig: its time, keys deleted, WAL
+// written. Its time runs from its log's "cleanup started", once connected
+// (the worker's scheduled cleanup runs in a process already up), when
+// begun is closed.
+func (e *env) runCleanup(ctx context.Context, rg *rig, begun chan struct{}) (d time.Duration, n int, wal int64, err error) {
 	var lsn string
 	if err = rg.conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
 		return
 	}
 	cmd := exec.CommandContext(ctx, e.bin, "cleanup")
 	cmd.Env = childEnv(append([]string{"DATABASE_URL=" + e.dbURL(rg.db)}, e.serverEnv...)...)
-	t0 := time.Now()
-	out, err := cmd.CombinedOutput()
-	d = time.Since(t0)
-	m := deletedRe.FindSubmatch(out)
-	if err != nil || m == nil {
-		return d, 0, 0, fmt.Errorf("valruns cleanup: %v: %s", err, out)
+	var out, logged strings.Builder
+	cmd.Stdout = &out
+	logs, err := cmd.StderrPipe()
+	if err == nil {
+		err = cmd.Start()
 	}
-	n, _ = strconv.Atoi(string(m[1]))
+	var t0 time.Time
+	for sc := bufio.NewScanner(logs); err == nil && sc.Scan(); {
+		if logged.WriteString(sc.Text() + "\n"); t0.IsZero() && strings.Contains(sc.Text(), "cleanup started") {
+			t0 = time.Now()
+			close(begun)
+		}
+	}
+	if err == nil {
+		err = cmd.Wait()
+	}
+	d = time.Since(t0)
+	m := deletedRe.FindStringSubmatch(out.String())
+	if err != nil || m == nil || t0.IsZero() {
+		return d, 0, 0, fmt.Errorf("valruns cleanup (no \"cleanup started\" logged?): %v: %s%s", err, out.String(), logged.String())
+	}
+	n, _ = strconv.Atoi(m[1])
 	err = rg.conn.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, lsn).Scan(&wal)
 	return
 }
@@ -140,7 +153,7 @@ func (c *cleanupResult) section() section {
 	}
 	s.Intro = fmt.Sprintf("%d expired keys (copies of a key row the server wrote), deleted by `valruns cleanup` alone: %d keys in %.2f s, "+
 		"%.1f MB of WAL (`pg_current_wal_lsn()` before and after: the whole server's). Then as many again while new-key starts arrive from %d clients: "+
-		"%d keys in %.2f s; the window of the starts \"during\" is the cleanup's.",
+		"%d keys in %.2f s; the cleanup's time and the window of the starts \"during\" run from its log's \"cleanup started\", once connected, to its end.",
 		c.Keys, c.AloneKeys, c.Alone.Seconds(), float64(c.AloneWAL)/(1<<20), cleanupClients, c.DuringKeys, c.DuringTime.Seconds())
 	var b strings.Builder
 	b.WriteString("| starts | rps | p50 ms | p99 ms | p99.9 ms | errors | non-2xx | CPU ms/req |\n|---|---|---|---|---|---|---|---|\n")

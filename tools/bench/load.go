@@ -72,6 +72,8 @@ type loadOptions struct {
 	Check checkFunc
 	// Stop ends the window early when it is closed first.
 	Stop <-chan struct{}
+	// Open, when set, holds the window shut after the warm-up until closed.
+	Open <-chan struct{}
 	// OnWindow is called when the measured window opens and when it closes.
 	OnWindow func(open bool)
 	// Follow is handed each 2xx answer (the warm-up's and after the window's
@@ -94,9 +96,10 @@ func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next req
 	for c := range clients {
 		wg.Go(func() { l.client(c) })
 	}
-	wait := func(d time.Duration) {
+	wait := func(d time.Duration, open <-chan struct{}) {
 		select {
 		case <-time.After(d):
+		case <-open:
 		case <-o.Stop:
 		case <-ctx.Done():
 		}
@@ -104,11 +107,13 @@ func runLoad(ctx context.Context, clients int, warm, dur time.Duration, next req
 	if o.OnWindow == nil {
 		o.OnWindow = func(bool) {}
 	}
-	wait(warm)
+	if wait(warm, nil); o.Open != nil {
+		wait(24*time.Hour, o.Open)
+	}
 	l.measuring.Store(true)
 	o.OnWindow(true)
 	start := time.Now()
-	wait(dur)
+	wait(dur, nil)
 	l.done.Store(true)
 	l.res.Duration = time.Since(start)
 	o.OnWindow(false)

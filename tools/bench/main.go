@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -37,13 +38,11 @@ type plan struct {
 	ProfileClients []int
 	// The noisy neighbour: its windows, A's flood clients, A's slow runs
 	// queued ahead of B's, B's runs behind them, the settings of each variant.
-	Noisy        timing
-	NoisyClients int
-	NoisyRuns    int
-	NoisyB       int
-	NoisyEnv     [][]string
-	CleanupKeys  int
-	Only         map[string]bool
+	Noisy                           timing
+	NoisyClients, NoisyRuns, NoisyB int
+	NoisyEnv                        [][]string
+	CleanupKeys                     int
+	Only                            map[string]bool
 	// The results' Markdown, the valruns binary, the scratch directory (logs,
 	// the CPU profile, results.json); BENCH_PORT, the first of its ports.
 	Out, Bin, Scratch string
@@ -129,12 +128,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, error) {
 			p.Only[f] = true
 		}
 	}
-	p.Port = 18080
-	if v := os.Getenv("BENCH_PORT"); v != "" {
-		var err error
-		if p.Port, err = strconv.Atoi(v); err != nil {
-			return plan{}, fmt.Errorf("BENCH_PORT=%q: want a port number", v)
-		}
+	var err error
+	if p.Port, err = strconv.Atoi(cmp.Or(os.Getenv("BENCH_PORT"), "18080")); err != nil {
+		return plan{}, fmt.Errorf("BENCH_PORT=%q: want a port number", os.Getenv("BENCH_PORT"))
 	}
 	return p, nil
 }

@@ -11,14 +11,13 @@ import (
 )
 
 type results struct {
-	Mode     string
-	Commit   string // git describe of the working tree
-	Date     time.Time
-	Elapsed  time.Duration
-	Machine  [][2]string
-	Partial  bool // -only: the run replaces its sections of the results
-	Timing   timing
-	PgTiming timing
+	Mode             string
+	Commit           string // git describe of the working tree
+	Date             time.Time
+	Elapsed          time.Duration
+	Machine          [][2]string
+	Partial          bool // -only: the run replaces its sections of the results
+	Timing, PgTiming timing
 	// Rows are the start curve's runs, pgbench's included.
 	Rows      []row
 	E2E       []e2eResult
@@ -33,11 +32,9 @@ type results struct {
 
 // check is one target: what was measured against it.
 type check struct {
-	Name     string
-	Measured string
-	Target   string
-	Pass     bool
-	Missing  bool // a run it compares was not measured (never a PASS)
+	Name, Measured, Target string
+	Pass                   bool
+	Missing                bool // a run it compares was not measured (never a PASS)
 }
 
 // result is the check's verdict: PASS, MISS, or "not measured".
@@ -64,10 +61,7 @@ func ratio(c check, ok bool, a, b, bound float64, most bool, figures string) che
 		return notMeasured(c)
 	}
 	f := a / b
-	c.Measured, c.Pass = fmt.Sprintf("%sx (%s)", ratioText(f, bound), figures), f >= bound
-	if most {
-		c.Pass = f <= bound
-	}
+	c.Measured, c.Pass = fmt.Sprintf("%sx (%s)", ratioText(f, bound), figures), !most && f >= bound || most && f <= bound
 	return c
 }
 
