@@ -32,7 +32,7 @@ type RunWaits struct{ h *runWaits }
 // NewRunWaits is a hub asking finished which runs are final, whose tick is
 // every (a test of the signals sets one longer than any wait) and which
 // hears ended as the workers' channel.
-func NewRunWaits(finished func(context.Context, []string) ([]string, error), every time.Duration, ended <-chan struct{}) RunWaits {
+func NewRunWaits(finished func(context.Context, []string) ([]string, error), every time.Duration, ended <-chan []string) RunWaits {
 	h := newRunWaits(finished, 100, make(chan struct{}), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	h.every, h.ended = every, ended
 	return RunWaits{h}

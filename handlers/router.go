@@ -62,11 +62,12 @@ type Deps struct {
 	// run as it is at once, rather than holding up a graceful shutdown for
 	// up to RUN_MAX_WAIT, and the long-poll's poller ends. Nil: never.
 	Stop <-chan struct{}
-	// RunsEnded, when set, signals that runs may have ended (a worker of
-	// this process, or any worker through Redis: tasks.WatchRunsEnded):
-	// the long-poll asks at once which of its runs are final, rather than at
-	// its next tick. Nil: the tick alone (RunPollEvery).
-	RunsEnded <-chan struct{}
+	// RunsEnded, when set, tells which runs ended, after their final commit
+	// (the workers, through Redis: tasks.WatchRunsEnded): the long-poll
+	// answers their waiters at once. A nil message says only that runs
+	// ended: it asks at once which of its runs are final. Nil: the tick
+	// alone (RunPollEvery).
+	RunsEnded <-chan []string
 	// RunPollEvery is the long-poll's tick while requests wait; 0 means
 	// 100 ms.
 	RunPollEvery time.Duration

@@ -18,8 +18,8 @@ const (
 )
 
 // runPollEvery is how often the poller asks PostgreSQL which waited runs
-// are final when nothing signals an end (Deps.RunsEnded): a run that ends
-// is answered within about this long, should both its signal and the
+// are final when nothing says they ended (Deps.RunsEnded): a run that ends
+// is answered within about this long, should both its message and the
 // look a join asks for be lost (the statement failed, say).
 const runPollEvery = 100 * time.Millisecond
 
@@ -29,14 +29,16 @@ const runPollGap = 2 * time.Millisecond
 
 // runWaits is the long-poll's hub (GET /api/runs/{id}/ with
 // `Prefer: wait=N`): requests waiting for their run to become final, and
-// one poller that, while any request waits, asks PostgreSQL in one
+// one poller. The runs a worker says ended (ended: the workers' Redis
+// channel, each run named after its final commit) have their waiters woken
+// at once. And while any request waits, the poller asks PostgreSQL in one
 // statement which of all the runs waited on are final, then wakes their
-// waiters: as soon as a worker says runs ended (ended: the workers' Redis
-// channel), as soon as a request joins (its run may have ended between the
-// handler's read and the join, its message spent on a look that did not
-// ask for it yet), at most every runPollGap, and every runPollEvery in
-// case a message was lost. The cost to the database is one statement per tick or
-// message per process however many wait, and nothing when none does; no
+// waiters: as soon as a request joins (its run may have ended between the
+// handler's read and the join, its message heard before it waited), as
+// soon as a worker says runs ended without naming them, at most every
+// runPollGap, and every runPollEvery in case a message was lost. The cost
+// to the database is one statement per tick, join or unnamed message per
+// process however many wait, and nothing when none does; no
 // waiter holds a database connection, nor a request slot of the overload
 // guard (the handler gives its slot back before it waits). No NOTIFY: the
 // run's final transaction stays as it is.
@@ -47,9 +49,9 @@ type runWaits struct {
 	every    time.Duration
 	max      int             // waiters at once (RUN_MAX_WAITERS)
 	stop     <-chan struct{} // closed when the process stops: every waiter answers now
-	// ended signals that runs may have ended: the poller looks at once
-	// (nil: at its tick only).
-	ended <-chan struct{}
+	// ended names runs that ended, or is nil when runs ended unnamed (nil
+	// channel: the tick only).
+	ended <-chan []string
 	// joined is marked by each join: the poller looks at once, for the
 	// runs joined since its last statement.
 	joined chan struct{}
@@ -168,10 +170,11 @@ func (h *runWaits) leave(w *runWaiter) {
 	}
 }
 
-// poll asks, every h.every and whenever runs end or a request joins
+// poll asks, every h.every and whenever runs end unnamed or a request joins
 // (h.ended, h.joined: at most every runPollGap), which of the runs waited
-// on are final, and wakes their waiters; it returns once no request waits
-// (or the process stops), so an idle process sends nothing.
+// on are final, and wakes their waiters; the runs named ended wake theirs
+// at once. It returns once no request waits (or the process stops), so an
+// idle process sends nothing.
 func (h *runWaits) poll() {
 	t := time.NewTicker(h.every)
 	defer t.Stop()
@@ -184,7 +187,11 @@ func (h *runWaits) poll() {
 			h.mu.Unlock()
 			return
 		case <-t.C:
-		case <-h.ended:
+		case ids := <-h.ended:
+			if ids != nil {
+				h.wakeRuns(ids)
+				continue
+			}
 			time.Sleep(time.Until(last.Add(runPollGap)))
 		case <-h.joined:
 			time.Sleep(time.Until(last.Add(runPollGap)))
@@ -235,6 +242,18 @@ func (h *runWaits) wake(final []string) {
 		h.log.Info("run long-poll: the poller reads the runs' states again", "failed_ticks", h.failing)
 		h.failing = 0
 	}
+	h.wakeLocked(final)
+}
+
+// wakeRuns answers the waiters of the runs a worker said ended.
+func (h *runWaits) wakeRuns(ids []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.wakeLocked(ids)
+}
+
+// wakeLocked answers the waiters of runs (h.mu held).
+func (h *runWaits) wakeLocked(final []string) {
 	for _, id := range final {
 		for w := range h.byRun[id] {
 			close(w.woken)

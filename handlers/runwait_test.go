@@ -168,19 +168,20 @@ func TestRunLongPoll(t *testing.T) {
 	})
 }
 
-// TestRunLongPollWokenWhenRunsEnd: a signal that runs ended
-// (Deps.RunsEnded, which serve feeds from the workers' Redis channel) makes
-// the poller look at once. Its tick here is an hour: without the signal the
-// waiter would run out its 25 s and be answered "queued".
+// TestRunLongPollWokenWhenRunsEnd: a message that runs ended without
+// naming them (Deps.RunsEnded, which serve feeds from the workers' Redis
+// channel) makes the poller look at once. Its tick here is an hour:
+// without the message the waiter would run out its 25 s and be answered
+// "queued".
 func TestRunLongPollWokenWhenRunsEnd(t *testing.T) {
 	t.Parallel()
-	ended := make(chan struct{}, 1)
+	ended := make(chan []string, 1)
 	f := newLPFixture(t, apitest.Options{RunsEnded: ended, RunPollEvery: time.Hour})
 	id := f.queued(t)
 	ch := waitFor(func() apitest.Response { return f.read(id, "Prefer", "wait=25") })
 	waitGauge(t, f.e.Registry, lpWaiters, 1)
 	lpFinish(t, f.e, id, models.RunPassed)
-	ended <- struct{}{}
+	ended <- nil
 	r := answer(t, ch)
 	require.Equal(t, "passed", lpRun(t, r).Status, "answered when told runs ended, not when its 25 s ran out")
 	require.EqualValues(t, 1, counterValue(t, f.e.Registry, "valruns_run_waits_total", "outcome", "final"))
@@ -208,7 +209,7 @@ func TestRunLongPollJoinAfterTheEnd(t *testing.T) {
 		defer mu.Unlock()
 		return looks
 	}
-	ended := make(chan struct{}, 1)
+	ended := make(chan []string, 1)
 	h := handlers.NewRunWaits(finished, time.Hour, ended)
 	org := f.org.ID
 
@@ -227,14 +228,44 @@ func TestRunLongPollJoinAfterTheEnd(t *testing.T) {
 		id := f.queued(t) // read: queued
 		lpFinish(t, f.e, id, models.RunPassed)
 		before := looked()
-		ended <- struct{}{} // the worker's message: a look without id
+		ended <- nil // the worker's message: a look without id
 		apitest.Eventually(t, time.Minute, func() bool { return looked() > before }, "the poller looks")
 		require.Equal(t, "final", h.Wait(org, id, 20*time.Second))
 
 		lpFinish(t, f.e, other, models.RunPassed)
-		ended <- struct{}{}
+		ended <- nil
 		require.Equal(t, "final", <-otherDone)
 	})
+}
+
+// TestRunLongPollWokenByTheRunsNamed: a message naming runs (a worker
+// sends it after their final commit) wakes their waiters at once, without
+// a statement: PostgreSQL here never says a run is final, and the tick is
+// an hour, so only the message can end the wait. A run it does not name
+// waits on.
+func TestRunLongPollWokenByTheRunsNamed(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	looks := 0
+	finished := func(context.Context, []string) ([]string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		looks++
+		return nil, nil
+	}
+	ended := make(chan []string, 1)
+	h := handlers.NewRunWaits(finished, time.Hour, ended)
+	const named, other = "run-named", "run-other"
+	outcome := make(chan string, 2)
+	go func() { outcome <- h.Wait("org", other, 2*time.Second) }()
+	go func() { outcome <- h.Wait("org", named, time.Minute) }()
+	apitest.Eventually(t, time.Minute, func() bool { return h.Waiting() == 2 }, "both wait")
+	ended <- []string{"run-nobody-waits-on", named}
+	require.Equal(t, "final", <-outcome, "the named run's waiter is answered")
+	require.Equal(t, "timeout", <-outcome, "the other run's waiter waits on")
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, looks, 2, "a look per join at most: the message asks nothing")
 }
 
 // TestRunLongPollCap: the wait applied is at most RUN_MAX_WAIT, however

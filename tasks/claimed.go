@@ -117,7 +117,7 @@ func (e *RunExecutor) execute(ctx context.Context, run *models.ClaimedRun) error
 		e.log.WarnContext(ctx, "run was taken over by another delivery; result discarded", "run_id", run.ID, "attempt", run.Attempts)
 		return nil
 	}
-	e.countEnded(status)
+	e.countEnded(run.ID, status)
 	e.log.InfoContext(ctx, "run finished", "run_id", run.ID, "status", status, "findings", len(findings), "attempt", run.Attempts)
 	return nil
 }
@@ -228,7 +228,7 @@ func (e *RunExecutor) end(ctx context.Context, run *models.ClaimedRun, reason st
 		// Its lease runs out and the sweeper re-enqueues it: nothing is lost.
 		e.log.ErrorContext(ctx, "could not end run in error", "run_id", run.ID, "error", err)
 	case ended:
-		e.countEnded(models.RunError)
+		e.countEnded(run.ID, models.RunError)
 		e.log.WarnContext(ctx, "run ended in error", "run_id", run.ID, "attempt", run.Attempts, "reason", reason)
 	}
 }
@@ -242,7 +242,7 @@ func (e *RunExecutor) endUnheld(ctx context.Context, runID, reason string) {
 	case err != nil:
 		e.log.ErrorContext(ctx, "could not end run in error", "run_id", runID, "error", err)
 	case ended:
-		e.countEnded(models.RunError)
+		e.countEnded(runID, models.RunError)
 		e.log.WarnContext(ctx, "run ended in error", "run_id", runID, "reason", reason)
 	}
 }

@@ -2,6 +2,8 @@ package tasks
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -9,29 +11,59 @@ import (
 
 // RunsEndedChannel is the Redis channel a worker publishes on as it ends
 // runs, so that the API processes' long-polls (GET /api/runs/{id}/ with
-// Prefer: wait) look at once rather than at their next tick. The message
-// carries nothing: a long-poll asks PostgreSQL which of its runs are final,
-// so a message lost or late only delays an answer until that tick.
+// Prefer: wait) answer at once rather than at their next tick. A message
+// names the runs that ended, comma-separated, each after its final commit;
+// an empty one (more ended than a message names, or an older worker) says
+// only that runs ended, and a long-poll then asks PostgreSQL which of its
+// runs are final. A message lost or late only delays an answer until that
+// tick.
 const RunsEndedChannel = "valruns:runs:ended"
 
-// endedGap is the least time between two of a worker's messages: a stream
-// of ending runs costs at most one PUBLISH per gap.
-const endedGap = 2 * time.Millisecond
+// endedMaxIDs is the most runs one message names.
+const endedMaxIDs = 256
 
-// endedNotice tells, at most every endedGap, that runs ended, on Redis
-// (RunsEndedChannel); an API in the same process (serve --worker) hears it
-// there too.
+// endedNotice tells, on Redis (RunsEndedChannel), which runs ended: one
+// message at a time, naming every run that ended since the last (an API in
+// the same process, serve --worker, hears it there too).
 type endedNotice struct {
 	redis redis.UniversalClient
 	due   chan struct{}
+
+	mu   sync.Mutex
+	ids  []string // ended since the last message
+	many bool     // more than endedMaxIDs ended since then
 }
 
 func newEndedNotice(rc redis.UniversalClient) *endedNotice {
 	return &endedNotice{redis: rc, due: make(chan struct{}, 1)}
 }
 
-// ended marks that a run ended; it never blocks.
-func (n *endedNotice) ended() { signal(n.due) }
+// ended marks that run ended; it never blocks.
+func (n *endedNotice) ended(run string) {
+	n.mu.Lock()
+	if len(n.ids) < endedMaxIDs {
+		n.ids = append(n.ids, run)
+	} else {
+		n.many = true
+	}
+	n.mu.Unlock()
+	signal(n.due)
+}
+
+// take is the message due, if any: the runs ended since the last, or ""
+// when more ended than it names.
+func (n *endedNotice) take() (msg string, ok bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.ids) == 0 {
+		return "", false
+	}
+	if !n.many {
+		msg = strings.Join(n.ids, ",")
+	}
+	n.ids, n.many = nil, false
+	return msg, true
+}
 
 // signal puts a mark in ch (a buffer of one) unless one is there already:
 // many signals before the reader looks are one.
@@ -42,7 +74,8 @@ func signal(ch chan<- struct{}) {
 	}
 }
 
-// run sends the notices until ctx ends.
+// run sends the messages until ctx ends: what ends while one is sent goes
+// in the next.
 func (n *endedNotice) run(ctx context.Context) {
 	for {
 		select {
@@ -50,24 +83,23 @@ func (n *endedNotice) run(ctx context.Context) {
 			return
 		case <-n.due:
 		}
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		_ = n.redis.Publish(pctx, RunsEndedChannel, "").Err() // lost: the long-polls' tick answers
-		cancel()
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(endedGap):
+		if msg, ok := n.take(); ok {
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
+			_ = n.redis.Publish(pctx, RunsEndedChannel, msg).Err() // lost: the long-polls' tick answers
+			cancel()
 		}
 	}
 }
 
-// WatchRunsEnded subscribes to RunsEndedChannel until ctx ends, and
-// marks the channel it returns at each message, messages not read yet
-// counting as one (the API's long-poll: handlers.Deps.RunsEnded). While
-// Redis is unreachable it marks nothing, and the long-polls answer at
-// their tick.
-func WatchRunsEnded(ctx context.Context, rc redis.UniversalClient) <-chan struct{} {
-	ended := make(chan struct{}, 1)
+// WatchRunsEnded subscribes to RunsEndedChannel until ctx ends, and passes
+// on what each message says on the channel it returns: the runs it names,
+// or nil (runs ended: look). A message not read yet is merged with the next
+// (nil if either is, or if they name more than endedMaxIDs together), so
+// the watcher never blocks and holds at most one. While Redis is
+// unreachable it passes nothing, and the long-polls answer at their tick
+// (the API's long-poll: handlers.Deps.RunsEnded).
+func WatchRunsEnded(ctx context.Context, rc redis.UniversalClient) <-chan []string {
+	ended := make(chan []string, 1)
 	sub := rc.Subscribe(ctx, RunsEndedChannel)
 	go func() {
 		defer sub.Close()
@@ -78,13 +110,37 @@ func WatchRunsEnded(ctx context.Context, rc redis.UniversalClient) <-chan struct
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-msgs:
+			case m, ok := <-msgs:
 				if !ok {
 					return
 				}
-				signal(ended)
+				var ids []string
+				if m.Payload != "" {
+					ids = strings.Split(m.Payload, ",")
+				}
+				pass(ended, ids)
 			}
 		}
 	}()
 	return ended
+}
+
+// pass puts ids in ended without blocking, merged with what is there.
+func pass(ended chan []string, ids []string) {
+	for {
+		select {
+		case ended <- ids:
+			return
+		default:
+		}
+		select {
+		case old := <-ended:
+			if old == nil || ids == nil || len(old)+len(ids) > endedMaxIDs {
+				ids = nil
+			} else {
+				ids = append(old, ids...)
+			}
+		default:
+		}
+	}
 }

@@ -2,6 +2,7 @@ package tasks_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 	"github.com/valruns/valruns/tasks"
 )
 
-// A worker that ends a run says so on RunsEndedChannel, which the API's
+// A worker that ends a run names it on RunsEndedChannel, which the API's
 // long-poll watches (WatchRunsEnded); a worker that ends nothing says
 // nothing. A Redis of its own: a channel is shared by every database of a
 // server, so other tests' workers would be heard too.
@@ -41,5 +42,13 @@ func TestWorkerSaysRunsEnded(t *testing.T) {
 
 	id := startRun(t, env, org, wf, validOrder)
 	require.Equal(t, "passed", waitRun(t, env, org, id, 20*time.Second).Status)
-	apitest.Eventually(t, 20*time.Second, func() bool { return len(ended) > 0 }, "the worker said a run ended")
+	var heard []string
+	apitest.Eventually(t, 20*time.Second, func() bool {
+		select {
+		case ids := <-ended:
+			heard = append(heard, ids...)
+		default:
+		}
+		return slices.Contains(heard, id)
+	}, "the worker named the run it ended")
 }

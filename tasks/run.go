@@ -39,10 +39,10 @@ type RunExecutor struct {
 	// beforeRun, when set (tests), is called with the execution's context
 	// just before the run is validated: it stands in for a long validation.
 	beforeRun func(ctx context.Context, runID string)
-	// ended, when set, is told that this worker ended a run (the webhook
-	// sender looks for the run's event at once, the API's long-polls for
-	// its state).
-	ended func()
+	// ended, when set, is told that this worker ended a run, after its
+	// final commit (the webhook sender looks for the run's event at once,
+	// the API's long-polls answer it).
+	ended func(runID string)
 	// dequeued, when set (tests), is told the run of each delivery as soon
 	// as it begins, in the order the taker took them.
 	dequeued func(runIDs []string)
@@ -247,7 +247,7 @@ func (e *RunExecutor) afterWrite(ctx context.Context, out models.Outcome, ended 
 		// this delivery claims it).
 		return false, nil
 	}
-	e.countEnded(out.Status)
+	e.countEnded(out.RunID, out.Status)
 	return true, nil
 }
 
@@ -363,10 +363,10 @@ func withTries(ctx context.Context, n, max int) context.Context {
 // detached is a short context for writes that must happen even when the
 // task's context is cancelled (shutdown) or past its deadline.
 // countEnded counts a run this worker ended with status, and says so.
-func (e *RunExecutor) countEnded(status string) {
+func (e *RunExecutor) countEnded(runID, status string) {
 	e.m.runsEnded.WithLabelValues(status).Inc()
 	if e.ended != nil {
-		e.ended()
+		e.ended(runID)
 	}
 }
 

@@ -183,9 +183,9 @@ func NewWorker(cfg Config) (*Worker, error) {
 	w.runs.ended = w.notice.ended
 	if cfg.WebhookConcurrency > 0 {
 		w.hooks = w.newWebhookSender(tracer)
-		w.runs.ended = func() {
+		w.runs.ended = func(runID string) {
 			w.hooks.wake()
-			w.notice.ended()
+			w.notice.ended(runID)
 		}
 	}
 	return w, nil

@@ -88,7 +88,7 @@ type Options struct {
 	Ready func(context.Context) error
 	// RunsEnded and RunPollEvery: handlers.Deps' (the long-poll's signal
 	// that runs ended, and its tick).
-	RunsEnded    <-chan struct{}
+	RunsEnded    <-chan []string
 	RunPollEvery time.Duration
 	// Tracing gives each request a span (handlers.Deps.Tracing); nil:
 	// tracing is off.
