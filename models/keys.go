@@ -308,7 +308,7 @@ func (s *KeyStore) dropPartition(ctx context.Context, p KeyPartition) (n int64, 
 			// drops it, or the next cleanup finishes its detach).
 			var busy bool
 			const attachedSQL = `SELECT NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(?) AND NOT inhdetachpending)`
-			if s.db.WithContext(ctx).Raw(attachedSQL, p.Name).Scan(&busy).Error == nil && busy {
+			if db.Raw(attachedSQL, p.Name).Scan(&busy).Error == nil && busy {
 				return 0, false, nil
 			}
 			return 0, false, fmt.Errorf("detach %s: %w", p.Name, translate(err))

@@ -42,7 +42,7 @@ func cmdMigrate(action string) func(context.Context, []string, io.Writer) error 
 			for _, r := range res {
 				fmt.Fprintf(out, "applied %s (%s)\n", r.Source.Path, r.Duration.Round(time.Millisecond))
 			}
-			if _, err := models.NewKeyStore(a.db).MakePartitions(ctx, a.cfg.IdempotencyTTL); err != nil {
+			if err := a.makeKeyPartitions(ctx, a.db); err != nil {
 				return err
 			}
 			v, _ := p.GetDBVersion(ctx)
