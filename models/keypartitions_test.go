@@ -34,6 +34,29 @@ func keyRows(t *testing.T, db *gorm.DB, key string) (rows, runs int64) {
 	return rows, runs
 }
 
+// requireAnswered checks that k's live row, of run, answers a retry on
+// every path: the fast path's probe, the start's statement (k, its write)
+// and the request transaction.
+func requireAnswered(t *testing.T, f *usageFixture, k *idempotency.Key, run string) {
+	t.Helper()
+	ctx := context.Background()
+	got, err := models.NewKeyStore(f.db).Lookup(ctx, keyRef(f.org, k.Key))
+	require.NoError(t, err)
+	require.Equal(t, idempotency.KeyAnswered, got.Kind, "the fast path's probe")
+	require.Equal(t, run, got.Key.ResourceID)
+
+	res, err := f.runs.StartOne(ctx, f.params(f.org, f.wf, 0), k)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.KeyAnswered, res.Kind, "the start's statement: %+v", res)
+	require.Equal(t, run, res.Key.ResourceID)
+
+	tx, res, err := models.BeginRequest(ctx, f.db, 10*time.Second, keyRef(f.org, k.Key))
+	require.NoError(t, err)
+	require.Nil(t, tx, "the request transaction")
+	require.Equal(t, idempotency.KeyAnswered, res.Kind, "the request transaction")
+	require.Equal(t, run, res.Key.ResourceID)
+}
+
 // partitionOf names the partition that holds key's newest row.
 func partitionOf(t *testing.T, db *gorm.DB, key string) string {
 	t.Helper()
@@ -52,7 +75,6 @@ func partitionOf(t *testing.T, db *gorm.DB, key string) string {
 func TestRetryOfAKeyInThePreviousPartitionReplays(t *testing.T) {
 	t.Parallel()
 	f := newUsageFixture(t)
-	ctx := context.Background()
 	k, first := startDayKey(t, f, "retry")
 
 	// The row's expiry moves to the last second of today: still live, one
@@ -69,22 +91,7 @@ func TestRetryOfAKeyInThePreviousPartitionReplays(t *testing.T) {
 	require.NoError(t, f.db.Raw(`SELECT 'idempotency_keys_p' || to_char((now() + interval '1 day') AT TIME ZONE 'UTC', 'YYYYMMDD')`).Scan(&next).Error)
 	require.NotEqual(t, next, partitionOf(t, f.db, "retry"), "the row is in another partition than a retry's")
 
-	got, err := models.NewKeyStore(f.db).Lookup(ctx, keyRef(f.org, "retry"))
-	require.NoError(t, err)
-	require.Equal(t, idempotency.KeyAnswered, got.Kind, "the fast path's probe")
-	require.Equal(t, first.ID, got.Key.ResourceID)
-
-	res, err := f.runs.StartOne(ctx, f.params(f.org, f.wf, 0), k)
-	require.NoError(t, err)
-	require.Equal(t, idempotency.KeyAnswered, res.Kind, "the start's statement: %+v", res)
-	require.Equal(t, first.ID, res.Key.ResourceID)
-
-	tx, res, err := models.BeginRequest(ctx, f.db, 10*time.Second, keyRef(f.org, "retry"))
-	require.NoError(t, err)
-	require.Nil(t, tx, "the request transaction")
-	require.Equal(t, idempotency.KeyAnswered, res.Kind)
-	require.Equal(t, first.ID, res.Key.ResourceID)
-
+	requireAnswered(t, f, k, first.ID)
 	rows, runs := keyRows(t, f.db, "retry")
 	require.EqualValues(t, 1, rows, "one key row")
 	require.EqualValues(t, 1, runs, "one run")
@@ -194,19 +201,7 @@ func TestExpiredKeyInAnOldPartitionDoesNotAnswer(t *testing.T) {
 	require.True(t, res.Replaced, "it reused an expired key")
 	require.NotEqual(t, yesterday, partitionOf(t, f.db, "old"), "the new row is in its own partition")
 
-	res, err = f.runs.StartOne(ctx, f.params(f.org, f.wf, 0), k)
-	require.NoError(t, err)
-	require.Equal(t, idempotency.KeyAnswered, res.Kind, "the new row answers: %+v", res)
-	require.Equal(t, second.ID, res.Key.ResourceID)
-	tx, res, err := models.BeginRequest(ctx, f.db, 10*time.Second, keyRef(f.org, "old"))
-	require.NoError(t, err)
-	require.Nil(t, tx)
-	require.Equal(t, second.ID, res.Key.ResourceID)
-	got, err = keys.Lookup(ctx, keyRef(f.org, "old"))
-	require.NoError(t, err)
-	require.Equal(t, idempotency.KeyAnswered, got.Kind)
-	require.Equal(t, second.ID, got.Key.ResourceID)
-
+	requireAnswered(t, f, k, second.ID) // the new row, the key's newest
 	rows, runs := keyRows(t, f.db, "old")
 	require.EqualValues(t, 2, rows, "the expired row and the new one")
 	require.EqualValues(t, 2, runs, "the first run and the new one")
