@@ -558,38 +558,47 @@ func TestStartRateLimitHoldIsBounded(t *testing.T) {
 	a, wfA := f.org(t, "flooder", nil)
 	b, wfB := f.org(t, "neighbour", nil)
 	srv := e.Server()
+	// post is one start of A's, answered with its status, or -1 when the
+	// client hung up first.
+	post := func(ctx context.Context, key string) int {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/api/workflows/"+wfA+"/start/",
+			strings.NewReader(`{"submission": {}}`))
+		req.Header.Set("Authorization", "Bearer "+a.Token)
+		req.Header.Set(idempotency.HeaderKey, key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return -1
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
 	send := func(ctx context.Context, try int) chan int {
 		answers := make(chan int, 3)
 		for i := range 3 {
-			go func() {
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/api/workflows/"+wfA+"/start/",
-					strings.NewReader(`{"submission": {}}`))
-				req.Header.Set("Authorization", "Bearer "+a.Token)
-				req.Header.Set(idempotency.HeaderKey, fmt.Sprintf("a-held-%d-%d", try, i))
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					answers <- -1 // hung up
-					return
-				}
-				resp.Body.Close()
-				answers <- resp.StatusCode
-			}()
+			go func() { answers <- post(ctx, fmt.Sprintf("a-held-%d-%d", try, i)) }()
 		}
 		return answers
 	}
 	// Each try spends A's token, then sends three starts at once: two are
 	// held for an hour; the third is answered. On a loaded machine A's
 	// token may come back before they arrive and let one through: that try
-	// proves nothing, and the next begins once its clients are let go.
+	// proves nothing, and the next begins once its clients are let go and
+	// A's token is back (a refused burst would be held for the hour; it is
+	// sent with a bound, so that fails the test instead of hanging it).
 	var answers chan int
 	var cancel context.CancelFunc
 	for try := 0; ; try++ {
 		require.Less(t, try, 10, "A's token came back before its starts arrived, every try")
-		f.start(a, wfA, fmt.Sprintf("a-%d", try), 0) // the burst: 201, or refused already
+		if try > 0 {
+			time.Sleep(1100 * time.Millisecond) // OrgStartRate 1: one token a second
+		}
+		burst, stop := context.WithTimeout(context.Background(), 30*time.Second)
+		status := post(burst, fmt.Sprintf("a-%d", try))
+		stop()
+		require.Equal(t, http.StatusCreated, status, "the burst start (-1: held, A's token had not come back)")
 		var ctx context.Context
 		ctx, cancel = context.WithCancel(context.Background())
 		answers = send(ctx, try)
-		var status int
 		select {
 		case status = <-answers:
 		case <-time.After(30 * time.Second):
