@@ -192,3 +192,26 @@ func Deliver(ctx context.Context, w *Worker, task *asynq.Task) error {
 	}
 	return w.runs.attempt(withTries(ctx, p.Retries, w.runs.maxAttempts-1), p, func() {})
 }
+
+// Gate is the fair-share gate on rc with a fixed default share and stale.
+type Gate struct{ g *gate }
+
+func NewGate(rc redis.UniversalClient, share int, stale time.Duration) Gate {
+	return Gate{&gate{redis: rc, share: share, stale: stale}}
+}
+
+// Admit hands runs ids of org to the gate (created now, in order) and
+// releases the runs released; it returns the runs the gate admitted.
+func (g Gate) Admit(ctx context.Context, org string, ids, released []string) ([]string, error) {
+	a := admission{org: org, recorded: len(ids) == 0, released: released}
+	for _, id := range ids {
+		p := RunPayload{RunID: id, OrgID: org, CreatedAt: time.Now()}
+		item, err := itemJSON(p, nil)
+		if err != nil {
+			return nil, err
+		}
+		a.in, a.items = append(a.in, p), append(a.items, item)
+	}
+	let, err := g.g.pass(ctx, a)
+	return let.admitted, err
+}

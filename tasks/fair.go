@@ -91,47 +91,68 @@ const defaultSlots = 10
 // runs report how long they took, an organisation gets the smallest share:
 // a burst of slow runs started before any ran cannot fill the ready list.
 //
-// Returns {share, id...}: the runs admitted (pushed), of those handed in
-// (a redelivery of a run admitted before keeps its place) and of the
-// waiting ones.
+// Each redis.call costs about a microsecond of Redis's one thread, so the
+// common calls make few: a release with nothing waiting only forgets its
+// runs and keeps the cost; the stale admitted runs are pruned only when
+// they would keep a run out.
+//
+// Returns the runs admitted (pushed), of those handed in (a redelivery of a
+// run admitted before keeps its place) and of the waiting ones.
 var gateScript = redis.NewScript(`
 local adm, wait, pay, shares, orgs, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local ready, paused = KEYS[7], redis.call('EXISTS', KEYS[8]) == 1
 local org, own = ARGV[1], tonumber(ARGV[2])
 local fixed, slots, now, stale = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local sample, target, n = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local released = 10 + 3 * n
+for i = 10 + 3 * n, #ARGV do
+  redis.call('ZREM', adm, ARGV[i])
+end
+local cost
+if sample >= 0 then
+  cost = tonumber(redis.call('HGET', costs, org) or '0')
+  if cost <= 0 then cost = sample else cost = 0.8 * cost + 0.2 * sample end
+  redis.call('HSET', costs, org, tostring(cost))
+end
 if own == -2 then
+  if n == 0 and redis.call('ZCARD', wait) == 0 then
+    redis.call('SREM', orgs, org)
+    return {}
+  end
   own = tonumber(redis.call('HGET', shares, org) or '-1')
 else
   redis.call('HSET', shares, org, own)
-end
-local cost = tonumber(redis.call('HGET', costs, org) or '0')
-if sample >= 0 then
-  if cost <= 0 then cost = sample else cost = 0.8 * cost + 0.2 * sample end
-  redis.call('HSET', costs, org, tostring(cost))
 end
 local share = own
 if share < 0 then
   if fixed > 0 then
     share = fixed
   else
+    cost = cost or tonumber(redis.call('HGET', costs, org) or '0')
     share = 2 * slots
     if cost > 0 then share = math.floor(target * slots / cost) end
     share = math.max(2 * slots, math.min(16 * slots, share))
   end
 end
-redis.call('ZREMRANGEBYSCORE', adm, '-inf', now - stale)
-for i = released, #ARGV do
-  redis.call('ZREM', adm, ARGV[i])
+local pruned = false
+-- room is what the share leaves free for want runs; the stale admitted
+-- runs are pruned once, when they would keep one out.
+local function room(want)
+  if share == 0 then return want end
+  local r = share - redis.call('ZCARD', adm)
+  if r < want and not pruned then
+    pruned = true
+    redis.call('ZREMRANGEBYSCORE', adm, '-inf', now - stale)
+    r = share - redis.call('ZCARD', adm)
+  end
+  return r
 end
-local out = {share}
+local paused = redis.call('EXISTS', KEYS[8]) == 1
+local out = {}
 local function admit(id, item)
   redis.call('ZADD', adm, now, id)
-  redis.call('RPUSH', ready, item)
+  redis.call('RPUSH', KEYS[7], item)
   out[#out + 1] = id
 end
-if n > 0 and not paused and redis.call('ZCARD', wait) == 0 and (share == 0 or share - redis.call('ZCARD', adm) >= n) then
+if n > 0 and not paused and redis.call('ZCARD', wait) == 0 and room(n) >= n then
   for i = 0, n - 1 do
     admit(ARGV[10 + 3 * i], ARGV[12 + 3 * i])
   end
@@ -150,9 +171,7 @@ end
 local free = 0
 if not paused then
   free = redis.call('ZCARD', wait)
-  if share > 0 then
-    free = math.min(free, share - redis.call('ZCARD', adm))
-  end
+  free = math.min(free, room(free))
 end
 if free > 0 then
   for _, id in ipairs(redis.call('ZRANGE', wait, 0, free - 1)) do
@@ -192,7 +211,6 @@ type passed struct {
 	// admitted lists the runs it pushed onto ready: of those handed in,
 	// and of those let in from the waiting list.
 	admitted []string
-	share    int
 }
 
 // pass runs a through the gate.
@@ -219,21 +237,11 @@ func (g *gate) pass(ctx context.Context, a admission) (passed, error) {
 	}
 	keys := []string{fairAdmitted + a.org, fairWaiting + a.org, fairPayloads, fairShares, fairOrgs, fairCosts,
 		readyList, queuePaused}
-	res, err := gateScript.Run(ctx, g.redis, keys, args...).Slice()
+	ids, err := gateScript.Run(ctx, g.redis, keys, args...).StringSlice()
 	if err != nil {
 		return passed{}, fmt.Errorf("admit runs: %w", err)
 	}
-	if len(res) < 1 {
-		return passed{}, fmt.Errorf("admit runs: unexpected answer %v", res)
-	}
-	share, _ := res[0].(int64)
-	out := passed{share: int(share)}
-	for _, v := range res[1:] {
-		if id, ok := v.(string); ok {
-			out.admitted = append(out.admitted, id)
-		}
-	}
-	return out, nil
+	return passed{admitted: ids}, nil
 }
 
 // waiting counts the runs waiting at the gate, all organisations: one per

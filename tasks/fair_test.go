@@ -273,3 +273,34 @@ func TestTheAdaptiveShareStartsAtItsSmallest(t *testing.T) {
 	}, "the rest of the burst waits at the gate")
 	require.Len(t, tasks.ReadyRuns(t, redis), 20, "twice the 10 slots assumed are in the ready list")
 }
+
+// The gate's own rules, on a Redis of the test's own: runs past the share
+// wait; a release lets the oldest waiting run in, and one with nothing
+// waiting lets nothing in; a run admitted and never released counts
+// against its organisation for at most stale (RUN_TIMEOUT), then a waiting
+// run takes its place. Every admitted run is on the ready list, in order.
+func TestTheGateCountsAnUnreleasedRunForAtMostStale(t *testing.T) {
+	t.Parallel()
+	opt := newRedis(t)
+	rc := redisClient(opt)
+	defer rc.Close()
+	ctx := context.Background()
+	const stale = 300 * time.Millisecond
+	g := tasks.NewGate(rc, 2, stale)
+	admit := func(ids, released []string) []string {
+		t.Helper()
+		let, err := g.Admit(ctx, "org-a", ids, released)
+		require.NoError(t, err)
+		return let
+	}
+	require.Equal(t, []string{"r1", "r2"}, admit([]string{"r1", "r2", "r3"}, nil), "a share of 2: r3 waits")
+	require.Equal(t, []string{"r3"}, admit(nil, []string{"r1"}), "r1's release lets r3 in")
+	require.Empty(t, admit(nil, []string{"r3"}), "nothing waits: a release lets nothing in")
+	require.Equal(t, []string{"r4"}, admit([]string{"r4", "r5"}, nil), "r2 (never released) and r4 fill the share")
+	require.Empty(t, admit(nil, nil), "r2 and r4 are not stale yet: r5 waits")
+	time.Sleep(stale + 100*time.Millisecond)
+	require.Equal(t, []string{"r5"}, admit(nil, nil), "r2 and r4 are stale: they no longer keep r5 out")
+	require.Equal(t, []string{"r1", "r2", "r3", "r4", "r5"}, tasks.ReadyRuns(t, opt))
+	_, waiting := tasks.RunsInRedis(t, opt)
+	require.Empty(t, waiting)
+}
