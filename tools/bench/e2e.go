@@ -152,10 +152,8 @@ func (w *loopClient) follow(a answer, poll bool) {
 		w.noRun++
 		return
 	}
-	if w.run.ID == "" {
-		w.run = sentRun{ID: run.ID, Sent: a.Sent}
-	} else {
-		w.run.Reads++
+	if w.run.Reads++; w.run.ID == "" {
+		w.run = sentRun{ID: run.ID, Sent: a.Sent} // a start's answer: no read yet
 	}
 	if poll && !finalStatus[run.Status] {
 		return
@@ -462,11 +460,9 @@ func (r *results) waitChecks() []check {
 				break
 			}
 		}
-		if runs == 0 {
+		share := 100 * float64(within) / float64(runs)
+		if c.Measured, c.Pass = fmt.Sprintf("%s%% of %d runs (%s)", ratioText(share, 99.9), runs, plural(len(vs), "round")), share >= 99.9; runs == 0 {
 			c = notMeasured(c)
-		} else {
-			share := 100 * float64(within) / float64(runs)
-			c.Measured, c.Pass = fmt.Sprintf("%s%% of %d runs (%s)", ratioText(share, 99.9), runs, plural(len(vs), "round")), share >= 99.9
 		}
 		out = append(out, c, waitP99Check(n, vs, peers))
 	}

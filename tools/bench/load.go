@@ -149,8 +149,7 @@ func (l *loader) client(c int) {
 		hr.Header = rq.Header
 		t0 := time.Now()
 		resp, err := l.hc.Do(hr)
-		var status int
-		var verdict string
+		status, verdict := 0, ""
 		if err == nil {
 			body.Reset()
 			if l.o.Follow != nil {

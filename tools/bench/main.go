@@ -41,7 +41,7 @@ type plan struct {
 	Noisy                           timing
 	NoisyClients, NoisyRuns, NoisyB int
 	NoisyEnv                        [][]string
-	CleanupKeys                     int
+	CleanupKeys                     []int
 	Only                            map[string]bool
 	// The results' Markdown, the valruns binary, the scratch directory (logs,
 	// the CPU profile, results.json); BENCH_PORT, the first of its ports.
@@ -61,14 +61,14 @@ func makePlan(quick bool) plan {
 			E2ELevels: []int{1, 8, 32}, E2E: timing{Warm: time.Second, Dur: 5 * time.Second},
 			WaitLevels: []int{1, 8}, WaitRounds: 1, Wait: timing{Warm: time.Second, Dur: 5 * time.Second}, ProfileClients: []int{1, 8},
 			Noisy: timing{Warm: time.Second, Dur: 10 * time.Second}, NoisyClients: 64, NoisyRuns: 200, NoisyB: 10, NoisyEnv: defaultNoisyEnv,
-			CleanupKeys: 100_000}
+			CleanupKeys: []int{100_000}}
 	}
 	return plan{Levels: []int{1, 4, 8, 16, 32, 64, 128}, Rounds: 2,
 		HTTP: timing{Warm: 2 * time.Second, Dur: 6 * time.Second}, PG: timing{Warm: time.Second, Dur: 5 * time.Second},
 		E2ELevels: []int{1, 8, 32, 128}, E2E: timing{Warm: 2 * time.Second, Dur: 15 * time.Second},
 		WaitLevels: []int{1, 8}, WaitRounds: 3, Wait: timing{Warm: 2 * time.Second, Dur: 15 * time.Second}, ProfileClients: []int{1, 8},
 		Noisy: timing{Warm: 2 * time.Second, Dur: 60 * time.Second}, NoisyClients: 64, NoisyRuns: 1_000, NoisyB: 20, NoisyEnv: defaultNoisyEnv,
-		CleanupKeys: 1_000_000}
+		CleanupKeys: []int{1_000_000, 10_000_000}}
 }
 
 func main() {
@@ -109,7 +109,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (plan, error) {
 	var noisyEnv settingsFlag
 	fs.Var(&noisyEnv, "noisy-env", "noisy neighbour: one variant's settings for serve and worker, space-separated NAME=value "+
 		"(NAME=: the service's default); repeat for more variants (default: the three of defaultNoisyEnv)")
-	fs.IntVar(&p.CleanupKeys, "cleanup-keys", p.CleanupKeys, "expired keys the cleanup deletes")
+	fs.Var((*intsFlag)(&p.CleanupKeys), "cleanup-keys", "comma-separated counts of expired keys the cleanup deletes, one measurement each")
 	if err := fs.Parse(args); err != nil {
 		return plan{}, err
 	}
@@ -161,7 +161,6 @@ func run(ctx context.Context) error {
 	if p.Quick {
 		res.Mode = "quick (short runs, to check the harness: do not quote these numbers)"
 	}
-
 	if err := measureCurve(ctx, e, p, res); err != nil {
 		return err
 	}
@@ -177,7 +176,9 @@ func run(ctx context.Context) error {
 		part("profile", func() { res.Profile = append(res.Profile, e.measureProfile(ctx, n, p.E2E, scratch)) })
 	}
 	part("noisy", func() { res.Noisy = measureNoisy(ctx, e, p) })
-	part("cleanup", func() { res.Cleanup = e.measureCleanup(ctx, p.CleanupKeys, p.HTTP) })
+	for _, n := range p.CleanupKeys {
+		part("cleanup", func() { res.Cleanup = append(res.Cleanup, e.measureCleanup(ctx, n, p.HTTP)) })
+	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}

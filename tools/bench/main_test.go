@@ -39,7 +39,7 @@ func TestParseFlagsPlan(t *testing.T) {
 	want = makePlan(true)
 	want.Out, want.Bin, want.Scratch, want.Port = "/tmp/r.md", "b", "/tmp/s", 18080
 	want.Levels, want.HTTP.Dur, want.PG.Dur, want.E2ELevels, want.E2E.Dur = []int{2, 4}, 3*time.Second, 3*time.Second, []int{8}, 4*time.Second
-	want.Noisy.Dur, want.CleanupKeys, want.NoisyRuns, want.NoisyEnv, want.ProfileClients = 5*time.Second, 11, 13, [][]string{{"ORG_START_RATE="}}, []int{1}
+	want.Noisy.Dur, want.CleanupKeys, want.NoisyRuns, want.NoisyEnv, want.ProfileClients = 5*time.Second, []int{11}, 13, [][]string{{"ORG_START_RATE="}}, []int{1}
 	want.NoisyClients = 16
 	want.WaitLevels, want.WaitRounds, want.Wait.Dur = []int{8}, 2, 6*time.Second
 	want.Only = map[string]bool{"noisy": true, "peer": true}

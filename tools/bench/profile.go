@@ -49,11 +49,8 @@ func (e *env) measureProfile(ctx context.Context, clients int, t timing, scratch
 		}
 		api, wrk := rg.base+"/metrics", fmt.Sprintf("http://127.0.0.1:%d/metrics", e.port+2)
 		next := newKeys(rg.base, e.orgs[0], e.orgs[0].Token)
-		var (
-			apiBefore, wrkBefore metricsText
-			top                  = make(chan error, 1)
-			errs                 []error
-		)
+		var apiBefore, wrkBefore metricsText
+		top, errs := make(chan error, 1), []error(nil)
 		scrape := func(url string) metricsText {
 			m, err := scrape(url)
 			errs = append(errs, err)

@@ -27,7 +27,7 @@ type results struct {
 	WaitTiming timing
 	Profile    []profileResult // one per count
 	Noisy      *noisyLog
-	Cleanup    *cleanupResult
+	Cleanup    cleanups
 }
 
 // check is one target: what was measured against it.
@@ -86,7 +86,7 @@ func (r *results) sections() []section {
 	add(len(r.Wait) > 0, r.waitSection)
 	add(len(r.Profile) > 0, func() section { return profileSection(r.Profile) })
 	add(r.Noisy != nil, r.Noisy.section)
-	add(r.Cleanup != nil, r.Cleanup.section)
+	add(len(r.Cleanup) > 0, r.Cleanup.section)
 	return out
 }
 
@@ -167,8 +167,9 @@ func (r *results) failures() []string {
 	if r.Noisy != nil {
 		errs = append(errs, r.Noisy.failures()...)
 	}
-	c := r.Cleanup
-	add(c != nil && (c.Failed != "" || c.Without.Errors+c.Without.Non2xx+c.During.Errors+c.During.Non2xx > 0), "the cleanup failed or its starts had errors")
+	for _, c := range r.Cleanup {
+		add(c.Failed != "" || c.Without.Errors+c.Without.Non2xx+c.During.Errors+c.During.Non2xx > 0, "the cleanup of %d keys failed or its starts had errors", c.Keys)
+	}
 	return errs
 }
 

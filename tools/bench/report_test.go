@@ -48,23 +48,25 @@ func TestFailures(t *testing.T) {
 	require.Equal(t, []string{"e2e serve --worker at 1: 2 answers were errors", "e2e peer, one process at 32 failed"}, r.failures())
 
 	require.Equal(t, []string{"the profile at 8 clients failed"}, (&results{Profile: []profileResult{{Clients: 1}, {Clients: 8, Failed: "no pprof"}}}).failures())
-	require.Equal(t, []string{"the cleanup failed or its starts had errors"}, (&results{Cleanup: &cleanupResult{During: row{Non2xx: 1}}}).failures())
-	require.Empty(t, (&results{Cleanup: &cleanupResult{}}).failures())
+	require.Equal(t, []string{"the cleanup of 10 keys failed or its starts had errors"},
+		(&results{Cleanup: cleanups{{Keys: 1}, {Keys: 10, During: row{Non2xx: 1}}}}).failures())
+	require.Empty(t, (&results{Cleanup: cleanups{{}}}).failures())
 }
 
 // TestCleanupChecks: the cleanup's speed alone, and the starts during it
-// beside the starts without it (rps and p99.9).
+// beside the starts without it (rps and p99.9), at each count of keys; and
+// its time alone from the fewest keys to the most (at most 2x).
 func TestCleanupChecks(t *testing.T) {
 	t.Parallel()
 	c := &cleanupResult{Keys: 1000, AloneKeys: 1_000_000, Alone: 10 * time.Second,
 		Without: row{RPS: 4000, P999: 40 * time.Millisecond}, During: row{RPS: 2400, P999: 400 * time.Millisecond}}
 	got := byName(c.checks())
-	require.Equal(t, "PASS", got["cleanup of expired keys, alone"].result())
-	require.Equal(t, "100000 keys/s (1000000 keys in 10.00 s)", got["cleanup of expired keys, alone"].Measured)
-	rps := got["new-key starts during the cleanup / without it, 32 clients"]
+	require.Equal(t, "PASS", got["cleanup of 1000 keys, alone"].result())
+	require.Equal(t, "100000 keys/s (1000000 keys in 10.00 s)", got["cleanup of 1000 keys, alone"].Measured)
+	rps := got["new-key starts during the cleanup of 1000 keys / without it, 32 clients"]
 	require.Equal(t, "MISS", rps.result())
 	require.Equal(t, "0.60x (2400 / 4000 rps)", rps.Measured)
-	require.Equal(t, "MISS", got["new-key start p99.9 during the cleanup / without it, 32 clients"].result())
+	require.Equal(t, "MISS", got["new-key start p99.9 during the cleanup of 1000 keys / without it, 32 clients"].result())
 	c.During.RPS, c.During.P999 = 3900, 50*time.Millisecond
 	for _, k := range c.checks() {
 		require.Equal(t, "PASS", k.result(), k.Name)
@@ -72,6 +74,20 @@ func TestCleanupChecks(t *testing.T) {
 	for _, k := range (&cleanupResult{Failed: "boom"}).checks() {
 		require.Equal(t, "not measured", k.result(), k.Name)
 	}
+
+	big := &cleanupResult{Keys: 10_000, AloneKeys: 10_000, Alone: 25 * time.Second, Without: c.Without, During: c.During}
+	s := cleanups{c, big}.section()
+	flat := byName(s.Checks)["cleanup time alone, 10000 keys / 1000"]
+	require.Equal(t, "MISS", flat.result())
+	require.Equal(t, "2.50x (25.00 / 10.00 s)", flat.Measured)
+	require.Len(t, s.Checks, 7, "three per count of keys, and the time alone from the fewest to the most")
+	require.Contains(t, s.Body, "| 10000 | 10000 in 25.00, 0.0 | 0 in 0.00 | ")
+	big.Alone = 15 * time.Second
+	require.Equal(t, "PASS", byName(cleanups{c, big}.section().Checks)["cleanup time alone, 10000 keys / 1000"].result())
+	big.Failed = "boom"
+	s = cleanups{c, big}.section()
+	require.Equal(t, "not measured", byName(s.Checks)["cleanup time alone, 10000 keys / 1000"].result())
+	require.Contains(t, s.Body, "| 10000 | FAILED: boom |")
 }
 
 func TestRatioTextNeverRoundsOntoTheTarget(t *testing.T) {
