@@ -148,8 +148,8 @@ func (c *cleanupResult) checks() []check {
 type cleanups []*cleanupResult
 
 func (cs cleanups) section() section {
-	s, b := section{Heading: "## Cleanup", Intro: "Expired keys (copies of a key row the server wrote) deleted by `valruns cleanup` alone (its time, the WAL the whole " +
-		"server wrote meanwhile), then as many again while new-key starts arrive from 32 clients. Its time and the window \"during\" run from its log's \"cleanup started\", once connected, to its end."}, &strings.Builder{}
+	s, b := section{Heading: "## Cleanup", Intro: fmt.Sprintf("Expired keys (copies of a key row the server wrote) deleted by `valruns cleanup` alone (its time, the WAL the whole "+
+		"server wrote meanwhile), then as many again while new-key starts arrive from %d clients. Its time and the window \"during\" run from its log's \"cleanup started\", once connected, to its end.", cleanupClients)}, &strings.Builder{}
 	b.WriteString("| keys | deleted alone: keys in s, WAL MB | beside the starts: keys in s | starts | rps | p50 ms | p99 ms | p99.9 ms | errors | non-2xx | CPU ms/req |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range cs {
 		s.Checks = append(s.Checks, c.checks()...)

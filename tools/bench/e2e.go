@@ -152,8 +152,10 @@ func (w *loopClient) follow(a answer, poll bool) {
 		w.noRun++
 		return
 	}
-	if w.run.Reads++; w.run.ID == "" {
-		w.run = sentRun{ID: run.ID, Sent: a.Sent} // a start's answer: no read yet
+	if w.run.ID == "" {
+		w.run = sentRun{ID: run.ID, Sent: a.Sent}
+	} else {
+		w.run.Reads++
 	}
 	if poll && !finalStatus[run.Status] {
 		return
@@ -461,7 +463,8 @@ func (r *results) waitChecks() []check {
 			}
 		}
 		share := 100 * float64(within) / float64(runs)
-		if c.Measured, c.Pass = fmt.Sprintf("%s%% of %d runs (%s)", ratioText(share, 99.9), runs, plural(len(vs), "round")), share >= 99.9; runs == 0 {
+		c.Measured, c.Pass = fmt.Sprintf("%s%% of %d runs (%s)", ratioText(share, 99.9), runs, plural(len(vs), "round")), share >= 99.9
+		if runs == 0 {
 			c = notMeasured(c)
 		}
 		out = append(out, c, waitP99Check(n, vs, peers))

@@ -69,13 +69,10 @@ type answer struct {
 
 // loadOptions are runLoad's optional parts; the zero value has none.
 type loadOptions struct {
-	Check checkFunc
-	// Stop ends the window early when it is closed first.
-	Stop <-chan struct{}
-	// Open, when set, holds the window shut after the warm-up until closed.
-	Open <-chan struct{}
-	// OnWindow is called when the measured window opens and when it closes.
-	OnWindow func(open bool)
+	Check    checkFunc
+	Stop     <-chan struct{} // ends the window early when it is closed first
+	Open     <-chan struct{} // when set, holds the window shut after the warm-up until closed
+	OnWindow func(open bool) // called when the measured window opens and when it closes
 	// Follow is handed each 2xx answer (the warm-up's and after the window's
 	// too) in its client's goroutine, before that client's next request, which
 	// may follow from it (only then are bodies kept).
