@@ -487,8 +487,11 @@ func catchMidRun(t *testing.T, c *cluster, s *suite) (held map[string]int, stopp
 // stopHolding stops worker a (SIGSTOP) once ready holds (waiting up to a
 // minute for it, else the test fails with notReady's words), and asks
 // holds whether a, stopped, holds what the scenario needs to catch it
-// with. If not, a goes on (SIGCONT) and is caught again, up to 20 times.
-// It returns when a was last stopped, and the try; a is left stopped.
+// with. If not, a goes on (SIGCONT) for a second and is caught again, up
+// to 20 times: stopped again at once, a would never run, and once stopped
+// longer than RUN_LEASE (a slow setup) it holds nothing, a sweep having
+// taken over its runs until it beats again. It returns when a was last
+// stopped, and the try; a is left stopped.
 func stopHolding(t *testing.T, a *vproc, ready func() bool, notReady func(try int) string, holds func() bool) (stoppedAt time.Time, try int) {
 	t.Helper()
 	for try = 1; ; try++ {
@@ -504,6 +507,7 @@ func stopHolding(t *testing.T, a *vproc, ready func() bool, notReady func(try in
 			return stoppedAt, try
 		}
 		a.signal(syscall.SIGCONT)
+		time.Sleep(time.Second)
 	}
 }
 
